@@ -45,6 +45,22 @@ class ServerSettings(_Section):
     # false: /readyz stays 200 while the store is down (the proxy degrades and keeps
     # serving); true: it answers 503, taking the replica out of rotation.
     ready_requires_store: bool = False
+    # Callers must send a credential (Authorization, api-key or x-api-key): it is what
+    # scopes their sessions. None: required exactly when upstream.api_key is set, since
+    # keyless callers would otherwise all share one tenant under the proxy's own key.
+    require_client_key: bool | None = None
+    # A chat request with more messages than this gets a 400 (planning is linear, but
+    # an unbounded history is unbounded work).
+    max_messages: int = Field(50_000, gt=0)
+    # Slow or hostile clients: the request line and headers must arrive within
+    # header_timeout_s and total at most max_header_bytes; a request body may stall
+    # at most body_timeout_s between reads.
+    header_timeout_s: float = Field(10.0, gt=0)
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+    body_timeout_s: float = Field(60.0, gt=0)
+    # On SIGTERM: stop accepting, let requests in flight finish for at most this long,
+    # then close what is left (streams included).
+    shutdown_timeout_s: float = Field(30.0, ge=0)
 
 
 class UpstreamSettings(_Section):
@@ -53,6 +69,9 @@ class UpstreamSettings(_Section):
     api_key: SecretStr = SecretStr("")
     timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
+    # The most one upstream call may take from send to its last byte, streams
+    # included: an upstream dripping a byte per timeout_s cannot hold a request for ever.
+    total_timeout_s: float = Field(1800.0, gt=0)
     max_connections: int = Field(1000, gt=0)
 
     @model_validator(mode="after")
@@ -66,6 +85,9 @@ class StoreSettings(_Section):
     url: str = "memory://"
     ttl_s: int = Field(7 * 24 * 3600, gt=0)
     prefix: str = "cp"  # Redis key prefix, to share one Redis between deployments
+    # The embedded (memory://) store keeps at most this many sessions, least recently
+    # used dropped first; each holds one summary (a few KB).
+    max_sessions: int = Field(100_000, gt=0)
     # Fernet keys (`Fernet.generate_key()`); snapshots in Redis are encrypted with
     # the first and readable with any, so keys can be rotated. Needs the
     # `encryption` extra. Empty: stored as plain JSON.
@@ -118,6 +140,12 @@ class CompactionSettings(_Section):
     # Overflow recovery is the last line of defence: on even with enabled: false.
     recover_overflow: bool = True
     learned_window_ttl_s: float = Field(24 * 3600, gt=0)
+    # A window learned from one caller's overflow error applies to that caller at
+    # once; it becomes every caller's only when this many tenants report it, and a
+    # shared window is lowered at most once per learned_window_interval_s, by at most
+    # half each time, so no one caller can shrink everyone's window.
+    learned_window_quorum: int = Field(2, ge=1)
+    learned_window_interval_s: float = Field(600.0, ge=0)
 
     @model_validator(mode="after")
     def _check_ratios(self) -> CompactionSettings:
@@ -165,6 +193,13 @@ class Settings(BaseSettings):
     compaction: CompactionSettings = CompactionSettings()
     models: list[ModelSpec] = []
     default_model: DefaultModelSpec = DefaultModelSpec()
+
+    @property
+    def requires_client_key(self) -> bool:
+        """Whether a request without a caller credential is refused (see ServerSettings)."""
+        if self.server.require_client_key is not None:
+            return self.server.require_client_key
+        return bool(self.upstream.api_key.get_secret_value())
 
     @classmethod
     def settings_customise_sources(
