@@ -18,10 +18,11 @@ from proxy.calibrate import Calibration
 from proxy.compact import Compactor
 from proxy.config import Settings
 from proxy.encodings import load_encoders
-from proxy.errors import ProxyError
+from proxy.errors import MissingCredential, ProxyError
 from proxy.metrics import CONTENT_TYPE_LATEST, Metrics
 from proxy.models import ModelTable
 from proxy.services import Services
+from proxy.session import has_credential
 from proxy.store import build_store
 from proxy.summarize import SummaryRequest
 from proxy.tokens import TokenCounter
@@ -31,6 +32,10 @@ from proxy.windows import LearnedWindows
 log = logging.getLogger("proxy.app")
 
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+_NO_KEY = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization "
+    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -63,8 +68,14 @@ def create_app(settings: Settings) -> Starlette:
             models=models,
             metrics=metrics,
         )
+        c = settings.compaction
         windows = LearnedWindows(
-            store, settings.upstream.base_url, settings.compaction.learned_window_ttl_s, metrics
+            store,
+            settings.upstream.base_url,
+            c.learned_window_ttl_s,
+            metrics,
+            quorum=c.learned_window_quorum,
+            interval_s=c.learned_window_interval_s,
         )
         app.state.services = Services(
             settings=settings,
@@ -82,14 +93,15 @@ def create_app(settings: Settings) -> Starlette:
             await store.aclose()
             await upstream_client.close()
 
-    async def chat(request: Request) -> Response:
-        return await pipeline.handle_chat(request, request.app.state.services)
-
-    async def passthrough(request: Request) -> Response:
-        return await pipeline.handle_passthrough(request, request.app.state.services)
+    requires_key = settings.requires_client_key
 
     def _bind(handler: Any) -> Any:
+        """A route for a caller's own data or upstream calls: the caller's credential is
+        its tenant, so without one there is nothing to scope by (DESIGN invariant 6)."""
+
         async def endpoint(request: Request) -> Response:
+            if requires_key and not has_credential(request.headers):
+                raise MissingCredential(_NO_KEY)
             return await handler(request, request.app.state.services)  # type: ignore[no-any-return]
 
         return endpoint
@@ -119,8 +131,8 @@ def create_app(settings: Settings) -> Starlette:
         return Response(exc.body(), status_code=exc.status, media_type="application/json")
 
     routes = [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/{path:path}", passthrough, methods=_ALL_METHODS),
+        Route("/v1/chat/completions", _bind(pipeline.handle_chat), methods=["POST"]),
+        Route("/v1/{path:path}", _bind(pipeline.handle_passthrough), methods=_ALL_METHODS),
         Route("/sessions/{session_id}", _bind(sessions_api.get_session), methods=["GET"]),
         Route("/sessions/{session_id}", _bind(sessions_api.delete_session), methods=["DELETE"]),
         Route(

@@ -4,6 +4,7 @@
 ProxyError                      -> OpenAI-shaped JSON error body
   ConfigError                   bad configuration (start-up only)
   InvalidRequest        400     the client's request cannot be handled
+  MissingCredential     401     no caller key where server.require_client_key applies
   PayloadTooLarge       413     body over server.max_body_bytes
   NotFound              404     unknown session / route
   TooManyRequests       429     too many scheduled compactions
@@ -57,6 +58,12 @@ class ConfigError(ProxyError):
 class InvalidRequest(ProxyError):
     status = 400
     type = "invalid_request_error"
+
+
+class MissingCredential(ProxyError):
+    status = 401
+    type = "invalid_request_error"
+    code = "missing_api_key"
 
 
 class PayloadTooLarge(ProxyError):

@@ -19,6 +19,9 @@ class Metrics:
     summary_failures: Counter
     store_errors: Counter
     learned_window: Gauge
+    learned_windows: Counter
+    snapshots_unreadable: Counter
+    lock_release_retries: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -56,8 +59,29 @@ class Metrics:
             ),
             learned_window=Gauge(
                 "compaction_proxy_learned_window_tokens",
-                "Context windows learned from upstream overflow errors",
+                "Context windows learned from upstream overflow errors, shared by all callers",
                 ["model"],
+                registry=r,
+            ),
+            learned_windows=Counter(
+                "compaction_proxy_learned_windows",
+                "Windows learned from overflow errors, by scope (tenant: one caller's own; "
+                "shared: lowered for everyone once enough tenants agreed)",
+                ["scope"],
+                registry=r,
+            ),
+            snapshots_unreadable=Counter(
+                "compaction_proxy_snapshots_unreadable",
+                "Stored values that could not be read (bad data, another key or format) and "
+                "were treated as absent, by kind (snapshot, window)",
+                ["kind"],
+                registry=r,
+            ),
+            lock_release_retries=Counter(
+                "compaction_proxy_lock_release_retries",
+                "Summarization locks whose release failed and was retried in the background, "
+                "by outcome (released, expired, cancelled)",
+                ["outcome"],
                 registry=r,
             ),
         )

@@ -68,6 +68,9 @@ class Overflow:
     ``limit`` means lowering ``max_tokens`` alone would fit. Counts an upstream gives only as a
     lower bound ("at least N input tokens") are left out rather than passed off as exact.
     ``provider`` is a best guess at whose error format this is, for logs and metrics only.
+    ``limit_evidence`` is the text the overflow ``limit`` was read from (lower-cased), so a
+    caller can tell a provider's own sentence from request content the upstream echoed back
+    (see :func:`echoed`); None when the limit came from a top-level structured field.
     """
 
     kind: OverflowKind
@@ -76,6 +79,7 @@ class Overflow:
     provider: Provider = "unknown"
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    limit_evidence: str | None = None
 
 
 def classify_error(status: int, headers: Mapping[str, str], body: bytes) -> Overflow:
@@ -205,8 +209,10 @@ def _walk(document: object, *, extra: str, is_json: bool) -> _Body:
             embedded = _loads_embedded(value) if depth < _MAX_EMBEDDED else _NOT_JSON
             if isinstance(embedded, dict | list):
                 pending.append((embedded, depth + 1, key))
-        elif type(value) is int and key in _NUMBER_KEYS and 0 <= value < 10**12:
+        elif type(value) is int and key in _NUMBER_KEYS and 0 <= value < 10**12 and depth == 0:
             # type() rather than isinstance: JSON true/false arrive as bool, a subclass of int.
+            # Only the body's own fields: a document inside a string may be echoed request
+            # content, and a number read from there is not the upstream's word.
             numbers.setdefault(key, value)
     return _Body(
         text=_unescape("\n".join(texts)).lower(),
@@ -237,11 +243,11 @@ def _header_names(headers: Mapping[str, str]) -> frozenset[str]:
 
 # A number we are willing to believe is a token count: at most 12 digits, not the head of a
 # longer run of digits.
-_N: Final = r"(?<!\d)(\d{1,12})(?!\d)"
+_N: Final = r"(?<![0-9])([0-9]{1,12})(?![0-9])"
 
 
 def _compile(*alternatives: str) -> re.Pattern[str]:
-    return re.compile("|".join(f"(?:{a})" for a in alternatives))
+    return re.compile("|".join(f"(?:{a})" for a in alternatives), re.ASCII)
 
 
 _RATE_LIMIT: Final = _compile(
@@ -298,32 +304,34 @@ _OVERFLOW_WEAK: Final = _compile(
 # Checked before the overflow wordings, because some of them mention the context window too.
 _OUTPUT_BUDGET: Final[tuple[tuple[re.Pattern[str], int, int], ...]] = (
     (  # OpenAI
-        re.compile(rf"is too large: {_N}\.? ?this model supports at most {_N}"),
+        re.compile(rf"is too large: {_N}\.? ?this model supports at most {_N}", re.ASCII),
         2,
         1,
     ),
     (  # Anthropic
-        re.compile(rf"max_tokens: {_N} > {_N}, which is the maximum allowed number of output"),
+        re.compile(
+            rf"max_tokens: {_N} > {_N}, which is the maximum allowed number of output", re.ASCII
+        ),
         2,
         1,
     ),
     (  # Bedrock
-        re.compile(rf"maximum tokens you requested exceeds? the model limit of {_N}"),
+        re.compile(rf"maximum tokens you requested exceeds? the model limit of {_N}", re.ASCII),
         1,
         0,
     ),
     (  # TGI; the lookahead keeps out "`inputs` tokens + `max_new_tokens` must be <= N"
-        re.compile(rf"`max_new_tokens` must be <= {_N}\. given: {_N}(?! `inputs`)"),
+        re.compile(rf"`max_new_tokens` must be <= {_N}\. given: {_N}(?! `inputs`)", re.ASCII),
         1,
         2,
     ),
     (  # Groq
-        re.compile(rf"max_completion_tokens`? must be less than or equal to `?{_N}"),
+        re.compile(rf"max_completion_tokens`? must be less than or equal to `?{_N}", re.ASCII),
         1,
         0,
     ),
     (  # DeepSeek, DashScope
-        re.compile(rf"range of max_tokens (?:is|should be) \[\s*1\s*,\s*{_N}\s*\]"),
+        re.compile(rf"range of max_tokens (?:is|should be) \[\s*1\s*,\s*{_N}\s*\]", re.ASCII),
         1,
         0,
     ),
@@ -331,6 +339,7 @@ _OUTPUT_BUDGET: Final[tuple[tuple[re.Pattern[str], int, int], ...]] = (
         re.compile(
             rf"max_(?:completion_|output_)?tokens[^\n]{{0,80}}?integer above maximum value"
             rf"[.,] expected a value <= ?{_N}, but got {_N}",
+            re.ASCII,
         ),
         1,
         2,
@@ -352,7 +361,7 @@ def _output_budget(text: str, provider: Provider) -> Overflow | None:
 
 
 def _patterns(*alternatives: str) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(a.replace("{N}", _N)) for a in alternatives)
+    return tuple(re.compile(a.replace("{N}", _N), re.ASCII) for a in alternatives)
 
 
 # First match wins, so the most specific wordings come first.
@@ -418,21 +427,31 @@ _COMPLETION: Final = _patterns(
     r"exceed context limit: \d+ \+ {N}",
 )
 # OpenRouter splits the prompt into text and tool input.
-_TEXT_INPUT: Final = re.compile(rf"{_N} of text input")
-_TOOL_INPUT: Final = re.compile(rf"{_N} of tool input")
+_TEXT_INPUT: Final = re.compile(rf"{_N} of text input", re.ASCII)
+_TOOL_INPUT: Final = re.compile(rf"{_N} of tool input", re.ASCII)
 
 
 def _first(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:
+    match = _first_match(patterns, text)
+    return int(match.group(1)) if match is not None else None
+
+
+def _first_match(patterns: tuple[re.Pattern[str], ...], text: str) -> re.Match[str] | None:
     for pattern in patterns:
         match = pattern.search(text)
         if match is not None:
-            return int(match.group(1))
+            return match
     return None
 
 
 def _overflow(body: _Body, provider: Provider) -> Overflow:
     text = body.text
-    limit = body.numbers.get("n_ctx", _first(_LIMIT, text))
+    limit: int | None = body.numbers.get("n_ctx")
+    evidence = None
+    if limit is None:
+        stated = _first_match(_LIMIT, text)
+        if stated is not None:
+            limit, evidence = int(stated.group(1)), stated.group(0)
     prompt = body.numbers.get("n_prompt_tokens", _first(_PROMPT, text))
     text_input = _TEXT_INPUT.search(text)
     if prompt is None and text_input is not None:
@@ -449,7 +468,26 @@ def _overflow(body: _Body, provider: Provider) -> Overflow:
         provider=provider,
         prompt_tokens=prompt,
         completion_tokens=completion,
+        limit_evidence=evidence,
     )
+
+
+def request_text(request: bytes) -> str:
+    """A sent JSON request as :func:`classify_error` reads an error body: decoded, unescaped,
+    lower-cased. Round-tripped through orjson so ``\\u`` escapes in the client's bytes
+    cannot hide text the upstream decodes and may echo."""
+    try:
+        canonical = orjson.dumps(orjson.loads(request)).decode()
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+        canonical = bytes(request).decode("utf-8", errors="replace")
+    return _unescape(canonical).lower()
+
+
+def echoed(verdict: Overflow, sent_text: str) -> bool:
+    """Whether the overflow's stated limit may be request content the upstream echoed (an
+    "Invalid value: '...'" error quoting a field, say) rather than its own word: the sentence
+    it was read from also appears in what was sent (``request_text``)."""
+    return verdict.limit_evidence is not None and verdict.limit_evidence in sent_text
 
 
 # --- whose error is it --------------------------------------------------------------------

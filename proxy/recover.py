@@ -12,6 +12,7 @@ returned to the client as the upstream wrote it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ from starlette.responses import Response
 
 from proxy import upstream
 from proxy.compact import Outcome, Turn
-from proxy.overflow import Overflow, classify_error
+from proxy.overflow import Overflow, classify_error, echoed, request_text
 from proxy.services import Services
 
 log = logging.getLogger("proxy.recover")
@@ -32,6 +33,7 @@ RECOVERABLE = frozenset({400, 413, 422, 500, 503})
 _MAX_ERROR_BYTES = 256 * 1024
 # Aim below the stated limit: counts differ between tokenizers and providers.
 _MARGIN = 0.95
+_INLINE_DECODE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +67,7 @@ async def retry_on_overflow(
             return upstream.buffered(response, raw), first.outcome
         body, outcome = lowered, first.outcome
     else:
-        window = await _learn(services, turn, first.outcome, verdict)
+        window = await _learn(services, turn, first, verdict)
         model = replace(turn.model, context_window=window)
         outcome = await services.compactor.prepare(replace(turn, model=model), recover=True)
         messages = outcome.messages if outcome.messages is not None else turn.chat["messages"]
@@ -107,17 +109,42 @@ async def _read_error(
     return b"".join(chunks), None
 
 
-async def _learn(services: Services, turn: Turn, sent: Outcome, verdict: Overflow) -> int:
+async def _learn(services: Services, turn: Turn, sent: Attempt, verdict: Overflow) -> int:
     """The window to plan the retry against, in the proxy's token units."""
-    ours = sent.tokens + _reserve(turn)
-    if verdict.limit is not None:
+    ours = sent.outcome.tokens + _reserve(turn)
+    configured = services.models.resolve(turn.model.name).context_window
+    if verdict.limit is not None and await _stated_by_upstream(sent.body, verdict):
         # Scale their limit by how their count relates to ours, when they said it.
         theirs = verdict.requested or ours
         window = int(verdict.limit * min(ours / theirs, 1.0) * _MARGIN) if theirs else 0
-        return await services.windows.learn(turn.model.name, window)
-    # No stated limit (a gateway's 413, a terse server): what we just sent is too
-    # much for this caller, so anything at least that large will fail too.
-    return await services.windows.learn(turn.model.name, int(ours * _MARGIN), turn.tenant)
+        return await services.windows.learn(
+            turn.model.name, window, turn.tenant, configured=configured, stated=True
+        )
+    # No limit we can trust (a gateway's 413, a terse server, echoed text): what we just
+    # sent is too much for this caller, so anything at least that large will fail too.
+    return await services.windows.learn(
+        turn.model.name, int(ours * _MARGIN), turn.tenant, configured=configured, stated=False
+    )
+
+
+async def _stated_by_upstream(body: bytes, verdict: Overflow) -> bool:
+    """Whether the stated limit is the upstream's own word about the model: not text it
+    echoed from the request (a role or name quoted in a validation error), and consistent
+    (a request rejected as too long asked for more than the limit)."""
+    assert verdict.limit is not None
+    if verdict.requested is not None and verdict.requested <= verdict.limit:
+        return False
+    if verdict.limit_evidence is None:  # a top-level structured field, not free text
+        return True
+    # Large bodies are decoded off the event loop: this runs only on an overflow.
+    if len(body) > _INLINE_DECODE_BYTES:
+        sent = await asyncio.to_thread(request_text, body)
+    else:
+        sent = request_text(body)
+    if echoed(verdict, sent):
+        log.warning("upstream error repeats request content where it states a limit; not shared")
+        return False
+    return True
 
 
 def _reserve(turn: Turn) -> int:

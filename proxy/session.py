@@ -40,8 +40,9 @@ class SessionKey:
 
 
 def tenant_of(authorization: str | None) -> str:
-    # Without a credential every caller shares the "anonymous" tenant, which
-    # is only reachable when the upstream itself needs no key.
+    # Without a credential every caller shares the "anonymous" tenant. That is only
+    # reachable with server.require_client_key off (the default when the upstream needs
+    # no key of the proxy's): a single-user setup, as the README's security section says.
     if not authorization:
         return "anonymous"
     return blake2b(authorization.encode(), key=_TENANT_SALT, digest_size=16).hexdigest()
@@ -49,12 +50,25 @@ def tenant_of(authorization: str | None) -> str:
 
 # Every header a provider accepts as the caller's key (OpenAI, Azure, Anthropic style).
 CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+# What SDKs send for "no key": an empty bearer token is no credential.
+_EMPTY = frozenset({"", "bearer"})
+
+
+def _credentials(headers: Mapping[str, str]) -> list[str]:
+    return [
+        f"{name}:{value}"
+        for name in CREDENTIAL_HEADERS
+        if (value := headers.get(name)) and value.strip().lower() not in _EMPTY
+    ]
+
+
+def has_credential(headers: Mapping[str, str]) -> bool:
+    return bool(_credentials(headers))
 
 
 def tenant_from_headers(headers: Mapping[str, str]) -> str:
     """The tenant of a request: all the credentials it carries, hashed together."""
-    parts = [f"{name}:{headers[name]}" for name in CREDENTIAL_HEADERS if headers.get(name)]
-    return tenant_of("\n".join(parts) or None)
+    return tenant_of("\n".join(_credentials(headers)) or None)
 
 
 def session_from_header(tenant: str, value: str) -> SessionKey:

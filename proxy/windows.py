@@ -2,15 +2,25 @@
 
 Configured windows are often wrong (a self-hosted model started with a
 smaller ``max_model_len``, a provider that counts differently). When an
-upstream rejects a request as too long, the limit it states — converted to
-the proxy's own token units — is remembered per upstream and model, in the
+upstream rejects a request as too long, the limit it states, converted to
+the proxy's own token units, is remembered per upstream and model, in the
 store so every replica benefits, with an expiry so a reconfigured server is
 trusted again later. Requests then plan against min(configured, learned).
 
-A limit the upstream states in tokens is a fact about the model and applies
-to every caller. A bare "too large" (a gateway's 413) may be about bytes, or
-about one caller's images, so what it teaches applies only to the tenant
-that hit it, and for an hour.
+What one caller's error teaches applies to that caller (its tenant) at once:
+it can only ever shrink its own window. A shared window, every tenant's, is
+lowered only when
+
+* the upstream stated the limit in its own words (not a bare 413, not text it
+  echoed from the request: ``recover.py`` decides, ``overflow.echoed``);
+* ``quorum`` distinct tenants reported a limit within ``_VOTE_S`` (the shared
+  window becomes the largest of their reports: the one they all agree on);
+* the last lowering of that model's shared window is older than
+  ``interval_s`` (a marker in the store, so replicas agree); and
+* it drops by at most half of the current shared (or configured) window.
+
+So no single caller, however many requests it sends, can shrink everyone's
+window, and a burst of forged reports from several keys moves it slowly.
 
 Lookups sit on the request path, so each replica keeps what it read for a
 few seconds instead of asking the store on every request.
@@ -33,15 +43,32 @@ _LOCAL_LIMIT = 10_000  # model names come from clients
 TENANT_TTL_S = 3600.0
 # Never learn a window so small that nothing useful fits.
 MIN_WINDOW = 512
+# Reports older than this no longer count towards a quorum.
+_VOTE_S = 3600.0
+_VOTERS_LIMIT = 1_000  # per model: enough for any quorum, bounded against forged tenants
+_LOWERED = "!lowered"  # marks a recent shared lowering; never a tenant id (those are hex)
 
 
 class LearnedWindows:
-    def __init__(self, store: SnapshotStore, upstream: str, ttl_s: float, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: SnapshotStore,
+        upstream: str,
+        ttl_s: float,
+        metrics: Metrics,
+        *,
+        quorum: int = 2,
+        interval_s: float = 600.0,
+    ) -> None:
         self._store = store
         self._upstream = upstream
         self._ttl = ttl_s
         self._metrics = metrics
+        self._quorum = quorum
+        self._interval = interval_s
         self._local: dict[str, tuple[float, int | None]] = {}
+        # model -> tenant -> (when reported, limit): this replica's view of the quorum.
+        self._votes: dict[str, dict[str, tuple[float, int]]] = {}
 
     def _key(self, model: str, tenant: str | None) -> str:
         key = f"{self._upstream}|{model}"
@@ -58,6 +85,10 @@ class LearnedWindows:
         self._local[key] = (now + _LOCAL_S, value)
         return value
 
+    async def _write(self, key: str, tokens: int, ttl_s: float) -> None:
+        await self._store.save_window(key, tokens, ttl_s)
+        self._local[key] = (time.monotonic() + _LOCAL_S, tokens)
+
     async def get(self, model: str, tenant: str | None = None) -> int | None:
         """The smallest window learned for ``model``, for everyone or for ``tenant``."""
         shared = await self._read(self._key(model, None))
@@ -71,18 +102,55 @@ class LearnedWindows:
             return model
         return replace(model, context_window=learned)
 
-    async def learn(self, model: str, tokens: int, tenant: str | None = None) -> int:
-        """Record that ``model`` holds at most ``tokens`` (for ``tenant`` only, if given);
-        returns the window now in force for that caller."""
+    async def learn(
+        self, model: str, tokens: int, tenant: str, *, configured: int, stated: bool
+    ) -> int:
+        """Record that ``model`` holds at most ``tokens`` for ``tenant``; returns the window
+        now in force for that tenant. ``stated``: the upstream stated this limit itself, so
+        it also counts as the tenant's report towards a shared window."""
         tokens = max(tokens, MIN_WINDOW)
         current = await self.get(model, tenant)
+        if stated:
+            await self._report(model, tenant, tokens, configured)
         if current is not None and current <= tokens:
             return current
-        key = self._key(model, tenant)
-        await self._store.save_window(key, tokens, TENANT_TTL_S if tenant else self._ttl)
-        self._local[key] = (time.monotonic() + _LOCAL_S, tokens)
-        if tenant is None:
-            self._metrics.learned_window.labels(model=model).set(tokens)
-        scope = "one tenant" if tenant else "all callers"
-        log.warning("learned context window for model %s (%s): %d tokens", model, scope, tokens)
+        await self._write(self._key(model, tenant), tokens, self._ttl if stated else TENANT_TTL_S)
+        self._metrics.learned_windows.labels(scope="tenant").inc()
+        log.warning("learned context window for model %s (one tenant): %d tokens", model, tokens)
         return tokens
+
+    async def _report(self, model: str, tenant: str, tokens: int, configured: int) -> None:
+        now = time.monotonic()
+        voters = self._votes.get(model)
+        if voters is None:
+            if len(self._votes) >= _LOCAL_LIMIT:
+                self._votes.clear()
+            voters = self._votes[model] = {}
+        for stale in [t for t, (at, _) in voters.items() if now - at > _VOTE_S]:
+            del voters[stale]
+        if tenant not in voters and len(voters) >= _VOTERS_LIMIT:
+            del voters[next(iter(voters))]
+        voters[tenant] = (now, tokens)
+        if len(voters) < self._quorum:
+            return
+        agreed = max(limit for _, limit in voters.values())
+        shared_key = self._key(model, None)
+        shared = await self._read(shared_key)
+        current = min(shared, configured) if shared is not None else configured
+        if agreed >= current:
+            return
+        marker = f"{shared_key}|{_LOWERED}"
+        if self._interval > 0 and await self._store.load_window(marker) is not None:
+            return  # lowered recently: the next lowering waits, whoever asks
+        lowered = max(agreed, current // 2, MIN_WINDOW)
+        await self._write(shared_key, lowered, self._ttl)
+        if self._interval > 0:
+            await self._store.save_window(marker, lowered, self._interval)
+        self._metrics.learned_window.labels(model=model).set(lowered)
+        self._metrics.learned_windows.labels(scope="shared").inc()
+        log.warning(
+            "learned context window for model %s (all callers, %d tenants agree): %d tokens",
+            model,
+            len(voters),
+            lowered,
+        )

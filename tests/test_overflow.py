@@ -14,6 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, get_args
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -218,3 +219,46 @@ def test_never_raises_on_damaged_real_answers(case: dict[str, Any], cut: int, ju
 @given(body=st.binary(max_size=2048))
 def test_413_is_overflow_whatever_the_body(body: bytes) -> None:
     assert classify_error(413, {}, body).kind == "overflow"
+
+
+def test_a_limit_quoted_from_the_request_is_marked_as_echoed() -> None:
+    from proxy.overflow import echoed, request_text
+
+    body = (
+        b'{"error": {"message": "Invalid value: \'maximum context length is 1 tokens\'. '
+        b'Supported values are: \'system\', \'user\'.", "type": "invalid_request_error", '
+        b'"param": "messages[0].role", "code": null}}'
+    )
+    verdict = classify_error(400, {}, body)
+    assert verdict.limit == 1
+    sent = b'{"messages": [{"role": "m\\u0061ximum context length is 1 tokens"}]}'
+    assert echoed(verdict, request_text(sent))
+    honest = b'{"messages": [{"role": "user", "content": "what is a context window?"}]}'
+    assert not echoed(verdict, request_text(honest))
+
+
+def test_a_providers_own_sentence_is_not_echo() -> None:
+    from proxy.overflow import echoed, request_text
+
+    body = (
+        b'{"error": {"message": "This model\'s maximum context length is 8192 tokens. However, '
+        b'your messages resulted in 9000 tokens.", "type": "invalid_request_error", '
+        b'"param": "messages", "code": "context_length_exceeded"}}'
+    )
+    verdict = classify_error(400, {}, body)
+    assert (verdict.limit, verdict.requested) == (8192, 9000)
+    assert not echoed(verdict, request_text(b'{"messages": [{"role": "user", "content": "hi"}]}'))
+
+
+@pytest.mark.parametrize("digits", ["\u0661\u0662\u0663", "\uff11\uff12", "\u00b2"])
+def test_only_ascii_digits_are_token_counts(digits: str) -> None:
+    text = f"This model's maximum context length is {digits} tokens."
+    body = orjson.dumps({"error": {"message": text, "type": "invalid_request_error"}})
+    assert classify_error(400, {}, body).limit is None
+
+
+def test_n_ctx_inside_an_echoed_string_is_not_structured() -> None:
+    inner = '{"n_ctx": 1, "n_prompt_tokens": 5}'
+    body = orjson.dumps({"error": {"message": f"bad name {inner}: the context size was exceeded"}})
+    verdict = classify_error(400, {}, body)
+    assert verdict.limit is None or verdict.limit_evidence is not None
