@@ -1,0 +1,85 @@
+"""The deterministic identifier check that runs after every summary."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.identifiers import CARRIED_HEADING, find_identifiers, restore_identifiers
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("FACT color=teal now", "color=teal"),
+        ("set PORT=8080, then", "PORT=8080"),
+        ("see https://example.com/docs/a?b=1.", "https://example.com/docs/a?b=1"),
+        ("edit src/app/main.py next", "src/app/main.py"),
+        ("run ./run.sh", "./run.sh"),
+        ("in /etc/nginx/nginx.conf:", "/etc/nginx/nginx.conf"),
+        ("tool call_8f3a2c answered", "call_8f3a2c"),
+        ("ticket JIRA-4711 is open", "JIRA-4711"),
+        ("uuid 123e4567-e89b-12d3-a456-426614174000", "123e4567-e89b-12d3-a456-426614174000"),
+        ("commit 3f2a9c1d landed", "3f2a9c1d"),
+        ("rustc says E0425", "E0425"),
+        ("got ECONNREFUSED", "ECONNREFUSED"),
+        ("ERR_SSL_PROTOCOL again", "ERR_SSL_PROTOCOL"),
+        (
+            'it printed "Error: connection refused by upstream" twice',
+            "Error: connection refused by upstream",
+        ),
+        ("the log said `TimeoutError: read timed out`", "TimeoutError: read timed out"),
+    ],
+)
+def test_identifiers_are_found(text: str, expected: str) -> None:
+    assert expected in find_identifiers(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain words only, nothing to keep here",
+        "python3 and gpt-4o are names, not ids",
+        "version 1.2.3 on 2024-01-01",
+        "snake_case_name is a word",
+        '"a quote without the magic word"',
+    ],
+)
+def test_ordinary_text_has_no_identifiers(text: str) -> None:
+    assert find_identifiers(text) == []
+
+
+def test_lost_identifiers_are_restored_verbatim_and_counted() -> None:
+    sources = ["## Critical values\nFACT color=teal", "[user] open JIRA-4711 in src/a/b.py"]
+    result = restore_identifiers("## Goal\nFix the bug in src/a/b.py.", sources, 1000)
+    assert result.restored == 2
+    assert result.dropped == 0
+    carried = result.summary.split(CARRIED_HEADING, 1)[1]
+    assert "- color=teal" in carried
+    assert "- JIRA-4711" in carried
+    assert "src/a/b.py" not in carried  # the summary kept it itself
+
+
+def test_nothing_is_appended_when_nothing_was_lost() -> None:
+    result = restore_identifiers("keeps color=teal and JIRA-4711", ["color=teal JIRA-4711"], 1000)
+    assert (result.summary, result.restored) == ("keeps color=teal and JIRA-4711", 0)
+
+
+def test_the_bound_drops_the_least_recently_used_first() -> None:
+    old = " ".join(f"old_{i}=value{i}" for i in range(20))
+    new = " ".join(f"new_{i}=value{i}" for i in range(5))
+    result = restore_identifiers("summary", [old, new], 200)
+    assert result.dropped > 0
+    assert result.restored + result.dropped == 25
+    assert len(result.summary) - len("summary") <= 200 + 2
+    for i in range(5):  # the most recently used all survive
+        assert f"new_{i}=value{i}" in result.summary
+    assert "old_0=value0" not in result.summary
+
+
+def test_a_carried_section_is_extended_never_nested() -> None:
+    first = restore_identifiers("summary", ["FACT a=1"], 500).summary
+    # The model copied the previous carried section at the end of its new summary.
+    second = restore_identifiers(first, [first, "FACT b=2"], 500).summary
+    assert second.count(CARRIED_HEADING) == 1
+    assert "- a=1" in second
+    assert "- b=2" in second
