@@ -317,7 +317,7 @@ class Compactor:
                     return self._trimmed(key, messages, counts, pinned, snapshot, budget)
             summary_req = self._summary_request(chat, model, auth_headers)
             try:
-                summary = await summarize(summary_req, previous, messages[start:end])
+                summary = (await summarize(summary_req, previous, messages[start:end])).text
             except SummaryError as exc:
                 self.metrics.summary_failures.inc()
                 log.warning(

@@ -10,6 +10,7 @@ ProxyError                      -> OpenAI-shaped JSON error body
   TooManyRequests       429     too many scheduled compactions
   StoreError                    the snapshot store failed (never reaches a client)
   SummaryError                  summarization failed (never reaches a client)
+    SummaryTruncated            the summary was cut off by its token limit, even when retried
   UpstreamError
     UpstreamUnavailable 502     connect failure or broken connection
     UpstreamTimeout     504     no answer within upstream.timeout_s
@@ -89,6 +90,10 @@ class StoreError(ProxyError):
 
 
 class SummaryError(ProxyError):
+    pass
+
+
+class SummaryTruncated(SummaryError):
     pass
 
 

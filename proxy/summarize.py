@@ -5,6 +5,13 @@ updated summary comes out. A span larger than the summarizer's own window is
 folded in chunks, each chunk updating the summary from the last. Tool calls
 enter the transcript as names, brief arguments and brief outcomes, never
 whole outputs.
+
+A summary cut off by its token limit (``finish_reason: length``) is never
+kept: its end is lost, and the end is where the critical values go. The call
+is retried once asking for a terser summary within the same budget; a second
+cut-off raises ``SummaryTruncated`` and the caller keeps the previous snapshot.
+An upstream that refuses ``max_tokens`` as more than the model can write is
+asked again once with the limit it states.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import aiohttp
 import orjson
 
 from proxy import upstream
-from proxy.errors import SummaryError, UpstreamError
+from proxy.errors import SummaryError, SummaryTruncated, UpstreamError
+from proxy.overflow import classify_error
 from proxy.types import ChatMessage
 
 PURPOSE_HEADER = (b"x-compaction-purpose", b"summarize")
@@ -49,8 +57,24 @@ exactly. Carry forward everything from the previous summary that is still true.
 
 Be concise and factual. Do not address the user. Do not invent anything."""
 
+TERSER = (
+    "Your previous attempt was cut off at the length limit of {limit} tokens, losing its "
+    "end. Write the whole summary again, tersely, so that it ends well within {limit} "
+    "tokens: shorten the prose sections to a line or two each, and keep every value in "
+    "Critical values exactly."
+)
+
 _ARG_CHARS = 300
 _RESULT_CHARS = 800
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A summary the model finished, and what it took to get it."""
+
+    text: str
+    length_retries: int = 0  # calls retried because the answer was cut off
+    calls: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,23 +167,66 @@ def _user_prompt(previous: str, lines: list[str]) -> str:
     )
 
 
-async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessage]) -> str:
+async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessage]) -> Summary:
     """The updated summary covering ``previous`` plus ``span``; raises SummaryError.
 
     ``req.timeout_s`` bounds the whole summary, all chunks together: the
     session's lock is held for about that long.
     """
-    summary = previous
+    text, retries, calls = previous, 0, 0
     try:
         async with asyncio.timeout(req.timeout_s):
             for chunk in _chunks(render_transcript(span), req.max_chunk_chars):
-                summary = await _call(req, _user_prompt(summary, chunk))
+                prompt = _user_prompt(text, chunk)
+                answer = await _call(req, prompt, req.max_tokens)
+                calls += 1
+                if answer.finish_reason == "length":
+                    retries += 1
+                    limit = answer.max_tokens
+                    answer = await _call(req, f"{prompt}\n\n{TERSER.format(limit=limit)}", limit)
+                    calls += 1
+                    if answer.finish_reason == "length":
+                        raise SummaryTruncated(
+                            f"summary cut off at {limit} tokens twice; keeping the previous one"
+                        )
+                text = answer.text
     except TimeoutError as exc:
         raise SummaryError("summarizer timed out") from exc
-    return summary
+    return Summary(text, retries, calls)
 
 
-async def _call(req: SummaryRequest, prompt: str) -> str:
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    text: str
+    finish_reason: str
+    max_tokens: int  # what the answer was allowed
+
+
+async def _call(req: SummaryRequest, prompt: str, max_tokens: int) -> _Answer:
+    status, raw, headers = await _post(req, prompt, max_tokens)
+    if status != 200:
+        verdict = classify_error(status, headers, raw)
+        if verdict.kind == "output_budget" and verdict.limit and verdict.limit < max_tokens:
+            # The summarizer writes less than configured: ask within what it can.
+            max_tokens = verdict.limit
+            status, raw, headers = await _post(req, prompt, max_tokens)
+    if status != 200:
+        raise SummaryError(f"summarizer answered HTTP {status}")
+    try:
+        data = orjson.loads(raw)
+        choice = data["choices"][0]
+        text = choice["message"]["content"]
+        finish = choice.get("finish_reason")
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise SummaryError("summarizer answer had no message content") from exc
+    if not isinstance(text, str) or not text.strip():
+        raise SummaryError("summarizer returned an empty summary")
+    return _Answer(text.strip(), finish if isinstance(finish, str) else "", max_tokens)
+
+
+async def _post(
+    req: SummaryRequest, prompt: str, max_tokens: int
+) -> tuple[int, bytes, dict[str, str]]:
     body = orjson.dumps(
         {
             "model": req.model,
@@ -167,7 +234,7 @@ async def _call(req: SummaryRequest, prompt: str) -> str:
                 {"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": prompt},
             ],
-            "max_tokens": req.max_tokens,
+            "max_tokens": max_tokens,
             "temperature": 0,
             "stream": False,
         }
@@ -184,15 +251,6 @@ async def _call(req: SummaryRequest, prompt: str) -> str:
             raw = await response.aread()
         finally:
             await response.aclose()
-    except (UpstreamError, *upstream.CLIENT_ERRORS) as exc:
+    except UpstreamError as exc:
         raise SummaryError(f"summarizer request failed: {type(exc).__name__}") from exc
-    if response.status_code != 200:
-        raise SummaryError(f"summarizer answered HTTP {response.status_code}")
-    try:
-        data = orjson.loads(raw)
-        text = data["choices"][0]["message"]["content"]
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-        raise SummaryError("summarizer answer had no message content") from exc
-    if not isinstance(text, str) or not text.strip():
-        raise SummaryError("summarizer returned an empty summary")
-    return text.strip()
+    return response.status_code, raw, dict(response.headers)

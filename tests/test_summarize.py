@@ -137,7 +137,7 @@ async def test_a_span_larger_than_a_chunk_is_folded_call_by_call(sim_reset: str)
             timeout_s=10,
             max_chunk_chars=1200,
         )
-        summary = await summarize(request, "FACT earlier=kept", span)
+        summary = (await summarize(request, "FACT earlier=kept", span)).text
     finally:
         await client.close()
 

@@ -143,6 +143,8 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
         budget=max(budget, 0),
         reply_tokens=sim.config.reply_tokens,
         encoder=counter.encoder,
+        summary_style=profile.summary_style,
+        summary_forgets=profile.summary_forgets,
     )
     if summarize:
         sim.recorder.bump("summaries")

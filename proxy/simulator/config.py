@@ -29,6 +29,7 @@ from proxy.errors import ConfigError
 
 ErrorFormat = Literal["openai", "vllm", "vllm_legacy", "anthropic", "llamacpp", "gateway413"]
 ERROR_FORMATS: tuple[str, ...] = get_args(ErrorFormat)
+SummaryStyle = Literal["ideal", "realistic"]
 
 
 class _Section(BaseModel):
@@ -45,6 +46,11 @@ class ModelRule(_Section):
     # Count this many times our tokenizer's count: a provider whose template or
     # tokenizer adds tokens the client cannot see.
     token_scale: float = Field(default=1.0, gt=0)
+    # How this model writes summaries (replies.py): "ideal" always fits every fact;
+    # "realistic" writes prose first and the facts last, and is cut off at max_tokens.
+    summary_style: SummaryStyle = "ideal"
+    # Forget every Nth fact (in key order) when summarizing; 0 forgets none.
+    summary_forgets: int = Field(default=0, ge=0)
 
 
 class ModelDefaults(_Section):
@@ -96,6 +102,8 @@ class ModelProfile:
     error_format: ErrorFormat
     strict_alternation: bool
     token_scale: float = 1.0
+    summary_style: SummaryStyle = "ideal"
+    summary_forgets: int = 0
 
 
 def resolve_model(config: SimulatorConfig, name: str) -> ModelProfile:
@@ -125,6 +133,8 @@ def resolve_model(config: SimulatorConfig, name: str) -> ModelProfile:
             else rule.strict_alternation
         ),
         token_scale=rule.token_scale,
+        summary_style=rule.summary_style,
+        summary_forgets=rule.summary_forgets,
     )
 
 

@@ -5,15 +5,22 @@ Rules, first match wins:
 
 1. Header ``X-Compaction-Purpose: summarize``: a summary that carries facts
    forward. Every ``FACT key=value`` in any message (later definitions win)
-   becomes one ``FACT key=value`` line, sorted by key, after a header line and
-   before a filler sentence that is cut to fit the budget. Facts are never cut.
+   becomes one ``FACT key=value`` line, sorted by key. The model's
+   ``summary_style`` decides the rest. ``ideal``: the facts after a header
+   line and before a filler sentence that is cut to fit the budget; facts are
+   never cut. ``realistic``: like a real model, prose first (about 12 words a
+   summarized message), then ``## Critical values`` with the facts, cut word by
+   word at the budget with ``finish_reason: "length"``; asked to be terse (the
+   prompt says "tersely"), it keeps the prose to a quarter of the budget.
+   ``summary_forgets: N`` leaves out every Nth fact, as a lossy model would.
 2. Last message from a tool: ``observed <n> tool results`` (n trailing tool
    messages).
 3. Last message from the user, the request has ``tools`` and the text says
    ``CALL <n>``: n parallel calls to the first tool, arguments ``{"step": k}``.
 4. Last message from the user containing ``RECALL <key>``: ``key=value`` for
    each key, space separated, from the last ``FACT key=value`` anywhere in the
-   request, or ``key=UNKNOWN``.
+   request (a ``- key=value`` line, as a summary's critical values list them,
+   states a fact too), or ``key=UNKNOWN``.
 5. Otherwise ``ok:`` and about ``reply_tokens`` filler words picked by a hash
    of the request.
 
@@ -30,11 +37,12 @@ from typing import Any, Literal
 import orjson
 
 from proxy.encodings import Encoder
+from proxy.simulator.config import SummaryStyle
 from proxy.simulator.counting import text_of
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
-FACT = re.compile(r"FACT ([A-Za-z0-9_.-]+)=(\S+)")
+FACT = re.compile(r"(?:FACT |^- )([A-Za-z0-9_.-]+)=(\S+)", re.MULTILINE)
 RECALL = re.compile(r"RECALL ([A-Za-z0-9_.-]+)")
 CALL = re.compile(r"(?<![A-Za-z])CALL (\d+)")
 MAX_CALLS = 128
@@ -112,12 +120,27 @@ def _text_reply(text: str, budget: int, encoder: Encoder) -> Reply:
 
 
 def _summary(
-    messages: list[dict[str, Any]], seed: bytes, budget: int, reply_tokens: int, encoder: Encoder
+    messages: list[dict[str, Any]],
+    seed: bytes,
+    budget: int,
+    reply_tokens: int,
+    encoder: Encoder,
+    style: SummaryStyle = "ideal",
+    forgets: int = 0,
 ) -> Reply:
     facts = collect_facts(messages)
-    lines = [f"SUMMARY of {len(messages)} messages, {len(facts)} facts carried forward."]
-    lines += [f"FACT {key}={facts[key]}" for key in sorted(facts)]
-    head = "\n".join(lines) + "\nContext:"
+    keys = sorted(facts)
+    if forgets:
+        keys = [k for i, k in enumerate(keys) if (i + 1) % forgets]
+    fact_lines = [f"FACT {key}={facts[key]}" for key in keys]
+    header = f"SUMMARY of {len(messages)} messages, {len(keys)} facts carried forward."
+    if style == "realistic":
+        terse = "tersely" in text_of(messages[-1].get("content"))
+        prose = 12 * len(messages) if not terse else max(budget // 4, 1)
+        words = [header, *filler_words(seed, prose), "\n## Critical values\n", *fact_lines]
+        content, cut = fit_words("", words, budget, encoder)
+        return Reply(content, (), "length" if cut else "stop", encoder.count(content))
+    head = "\n".join([header, *fact_lines]) + "\nContext:"
     content, _ = fit_words(head, filler_words(seed, reply_tokens), budget, encoder)
     # Cutting filler is not a truncated summary: the facts are all there.
     return Reply(content, (), "stop", encoder.count(content))
@@ -147,10 +170,14 @@ def build_reply(
     budget: int,
     reply_tokens: int,
     encoder: Encoder,
+    summary_style: SummaryStyle = "ideal",
+    summary_forgets: int = 0,
 ) -> Reply:
     """The reply to a validated chat request; ``seed`` is a digest of the request."""
     if summarize:
-        return _summary(messages, seed, budget, reply_tokens, encoder)
+        return _summary(
+            messages, seed, budget, reply_tokens, encoder, summary_style, summary_forgets
+        )
     last = messages[-1]
     role = last["role"]
     if role in ("tool", "function"):
