@@ -8,6 +8,7 @@ ProxyError                      -> OpenAI-shaped JSON error body
   PayloadTooLarge       413     body over server.max_body_bytes
   NotFound              404     unknown session / route
   TooManyRequests       429     too many scheduled compactions
+  ClientDisconnected    499     the client went away before its answer (nothing is sent)
   StoreError                    the snapshot store failed (never reaches a client)
   SummaryError                  summarization failed (never reaches a client)
     SummaryTruncated            the summary was cut off by its token limit, even when retried
@@ -83,6 +84,11 @@ class TooManyRequests(ProxyError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+
+
+class ClientDisconnected(ProxyError):
+    status = 499  # nginx's "client closed request": nobody receives it
+    type = "client_closed_request"
 
 
 class StoreError(ProxyError):

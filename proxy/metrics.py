@@ -20,6 +20,7 @@ class Metrics:
     store_errors: Counter
     learned_window: Gauge
     learned_windows: Counter
+    client_disconnects: Counter
     snapshots_unreadable: Counter
     lock_release_retries: Counter
 
@@ -61,6 +62,13 @@ class Metrics:
                 "compaction_proxy_learned_window_tokens",
                 "Context windows learned from upstream overflow errors, shared by all callers",
                 ["model"],
+                registry=r,
+            ),
+            client_disconnects=Counter(
+                "compaction_proxy_client_disconnects",
+                "Chat requests whose client went away before the answer, by phase "
+                "(upstream: its upstream call was cancelled)",
+                ["phase"],
                 registry=r,
             ),
             learned_windows=Counter(

@@ -101,10 +101,10 @@ async def _read_error(
             chunks.append(chunk)
             size += len(chunk)
             if size > _MAX_ERROR_BYTES:
-                return b"".join(chunks), source
-    except upstream.CLIENT_ERRORS as exc:
+                return b"".join(chunks), source  # the caller relays the rest
+    except BaseException:  # the upstream broke, or the client left: free the connection
         await response.aclose()
-        raise upstream.translate(exc) from exc
+        raise
     await response.aclose()
     return b"".join(chunks), None
 

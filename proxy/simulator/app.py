@@ -83,6 +83,18 @@ class Simulator:
         return self.counters[profile.tokenizer]
 
 
+async def _abandoned_during(request: Request, delay_ms: float) -> bool:
+    """Wait ``delay_ms``; True as soon as the client disconnects, as a real server
+    notices (and stops generating) when its caller goes away."""
+    try:
+        async with asyncio.timeout(delay_ms / 1000):
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+    except TimeoutError:
+        return False
+    return True
+
+
 def _json(payload: object, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
@@ -133,6 +145,9 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
             requested=reserved,
         )
     budget = min(asked[1] if asked else profile.max_output_tokens, window - prompt.total)
+    if overrides.header_delay_ms and await _abandoned_during(request, overrides.header_delay_ms):
+        sim.recorder.bump("calls_abandoned")
+        return Response(status_code=499)
     summarize = request.headers.get("x-compaction-purpose", "").lower() == "summarize"
     seed = _seed(body, summarize)
     reply = build_reply(
@@ -152,8 +167,9 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
     if body.get("stream") is True:
         return _stream(sim, overrides, body, completion_id, profile, reply, prompt.total)
     latency = sim.config.latency_ms if overrides.latency_ms is None else overrides.latency_ms
-    if latency > 0:
-        await asyncio.sleep(latency / 1000)
+    if latency > 0 and await _abandoned_during(request, latency):
+        sim.recorder.bump("calls_abandoned")
+        return Response(status_code=499)  # nobody reads it: the client has gone
     return _json(completion_body(completion_id, profile.name, reply, prompt.total))
 
 

@@ -8,6 +8,7 @@ request and the simulator sees them:
 ``X-Sim-Max-Output-Tokens``     the model's output limit
 ``X-Sim-Strict-Alternation``    1/true or 0/false
 ``X-Sim-Latency-Ms``            delay before a non-streamed answer
+``X-Sim-Header-Delay-Ms``       delay before any answer's headers, streamed or not
 ``X-Sim-First-Byte-Delay-Ms``   delay before the first SSE chunk
 ``X-Sim-Chunk-Delay-Ms``        delay between SSE chunks
 ``X-Sim-Fail``                  answer this HTTP status with a realistic error body
@@ -36,6 +37,7 @@ class Overrides:
     max_output_tokens: int | None = None
     strict_alternation: bool | None = None
     latency_ms: float | None = None
+    header_delay_ms: float | None = None
     first_byte_delay_ms: float | None = None
     chunk_delay_ms: float | None = None
     fail: int | None = None
@@ -119,6 +121,7 @@ def read_overrides(headers: Mapping[str, str]) -> Overrides:
         max_output_tokens=_optional(headers, "X-Sim-Max-Output-Tokens", _positive_int),
         strict_alternation=_optional(headers, "X-Sim-Strict-Alternation", _flag),
         latency_ms=_optional(headers, "X-Sim-Latency-Ms", _millis),
+        header_delay_ms=_optional(headers, "X-Sim-Header-Delay-Ms", _millis),
         first_byte_delay_ms=_optional(headers, "X-Sim-First-Byte-Delay-Ms", _millis),
         chunk_delay_ms=_optional(headers, "X-Sim-Chunk-Delay-Ms", _millis),
         fail=_optional(headers, "X-Sim-Fail", _status),

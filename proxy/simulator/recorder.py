@@ -14,7 +14,13 @@ from typing import Literal
 import orjson
 
 Counter = Literal[
-    "requests", "overflows", "summaries", "rejected_structure", "failures", "streams_abandoned"
+    "requests",
+    "overflows",
+    "summaries",
+    "rejected_structure",
+    "failures",
+    "streams_abandoned",
+    "calls_abandoned",
 ]
 COUNTERS: tuple[Counter, ...] = (
     "requests",
@@ -23,6 +29,7 @@ COUNTERS: tuple[Counter, ...] = (
     "rejected_structure",
     "failures",
     "streams_abandoned",
+    "calls_abandoned",
 )
 
 
