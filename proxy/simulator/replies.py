@@ -8,8 +8,8 @@ Rules, first match wins:
    becomes one ``FACT key=value`` line, sorted by key. The model's
    ``summary_style`` decides the rest. ``ideal``: the facts after a header
    line and before a filler sentence that is cut to fit the budget; facts are
-   never cut. ``realistic``: like a real model, prose first (about 12 words a
-   summarized message), then ``## Critical values`` with the facts, cut word by
+   never cut. ``realistic``: like a real model, prose first (a word per 40
+   characters of the prompt), then ``## Critical values`` with the facts, cut word by
    word at the budget with ``finish_reason: "length"``; asked to be terse (the
    prompt says "tersely"), it keeps the prose to a quarter of the budget.
    ``summary_forgets: N`` leaves out every Nth fact, as a lossy model would.
@@ -135,8 +135,10 @@ def _summary(
     fact_lines = [f"FACT {key}={facts[key]}" for key in keys]
     header = f"SUMMARY of {len(messages)} messages, {len(keys)} facts carried forward."
     if style == "realistic":
-        terse = "tersely" in text_of(messages[-1].get("content"))
-        prose = 12 * len(messages) if not terse else max(budget // 4, 1)
+        prompt = text_of(messages[-1].get("content"))
+        # About a word of prose per 40 characters summarized; a quarter of the budget
+        # when asked to be terse.
+        prose = max(len(prompt) // 40, 8) if "tersely" not in prompt else max(budget // 4, 1)
         words = [header, *filler_words(seed, prose), "\n## Critical values\n", *fact_lines]
         content, cut = fit_words("", words, budget, encoder)
         return Reply(content, (), "length" if cut else "stop", encoder.count(content))

@@ -1,0 +1,320 @@
+"""Does a long conversation keep what matters? One command, simulator upstream, no network.
+
+    python bench/retention.py [--quick] [--configs chat-4k,agent-8k]
+
+For each configuration it starts the simulator (`compaction-proxy simulate-upstream`) and
+the proxy (`compaction-proxy serve`) as processes on loopback, then plays one long
+conversation through the proxy: a chat, or an agent loop of tool calls whose outputs carry
+the facts. A fact (``FACT key=value``, the simulator recalls it only if it is still in the
+request) is planted every few turns, until the proxy has compacted at least
+``--compactions`` times; then every fact is recalled. The simulator's summarizer writes like
+a real model (prose first, critical values last, cut off at ``max_tokens``) and, where the
+configuration says so, forgets every third fact, so the proxy's length retries and its
+identifier check are what keep the facts.
+
+Prints one row per configuration: facts planted and recalled, summaries made, summaries
+retried for length, identifiers restored by the check, the share of prompt tokens saved, and
+failed turns (any answer but 200). Exits 1 unless every configuration recalled 100% with 0
+failed turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {"type": "object", "properties": {"step": {"type": "integer"}}},
+        },
+    }
+]
+WORDS = "the plan covers the code the tests and the notes for the next release of the service"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    name: str
+    window: int
+    reply_reserve: int  # the chat model's max_output_tokens: smaller than a full summary
+    kind: str  # "chat" or "agent"
+    forgets: int  # the summarizer leaves out every Nth fact (0: none)
+
+
+CONFIGS = (
+    Config("chat-4k", 4096, 256, "chat", 3),
+    Config("chat-16k", 16384, 512, "chat", 3),
+    Config("agent-8k", 8192, 256, "agent", 3),
+    Config("chat-32k", 32768, 1024, "chat", 0),
+    Config("chat-128k", 131072, 1024, "chat", 3),
+)
+
+
+@dataclass(slots=True)
+class Row:
+    config: str
+    turns: int = 0
+    planted: int = 0
+    recalled: int = 0
+    compactions: int = 0
+    summaries: int = 0
+    length_retries: int = 0
+    restored: int = 0
+    sent_tokens: int = 0
+    full_tokens: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+
+    @property
+    def saved(self) -> float:
+        return 1 - self.sent_tokens / self.full_tokens if self.full_tokens else 0.0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _exe() -> str:
+    found = Path(sys.executable).with_name("compaction-proxy")
+    path = str(found) if found.exists() else shutil.which("compaction-proxy")
+    if path is None:
+        raise SystemExit("compaction-proxy is not installed (scripts/test sets up .venv)")
+    return path
+
+
+def _wait_up(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise SystemExit(f"{what} did not start")
+
+
+@contextmanager
+def _servers(config: Config, workdir: Path) -> Iterator[str]:
+    sim_port, proxy_port = _free_port(), _free_port()
+    sim_yaml = workdir / f"{config.name}-sim.yaml"
+    sim_yaml.write_text(
+        "models:\n"
+        f'  - {{match: "bench-*", context_window: {config.window}, '
+        f"max_output_tokens: {config.window // 2}, summary_style: realistic, "
+        f"summary_forgets: {config.forgets}}}\n"
+    )
+    proxy_yaml = workdir / f"{config.name}-proxy.yaml"
+    proxy_yaml.write_text(
+        f'upstream: {{base_url: "http://127.0.0.1:{sim_port}/v1", api_key: "sk-bench"}}\n'
+        "models:\n"
+        f'  - {{match: "bench-*", context_window: {config.window}, '
+        f"max_output_tokens: {config.reply_reserve}}}\n"
+    )
+    logs = workdir / f"{config.name}.log"
+    with logs.open("wb") as log:
+        sim = subprocess.Popen(
+            [_exe(), "simulate-upstream", "--config", str(sim_yaml), "--port", str(sim_port)],
+            stdout=log,
+            stderr=log,
+        )
+        proxy = subprocess.Popen(
+            [_exe(), "serve", "--config", str(proxy_yaml), "--port", str(proxy_port)],
+            stdout=log,
+            stderr=log,
+        )
+        try:
+            _wait_up(f"http://127.0.0.1:{sim_port}/v1/models", sim, "simulator")
+            _wait_up(f"http://127.0.0.1:{proxy_port}/healthz", proxy, "proxy")
+            yield f"http://127.0.0.1:{proxy_port}"
+        finally:
+            for proc in (proxy, sim):
+                proc.terminate()
+            for proc in (proxy, sim):
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def _metric(text: str, name: str, labels: str = "") -> int:
+    """The sum of a counter's samples in a Prometheus exposition (0 when absent), over
+    the samples whose labels contain ``labels``."""
+    pattern = re.compile(rf"^{re.escape(name)}({{[^}}]*}})? (\S+)$", re.MULTILINE)
+    return int(sum(float(v) for found, v in pattern.findall(text) if labels in found))
+
+
+class Conversation:
+    def __init__(self, url: str, config: Config, counter: Any) -> None:
+        self.http = httpx.Client(
+            base_url=url,
+            headers={"Authorization": "Bearer sk-bench-tenant", "X-Session-Id": config.name},
+            timeout=120,
+        )
+        self.config = config
+        self.counter = counter
+        self.history: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are a careful assistant. Keep every value."}
+        ]
+        self.facts: dict[str, str] = {}
+        self.row = Row(config.name)
+
+    def _send(self, **extra: Any) -> dict[str, Any] | None:
+        body = {"model": f"bench-{self.config.name}", "messages": self.history, **extra}
+        self.row.turns += 1
+        try:
+            r = self.http.post("/v1/chat/completions", json=body)
+        except httpx.HTTPError:
+            self.row.failed += 1
+            return None
+        if r.status_code != 200:
+            self.row.failed += 1
+            return None
+        self.row.sent_tokens += int(r.headers["x-context-tokens"])
+        self.row.full_tokens += sum(self.counter.message(m) for m in self.history)
+        message: dict[str, Any] = r.json()["choices"][0]["message"]
+        return message
+
+    def _fact(self, turn: int) -> str:
+        key = f"k{turn}"
+        value = hashlib.blake2b(f"{self.config.name}-{turn}".encode(), digest_size=4).hexdigest()
+        self.facts[key] = value
+        self.row.planted += 1
+        return f"FACT {key}={value}"
+
+    def _filler(self, turn: int) -> str:
+        words = max(self.config.window // 60, 20)
+        text = " ".join((WORDS.split() * (words // 16 + 1))[:words])
+        return f"Turn {turn}: {text}"
+
+    def turn(self, turn: int) -> None:
+        fact = self._fact(turn) if turn % 4 == 0 else ""
+        if self.config.kind == "agent":
+            self.history.append({"role": "user", "content": f"{self._filler(turn)} CALL 2"})
+            reply = self._send(tools=TOOLS)
+            if reply is None:
+                self.history.pop()
+                return
+            self.history.append(reply)
+            for i, call in enumerate(reply.get("tool_calls") or ()):
+                output = f"{fact if i == 0 else ''} {self._filler(turn)}".strip()
+                self.history.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+            done = self._send(tools=TOOLS)
+            if done is not None:
+                self.history.append(done)
+            return
+        self.history.append({"role": "user", "content": f"{self._filler(turn)} {fact}".strip()})
+        reply = self._send()
+        if reply is None:
+            self.history.pop()
+            return
+        self.history.append(reply)
+
+    def recall(self) -> None:
+        keys = list(self.facts)
+        for start in range(0, len(keys), 8):
+            batch = keys[start : start + 8]
+            self.history.append({"role": "user", "content": " ".join(f"RECALL {k}" for k in batch)})
+            reply = self._send()
+            answer = str(reply.get("content") or "") if reply else ""
+            self.history.append({"role": "assistant", "content": answer or "?"})
+            found = dict(pair.split("=", 1) for pair in answer.split() if "=" in pair)
+            self.row.recalled += sum(1 for k in batch if found.get(k) == self.facts[k])
+
+
+def run_config(config: Config, min_compactions: int, max_turns: int, workdir: Path) -> Row:
+    from proxy.encodings import load_encoders
+    from proxy.tokens import TokenCounter
+
+    counter = TokenCounter(load_encoders(["cl100k_base"])["cl100k_base"])
+    started = time.monotonic()
+    with _servers(config, workdir) as url:
+        chat = Conversation(url, config, counter)
+        for turn in range(max_turns):
+            chat.turn(turn)
+            if turn % 5 == 4:
+                metrics = httpx.get(f"{url}/metrics").text
+                done = _metric(metrics, "compaction_proxy_compactions_total")
+                if done >= min_compactions:
+                    break
+        chat.recall()
+        metrics = httpx.get(f"{url}/metrics").text
+    row = chat.row
+    row.compactions = _metric(metrics, "compaction_proxy_compactions_total")
+    row.summaries = _metric(metrics, "compaction_proxy_compactions_total", 'outcome="compacted"')
+    row.length_retries = _metric(metrics, "compaction_proxy_summary_length_retries_total")
+    row.restored = _metric(metrics, "compaction_proxy_identifiers_restored_total")
+    row.seconds = time.monotonic() - started
+    return row
+
+
+def _table(rows: Sequence[Row]) -> str:
+    head = (
+        "| config | turns | facts recalled | compactions | summaries | length retries "
+        "| identifiers restored | tokens saved | failed turns | seconds |"
+    )
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        pct = f"{r.recalled}/{r.planted} ({100 * r.recalled / max(r.planted, 1):.0f}%)"
+        lines.append(
+            f"| {r.config} | {r.turns} | {pct} | {r.compactions} | {r.summaries} "
+            f"| {r.length_retries} | {r.restored} | {100 * r.saved:.0f}% | {r.failed} "
+            f"| {r.seconds:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", help="comma-separated names (default: all)")
+    parser.add_argument("--compactions", type=int, default=10)
+    parser.add_argument("--max-turns", type=int, default=400)
+    parser.add_argument("--quick", action="store_true", help="3 compactions, 4k/8k only")
+    args = parser.parse_args(argv)
+    configs = list(CONFIGS)
+    if args.quick:
+        args.compactions = 3
+        configs = [c for c in configs if c.window <= 8192]
+    if args.configs:
+        wanted = set(args.configs.split(","))
+        configs = [c for c in configs if c.name in wanted]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="retention-") as tmp:
+        for config in configs:
+            row = run_config(config, args.compactions, args.max_turns, Path(tmp))
+            print(
+                f"{row.config}: recalled {row.recalled}/{row.planted}, "
+                f"{row.compactions} compactions, {row.failed} failed, {row.seconds:.0f} s",
+                flush=True,
+            )
+            rows.append(row)
+    print()
+    print(_table(rows))
+    ok = all(r.recalled == r.planted and r.failed == 0 for r in rows)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
