@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 from starlette.requests import Request
@@ -82,17 +82,19 @@ def _usage_watcher(
 
 async def handle_passthrough(request: Request, services: Services) -> Response:
     settings = services.settings
-    path = request.path_params["path"]
-    url = upstream.upstream_url(settings.upstream.base_url, path, request.scope["query_string"])
+    scope = request.scope
+    url = upstream.passthrough_url(
+        settings.upstream.base_url, scope["path"], scope.get("raw_path"), scope["query_string"]
+    )
     headers = services.headers.outgoing(request.headers.raw)
     length = request.headers.get("content-length")
-    content: bytes | None
+    content: bytes | AsyncIterator[bytes] | None
     if length is not None and length.isdigit() and int(length) <= settings.server.max_body_bytes:
         content = await request.body()
-        response = await upstream.send(services.client, request.method, url, headers, content)
+    elif length is None and "transfer-encoding" not in request.headers:
+        content = None  # no body: a GET must not go upstream as a chunked upload
     else:
         # Unknown or large (file uploads): stream the body through unbuffered.
-        response = await upstream.send(
-            services.client, request.method, url, headers, request.stream()
-        )
+        content = request.stream()
+    response = await upstream.send(services.client, request.method, url, headers, content)
     return await upstream.relay(response)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
+from functools import lru_cache
+from urllib.parse import quote, unquote_to_bytes
 
 import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
@@ -21,7 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from yarl import URL
 
 from proxy.config import Settings
-from proxy.errors import UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import InvalidRequest, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 log = logging.getLogger("proxy.upstream")
 
@@ -43,6 +45,9 @@ HOP_BY_HOP = frozenset(
 )
 _HOP_BY_HOP_RAW = frozenset(h.encode() for h in HOP_BY_HOP)
 CONTROL_HEADERS = frozenset({"x-compaction"})
+# The proxy's own header family (x-compaction-purpose marks its summarizer calls):
+# a client's copy must never reach the upstream looking like the proxy's.
+_CONTROL_PREFIX = "x-compaction-"
 # Headers the summarizer's own upstream calls carry: credentials and billing scope.
 AUTH_HEADERS = frozenset(
     {b"authorization", b"api-key", b"x-api-key", b"openai-organization", b"openai-project"}
@@ -53,6 +58,14 @@ CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 _BUFFER_LIMIT = 1024 * 1024
 # aiohttp adds these when absent; the proxy sends what the client sent, no more.
 _SKIP_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Content-Type")
+# RFC 3986 pchar, "/" and "%": the only bytes a passthrough path may carry on the wire.
+_PATH_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@/%"
+# Bytes a decoded path must not hold: "%" would decode again (%252e -> %2e -> .),
+# "\\" is a separator to some servers, controls can split or truncate the request.
+_UNSAFE_DECODED = bytes(range(0x20)) + b"\x7f%\\"
+# Printable ASCII but "#": a query is relayed byte for byte and must stay one.
+_QUERY_BYTES = bytes(b for b in range(0x21, 0x7F) if b != ord("#"))
+_BAD_PATH = "Invalid path: only plain paths under /v1/ are forwarded."
 
 
 def build_client(settings: Settings) -> aiohttp.ClientSession:
@@ -62,8 +75,10 @@ def build_client(settings: Settings) -> aiohttp.ClientSession:
     """
     up = settings.upstream
     connector = aiohttp.TCPConnector(limit=up.max_connections, keepalive_timeout=60)
+    # aiohttp's total runs from send until the connection is released, so it also
+    # bounds reading a streamed body, not just the wait for headers.
     timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=up.connect_timeout_s, sock_read=up.timeout_s
+        total=up.total_timeout_s, sock_connect=up.connect_timeout_s, sock_read=up.timeout_s
     )
     # HTTP(S)_PROXY / NO_PROXY are read once here. aiohttp's trust_env would
     # read them (and ~/.netrc) in a worker thread on every request.
@@ -133,6 +148,7 @@ class HeaderPolicy:
 
     def __init__(self, settings: Settings) -> None:
         self.drop = HOP_BY_HOP | CONTROL_HEADERS | {settings.session.header.lower()}
+        self._drop_inspect = self.drop | {"accept-encoding"}
         key = settings.upstream.api_key.get_secret_value()
         self.authorization = f"Bearer {key}" if key else None
 
@@ -141,8 +157,18 @@ class HeaderPolicy:
     ) -> list[tuple[bytes, bytes]]:
         """Headers for the upstream. ``inspect``: the proxy reads the answer (overflow
         errors, usage), so it is asked for uncompressed bytes."""
-        drop = self.drop | {"accept-encoding"} if inspect else self.drop
-        out = [(k, v) for k, v in headers if k.decode("latin-1").lower() not in drop]
+        headers = list(headers)
+        drop = self._drop_inspect if inspect else self.drop
+        # RFC 9110 7.6.1: what the client's Connection header names is for this hop only.
+        options = [v for k, v in headers if k.lower() == b"connection"]
+        if options:
+            named = {t.strip().lower() for v in options for t in v.decode("latin-1").split(",")}
+            drop = drop | named
+        out = []
+        for k, v in headers:
+            name = k.decode("latin-1").lower()
+            if name not in drop and not name.startswith(_CONTROL_PREFIX):
+                out.append((k, v))
         if inspect:
             out.append((b"accept-encoding", b"identity"))
         if self.authorization is not None:
@@ -156,15 +182,51 @@ class HeaderPolicy:
 
 
 def upstream_url(base_url: str, path: str, query: bytes) -> str:
-    """``base_url`` + the part of the client's path after ``/v1``."""
+    """``base_url`` + a path of the proxy's own choosing (never a client's: see
+    ``passthrough_url``)."""
     url = base_url.rstrip("/") + "/" + path.lstrip("/")
     return f"{url}?{query.decode('latin-1')}" if query else url
+
+
+def passthrough_url(base_url: str, path: str, raw_path: bytes | None, query: bytes) -> URL:
+    """``base_url`` + the client's path after ``/v1``, as the client encoded it.
+
+    Raises ``InvalidRequest`` for anything that could resolve outside ``base_url``'s
+    path, here or at the upstream: dot segments, encoded separators or dots that a
+    second decoding would turn into them, backslashes, controls. The URL is marked
+    encoded, so neither yarl nor aiohttp normalises it again.
+    """
+    raw = raw_path if raw_path is not None else quote(path).encode("ascii")
+    if not raw.startswith(b"/v1/") or raw.translate(None, _PATH_BYTES):
+        raise InvalidRequest(_BAD_PATH, code="invalid_path")
+    decoded = unquote_to_bytes(raw)
+    segments = decoded.split(b"/")
+    if (
+        len(decoded.translate(None, _UNSAFE_DECODED)) != len(decoded)
+        or b".." in segments
+        or b"." in segments
+        # What the router matched must be what is forwarded (it differs on invalid UTF-8).
+        or decoded != path.encode("utf-8", "surrogatepass")
+    ):
+        raise InvalidRequest(_BAD_PATH, code="invalid_path")
+    if query.translate(None, _QUERY_BYTES):
+        raise InvalidRequest("Invalid query string.", code="invalid_path")
+    url = _base_path(base_url) + raw[3:].decode("ascii")
+    if query:
+        url = f"{url}?{query.decode('ascii')}"
+    return URL(url, encoded=True)
+
+
+@lru_cache(maxsize=4)
+def _base_path(base_url: str) -> str:
+    # The configured base, encoded once; the client's path is appended verbatim.
+    return str(URL(base_url)).rstrip("/")
 
 
 async def send(
     client: aiohttp.ClientSession,
     method: str,
-    url: str,
+    url: str | URL,
     headers: list[tuple[bytes, bytes]],
     content: bytes | AsyncIterator[bytes] | None,
 ) -> UpstreamResponse:
@@ -258,8 +320,9 @@ async def _raw_chunks(
             if watch is not None:
                 watch(chunk)
             yield chunk
-    except CLIENT_ERRORS as exc:
-        # Headers are already sent: all we can do is end the stream early.
+    except (UpstreamError, *CLIENT_ERRORS) as exc:
+        # Headers are already sent: all we can do is end the stream early. aiter_raw
+        # raises the translated error (a timeout is UpstreamTimeout); name the cause.
         log.warning("upstream stream broke mid-body: %s", type(exc.__cause__ or exc).__name__)
     finally:
         await response.aclose()
