@@ -222,3 +222,46 @@ async def test_list_sessions_skips_expired_snapshots(store_factory: Factory) -> 
     assert await store.save("tenant:h:gone", snap(1))
     await asyncio.sleep(SHORT_TTL * 3)
     assert await store.list_sessions(10) == []
+
+
+# MemoryStore only: what keeps the embedded store's memory bounded.
+
+
+async def test_memory_store_drops_expired_entries_as_it_goes() -> None:
+    """Expired sessions, locks and windows go on the next write, read or not."""
+    store = MemoryStore(ttl_s=SHORT_TTL)
+    for i in range(50):
+        assert await store.save(f"tenant:h:s{i}", snap(1))
+        assert await store.acquire(f"tenant:h:s{i}", SHORT_TTL) is not None
+        await store.save_window(f"tenant:m{i}", 1000, SHORT_TTL)
+    await asyncio.sleep(SHORT_TTL * 3)
+    assert await store.save("tenant:h:new", snap(1))
+    assert await store.acquire("tenant:h:new", LONG_TTL) is not None
+    await store.save_window("tenant:m-new", 1000, LONG_TTL)
+    # Private state on purpose: what is held, not what load() is willing to return.
+    assert list(store._data) == ["tenant:h:new"]
+    assert list(store._locks) == ["tenant:h:new"]
+    assert list(store._windows) == ["tenant:m-new"]
+
+
+async def test_memory_store_keeps_the_most_recently_used_sessions() -> None:
+    store = MemoryStore(ttl_s=LONG_TTL, max_sessions=2)
+    assert await store.save("a", snap(1))
+    assert await store.save("b", snap(1))
+    assert await store.load("a") is not None  # a is now the most recently used
+    assert await store.save("c", snap(1))
+    assert await store.load("b") is None
+    assert await store.load("a") is not None
+    assert await store.load("c") is not None
+
+
+async def test_build_store_honours_store_max_sessions() -> None:
+    from proxy.config import Settings
+    from proxy.metrics import Metrics
+    from proxy.store import build_store
+
+    store = build_store(Settings(store={"max_sessions": 2}), Metrics.create())
+    for name in ("a", "b", "c"):
+        assert await store.save(name, snap(1))
+    assert {key for key, _ in await store.list_sessions(10)} == {"b", "c"}
+    await store.aclose()

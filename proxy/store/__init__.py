@@ -72,7 +72,7 @@ def build_store(settings: Settings, metrics: Metrics) -> SnapshotStore:
     from proxy.store.memory import MemoryStore
 
     url = settings.store.url
-    local = MemoryStore(ttl_s=settings.store.ttl_s)
+    local = MemoryStore(ttl_s=settings.store.ttl_s, max_sessions=settings.store.max_sessions)
     if url.startswith("memory://"):
         return local
     from proxy.store.redis import RedisStore

@@ -1,20 +1,41 @@
-"""The embedded store: a dict in this process, with TTLs on read."""
+"""The embedded store: dicts in this process, expired entries dropped as it goes.
+
+Each dict is kept in expiry order (an entry is moved to the end whenever its
+deadline is pushed back), so what has expired sits at the front and is popped
+from there on every write: amortised O(1), and memory stays bounded by what is
+live. ``OrderedDict`` because popping the front of a plain dict leaves holes
+that every later ``next(iter(...))`` scans past.
+"""
 
 from __future__ import annotations
 
 import secrets
 import time
+from collections import OrderedDict
+from typing import TypeVar
 
 from proxy.store import Snapshot
+
+_V = TypeVar("_V")
+
+
+def _drop_expired(entries: OrderedDict[str, tuple[float, _V]], now: float) -> None:
+    # Entries with a shorter TTL than the front one wait behind it: at most one
+    # longest TTL's worth of writes, never an unbounded backlog.
+    while entries:
+        key = next(iter(entries))
+        if entries[key][0] >= now:
+            return
+        del entries[key]
 
 
 class MemoryStore:
     def __init__(self, ttl_s: float, max_sessions: int = 100_000) -> None:
         self._ttl = ttl_s
         self._max = max_sessions
-        self._data: dict[str, tuple[float, Snapshot]] = {}
-        self._locks: dict[str, tuple[float, str]] = {}
-        self._windows: dict[str, tuple[float, int]] = {}
+        self._data: OrderedDict[str, tuple[float, Snapshot]] = OrderedDict()
+        self._locks: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._windows: OrderedDict[str, tuple[float, int]] = OrderedDict()
 
     async def load(self, key: str) -> Snapshot | None:
         entry = self._data.get(key)
@@ -25,18 +46,22 @@ class MemoryStore:
         if expires < now:
             del self._data[key]
             return None
-        # Refreshed on use, like Redis; re-inserted so eviction drops the least recently used.
-        del self._data[key]
+        # Refreshed on use, like Redis; moved to the end so the front stays the
+        # soonest to expire and the least recently used.
         self._data[key] = (now + self._ttl, snapshot)
+        self._data.move_to_end(key)
         return snapshot
 
     async def save(self, key: str, snapshot: Snapshot) -> bool:
         current = await self.load(key)
         if (current.version if current else 0) != snapshot.version - 1:
             return False
+        now = time.monotonic()
+        _drop_expired(self._data, now)
         if key not in self._data and len(self._data) >= self._max:
-            del self._data[next(iter(self._data))]  # bounded memory: oldest session goes
-        self._data[key] = (time.monotonic() + self._ttl, snapshot)
+            self._data.popitem(last=False)  # bounded memory: least recently used goes
+        self._data[key] = (now + self._ttl, snapshot)
+        self._data.move_to_end(key)
         return True
 
     async def delete(self, key: str) -> bool:
@@ -47,8 +72,10 @@ class MemoryStore:
         held = self._locks.get(key)
         if held is not None and held[0] > now:
             return None
+        _drop_expired(self._locks, now)
         token = secrets.token_hex(8)
         self._locks[key] = (now + ttl_s, token)
+        self._locks.move_to_end(key)
         return token
 
     async def release(self, key: str, token: str) -> None:
@@ -63,7 +90,12 @@ class MemoryStore:
         return entry[1]
 
     async def save_window(self, key: str, tokens: int, ttl_s: float) -> None:
-        self._windows[key] = (time.monotonic() + ttl_s, tokens)
+        now = time.monotonic()
+        _drop_expired(self._windows, now)
+        if key not in self._windows and len(self._windows) >= self._max:
+            self._windows.popitem(last=False)  # one per tenant and model: bounded like sessions
+        self._windows[key] = (now + ttl_s, tokens)
+        self._windows.move_to_end(key)
 
     async def list_sessions(self, limit: int) -> list[tuple[str, Snapshot]]:
         now = time.monotonic()
@@ -76,3 +108,4 @@ class MemoryStore:
     async def aclose(self) -> None:
         self._data.clear()
         self._locks.clear()
+        self._windows.clear()
