@@ -15,6 +15,8 @@ from starlette.responses import Response
 from proxy import upstream
 from proxy.calibrate import find_prompt_tokens
 from proxy.compact import Outcome, Turn
+from proxy.disconnect import cancelled_on_disconnect
+from proxy.errors import ClientDisconnected
 from proxy.parse import parse_chat_request, read_body
 from proxy.recover import RECOVERABLE, Attempt, retry_on_overflow
 from proxy.services import Services
@@ -49,17 +51,24 @@ async def handle_chat(request: Request, services: Services) -> Response:
         body = orjson.dumps({**chat, "messages": outcome.messages})
 
     url = upstream.upstream_url(settings.upstream.base_url, "chat/completions", b"")
-    response = await upstream.send(services.client, "POST", url, headers, body)  # 9. forward
-    answer: upstream.UpstreamResponse | Response = response
-    recover = control != "off" and settings.compaction.recover_overflow
-    if recover and response.status_code in RECOVERABLE:  # 10. overflow: trim, retry once
-        answer, outcome = await retry_on_overflow(
-            services, turn, Attempt(body, outcome), response, headers, url
-        )
-    services.metrics.requests.labels(status=outcome.status).inc()
-    if isinstance(answer, upstream.UpstreamResponse):
-        watch = _usage_watcher(services, model.name, outcome) if answer.status_code == 200 else None
-        return await upstream.relay(answer, outcome.headers(), watch)
+    try:
+        # Until the answer's bytes flow, only this notices a client that gave up.
+        async with cancelled_on_disconnect(request.receive):
+            response = await upstream.send(services.client, "POST", url, headers, body)  # 9.
+            answer: upstream.UpstreamResponse | Response = response
+            recover = control != "off" and settings.compaction.recover_overflow
+            if recover and response.status_code in RECOVERABLE:  # 10. overflow: retry once
+                answer, outcome = await retry_on_overflow(
+                    services, turn, Attempt(body, outcome), response, headers, url
+                )
+            services.metrics.requests.labels(status=outcome.status).inc()
+            if isinstance(answer, upstream.UpstreamResponse):
+                ok = answer.status_code == 200
+                watch = _usage_watcher(services, model.name, outcome) if ok else None
+                return await upstream.relay(answer, outcome.headers(), watch)
+    except ClientDisconnected:
+        services.metrics.client_disconnects.labels(phase="upstream").inc()
+        raise
     answer.raw_headers.extend(outcome.headers())  # an error answer, already read
     return answer
 
