@@ -57,7 +57,9 @@ async def handle_chat(request: Request, services: Services) -> Response:
             response = await upstream.send(services.client, "POST", url, headers, body)  # 9.
             answer: upstream.UpstreamResponse | Response = response
             recover = control != "off" and settings.compaction.recover_overflow
-            if recover and response.status_code in RECOVERABLE:  # 10. overflow: retry once
+            status = response.status_code
+            # 10. overflow: an error answer, or a stream that opens with one: retry once
+            if recover and (status in RECOVERABLE or (status == 200 and chat.get("stream"))):
                 answer, outcome = await retry_on_overflow(
                     services, turn, Attempt(body, outcome), response, headers, url
                 )

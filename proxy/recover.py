@@ -52,19 +52,29 @@ async def retry_on_overflow(
     headers: list[tuple[bytes, bytes]],
     url: str,
 ) -> tuple[upstream.UpstreamResponse | Response, Outcome]:
-    """The response to relay and the view it answers; ``response`` is consumed here."""
-    raw, rest = await _read_error(response)
-    if rest is not None:  # too big to be an error we can act on: relay it whole
-        return await upstream.relay(response, started=(raw, rest)), first.outcome
-    verdict = classify_error(response.status_code, response.headers, raw)
+    """The response to relay and the view it answers; ``response`` is consumed here,
+    unless it is a 200 stream that does not open with an error (then it is returned
+    as it was, its first bytes pushed back)."""
+    if response.status_code == 200:  # a stream whose first event may be the error
+        found = await _stream_error(response)
+        if found is None:
+            return response, first.outcome
+        raw, original = found
+        verdict = classify_error(400, response.headers, raw)
+    else:
+        raw, rest = await _read_error(response)
+        if rest is not None:  # too big to be an error we can act on: relay it whole
+            return await upstream.relay(response, started=(raw, rest)), first.outcome
+        original = upstream.buffered(response, raw)
+        verdict = classify_error(response.status_code, response.headers, raw)
     if verdict.kind == "other":
-        return upstream.buffered(response, raw), first.outcome
+        return original, first.outcome
 
     metrics = services.metrics.overflows
     if verdict.kind == "output_budget":
         lowered = _lower_output(first.body, verdict)
         if lowered is None:  # nothing we can change: the retry would fail the same way
-            return upstream.buffered(response, raw), first.outcome
+            return original, first.outcome
         body, outcome = lowered, first.outcome
     else:
         window = await _learn(services, turn, first, verdict)
@@ -86,6 +96,56 @@ async def retry_on_overflow(
         return retry, replace(outcome, status=status)
     metrics.labels(**labels, outcome="failed").inc()
     return retry, outcome
+
+
+async def _stream_error(
+    response: upstream.UpstreamResponse,
+) -> tuple[bytes, Response] | None:
+    """If a 200 event stream opens with an error event (some servers report an overflow
+    that way), its JSON and the stream as read so far, as a response to relay should
+    the error not be ours to recover; else None, with the bytes read pushed back."""
+    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        return None
+    source = response.aiter_raw()
+    head = b""
+    try:
+        async for chunk in source:
+            head += chunk
+            if b"\n\n" in head or b"\r\n\r\n" in head or len(head) > _MAX_ERROR_BYTES:
+                break
+        error = _error_event(head)
+        if error is None:
+            response.started = (head, source)
+            return None
+    except BaseException:  # the upstream broke, or the client left: free the connection
+        await response.aclose()
+        raise
+    await response.aclose()
+    return error, upstream.buffered(response, head)
+
+
+def _error_event(head: bytes) -> bytes | None:
+    """The data of the stream's first event when that event is an error."""
+    event = head.replace(b"\r\n", b"\n").split(b"\n\n", 1)[0]
+    if b"error" not in event and b"failed" not in event:
+        return None  # the common case: a chunk of the answer, decided without parsing
+    kind = b""
+    data: list[bytes] = []
+    for line in event.split(b"\n"):
+        if line.startswith(b"event:"):
+            kind = line[6:].strip()
+        elif line.startswith(b"data:"):
+            data.append(line[5:].strip())
+    payload = b"\n".join(data)
+    if kind in (b"error", b"response.failed"):
+        return payload
+    try:
+        parsed = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(parsed, dict) and "error" in parsed and "choices" not in parsed:
+        return payload
+    return None
 
 
 async def _read_error(

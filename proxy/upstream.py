@@ -102,10 +102,13 @@ def build_client(settings: Settings) -> aiohttp.ClientSession:
 class UpstreamResponse:
     """An upstream answer with its body not yet read; ``aclose`` it when done."""
 
-    __slots__ = ("_response",)
+    __slots__ = ("_response", "started")
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
+        # Bytes a caller already read (peeking at a stream's first event) and the
+        # iterator it read them from: ``relay`` sends them first.
+        self.started: tuple[bytes, AsyncIterator[bytes]] | None = None
 
     @property
     def status_code(self) -> int:
@@ -280,6 +283,7 @@ async def relay(
     """
     headers = response_headers(response)
     headers.extend(extra_headers)
+    started = started or response.started
     length = response.headers.get("content-length")
     is_stream = response.headers.get("content-type", "").startswith("text/event-stream")
     small = length is not None and length.isdigit() and int(length) <= _BUFFER_LIMIT
@@ -315,6 +319,8 @@ async def _raw_chunks(
     prefix, source = started if started is not None else (b"", response.aiter_raw())
     try:
         if prefix:
+            if watch is not None:
+                watch(prefix)
             yield prefix
         async for chunk in source:
             if watch is not None:

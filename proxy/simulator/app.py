@@ -115,6 +115,7 @@ def _seed(body: dict[str, Any], summarize: bool) -> bytes:
 async def _answer_chat(sim: Simulator, request: Request) -> Response:
     raw = await request.body()
     body = parse_json_object(raw)
+    request.state.streamed = body.get("stream") is True
     sim.recorder.record(request.headers, raw)
     overrides = read_overrides(request.headers)
     if overrides.fail is not None:
@@ -214,9 +215,26 @@ def _chat_route(sim: Simulator) -> Handler:
         except SimError as err:
             if err.kind in _COUNTER_FOR:
                 sim.recorder.bump(_COUNTER_FOR[err.kind])
+            if err.kind == "overflow" and _errors_in_stream(request):
+                return _error_event_stream(err)
             return _error_response(err)
 
     return chat_completions
+
+
+def _errors_in_stream(request: Request) -> bool:
+    try:
+        wanted = read_overrides(request.headers).errors_in_stream
+    except SimError:
+        return False
+    # Only for streamed requests (known once the body parsed, before any overflow).
+    return bool(wanted) and getattr(request.state, "streamed", False)
+
+
+def _error_event_stream(err: SimError) -> Response:
+    """The error as a 200 event stream's first event, then the end of the stream."""
+    body = b"data: " + err.body + b"\n\ndata: [DONE]\n\n"
+    return Response(body, media_type="text/event-stream")
 
 
 def _fail_first(request: Request, body: dict[str, Any]) -> None:

@@ -12,6 +12,8 @@ request and the simulator sees them:
 ``X-Sim-First-Byte-Delay-Ms``   delay before the first SSE chunk
 ``X-Sim-Chunk-Delay-Ms``        delay between SSE chunks
 ``X-Sim-Fail``                  answer this HTTP status with a realistic error body
+``X-Sim-Errors-In-Stream``      1/true: a streamed request's overflow comes as a 200 event
+                                stream whose first event is the error (as some servers do)
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Overrides:
     strict_alternation: bool | None = None
     latency_ms: float | None = None
     header_delay_ms: float | None = None
+    errors_in_stream: bool | None = None
     first_byte_delay_ms: float | None = None
     chunk_delay_ms: float | None = None
     fail: int | None = None
@@ -122,6 +125,7 @@ def read_overrides(headers: Mapping[str, str]) -> Overrides:
         strict_alternation=_optional(headers, "X-Sim-Strict-Alternation", _flag),
         latency_ms=_optional(headers, "X-Sim-Latency-Ms", _millis),
         header_delay_ms=_optional(headers, "X-Sim-Header-Delay-Ms", _millis),
+        errors_in_stream=_optional(headers, "X-Sim-Errors-In-Stream", _flag),
         first_byte_delay_ms=_optional(headers, "X-Sim-First-Byte-Delay-Ms", _millis),
         chunk_delay_ms=_optional(headers, "X-Sim-Chunk-Delay-Ms", _millis),
         fail=_optional(headers, "X-Sim-Fail", _status),
