@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -18,7 +19,7 @@ from proxy.calibrate import Calibration
 from proxy.compact import Compactor
 from proxy.config import Settings
 from proxy.encodings import load_encoders
-from proxy.errors import MissingCredential, ProxyError
+from proxy.errors import InvalidRequest, MissingCredential, NotFound, ProxyError
 from proxy.metrics import CONTENT_TYPE_LATEST, Metrics
 from proxy.models import ModelTable
 from proxy.services import Services
@@ -130,6 +131,15 @@ def create_app(settings: Settings) -> Starlette:
             )
         return Response(exc.body(), status_code=exc.status, media_type="application/json")
 
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # The router's own 404/405 (a path no route matches), in OpenAI's error shape.
+        assert isinstance(exc, HTTPException)
+        error: ProxyError = NotFound(f"Unknown request URL: {request.method} {request.url.path!r}.")
+        if exc.status_code != 404:
+            error = InvalidRequest(f"{request.method} is not allowed on this URL.")
+            error.status = exc.status_code
+        return Response(error.body(), status_code=error.status, media_type="application/json")
+
     routes = [
         Route("/v1/chat/completions", _bind(pipeline.handle_chat), methods=["POST"]),
         Route("/v1/{path:path}", _bind(pipeline.handle_passthrough), methods=_ALL_METHODS),
@@ -143,4 +153,5 @@ def create_app(settings: Settings) -> Starlette:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={ProxyError: proxy_error})
+    handlers = {ProxyError: proxy_error, HTTPException: http_error}
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)

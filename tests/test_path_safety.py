@@ -130,3 +130,19 @@ def test_plain_paths_arrive_under_the_base_path_exactly_as_encoded(
     status, body = _send_raw(proxy, "GET", target)
     assert status == 200, body
     assert upstream.seen == [(raw_path, query, "Bearer sk-proxy")]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("GET", "/nowhere", 404), ("GET", "/v1/a%0ab", 404), ("DELETE", "/healthz", 405)],
+)
+def test_paths_no_route_serves_get_an_openai_shaped_error(
+    proxy: str, method: str, path: str, status: int
+) -> None:
+    import httpx
+
+    r = httpx.request(method, f"{proxy}{path}")
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert error["message"]
+    assert error["type"] == "invalid_request_error"
