@@ -6,6 +6,10 @@ then the verbatim tail ``messages[covered:]`` in which old bulky tool outputs
 before ``elide_before`` are replaced by a short placeholder. Everything here
 is arithmetic over precomputed per-message token counts: no I/O, no clock.
 
+Planning is linear in the number of messages: ``Totals`` holds prefix sums
+built once per plan, so every candidate view costs O(1) (``view_tokens`` is
+the straightforward definition those sums must agree with).
+
 Cuts only fall on group starts, so an assistant's ``tool_calls`` and their
 results are always summarised, elided or kept together, and the newest
 message is never summarised, elided or dropped (invariant 4).
@@ -13,8 +17,10 @@ message is never summarised, elided or dropped (invariant 4).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from typing import Literal
 
 from proxy.types import ChatMessage
@@ -101,7 +107,13 @@ def group_starts(messages: Sequence[ChatMessage], start: int) -> list[int]:
     A group is one message plus the tool results that follow it, so a cut
     never separates an assistant's ``tool_calls`` from their results.
     """
-    return [i for i in range(max(start, 0), len(messages)) if _is_group_start(messages, i)]
+    # _is_group_start inlined: this runs over whole histories.
+    results = _RESULT_ROLES
+    return [
+        i
+        for i in range(max(start, 0), len(messages))
+        if i == 0 or messages[i]["role"] not in results
+    ]
 
 
 def _group_start_at_or_before(messages: Sequence[ChatMessage], i: int) -> int:
@@ -144,10 +156,53 @@ def view_tokens(
     total = sum(counts[:pinned]) + budget.fixed + budget.reserve
     if view.covered > pinned:
         total += view.summary_tokens
-    for i in range(view.covered, len(messages)):
-        elided = is_elided(messages, counts, i, view, budget.elide_min_tokens)
-        total += ELIDED_TOKENS if elided else counts[i]
+    total += sum(counts[view.covered :])
+    # Only the elision window needs a look at each message; the rest is one sum.
+    for i in range(view.covered, min(view.elide_before, len(messages) - 1)):
+        if is_elided(messages, counts, i, view, budget.elide_min_tokens):
+            total += ELIDED_TOKENS - counts[i]
     return total
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """``view_tokens`` of any view of one history in O(1), after one O(n) pass.
+
+    ``counts_before[i]`` is ``sum(counts[:i])``; ``saved_before[i]`` is what eliding
+    every bulky result among ``messages[:i]`` saves. A view's total is then the
+    pinned and verbatim spans less the savings inside ``[covered, elide_before)``.
+    """
+
+    pinned_and_fixed: int  # pinned messages + fixed + reserve: the same for every view
+    pinned: int
+    counts_before: list[int]
+    saved_before: list[int]
+
+    @classmethod
+    def build(
+        cls, counts: Sequence[int], messages: Sequence[ChatMessage], pinned: int, budget: Budget
+    ) -> Totals:
+        elide_min = budget.elide_min_tokens
+        saved = [
+            n - ELIDED_TOKENS if n >= elide_min and m["role"] in _RESULT_ROLES else 0
+            for n, m in zip(counts, messages, strict=True)
+        ]
+        counts_before = list(accumulate(counts, initial=0))
+        fixed = counts_before[min(pinned, len(counts))] + budget.fixed + budget.reserve
+        return cls(fixed, pinned, counts_before, list(accumulate(saved, initial=0)))
+
+    def tokens(self, view: View) -> int:
+        """Equals ``view_tokens(counts, messages, pinned, view, budget)``."""
+        n = len(self.counts_before) - 1
+        covered = min(view.covered, n)
+        total = self.pinned_and_fixed + self.counts_before[n] - self.counts_before[covered]
+        if view.covered > self.pinned:
+            total += view.summary_tokens
+        # The newest message is never elided.
+        elide_end = min(view.elide_before, n - 1)
+        if elide_end > covered:
+            total -= self.saved_before[elide_end] - self.saved_before[covered]
+        return total
 
 
 def _check(
@@ -169,14 +224,12 @@ def _protected_start(messages: Sequence[ChatMessage], budget: Budget) -> int:
 
 def _plan(
     action: Literal["keep", "compact"],
-    counts: Sequence[int],
-    messages: Sequence[ChatMessage],
-    pinned: int,
+    totals: Totals,
     view: View,
     budget: Budget,
     summarize: tuple[int, int],
 ) -> Plan:
-    tokens = view_tokens(counts, messages, pinned, view, budget)
+    tokens = totals.tokens(view)
     return Plan(action, view, summarize, tokens, tokens <= budget.window)
 
 
@@ -211,18 +264,19 @@ def plan_compaction(
     if not over and not force:
         return keep
 
+    totals = Totals.build(counts, messages, pinned, budget)
     protected = _protected_start(messages, budget)
     elided = replace(current, elide_before=max(current.elide_before, protected))
-    elided_tokens = view_tokens(counts, messages, pinned, elided, budget)
-    elision_only = _plan("compact", counts, messages, pinned, elided, budget, no_summary)
+    elision_only = _plan("compact", totals, elided, budget, no_summary)
+    elided_tokens = elision_only.tokens
     if over and elided_tokens <= budget.target:
         return elision_only
 
-    cut = _choose_cut(counts, messages, pinned, elided, budget, protected, force=force)
+    cut = _choose_cut(totals, messages, elided, budget, protected, force=force)
     if cut is None:
         return elision_only if over and elided != current else keep
     view = View(cut, budget.summary_allowance, elided.elide_before)
-    plan = _plan("compact", counts, messages, pinned, view, budget, (current.covered, cut))
+    plan = _plan("compact", totals, view, budget, (current.covered, cut))
     if not force and plan.tokens >= elided_tokens:
         # The new summary would cost more than it replaces.
         return elision_only if elided != current else keep
@@ -230,9 +284,8 @@ def plan_compaction(
 
 
 def _choose_cut(
-    counts: Sequence[int],
+    totals: Totals,
     messages: Sequence[ChatMessage],
-    pinned: int,
     elided: View,
     budget: Budget,
     protected: int,
@@ -248,17 +301,24 @@ def _choose_cut(
     cuts = group_starts(messages, elided.covered + 1)
     if not cuts:
         return None
-    floor = elided.covered
+    lo = 0
     if force:
         # A forced compaction folds in at least everything before the protected tail.
-        floor = max([c for c in cuts if c <= protected], default=floor)
-    for cut in cuts:
-        if cut < floor:
-            continue
-        view = View(cut, budget.summary_allowance, elided.elide_before)
-        if view_tokens(counts, messages, pinned, view, budget) <= budget.target:
-            return cut
-    return cuts[-1]
+        lo = max(bisect_right(cuts, protected) - 1, 0)
+    allowance, elide_before = budget.summary_allowance, elided.elide_before
+    return _first_within(
+        cuts, lo, lambda cut: totals.tokens(View(cut, allowance, elide_before)), budget.target
+    )
+
+
+def _first_within(cuts: list[int], lo: int, tokens: Callable[[int], int], limit: int) -> int:
+    """The first of ``cuts[lo:]`` whose view is within ``limit``, else the last cut.
+
+    Binary search: with the summary's size fixed, a later cut moves more messages
+    (each worth zero or more tokens) into the summary, so totals never rise.
+    """
+    i = bisect_left(cuts, True, lo=lo, key=lambda cut: tokens(cut) <= limit)
+    return cuts[min(i, len(cuts) - 1)]
 
 
 def trim_plan(
@@ -278,13 +338,15 @@ def trim_plan(
     newest group alone exceeds ``limit`` the smallest possible view is returned.
     """
     _check(counts, messages, pinned, current)
+    totals = Totals.build(counts, messages, pinned, budget)
     protected = _protected_start(messages, budget)
     view = replace(current, elide_before=max(current.elide_before, protected))
-    if view_tokens(counts, messages, pinned, view, budget) <= limit:
+    if totals.tokens(view) <= limit:
+        return view
+    cuts = group_starts(messages, current.covered + 1)
+    if not cuts:
         return view
     carried = current.summary_tokens if current.covered > pinned else 0
-    for cut in group_starts(messages, current.covered + 1):
-        view = View(cut, carried + TRIM_MARKER_TOKENS, view.elide_before)
-        if view_tokens(counts, messages, pinned, view, budget) <= limit:
-            break
-    return view
+    summary, elide_before = carried + TRIM_MARKER_TOKENS, view.elide_before
+    cut = _first_within(cuts, 0, lambda cut: totals.tokens(View(cut, summary, elide_before)), limit)
+    return View(cut, summary, elide_before)

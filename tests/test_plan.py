@@ -7,8 +7,9 @@ implementation's own helpers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import TypeVar, overload
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from proxy.plan import (
     ELIDED_TOKENS,
     Budget,
+    Totals,
     View,
     count_pinned,
     group_starts,
@@ -27,6 +29,7 @@ from proxy.plan import (
 from proxy.types import ChatMessage
 from tests.conversations import convo
 
+T = TypeVar("T")
 PROPERTY = settings(
     max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -480,3 +483,81 @@ def test_trim_plan_properties(
         assert view.summary_tokens == current.summary_tokens
     last_group = max(i for i in range(n) if i == 0 or messages[i]["role"] != "tool")
     assert tokens <= limit or view.covered in (last_group, current.covered)
+
+
+@st.composite
+def any_views(draw: st.DrawFn) -> tuple[list[ChatMessage], list[int], int, View, Budget]:
+    """Any view of a history, legal or not: ``Totals`` must agree with the definition anyway."""
+    messages, counts, pinned, _, b = draw(situations())
+    n = len(messages)
+    covered = draw(st.integers(pinned, n + 1))
+    view = View(covered, draw(st.integers(0, 3000)), draw(st.integers(0, n + 2)))
+    return messages, counts, pinned, view, b
+
+
+@PROPERTY
+@given(any_views())
+def test_prefix_sum_totals_equal_the_straightforward_count(
+    situation: tuple[list[ChatMessage], list[int], int, View, Budget],
+) -> None:
+    messages, counts, pinned, view, b = situation
+    expected = oracle_tokens(counts, messages, pinned, view, b)
+    assert Totals.build(counts, messages, pinned, b).tokens(view) == expected
+    assert view_tokens(counts, messages, pinned, view, b) == expected
+
+
+# --- scale --------------------------------------------------------------------------------
+
+
+class Reads(Sequence[T]):
+    """A sequence that counts how many of its items the planner reads."""
+
+    def __init__(self, items: list[T], tally: list[int]) -> None:
+        self._items = items
+        self._tally = tally
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[T]: ...
+    def __getitem__(self, i: int | slice) -> T | list[T]:
+        if isinstance(i, slice):
+            part = self._items[i]
+            self._tally[0] += len(part)
+            return part
+        self._tally[0] += 1
+        return self._items[i]
+
+    def __iter__(self) -> Iterator[T]:
+        for item in self._items:
+            self._tally[0] += 1
+            yield item
+
+
+def agent_history(n: int) -> tuple[list[ChatMessage], list[int]]:
+    """``n`` messages: system prompt, then user / tool call / bulky result / answer rounds."""
+    messages = convo("s " + " ".join(["u c1 t a"] * (n // 4)))[:n]
+    counts = [900 if m["role"] == "tool" else 20 for m in messages]
+    return messages, counts
+
+
+@pytest.mark.parametrize("n", [1_000, 4_000, 50_000])
+def test_planning_reads_each_message_a_bounded_number_of_times(n: int) -> None:
+    """Planning is linear: a 50,000-message history must not freeze the event loop."""
+    messages, counts = agent_history(n)
+    # A target only the last few groups fit under: the cut search has to go far.
+    b = budget(window=10**9, trigger=1000, target=3000, summary_allowance=100)
+    for force in (False, True):
+        reads = [0]
+        plan = plan_compaction(
+            Reads(counts, reads), Reads(messages, reads), 1, _FRESH, b, force=force
+        )
+        assert plan.view.covered > 0.9 * n
+        assert reads[0] <= 12 * n
+    reads = [0]
+    view = trim_plan(Reads(counts, reads), Reads(messages, reads), 1, _FRESH, b, b.target)
+    assert view.covered > 0.9 * n
+    assert reads[0] <= 12 * n
