@@ -20,7 +20,7 @@ from typing import Literal
 
 from proxy.calibrate import Calibration
 from proxy.config import Settings
-from proxy.digest import message_digests, prefix_hash
+from proxy.digest import digests_and_sizes, prefix_hash
 from proxy.errors import ContextTooLarge, SummaryError
 from proxy.metrics import Metrics
 from proxy.models import ModelTable, ResolvedModel
@@ -29,7 +29,7 @@ from proxy.rebuild import handoff_text, omitted_marker, rebuild_messages
 from proxy.session import SessionKey, session_from_header, session_from_history
 from proxy.store import Snapshot, SnapshotStore
 from proxy.summarize import SummaryRequest, summarize
-from proxy.tokens import TokenCounter, output_reserve, upper_bound
+from proxy.tokens import TokenCounter, bounded_by, output_reserve
 from proxy.types import ChatMessage, ChatRequest
 
 log = logging.getLogger("proxy.compaction")
@@ -44,6 +44,14 @@ _MIN_SUMMARY = 128
 # Most sessions with a pending or recent forced compaction tracked per process.
 _TRACKED_LIMIT = 10_000
 _SCHEDULE_TTL_S = 3600.0
+# CPU on the event loop stalls every request, /healthz included; a hop to a worker
+# thread costs ~0.1 ms, more than a usual turn's counting (a few dozen cached
+# messages: ~0.05 ms). Tokenizing runs at ~70 ns a byte, so up to 32 KiB of
+# uncounted text (~2.5 ms) stays inline and the hop is under 5% of anything larger.
+_INLINE_COUNT_BYTES = 32 * 1024
+# Digesting runs at ~1.3 ns a byte and ~0.6 us a message: ~1.5 ms at these sizes.
+_INLINE_DIGEST_BYTES = 1024 * 1024
+_INLINE_MESSAGES = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,22 +146,20 @@ class Compactor:
         reserve = output_reserve(chat, model.max_output_tokens)
         c = self.settings.compaction
         # Far below the trigger: no store round trip, no counting.
-        bound = upper_bound(body, len(messages))
-        far_below = bound + reserve <= window * c.trigger_ratio
+        far_below = bounded_by(body, len(messages), int(window * c.trigger_ratio) - reserve)
         scheduled = self._take_scheduled(tenant, session_header)
         if far_below and not (force or recover or scheduled):
             return Outcome("passthrough", None, 0, len(body) // 4, window, counted=False)
 
-        digests = message_digests(messages)
+        counter = self.counters[model.tokenizer]
+        digests, counts, fixed = await _measure(counter, chat, body)
         key = self.session_key(tenant, session_header, chat, digests)
         if scheduled:
             force = True
         elif force and not self._may_force(key):
             force = False
         force = force or recover
-        counter = self.counters[model.tokenizer]
-        counts = counter.messages(messages, digests)
-        budget = self.budget(model, reserve, counter.fixed(chat))
+        budget = self.budget(model, reserve, fixed)
         pinned = count_pinned(messages, c.pin_first_user)
         snapshot = await self._valid_snapshot(key, messages, digests, pinned)
         view = _view_of(snapshot, pinned)
@@ -325,9 +331,8 @@ class Compactor:
                 )
                 return self._trimmed(key, messages, counts, pinned, snapshot, budget)
             counter = self.counters[model.tokenizer]
-            view = replace(
-                plan.view, summary_tokens=counter.text(handoff_text(summary)) + _FRAME_TOKENS
-            )
+            summary_tokens = await _count_text(counter, handoff_text(summary))
+            view = replace(plan.view, summary_tokens=summary_tokens + _FRAME_TOKENS)
             new = self._snapshot(
                 snapshot, summary, pinned, view, digests, counts, budget, model, plan.tokens
             )
@@ -461,6 +466,42 @@ class Compactor:
         if not await self.store.save(key.storage_key, snapshot):
             # A concurrent writer got there first; its snapshot is as valid as ours.
             log.info("session=%s snapshot v%d lost a write race", key.log_id, snapshot.version)
+
+
+async def _measure(
+    counter: TokenCounter, chat: ChatRequest, body: bytes
+) -> tuple[list[bytes], list[int], int]:
+    """Message digests, per-message token counts, and the tokens outside the messages.
+
+    Small or cached work runs inline; a large history or much new text runs in a
+    worker thread, so one huge request cannot freeze the proxy for everyone.
+    """
+    messages = chat["messages"]
+    if len(body) > _INLINE_DIGEST_BYTES or len(messages) > _INLINE_MESSAGES:
+        return await asyncio.to_thread(_digest_and_count, counter, chat)
+    digests, sizes = digests_and_sizes(messages)
+    if counter.pending_bytes(chat, digests, sizes) > _INLINE_COUNT_BYTES:
+        counts, fixed = await asyncio.to_thread(_count, counter, chat, digests)
+    else:
+        counts, fixed = _count(counter, chat, digests)
+    return digests, counts, fixed
+
+
+def _digest_and_count(
+    counter: TokenCounter, chat: ChatRequest
+) -> tuple[list[bytes], list[int], int]:
+    digests, _ = digests_and_sizes(chat["messages"])
+    return (digests, *_count(counter, chat, digests))
+
+
+def _count(counter: TokenCounter, chat: ChatRequest, digests: list[bytes]) -> tuple[list[int], int]:
+    return counter.messages(chat["messages"], digests), counter.fixed(chat)
+
+
+async def _count_text(counter: TokenCounter, text: str) -> int:
+    if len(text) > _INLINE_COUNT_BYTES:  # characters: at least as many bytes
+        return await asyncio.to_thread(counter.text, text)
+    return counter.text(text)
 
 
 def _view_of(snapshot: Snapshot | None, pinned: int) -> View:

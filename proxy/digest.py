@@ -21,15 +21,30 @@ _DIGEST_SIZE = 16
 
 
 def message_digests(messages: Sequence[ChatMessage]) -> list[bytes]:
+    return digests_and_sizes(messages)[0]
+
+
+def digests_and_sizes(messages: Sequence[ChatMessage]) -> tuple[list[bytes], list[int]]:
+    """Each message's digest and the length of its canonical encoding in bytes.
+
+    The sizes come free with the encoding and bound the work of counting a
+    message, which decides whether counting may run on the event loop.
+    """
     dumps = orjson.dumps
     sort = orjson.OPT_SORT_KEYS
+    digests: list[bytes] = []
+    sizes: list[int] = []
     try:
-        return [blake2b(dumps(m, option=sort), digest_size=_DIGEST_SIZE).digest() for m in messages]
+        for m in messages:
+            raw = dumps(m, option=sort)
+            digests.append(blake2b(raw, digest_size=_DIGEST_SIZE).digest())
+            sizes.append(len(raw))
     except TypeError as exc:
         # orjson reads deeper nesting (1024) than it writes (254).
         raise InvalidRequest(
             "A message is nested too deeply to be processed.", param="messages"
         ) from exc
+    return digests, sizes
 
 
 def prefix_hash(digests: Sequence[bytes], length: int) -> str:

@@ -5,6 +5,8 @@ Follows what providers count: per-message overhead, role, text content
 tool results, tool/function definitions, ``response_format`` schemas, and a
 flat per-image estimate. Per-message counts are cached by the message's
 digest (see ``digest.py``), so a new turn costs only its new messages.
+``pending_bytes`` tells the caller how much tokenizing is left to do, so a
+large job can run in a worker thread: the caches are safe to share with one.
 
 ``upper_bound`` is the cheap check that lets a request far below the
 threshold skip exact counting: byte-level BPE never yields more tokens than
@@ -14,7 +16,8 @@ count from above.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from hashlib import blake2b
 from typing import Any
 
@@ -35,6 +38,7 @@ IMAGE_TOKENS_LOW = 85
 AUDIO_TOKENS = 400
 _CACHE_LIMIT = 200_000
 _FIXED_CACHE_LIMIT = 1_000
+_DEFINITION_KEYS = ("tools", "functions", "response_format")
 
 
 class TokenCounter:
@@ -44,6 +48,9 @@ class TokenCounter:
         self.encoder = encoder
         self._cache: dict[bytes, int] = {}
         self._fixed_cache: dict[bytes, int] = {}
+        # Lookups need no lock (one dict read is atomic); inserts and evictions do:
+        # two threads evicting at once would both pick the same oldest key.
+        self._write = threading.Lock()
 
     @property
     def exact(self) -> bool:
@@ -56,13 +63,28 @@ class TokenCounter:
             n = cache.get(digest)
             if n is None:
                 n = self.message(message)
-                if len(cache) >= _CACHE_LIMIT:
-                    # Drop the oldest entry: insertion order approximates LRU
-                    # well enough for conversations that grow at the end.
-                    del cache[next(iter(cache))]
-                cache[digest] = n
+                with self._write:
+                    if len(cache) >= _CACHE_LIMIT:
+                        # Drop the oldest entry: insertion order approximates LRU
+                        # well enough for conversations that grow at the end.
+                        del cache[next(iter(cache))]
+                    cache[digest] = n
             out.append(n)
         return out
+
+    def pending_bytes(
+        self, request: ChatRequest, digests: Sequence[bytes], sizes: Sequence[int]
+    ) -> int:
+        """Bytes that ``messages`` and ``fixed`` would tokenize now: what the cache lacks.
+
+        ``sizes`` are the messages' encoded lengths (``digest.digests_and_sizes``).
+        """
+        cache = self._cache
+        pending = sum(size for d, size in zip(digests, sizes, strict=True) if d not in cache)
+        for digest, raw in _definitions(request):
+            if digest not in self._fixed_cache:
+                pending += len(raw)
+        return pending
 
     def message(self, message: ChatMessage) -> int:
         count = self.encoder.count
@@ -88,22 +110,28 @@ class TokenCounter:
         cached by the definitions' bytes, so only new ones are tokenized.
         """
         n = REPLY_PRIMING
-        for key in ("tools", "functions", "response_format"):
-            value: Any = request.get(key)
-            if value:
-                raw = orjson.dumps(value)
-                digest = blake2b(raw, digest_size=16).digest()
-                count = self._fixed_cache.get(digest)
-                if count is None:
-                    count = self.encoder.count(raw.decode())
+        for digest, raw in _definitions(request):
+            count = self._fixed_cache.get(digest)
+            if count is None:
+                count = self.encoder.count(raw.decode())
+                with self._write:
                     if len(self._fixed_cache) >= _FIXED_CACHE_LIMIT:
                         self._fixed_cache.clear()
                     self._fixed_cache[digest] = count
-                n += count
+            n += count
         return n
 
     def text(self, text: str) -> int:
         return self.encoder.count(text)
+
+
+def _definitions(request: ChatRequest) -> Iterator[tuple[bytes, bytes]]:
+    """(digest, JSON) of each definition block the request carries."""
+    for key in _DEFINITION_KEYS:
+        value: Any = request.get(key)
+        if value:
+            raw = orjson.dumps(value)
+            yield blake2b(raw, digest_size=16).digest(), raw
 
 
 def _content_tokens(content: Any, count: Any) -> int:
@@ -133,12 +161,20 @@ def _content_tokens(content: Any, count: Any) -> int:
 def upper_bound(body: bytes, n_messages: int) -> int:
     """A count no request with this body can exceed; costs two byte scans."""
     images = body.count(b'"image_url"') + body.count(b'"input_audio"')
-    return (
-        len(body)
-        + n_messages * (PER_MESSAGE + PER_NAME + PER_TOOL_CALL)
-        + REPLY_PRIMING
-        + images * (IMAGE_TOKENS + AUDIO_TOKENS)
-    )
+    return _text_bound(body, n_messages) + images * (IMAGE_TOKENS + AUDIO_TOKENS)
+
+
+def bounded_by(body: bytes, n_messages: int, limit: int) -> bool:
+    """``upper_bound(body, n_messages) <= limit``, without scanning a body too big anyway.
+
+    Images only add to the bound; the scans cost ~25 ms on the event loop for a
+    32 MiB body, which could never be under the limit.
+    """
+    return _text_bound(body, n_messages) <= limit and upper_bound(body, n_messages) <= limit
+
+
+def _text_bound(body: bytes, n_messages: int) -> int:
+    return len(body) + n_messages * (PER_MESSAGE + PER_NAME + PER_TOOL_CALL) + REPLY_PRIMING
 
 
 def output_reserve(request: ChatRequest, model_max: int) -> int:

@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.digest import message_digests
-from proxy.encodings import Encoder, EstimateEncoder, load_encoder
-from proxy.tokens import REPLY_PRIMING, TokenCounter, output_reserve, upper_bound
+from proxy.digest import digests_and_sizes, message_digests
+from proxy.encodings import Encoder, EstimateEncoder, TiktokenEncoder, load_encoder
+from proxy.tokens import REPLY_PRIMING, TokenCounter, bounded_by, output_reserve, upper_bound
 from proxy.types import ChatMessage, ChatRequest
 
 ENCODER = load_encoder("cl100k_base")
@@ -542,3 +545,117 @@ def test_without_any_tokenizer_the_estimate_errs_high(
     prose = " ".join(COOKBOOK_MESSAGES[i]["content"] for i in range(6))  # type: ignore[misc]
     assert encoder.count(prose) >= tok(prose)
     assert encoder.count("") == 0
+
+
+# --- counting off the event loop ----------------------------------------------------------
+
+
+class ListOnlyEncoding:
+    """tiktoken's Encoding with only its public ``encode``: the counter's fallback path."""
+
+    def __init__(self, encoding: Any) -> None:
+        self.encode = encoding.encode
+
+
+def _tiktoken_encoding() -> Any:
+    assert isinstance(ENCODER, TiktokenEncoder)
+    return ENCODER._encoding
+
+
+@PROPERTY
+@given(
+    text=st.one_of(
+        st.text(max_size=200),  # lone surrogates included
+        st.lists(st.sampled_from(["<|endoftext|>", "<|fim_prefix|>", " x", "é", "\ud800"])).map(
+            "".join
+        ),
+    )
+)
+def test_count_equals_tiktokens_own_encode_without_special_tokens(text: str) -> None:
+    encoding = _tiktoken_encoding()
+    expected = len(encoding.encode(text, disallowed_special=()))
+    assert ENCODER.count(text) == expected
+    fallback = TiktokenEncoder(name="cl100k_base", exact=True, _encoding=ListOnlyEncoding(encoding))
+    assert fallback.count(text) == expected
+
+
+def test_counting_a_huge_text_in_a_thread_leaves_other_threads_running() -> None:
+    """The event loop keeps its turns while a worker thread counts 24 MiB (the GIL is free)."""
+    words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do "
+    text = words * (24 * 1024 * 1024 // len(words))
+    result: list[int] = []
+    worker = threading.Thread(target=lambda: result.append(ENCODER.count(text)))
+    gaps: list[float] = []
+    last = time.monotonic()
+    worker.start()
+    deadline = last + 60
+    while worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.001)
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+    worker.join(timeout=60)
+    assert result == [len(_tiktoken_encoding().encode_ordinary(text))]
+    assert len(gaps) > 10
+    # Turning 5 million ids into a list holds the GIL for ~0.1 s; the buffer form ~0.
+    assert max(gaps) < 0.04, f"the GIL was held for {max(gaps):.3f} s"
+
+
+def test_pending_bytes_is_what_the_cache_lacks() -> None:
+    counter = TokenCounter(ENCODER)
+    old: list[ChatMessage] = [{"role": "user", "content": f"turn {i}"} for i in range(3)]
+    request: ChatRequest = {"model": "m", "messages": old, "tools": [WEATHER_TOOL]}
+    digests, sizes = digests_and_sizes(old)
+    tools_size = len(orjson.dumps([WEATHER_TOOL]))
+    assert sizes == [len(orjson.dumps(m, option=orjson.OPT_SORT_KEYS)) for m in old]
+    assert counter.pending_bytes(request, digests, sizes) == sum(sizes) + tools_size
+    counter.messages(old, digests)
+    counter.fixed(request)
+    assert counter.pending_bytes(request, digests, sizes) == 0
+    new: ChatMessage = {"role": "user", "content": "a new turn " * 50}
+    grown = [*old, new]
+    digests, sizes = digests_and_sizes(grown)
+    assert counter.pending_bytes({**request, "messages": grown}, digests, sizes) == sizes[-1]
+
+
+def test_threads_sharing_a_counter_evicting_at_once_get_exact_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Requests counted in worker threads share one cache; evictions must not collide."""
+    import proxy.tokens
+
+    monkeypatch.setattr(proxy.tokens, "_CACHE_LIMIT", 4)  # every insert evicts
+    counter = TokenCounter(EstimateEncoder(name="estimate"))
+    batches: list[list[ChatMessage]] = [
+        [{"role": "user", "content": f"thread {t} message {i}"} for i in range(3000)]
+        for t in range(4)
+    ]
+    expected = [[TokenCounter(EstimateEncoder(name="e")).message(m) for m in b] for b in batches]
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def run(t: int) -> None:
+        try:
+            results[t] = counter.messages(batches[t], message_digests(batches[t]))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert [results[t] for t in range(4)] == expected
+
+
+@PROPERTY
+@given(body=st.binary(max_size=300), n=st.integers(0, 20), limit=st.integers(-10, 800))
+def test_bounded_by_agrees_with_upper_bound(body: bytes, n: int, limit: int) -> None:
+    body = body.replace(b"\x00", b'"image_url"')
+    assert bounded_by(body, n, limit) == (upper_bound(body, n) <= limit)
