@@ -480,7 +480,10 @@ async def _measure(
     if len(body) > _INLINE_DIGEST_BYTES or len(messages) > _INLINE_MESSAGES:
         return await asyncio.to_thread(_digest_and_count, counter, chat)
     digests, sizes = digests_and_sizes(messages)
-    if counter.pending_bytes(chat, digests, sizes) > _INLINE_COUNT_BYTES:
+    # The body bounds whatever is left to tokenize: small ones need no cache check.
+    if len(body) > _INLINE_COUNT_BYTES and (
+        counter.pending_bytes(chat, digests, sizes) > _INLINE_COUNT_BYTES
+    ):
         counts, fixed = await asyncio.to_thread(_count, counter, chat, digests)
     else:
         counts, fixed = _count(counter, chat, digests)

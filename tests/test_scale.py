@@ -129,3 +129,28 @@ def test_an_eight_mib_message_does_not_stall_health_checks(
     tokens = int(response.headers["x-context-tokens"])
     assert 0.5 * len(blob) < tokens < len(blob), "the message was counted, not estimated"
     assert_responsive(latencies)
+
+
+def test_new_text_under_a_mib_is_counted_off_the_loop(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """Below the size that sends digesting to a worker, uncounted text still goes there."""
+    # One run of a letter is BPE's slow case: ~0.4 s for this megabyte, ~130k tokens.
+    window = 1_000_000
+    settings = proxy_settings(
+        sim_reset,
+        models=[{"match": "sim-mib", "context_window": window, "max_output_tokens": 1000}],
+    )
+    base = start_proxy(settings)
+    text = "x" * 1_040_000  # the body stays under 1 MiB
+    request = {"model": "sim-mib", "messages": [{"role": "user", "content": text}]}
+
+    with polling_health(base) as latencies:
+        response = post_chat(base, request, {"X-Sim-Context-Window": str(window)})
+
+    assert response.status_code == 200, response.text
+    assert response.headers["x-compaction-status"] == "passthrough"
+    assert int(response.headers["x-context-tokens"]) < len(text) // 4, "counted, not estimated"
+    assert len(latencies) >= 5
+    # Counting inline stalls /healthz for 0.3-0.4 s, under the bound the tests above use.
+    assert max(latencies) < 0.15, f"/healthz waited {max(latencies):.2f} s"
