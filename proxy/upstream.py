@@ -10,6 +10,7 @@ Everything else sees ``UpstreamResponse`` and the proxy's own errors.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from functools import lru_cache
@@ -54,6 +55,8 @@ AUTH_HEADERS = frozenset(
 )
 # What the client raises: aiohttp's tree, and timeouts (sock_read, sock_connect).
 CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+# Request bodies bigger than this are written in chunks (aiohttp warns about larger bytes).
+_WRITE_IN_CHUNKS = 1024 * 1024
 # Responses bigger than this (or of unknown size) are streamed, not buffered.
 _BUFFER_LIMIT = 1024 * 1024
 # aiohttp adds these when absent; the proxy sends what the client sent, no more.
@@ -234,12 +237,16 @@ async def send(
     content: bytes | AsyncIterator[bytes] | None,
 ) -> UpstreamResponse:
     """Send and return the response with its body unread; the caller must ``aclose`` it."""
+    data: bytes | io.BytesIO | AsyncIterator[bytes] | None = content
+    if isinstance(content, bytes) and len(content) > _WRITE_IN_CHUNKS:
+        # aiohttp writes a BytesIO in chunks, yielding to the loop between them.
+        data = io.BytesIO(content)
     try:
         response = await client.request(
             method,
             url,
             headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers],
-            data=content,
+            data=data,
             allow_redirects=False,
         )
     except CLIENT_ERRORS as exc:

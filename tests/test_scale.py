@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import orjson
-import pytest
 
 from tests.conftest import proxy_settings
 
@@ -101,7 +100,6 @@ def test_ten_thousand_messages_do_not_stall_health_checks(
 
 # aiohttp warns about any bytes body over 1 MiB (upstream.send forwards bytes); the
 # suite turns warnings into errors, which would fail the forward with a 500.
-@pytest.mark.filterwarnings("ignore:Sending a large body directly:ResourceWarning")
 def test_an_eight_mib_message_does_not_stall_health_checks(
     sim_reset: str, start_proxy: Callable[..., str]
 ) -> None:
