@@ -8,14 +8,18 @@ envelopes; this module knows the wordings collected in ``tests/fixtures/overflow
 
 Rules, in order:
 
-* 413 is always ``overflow``: the request is too large, whoever says so (provider, nginx,
-  Cloudflare, a load balancer). Groq even answers 413 when one request exceeds a per-minute
-  token budget, and a smaller request is the fix there too.
+* 413 is ``overflow``: the request is too large, whoever says so (provider, nginx,
+  Cloudflare, a load balancer). The exception is a rate-limit wording: Groq answers 413 when
+  one request exceeds an organisation's tokens-per-minute budget, which says nothing about
+  the model's window and must not be learned as one, so it stays ``other``.
 * 401, 403, 404 and 429 are never overflow. OpenAI's 429 "Request too large ... (TPM)" reads
   like an overflow but is a rate limit.
-* 400 and 422 are decided by the text; a rate-limit or quota wording there stays ``other``.
+* 400 and 422 are decided by the text, then by structure: an error code or type that names
+  the context length or prompt size, or top-level ``n_prompt_tokens`` above ``n_ctx``. A
+  rate-limit or quota wording there stays ``other`` whatever else the body says.
 * 500 and 503 count only when the text clearly names the context window (older llama.cpp
-  servers answer 500); anything vaguer is a server error, not ours to fix.
+  servers answer 500) or states an output budget with both numbers (Ollama's OpenAI layer
+  relays a cloud model's budget error as 500); anything vaguer is a server error.
 
 :func:`classify_error` is pure, never raises, and reads at most the first 64 KiB of a body.
 """
@@ -52,6 +56,10 @@ Provider = Literal[
     "cerebras",
     "xai",
     "cohere",
+    "copilot",
+    "dashscope",
+    "moonshot",
+    "zhipu",
     "http413",
     "unknown",
 ]
@@ -89,6 +97,8 @@ def classify_error(status: int, headers: Mapping[str, str], body: bytes) -> Over
     text = parsed.text
 
     if status == 413:
+        if _RATE_LIMIT.search(text):
+            return Overflow("other", provider=provider)
         # A gateway's page names no provider; a provider's own JSON keeps its name.
         if not parsed.is_json or provider == "unknown":
             provider = "http413"
@@ -99,11 +109,20 @@ def classify_error(status: int, headers: Mapping[str, str], body: bytes) -> Over
         budget = _output_budget(text, provider)
         if budget is not None:
             return budget
-        if _OVERFLOW_STRONG.search(text) or _OVERFLOW_WEAK.search(text):
+        if (
+            _OVERFLOW_STRONG.search(text)
+            or _OVERFLOW_WEAK.search(text)
+            or _overflow_code(parsed)
+            or _prompt_above_window(parsed)
+        ):
             return _overflow(parsed, provider)
         return Overflow("other", provider=provider)
-    if status in (500, 503) and not _RATE_LIMIT.search(text) and _OVERFLOW_STRONG.search(text):
-        return _overflow(parsed, provider)
+    if status in (500, 503) and not _RATE_LIMIT.search(text):
+        budget = _output_budget(text, provider)
+        if budget is not None:
+            return budget
+        if _OVERFLOW_STRONG.search(text):
+            return _overflow(parsed, provider)
     return Overflow("other", provider=provider)
 
 
@@ -118,6 +137,8 @@ _MAX_NODES: Final = 4096
 _MAX_EMBEDDED: Final = 3
 _RECORDED_KEYS: Final = frozenset({"code", "type"})
 _NUMBER_KEYS: Final = frozenset({"n_ctx", "n_prompt_tokens"})
+# Error codes are short identifiers; a longer string under "code" is not one.
+_MAX_CODE: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +147,8 @@ class _Body:
 
     ``text`` is every string in the body joined and lower-cased: the patterns below are
     written in lower case, which lets the regex engine skip ahead on literal prefixes
-    (several times faster than IGNORECASE on a 64 KiB body).
+    (several times faster than IGNORECASE on a 64 KiB body). ``codes`` holds every ``code``
+    and ``type`` value of the body's own fields (numbers as their digits), lower-cased.
     """
 
     text: str
@@ -134,6 +156,7 @@ class _Body:
     keys: frozenset[str] = frozenset()
     strings: Mapping[str, str] = field(default_factory=dict)
     numbers: Mapping[str, int] = field(default_factory=dict)
+    codes: frozenset[str] = frozenset()
 
 
 class _NotJson:
@@ -189,6 +212,7 @@ def _walk(document: object, *, extra: str, is_json: bool) -> _Body:
     keys: set[str] = set()
     strings: dict[str, str] = {}
     numbers: dict[str, int] = {}
+    codes: set[str] = set()
     pending: deque[tuple[object, int, str]] = deque([(document, 0, "")])
     nodes = 0
     while pending and nodes < _MAX_NODES:
@@ -204,22 +228,30 @@ def _walk(document: object, *, extra: str, is_json: bool) -> _Body:
         elif isinstance(value, str):
             if key in _RECORDED_KEYS:
                 strings.setdefault(key, value.lower())
+                # Only the body's own fields, as for numbers below: a code inside a string
+                # may be echoed request content.
+                if depth == 0 and len(value) <= _MAX_CODE:
+                    codes.add(value.lower())
             texts.append(value)
             # Keep the string too: "[1, 8192]" parses as JSON but is part of a sentence.
             embedded = _loads_embedded(value) if depth < _MAX_EMBEDDED else _NOT_JSON
             if isinstance(embedded, dict | list):
                 pending.append((embedded, depth + 1, key))
-        elif type(value) is int and key in _NUMBER_KEYS and 0 <= value < 10**12 and depth == 0:
+        elif type(value) is int and 0 <= value < 10**12 and depth == 0:
             # type() rather than isinstance: JSON true/false arrive as bool, a subclass of int.
             # Only the body's own fields: a document inside a string may be echoed request
             # content, and a number read from there is not the upstream's word.
-            numbers.setdefault(key, value)
+            if key in _NUMBER_KEYS:
+                numbers.setdefault(key, value)
+            elif key == "code":
+                codes.add(str(value))
     return _Body(
         text=_unescape("\n".join(texts)).lower(),
         is_json=is_json,
         keys=frozenset(keys),
         strings=strings,
         numbers=numbers,
+        codes=frozenset(codes),
     )
 
 
@@ -278,7 +310,7 @@ _OVERFLOW_STRONG: Final = _compile(
     r"`inputs` tokens \+ `max_new_tokens` must be <=",
     r"`inputs` must have less than \d+ tokens",
     r"prompt too long; exceeded (?:max )?context length",
-    r"input length exceeds (?:the )?maximum context length",
+    r"input length exceeds (?:the )?(?:maximum )?context length",
     r"trying to keep the first \d+ tokens when context the overflows",
     r"tokens to keep from the initial prompt is greater than the context length",
     r"n_keep \(\d+\) >= n_ctx",
@@ -291,6 +323,9 @@ _OVERFLOW_STRONG: Final = _compile(
     r"exceeded max_prompt_tokens",
     r"prompt tokens \(\d+\) exceed model maximum",
     r"context window exceeds limit",
+    r"prompt token count of \d+ exceeds the limit of \d+",
+    r"range of input length should be \[\s*1\s*,\s*\d+\s*\]",
+    r"too many input tokens\. max input tokens",
 )
 
 # Vaguer wordings: enough on a 400, not on a 5xx.
@@ -298,6 +333,20 @@ _OVERFLOW_WEAK: Final = _compile(
     r"reduce the length of the (?:messages|input|prompt)",
     r"too many (?:input )?tokens",
     r"input is too long",
+    r"prompt exceeds max length",
+)
+
+# Error codes and types that name the context or prompt size, for bodies whose wording is
+# unknown; searched in each code the body itself carries (``_Body.codes``). Zhipu numbers
+# its errors, and 1261 is its "prompt too long".
+_OVERFLOW_CODE: Final = _compile(
+    r"context[_ ](?:length|window)[_ ]exceeded",
+    r"context[_ ]exceeded",
+    r"exceed(?:s|ed)?[_ ]context",
+    r"prompt[_ ]too[_ ]long",
+    r"max[_ ]prompt[_ ]tokens",
+    r"tokens[_ ]too[_ ]long",
+    r"^1261$",
 )
 
 # Output-budget wordings: (pattern, group holding the limit, group holding the request).
@@ -334,6 +383,23 @@ _OUTPUT_BUDGET: Final[tuple[tuple[re.Pattern[str], int, int], ...]] = (
         re.compile(rf"range of max_tokens (?:is|should be) \[\s*1\s*,\s*{_N}\s*\]", re.ASCII),
         1,
         0,
+    ),
+    (  # vLLM; older versions ran the number into the word ("38000cannot")
+        re.compile(
+            rf"max_(?:completion_)?tokens={_N} ?cannot be greater than "
+            rf"max_model_len=(?:max_total_tokens=)?{_N}",
+            re.ASCII,
+        ),
+        2,
+        1,
+    ),
+    (  # Ollama Cloud, and gateways that copy its wording
+        re.compile(
+            rf"max_(?:completion_)?tokens \({_N}\) exceeds model'?s maximum output tokens \({_N}\)",
+            re.ASCII,
+        ),
+        2,
+        1,
     ),
     (  # OpenAI-style integer bounds, as Volcengine and the Responses API word them
         re.compile(
@@ -386,6 +452,9 @@ _LIMIT: Final = _patterns(
     r"\(tpm\): limit {N}",
     r"max_prompt_tokens \({N}\)",
     r"exceed model maximum \({N}\)",
+    r"exceeds the limit of {N}",
+    r"range of input length should be \[\s*1\s*,\s*{N}\s*\]",
+    r"max input tokens: {N}",
 )
 # The whole request as the upstream counted it.
 _REQUESTED: Final = _patterns(
@@ -415,6 +484,8 @@ _PROMPT: Final = _patterns(
     r"n_keep \({N}\)",
     r"(?:prompt|input) tokens \({N}\)",
     r"total length {N}",
+    r"prompt token count of {N}",
+    r"request input token count: {N}",
 )
 _COMPLETION: Final = _patterns(
     r"{N} in the completion",
@@ -429,6 +500,17 @@ _COMPLETION: Final = _patterns(
 # OpenRouter splits the prompt into text and tool input.
 _TEXT_INPUT: Final = re.compile(rf"{_N} of text input", re.ASCII)
 _TOOL_INPUT: Final = re.compile(rf"{_N} of tool input", re.ASCII)
+
+
+def _overflow_code(body: _Body) -> bool:
+    return any(_OVERFLOW_CODE.search(code) for code in body.codes)
+
+
+def _prompt_above_window(body: _Body) -> bool:
+    """llama.cpp and servers derived from it state both counts as fields, whatever their
+    sentence says."""
+    prompt, window = body.numbers.get("n_prompt_tokens"), body.numbers.get("n_ctx")
+    return prompt is not None and window is not None and prompt > window
 
 
 def _first(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:
@@ -510,6 +592,24 @@ _TEXT_PROVIDERS: Final[tuple[tuple[Provider, re.Pattern[str]], ...]] = (
     ("openrouter", _compile(r"middle-out", r"openrouter")),
     ("azure", _compile(r"responsibleaipolicyviolation", r"azure openai")),
     (
+        "copilot",
+        _compile(
+            r"prompt token count of \d+ exceeds the limit of \d+",
+            r"model_max_prompt_tokens_exceeded",
+            r"githubcopilot",
+        ),
+    ),
+    (
+        "dashscope",
+        _compile(
+            r"internalerror\.algo",
+            r"range of input length should be",
+            r"data_inspection_failed",
+            r"dashscope",
+            r"aliyun",
+        ),
+    ),
+    (
         "bedrock",
         _compile(
             r"the model returned the following errors",
@@ -517,6 +617,7 @@ _TEXT_PROVIDERS: Final[tuple[tuple[Provider, re.Pattern[str]], ...]] = (
             r"throttlingexception",
             r"maximum tokens you requested exceeds? the model limit",
             r"input is too long for requested model",
+            r"too many input tokens\. max input tokens",
         ),
     ),
     (
@@ -537,9 +638,22 @@ _TEXT_PROVIDERS: Final[tuple[tuple[Provider, re.Pattern[str]], ...]] = (
     ),
     ("groq", _compile(r"console\.groq\.com", r"groq")),
     (
+        "moonshot",
+        _compile(
+            r"exceeded model token limit",
+            r"rate_limit_reached_error",
+            r"engine_overloaded_error",
+            r"api\.moonshot",
+        ),
+    ),
+    ("zhipu", _compile(r"prompt exceeds max length", r"bigmodel\.cn", r"api\.z\.ai")),
+    (
         "llamacpp",
         _compile(
-            r"exceed_context_size_error", r"exceeds the available context size", r"loading model"
+            r"exceed_context_size_error",
+            r"exceeds the available context size",
+            r"exceeds context size",
+            r"loading model",
         ),
     ),
     (
@@ -555,6 +669,8 @@ _TEXT_PROVIDERS: Final[tuple[tuple[Provider, re.Pattern[str]], ...]] = (
         _compile(
             r"prompt too long; exceeded",
             r"input length exceeds maximum context length",
+            r"input length exceeds the context length",
+            r"exceeds model'?s maximum output tokens",
             r"try pulling it first",
         ),
     ),
@@ -578,6 +694,9 @@ _TEXT_PROVIDERS: Final[tuple[tuple[Provider, re.Pattern[str]], ...]] = (
 )
 
 
+_ZHIPU_CODE: Final = re.compile(r"1[0-9]{3}", re.ASCII)
+
+
 def _guess_provider(header_names: frozenset[str], body: _Body) -> Provider:
     for provider, names in _HEADER_PROVIDERS:
         if header_names & names:
@@ -589,6 +708,9 @@ def _guess_provider(header_names: frozenset[str], body: _Body) -> Provider:
         if pattern.search(body.text):
             return provider
     code, kind = body.strings.get("code"), body.strings.get("type")
+    # Zhipu's business codes are four digits from 1000, as a string.
+    if code is not None and _ZHIPU_CODE.fullmatch(code):
+        return "zhipu"
     # Anthropic's envelope is the only one whose outermost "type" is "error".
     if kind == "error":
         return "anthropic"

@@ -16,7 +16,7 @@ from typing import Any, get_args
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from proxy.overflow import Overflow, OverflowKind, Provider, classify_error
@@ -217,8 +217,160 @@ def test_never_raises_on_damaged_real_answers(case: dict[str, Any], cut: int, ju
 
 @settings(max_examples=100, deadline=None)
 @given(body=st.binary(max_size=2048))
-def test_413_is_overflow_whatever_the_body(body: bytes) -> None:
+def test_413_is_overflow_unless_it_names_a_rate_limit(body: bytes) -> None:
+    lowered = body.lower()
+    assume(
+        not any(word in lowered for word in (b"rate", b"per min", b"quota", b"throttl", b"wait"))
+    )
+    assume(b"try again in" not in lowered)
     assert classify_error(413, {}, body).kind == "overflow"
+
+
+GROQ_413_TPM = (
+    b'{"error":{"message":"Request too large for model `llama-3.3-70b-versatile` in organization '
+    b"`org_01` service tier `on_demand` on tokens per minute (TPM): Limit 6000, Requested 10338, "
+    b'please reduce your message size and try again.","type":"tokens",'
+    b'"code":"rate_limit_exceeded"}}'
+)
+
+
+def test_groq_413_tokens_per_minute_is_a_rate_limit_not_a_window() -> None:
+    # One organisation's per-minute budget says nothing about the model: learning 6000 as
+    # its window would shrink every later request of every tenant.
+    verdict = classify_error(413, {"x-groq-region": "us"}, GROQ_413_TPM)
+    assert verdict == Overflow("other", provider="groq")
+    assert classify_error(400, {}, GROQ_413_TPM).kind == "other"
+
+
+def test_a_gateway_413_still_overflows() -> None:
+    page = b"<html><head><title>413 Request Entity Too Large</title></head></html>"
+    assert classify_error(413, {}, page) == Overflow("overflow", provider="http413")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "context_length_exceeded",
+        "model_max_prompt_tokens_exceeded",
+        "prompt_too_long",
+        "max_prompt_tokens",
+        "context_window_exceeded",
+        "exceed_context_size_error",
+        "tokens_too_long",
+    ],
+)
+def test_an_error_code_naming_the_context_is_an_overflow(code: str) -> None:
+    body = orjson.dumps(
+        {"error": {"message": "Bad request.", "type": "invalid_request_error", "code": code}}
+    )
+    assert classify_error(400, {}, body).kind == "overflow"
+    assert classify_error(422, {}, body).kind == "overflow"
+
+
+def test_a_context_code_alone_does_not_make_a_server_error_ours() -> None:
+    body = b'{"error":{"message":"Bad request.","type":"api_error","code":"prompt_too_long"}}'
+    assert classify_error(500, {}, body).kind == "other"
+
+
+def test_zhipu_code_1261_is_an_overflow_and_its_other_codes_are_not() -> None:
+    assert classify_error(
+        400, {}, b'{"error":{"code":"1261","message":"Prompt too long"}}'
+    ).kind == ("overflow")
+    assert classify_error(400, {}, b'{"error":{"code":1261,"message":"x"}}').kind == "overflow"
+    for code in ("1210", "1301", "12610", "261"):
+        body = orjson.dumps({"error": {"code": code, "message": "x"}})
+        assert classify_error(400, {}, body).kind == "other", code
+
+
+def test_a_context_code_with_a_rate_limit_wording_stays_a_rate_limit() -> None:
+    body = (
+        b'{"error":{"message":"Rate limit reached: tokens per min (TPM) exceeded. Please try '
+        b'again in 20s.","type":"tokens","code":"context_length_exceeded"}}'
+    )
+    assert classify_error(400, {}, body).kind == "other"
+    assert classify_error(413, {}, body).kind == "other"
+
+
+def test_a_code_quoted_inside_a_string_is_not_the_upstreams_word() -> None:
+    inner = '{"code": "prompt_too_long", "type": "context_exceeded"}'
+    body = orjson.dumps(
+        {"error": {"message": f"invalid tool name {inner}", "type": "invalid_request_error"}}
+    )
+    assert classify_error(400, {}, body).kind == "other"
+
+
+def test_prompt_tokens_above_n_ctx_is_an_overflow_whatever_the_sentence() -> None:
+    body = (
+        b'{"error":{"message":"no slot","type":"server_error","n_prompt_tokens":9000,"n_ctx":8192}}'
+    )
+    verdict = classify_error(400, {}, body)
+    assert (verdict.kind, verdict.limit, verdict.requested) == ("overflow", 8192, 9000)
+    assert verdict.limit_evidence is None  # a top-level field, not text
+    fits = (
+        b'{"error":{"message":"no slot","type":"server_error","n_prompt_tokens":100,"n_ctx":8192}}'
+    )
+    assert classify_error(400, {}, fits).kind == "other"
+    assert classify_error(503, {}, body).kind == "other"
+
+
+@pytest.mark.parametrize(
+    ("message", "limit", "requested"),
+    [
+        (
+            "max_completion_tokens=131072 cannot be greater than max_model_len=128000",
+            128000,
+            131072,
+        ),
+        (
+            "max_tokens=38000cannot be greater than max_model_len=max_total_tokens=32768.",
+            32768,
+            38000,
+        ),
+        ("max_tokens (98304) exceeds model's maximum output tokens (65536)", 65536, 98304),
+        (
+            "max_completion_tokens (384000) exceeds model's maximum output tokens (65536)",
+            65536,
+            384000,
+        ),
+    ],
+)
+def test_output_budget_forms_lower_max_tokens(message: str, limit: int, requested: int) -> None:
+    body = orjson.dumps({"error": {"message": message, "type": "BadRequestError", "code": 400}})
+    verdict = classify_error(400, {}, body)
+    assert (verdict.kind, verdict.limit, verdict.requested) == ("output_budget", limit, requested)
+    # Ollama's OpenAI layer relays a cloud model's budget error as 500: both numbers make it ours.
+    assert classify_error(500, {}, body).kind == "output_budget"
+
+
+def test_a_vague_output_complaint_on_a_server_error_is_not_acted_on() -> None:
+    body = b'{"error":{"message":"max_tokens is too large for this model","type":"api_error"}}'
+    assert classify_error(500, {}, body).kind == "other"
+
+
+@pytest.mark.parametrize(
+    ("message", "evidence"),
+    [
+        ("prompt token count of 140000 exceeds the limit of 128000", "exceeds the limit of 128000"),
+        (
+            "<400> InternalError.Algo.InvalidParameter: Range of input length should be [1, 30720]",
+            "range of input length should be [1, 30720]",
+        ),
+        (
+            "400 Bad Request: Too many input tokens. Max input tokens: 8192, request input token "
+            "count: 9279 ",
+            "max input tokens: 8192",
+        ),
+    ],
+)
+def test_new_limits_keep_the_sentence_they_were_read_from(message: str, evidence: str) -> None:
+    from proxy.overflow import echoed, request_text
+
+    verdict = classify_error(400, {}, orjson.dumps({"error": {"message": message}}))
+    assert verdict.kind == "overflow"
+    assert verdict.limit_evidence == evidence
+    sent = orjson.dumps({"messages": [{"role": "user", "content": f"why does it say {message}?"}]})
+    assert echoed(verdict, request_text(sent))
+    assert not echoed(verdict, request_text(b'{"messages": [{"role": "user", "content": "hi"}]}'))
 
 
 def test_a_limit_quoted_from_the_request_is_marked_as_echoed() -> None:
