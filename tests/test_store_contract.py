@@ -11,11 +11,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from proxy.metrics import Metrics
 from proxy.store import Snapshot, SnapshotStore
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
+from proxy.store.resilient import ResilientStore
 
-STORES = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
+STORES = [
+    "memory",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("resilient", marks=pytest.mark.redis),
+]
 LONG_TTL = 3600.0
 SHORT_TTL = 0.05
 KEY = "tenant-a:h:session-1"
@@ -35,6 +41,11 @@ async def store_factory(request: pytest.FixtureRequest) -> AsyncIterator[Factory
             server = request.getfixturevalue("redis_server")
             # Redis TTLs are whole milliseconds at least; the contract's shortest is 50 ms.
             store = RedisStore(server.url, ttl_s=ttl_s)
+        elif request.param == "resilient":
+            # What build_store makes of a redis:// URL: Redis, with local state behind it.
+            server = request.getfixturevalue("redis_server")
+            remote = RedisStore(server.url, ttl_s=ttl_s)
+            store = ResilientStore(remote, MemoryStore(ttl_s=ttl_s), Metrics.create())
         else:  # pragma: no cover - a new store kind must be wired up here
             raise AssertionError(f"unknown store kind {request.param}")
         made.append(store)

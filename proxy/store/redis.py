@@ -20,25 +20,48 @@ over N-1, so a stale writer can never replace a newer summary. Locks are
 released only by their owner (compare-and-delete), and expire on their own
 if a replica dies mid-summary.
 
+A stored value this release cannot use (bad bytes, a snapshot encrypted with
+a key no longer configured, an older format, a wrong Redis type) reads as
+"nothing stored" for that one session: it is counted, logged with a hashed
+key, and deleted if it is still exactly what was read, so the session's next
+compaction can write version 1 in its place. A snapshot of a newer format
+(written by a newer release during a rollout) reads as nothing but is kept.
+
 Every call has a short socket timeout; failures raise ``StoreError`` and the
 ``resilient`` wrapper decides what a request does without the store.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import fields
-from typing import Any
+from hashlib import blake2b
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError, ResponseError
 
 from proxy.errors import ConfigError, StoreError
 from proxy.store import Snapshot
 
+if TYPE_CHECKING:
+    from proxy.metrics import Metrics
+
+log = logging.getLogger("proxy.store")
+
 FORMAT_VERSION = 1
+_LOG_INTERVAL_S = 30.0
+# What each Snapshot field may hold once decoded (bool is an int to Python, never to us).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    f.name: {"int": (int,), "str": (str,), "float": (int, float)}.get(str(f.type), (object,))
+    for f in fields(Snapshot)
+}
 
 # KEYS[1] snapshot hash; ARGV: new version, payload, ttl ms
 _CAS = """
@@ -51,13 +74,45 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 """
 
-# KEYS[1] lock; ARGV[1] owner token
-_RELEASE = """
+# KEYS[1] lock or window; ARGV[1] the value it must still hold (owner token, value read)
+_DELETE_IF_EQUAL = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
 """
+
+# KEYS[1] snapshot hash; ARGV: the v and d fields read ('' when absent). A valid
+# snapshot written since the read changed them, and survives.
+_DISCARD_SNAPSHOT = """
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
+  return 0
+end
+local v = redis.call('HGET', KEYS[1], 'v') or ''
+local d = redis.call('HGET', KEYS[1], 'd') or ''
+if v == ARGV[1] and d == ARGV[2] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# KEYS[1]; ARGV[1] the Redis type the key must hold. Our own writes always
+# create that type, so anything else is foreign and safe to remove.
+_DISCARD_WRONG_TYPE = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'none' and kind ~= ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class _Unreadable(Exception):
+    """Stored bytes that are no snapshot this release can use; ``args[0]`` says why."""
+
+
+class _NewerFormat(Exception):
+    """A snapshot written by a newer release: not ours to use, not ours to delete."""
 
 
 class SnapshotCipher:
@@ -96,13 +151,61 @@ def _encode(snapshot: Snapshot, cipher: SnapshotCipher | None) -> bytes:
     return cipher.encrypt(payload) if cipher is not None else payload
 
 
-def _decode(raw: bytes, cipher: SnapshotCipher | None) -> Snapshot | None:
-    if cipher is not None and not raw.startswith(b"{"):  # plain JSON predates encryption
-        raw = cipher.decrypt(raw)
-    data: dict[str, Any] = orjson.loads(raw)
-    if data.pop("fv", None) != FORMAT_VERSION:
-        return None  # written by another release: re-summarizing is the safe answer
-    return Snapshot(**data)
+def _decode(raw: bytes, cipher: SnapshotCipher | None) -> Snapshot:
+    """The snapshot in ``raw``; raises ``_Unreadable`` or ``_NewerFormat``."""
+    try:
+        if cipher is not None and not raw.startswith(b"{"):  # plain JSON predates encryption
+            raw = cipher.decrypt(raw)
+        data: Any = orjson.loads(raw)
+    except StoreError as exc:
+        raise _Unreadable("cannot be decrypted") from exc
+    except orjson.JSONDecodeError as exc:
+        # Without keys, an encrypted snapshot is just bytes that are not JSON.
+        raise _Unreadable("not JSON" if cipher else "not JSON (encrypted?)") from exc
+    if not isinstance(data, dict):
+        raise _Unreadable("not a JSON object")
+    fv = data.pop("fv", None)
+    if type(fv) is int and fv > FORMAT_VERSION:
+        raise _NewerFormat
+    if fv != FORMAT_VERSION:
+        raise _Unreadable("older format")
+    for name, value in data.items():
+        allowed = _FIELD_TYPES.get(name)
+        if allowed is None or type(value) is bool or not isinstance(value, allowed):
+            raise _Unreadable("unexpected fields")
+    try:
+        return Snapshot(**data)
+    except TypeError as exc:  # a required field is missing
+        raise _Unreadable("missing fields") from exc
+
+
+def _decode_stored(
+    version: bytes | None, raw: bytes | None, cipher: SnapshotCipher | None
+) -> Snapshot:
+    if raw is None:
+        raise _Unreadable("no data")
+    snapshot = _decode(raw, cipher)
+    # The compare-and-swap reads ``v``: a mismatch would block every later write.
+    if version is None or version != str(snapshot.version).encode():
+        raise _Unreadable("version field does not match")
+    return snapshot
+
+
+def _window_tokens(raw: bytes | str) -> int | None:
+    try:
+        tokens = int(raw)
+    except ValueError:
+        return None
+    return tokens if tokens > 0 else None
+
+
+def _wrong_type(exc: ResponseError) -> bool:
+    return "WRONGTYPE" in str(exc)
+
+
+def log_id(key: str) -> str:
+    # The same short hash as SessionKey.log_id, so store and compaction logs line up.
+    return blake2b(key.encode(), digest_size=6).hexdigest()
 
 
 class RedisStore:
@@ -114,7 +217,11 @@ class RedisStore:
         prefix: str = "cp",
         timeout_s: float = 0.25,
         encryption_keys: Sequence[str] = (),
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics
+        self._last_log = -_LOG_INTERVAL_S
+        self._suppressed = 0
         self._cipher = SnapshotCipher(encryption_keys) if encryption_keys else None
         self._ttl_ms = max(int(ttl_s * 1000), 1)
         self._prefix = prefix
@@ -126,7 +233,9 @@ class RedisStore:
             retry_on_timeout=False,
         )
         self._cas = self._redis.register_script(_CAS)
-        self._release = self._redis.register_script(_RELEASE)
+        self._delete_if_equal = self._redis.register_script(_DELETE_IF_EQUAL)
+        self._discard_snapshot = self._redis.register_script(_DISCARD_SNAPSHOT)
+        self._discard_wrong_type = self._redis.register_script(_DISCARD_WRONG_TYPE)
 
     def _k(self, kind: str, key: str) -> str:
         return f"{self._prefix}:{kind}:{key}"
@@ -135,17 +244,64 @@ class RedisStore:
         name = self._k("snap", key)
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hget(name, "d")
+                pipe.hmget(name, ["v", "d"])
                 pipe.pexpire(name, self._ttl_ms)
-                raw, _ = await pipe.execute()
+                (version, raw), _ = await pipe.execute()
+        except ResponseError as exc:
+            if not _wrong_type(exc):
+                raise StoreError(f"redis load failed: {type(exc).__name__}") from exc
+            await self._discard(
+                "snapshot", key, "wrong redis type", self._discard_wrong_type, [name], ["hash"]
+            )
+            return None
         except RedisError as exc:
             raise StoreError(f"redis load failed: {type(exc).__name__}") from exc
-        if raw is None:
+        if version is None and raw is None:
             return None
         try:
-            return _decode(raw, self._cipher)
-        except (orjson.JSONDecodeError, TypeError) as exc:
-            raise StoreError("redis snapshot is unreadable") from exc
+            return _decode_stored(version, raw, self._cipher)
+        except _NewerFormat:
+            return None  # a newer release's, mid-rollout: it stays for the replicas that read it
+        except _Unreadable as exc:
+            await self._discard(
+                "snapshot",
+                key,
+                str(exc),
+                self._discard_snapshot,
+                [name],
+                [version or b"", raw or b""],
+            )
+            return None
+
+    async def _discard(
+        self,
+        kind: str,
+        key: str,
+        reason: str,
+        script: AsyncScript,
+        keys: list[str],
+        args: list[bytes | str],
+    ) -> None:
+        """Count and log an unreadable value, and delete it if it is still what was read."""
+        # Failing to delete is harmless: the next reader tries again.
+        with contextlib.suppress(RedisError):
+            await script(keys=keys, args=args)
+        if self.metrics is not None:
+            self.metrics.snapshots_unreadable.labels(kind=kind).inc()
+        now = time.monotonic()
+        if now - self._last_log < _LOG_INTERVAL_S:
+            self._suppressed += 1
+            return
+        extra = f" ({self._suppressed} more since the last report)" if self._suppressed else ""
+        log.warning(
+            "unreadable %s in redis for session=%s (%s); treated as absent and replaced%s",
+            kind,
+            log_id(key),
+            reason,
+            extra,
+        )
+        self._last_log = now
+        self._suppressed = 0
 
     async def save(self, key: str, snapshot: Snapshot) -> bool:
         try:
@@ -173,19 +329,31 @@ class RedisStore:
 
     async def release(self, key: str, token: str) -> None:
         try:
-            await self._release(keys=[self._k("lock", key)], args=[token])
+            await self._delete_if_equal(keys=[self._k("lock", key)], args=[token])
         except RedisError as exc:
             raise StoreError(f"redis unlock failed: {type(exc).__name__}") from exc
 
     async def load_window(self, key: str) -> int | None:
+        name = self._k("win", key)
         try:
-            raw = await self._redis.get(self._k("win", key))
+            raw = await self._redis.get(name)
+        except ResponseError as exc:
+            if not _wrong_type(exc):
+                raise StoreError(f"redis window load failed: {type(exc).__name__}") from exc
+            await self._discard(
+                "window", key, "wrong redis type", self._discard_wrong_type, [name], ["string"]
+            )
+            return None
         except RedisError as exc:
             raise StoreError(f"redis window load failed: {type(exc).__name__}") from exc
-        try:
-            return int(raw) if raw is not None else None
-        except ValueError as exc:
-            raise StoreError("redis window value is unreadable") from exc
+        if raw is None:
+            return None
+        tokens = _window_tokens(raw)
+        if tokens is None:
+            await self._discard(
+                "window", key, "not a token count", self._delete_if_equal, [name], [raw]
+            )
+        return tokens
 
     async def save_window(self, key: str, tokens: int, ttl_s: float) -> None:
         try:
@@ -198,8 +366,11 @@ class RedisStore:
         out: list[tuple[str, Snapshot]] = []
         try:
             async for name in self._redis.scan_iter(match=f"{prefix}*", count=500):
-                raw = await self._redis.hget(name, "d")
-                snapshot = _decode(raw, self._cipher) if isinstance(raw, bytes) else None
+                try:
+                    raw = await self._redis.hget(name, "d")
+                    snapshot = _decode(raw, self._cipher) if isinstance(raw, bytes) else None
+                except (ResponseError, _Unreadable, _NewerFormat):
+                    continue  # a listing skips what a load would treat as absent
                 if snapshot is not None:
                     out.append((name.decode()[len(prefix) :], snapshot))
                 if len(out) >= limit:
@@ -214,9 +385,13 @@ class RedisStore:
         out: dict[str, int] = {}
         try:
             async for name in self._redis.scan_iter(match=f"{prefix}*", count=500):
-                raw = await self._redis.get(name)
-                if raw is not None:
-                    out[name.decode()[len(prefix) :]] = int(raw)
+                try:
+                    raw = await self._redis.get(name)
+                except ResponseError:
+                    continue  # not a window we wrote
+                tokens = _window_tokens(raw) if raw is not None else None
+                if tokens is not None:
+                    out[name.decode()[len(prefix) :]] = tokens
         except RedisError as exc:
             raise StoreError(f"redis scan failed: {type(exc).__name__}") from exc
         return out

@@ -7,29 +7,57 @@ local state, no request waits on a dead server more than once per cool-down,
 and reconnection needs no restart. Failures are counted in metrics and logged
 once per interval, not per request. This is the one place a store outage
 becomes "no snapshot".
+
+A summarization lock taken in Redis is always released there, outage or not:
+a lock left behind would make the session's next turns wait for a holder
+that is long gone. A release that fails is retried in the background (a few
+attempts with backoff, never past the lock's own expiry), and this replica's
+next ``acquire`` of that session settles the release first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from proxy.errors import StoreError
 from proxy.metrics import Metrics
 from proxy.store import Snapshot, SnapshotStore
 from proxy.store.memory import MemoryStore
+from proxy.store.redis import RedisStore, log_id
 
 log = logging.getLogger("proxy.store")
 
 T = TypeVar("T")
 COOLDOWN_S = 2.0
 LOG_INTERVAL_S = 30.0
+# Pauses before each background retry of a failed lock release (~16 s in all).
+RELEASE_BACKOFF_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+# Leases of locks that were never released (a caller bug) are dropped past this many.
+_LEASE_LIMIT = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Lease:
+    """A lock this replica holds in the remote store, and when it expires there."""
+
+    key: str
+    expires: float
 
 
 class ResilientStore:
-    def __init__(self, remote: SnapshotStore, local: MemoryStore, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        remote: SnapshotStore,
+        local: MemoryStore,
+        metrics: Metrics,
+        *,
+        release_backoff_s: Sequence[float] = RELEASE_BACKOFF_S,
+    ) -> None:
         self.remote = remote
         self.local = local
         self._metrics = metrics
@@ -37,6 +65,18 @@ class ResilientStore:
         self._last_log = -LOG_INTERVAL_S
         self._suppressed = 0
         self._outage = False
+        self._release_backoff_s = tuple(release_backoff_s)
+        # Owner token -> lease, for locks taken in the remote store.
+        self._leases: dict[str, _Lease] = {}
+        # Session key -> owner token whose remote release is still owed.
+        self._owed: dict[str, str] = {}
+        # Owner token -> the background task retrying its release.
+        self._retries: dict[str, asyncio.Task[None]] = {}
+        self._last_release_log = -LOG_INTERVAL_S
+        self._release_suppressed = 0
+        if isinstance(remote, RedisStore) and remote.metrics is None:
+            # build_store makes the RedisStore without metrics; count its unreadable values here.
+            remote.metrics = metrics
 
     @property
     def degraded(self) -> bool:
@@ -91,20 +131,106 @@ class ResilientStore:
         )
 
     async def acquire(self, key: str, ttl_s: float) -> str | None:
-        return await self._call(
-            "acquire",
-            lambda: self.remote.acquire(key, ttl_s),
-            lambda: self.local.acquire(key, ttl_s),
-        )
+        if not self.degraded and key in self._owed:
+            # This replica's summary of the session is over; only its release was
+            # late. Settle it now rather than wait for a lock nobody holds.
+            await self._release_remote(key, self._owed[key])
+        if not self.degraded:
+            try:
+                token = await self.remote.acquire(key, ttl_s)
+            except StoreError as exc:
+                self._failed("acquire", exc)
+            else:
+                if self._outage:
+                    self._recovered()
+                if token is not None:
+                    self._lease(key, token, ttl_s)
+                return token
+        return await self.local.acquire(key, ttl_s)
+
+    def _lease(self, key: str, token: str, ttl_s: float) -> None:
+        now = time.monotonic()
+        if len(self._leases) >= _LEASE_LIMIT:
+            self._leases = {t: lease for t, lease in self._leases.items() if lease.expires > now}
+        self._leases[token] = _Lease(key, now + ttl_s)
 
     async def release(self, key: str, token: str) -> None:
         # The lock may have been taken on either side of an outage.
         await self.local.release(key, token)
-        await self._call(
-            "release",
-            lambda: self.remote.release(key, token),
-            lambda: self.local.release(key, token),
+        lease = self._leases.pop(token, None)
+        if lease is None:
+            return  # taken from local state: nothing was locked remotely
+        # Attempted even while degraded: skipping it leaves the session locked.
+        self._owed[key] = token
+        try:
+            released = not self.degraded and await self._release_remote(key, token)
+        except asyncio.CancelledError:
+            self._retry_release(key, token, lease.expires)
+            raise
+        if not released:
+            self._retry_release(key, token, lease.expires)
+
+    async def _release_remote(self, key: str, token: str) -> bool:
+        """One attempt; True when the remote lock is gone (or was not ours any more)."""
+        try:
+            await self.remote.release(key, token)
+        except StoreError as exc:
+            self._failed("release", exc)
+            return False
+        if self._owed.get(key) == token:
+            del self._owed[key]
+        retry = self._retries.get(token)
+        if retry is not None:
+            retry.cancel()  # settled: it counts itself as released
+        if self._outage:
+            self._recovered()
+        return True
+
+    def _retry_release(self, key: str, token: str, expires: float) -> None:
+        task = asyncio.create_task(self._release_later(key, token, expires))
+        self._retries[token] = task
+        task.add_done_callback(lambda _: self._retries.pop(token, None))
+
+    async def _release_later(self, key: str, token: str, expires: float) -> None:
+        outcome = "gave_up"
+        try:
+            for pause in self._release_backoff_s:
+                if time.monotonic() + pause >= expires:
+                    outcome = "expired"  # the lock is gone by itself
+                    break
+                await asyncio.sleep(pause)
+                try:
+                    await self.remote.release(key, token)
+                except StoreError:
+                    continue  # the outage is already counted and logged by the first failure
+                outcome = "released"
+                break
+        except asyncio.CancelledError:
+            # Either a later acquire of this session settled the release, or shutdown.
+            outcome = "released" if self._owed.get(key) != token else "cancelled"
+            raise
+        finally:
+            if self._owed.get(key) == token:
+                del self._owed[key]
+            self._metrics.lock_release_retries.labels(outcome=outcome).inc()
+            self._log_release(key, outcome)
+
+    def _log_release(self, key: str, outcome: str) -> None:
+        now = time.monotonic()
+        if now - self._last_release_log < LOG_INTERVAL_S:
+            self._release_suppressed += 1
+            return
+        extra = ""
+        if self._release_suppressed:
+            extra = f" ({self._release_suppressed} more since the last report)"
+        log.warning(
+            "summarization lock of session=%s: release failed, retried in the background: %s%s",
+            log_id(key),
+            outcome,
+            extra,
         )
+        self._last_release_log = now
+        self._release_suppressed = 0
 
     async def load_window(self, key: str) -> int | None:
         return await self._call(
@@ -130,5 +256,9 @@ class ResilientStore:
         return await self.remote.ping()
 
     async def aclose(self) -> None:
+        retries = list(self._retries.values())
+        for task in retries:
+            task.cancel()
+        await asyncio.gather(*retries, return_exceptions=True)
         await self.remote.aclose()
         await self.local.aclose()
