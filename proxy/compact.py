@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -21,14 +22,15 @@ from typing import Literal
 from proxy.calibrate import Calibration
 from proxy.config import Settings
 from proxy.digest import digests_and_sizes, prefix_hash
-from proxy.errors import ContextTooLarge, SummaryError
+from proxy.errors import ContextTooLarge, SummaryError, SummaryTruncated
+from proxy.identifiers import Restored, restore_identifiers
 from proxy.metrics import Metrics
 from proxy.models import ModelTable, ResolvedModel
 from proxy.plan import Budget, Plan, View, count_pinned, plan_compaction, trim_plan, view_tokens
 from proxy.rebuild import handoff_text, omitted_marker, rebuild_messages
 from proxy.session import SessionKey, session_from_header, session_from_history
 from proxy.store import Snapshot, SnapshotStore
-from proxy.summarize import SummaryRequest, summarize
+from proxy.summarize import SummaryRequest, span_text, summarize
 from proxy.tokens import TokenCounter, bounded_by, output_reserve
 from proxy.types import ChatMessage, ChatRequest
 
@@ -78,6 +80,8 @@ class Outcome:
     key: SessionKey | None = None
     # False when ``tokens`` is a rough size estimate, not a count.
     counted: bool = True
+    # Identifiers the new summary had lost and the proxy put back (identifiers.py).
+    restored: int = 0
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         return [
@@ -99,10 +103,12 @@ class Compactor:
     calibration: Calibration
     models: ModelTable
     metrics: Metrics
-    # Sessions whose next request compacts (POST /sessions/{id}/compact).
-    # storage key -> when scheduled; header sessions only (the API names them by id).
-    pending_force: dict[str, float] = field(default_factory=dict)
+    # X-Compaction: force, per session: when it last took effect (rate limit).
     last_forced: dict[str, float] = field(default_factory=dict)
+    # Header sessions this replica scheduled (POST /sessions/{id}/compact): their next
+    # request skips the far-below fast path, which never reads the store. Only a hint,
+    # bounded; the schedule itself lives in the snapshot, for every replica.
+    schedule_hints: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     def window(self, model: ResolvedModel) -> int:
         # Plan in our own token units: if we under-count this model, its window
@@ -147,21 +153,19 @@ class Compactor:
         c = self.settings.compaction
         # Far below the trigger: no store round trip, no counting.
         far_below = bounded_by(body, len(messages), int(window * c.trigger_ratio) - reserve)
-        scheduled = self._take_scheduled(tenant, session_header)
-        if far_below and not (force or recover or scheduled):
+        hinted = self._take_hint(tenant, session_header)
+        if far_below and not (force or recover or hinted):
             return Outcome("passthrough", None, 0, len(body) // 4, window, counted=False)
 
         counter = self.counters[model.tokenizer]
         digests, counts, fixed = await _measure(counter, chat, body)
         key = self.session_key(tenant, session_header, chat, digests)
-        if scheduled:
-            force = True
-        elif force and not self._may_force(key):
+        if force and not self._may_force(key):
             force = False
-        force = force or recover
         budget = self.budget(model, reserve, fixed)
         pinned = count_pinned(messages, c.pin_first_user)
         snapshot = await self._valid_snapshot(key, messages, digests, pinned)
+        force = force or recover or _scheduled(snapshot)
         view = _view_of(snapshot, pinned)
         plan = plan_compaction(counts, messages, pinned, view, budget, force=force)
         if plan.action == "keep":
@@ -177,12 +181,13 @@ class Compactor:
         self.metrics.compactions.labels(outcome=outcome.status).inc()
         log.info(
             "compaction session=%s outcome=%s tokens_before=%d tokens_after=%d version=%d "
-            "duration_ms=%d",
+            "restored_identifiers=%d duration_ms=%d",
             key.log_id,
             outcome.status,
             view_tokens(counts, messages, pinned, view, budget),
             outcome.tokens,
             outcome.version,
+            outcome.restored,
             (time.monotonic() - started) * 1000,
         )
         return outcome
@@ -198,24 +203,29 @@ class Compactor:
         self.last_forced[key.storage_key] = now
         return True
 
-    def schedule_compaction(self, key: SessionKey) -> bool:
-        """Make the session's next request compact (POST /sessions/{id}/compact)."""
-        now = time.monotonic()
-        if len(self.pending_force) >= _TRACKED_LIMIT:
-            self.pending_force = {
-                k: t for k, t in self.pending_force.items() if now - t < _SCHEDULE_TTL_S
-            }
-            if len(self.pending_force) >= _TRACKED_LIMIT:
+    async def schedule_compaction(self, key: SessionKey) -> bool:
+        """Make the session's next request compact (POST /sessions/{id}/compact): the
+        request is written into the session's snapshot, so every replica sees it and it
+        costs nothing beyond the session itself. False when there is no such session."""
+        for _ in range(3):  # a concurrent compaction may win the compare-and-swap
+            snapshot = await self.store.load(key.storage_key)
+            if snapshot is None:
                 return False
-        self.pending_force[key.storage_key] = now
+            scheduled = replace(
+                snapshot, version=snapshot.version + 1, compact_requested_at=time.time()
+            )
+            if await self.store.save(key.storage_key, scheduled):
+                break
+        self.schedule_hints[key.storage_key] = None
+        if len(self.schedule_hints) > _TRACKED_LIMIT:
+            self.schedule_hints.popitem(last=False)
         return True
 
-    def _take_scheduled(self, tenant: str, session_header: str | None) -> bool:
-        if not self.pending_force or not session_header:
+    def _take_hint(self, tenant: str, session_header: str | None) -> bool:
+        if not self.schedule_hints or not session_header:
             return False
         key = session_from_header(tenant, session_header).storage_key
-        scheduled = self.pending_force.pop(key, None)
-        return scheduled is not None and time.monotonic() - scheduled < _SCHEDULE_TTL_S
+        return self.schedule_hints.pop(key, False) is None
 
     async def _valid_snapshot(
         self, key: SessionKey, messages: Sequence[ChatMessage], digests: list[bytes], pinned: int
@@ -322,14 +332,24 @@ class Compactor:
                         )
                     return self._trimmed(key, messages, counts, pinned, snapshot, budget)
             summary_req = self._summary_request(chat, model, auth_headers)
+            span = messages[start:end]
             try:
-                summary = (await summarize(summary_req, previous, messages[start:end])).text
+                made = await summarize(summary_req, previous, span)
             except SummaryError as exc:
                 self.metrics.summary_failures.inc()
+                if isinstance(exc, SummaryTruncated):
+                    self.metrics.summaries_truncated.inc()
+                    self.metrics.summary_length_retries.inc(exc.length_retries)
                 log.warning(
                     "session=%s summarization failed (%s); trimming instead", key.log_id, exc
                 )
                 return self._trimmed(key, messages, counts, pinned, snapshot, budget)
+            if made.length_retries:
+                self.metrics.summary_length_retries.inc(made.length_retries)
+            kept = await _restore(made.text, previous, span, self.summary_tokens(model))
+            if kept.restored:
+                self.metrics.identifiers_restored.inc(kept.restored)
+            summary = kept.summary
             counter = self.counters[model.tokenizer]
             summary_tokens = await _count_text(counter, handoff_text(summary))
             view = replace(plan.view, summary_tokens=summary_tokens + _FRAME_TOKENS)
@@ -337,9 +357,10 @@ class Compactor:
                 snapshot, summary, pinned, view, digests, counts, budget, model, plan.tokens
             )
             await self._save(key, new)
-            return self._outcome(
+            outcome = self._outcome(
                 new, messages, pinned, view, counts, budget, key, "compacted", summary
             )
+            return replace(outcome, restored=kept.restored)
         finally:
             await self.store.release(key.storage_key, token)
 
@@ -420,8 +441,13 @@ class Compactor:
         c = self.settings.compaction
         summarizer = self.models.resolve(c.summarizer_model) if c.summarizer_model else model
         window = c.summarizer_context_window or summarizer.context_window
-        # Asking for more than the model can write gets the summary call rejected.
-        max_tokens = min(self.summary_tokens(model), summarizer.max_output_tokens)
+        # The proxy's own summary budget, not the chat model's reply reserve
+        # (max_output_tokens): a summary cut short by that loses its end. Capped only by
+        # what the summarizer can write, when configured (an upstream that refuses more
+        # states its limit, and summarize.py asks again within it).
+        max_tokens = self.summary_tokens(model)
+        if c.summarizer_max_output_tokens:
+            max_tokens = min(max_tokens, c.summarizer_max_output_tokens)
         # Room for the transcript: the window less the answer and the prompt's
         # own framing, in characters at a conservative 3 per token.
         room = max(window - max_tokens - 2 * _FRAME_TOKENS - 600, 256)
@@ -505,6 +531,23 @@ async def _count_text(counter: TokenCounter, text: str) -> int:
     if len(text) > _INLINE_COUNT_BYTES:  # characters: at least as many bytes
         return await asyncio.to_thread(counter.text, text)
     return counter.text(text)
+
+
+async def _restore(
+    summary: str, previous: str, span: Sequence[ChatMessage], max_chars: int
+) -> Restored:
+    """``summary`` with the identifiers it lost from ``previous`` and ``span`` put back."""
+    sources = [previous, span_text(span)]
+    if sum(len(text) for text in sources) > _INLINE_COUNT_BYTES:
+        return await asyncio.to_thread(restore_identifiers, summary, sources, max_chars)
+    return restore_identifiers(summary, sources, max_chars)
+
+
+def _scheduled(snapshot: Snapshot | None) -> bool:
+    """Whether POST /sessions/{id}/compact asked this session to compact (recently)."""
+    if snapshot is None or not snapshot.compact_requested_at:
+        return False
+    return time.time() - snapshot.compact_requested_at < _SCHEDULE_TTL_S
 
 
 def _view_of(snapshot: Snapshot | None, pinned: int) -> View:

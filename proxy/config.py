@@ -128,6 +128,9 @@ class CompactionSettings(_Section):
     summary_timeout_s: float = Field(60.0, gt=0)
     # The summarizer's own window when it is a different model than the request's.
     summarizer_context_window: int | None = Field(None, gt=0)
+    # The most the summarizer model can write in one answer, if below the summary
+    # budget. Not the chat model's max_output_tokens: that is the reply reserve.
+    summarizer_max_output_tokens: int | None = Field(None, gt=0)
     # "user": a user/assistant handoff pair (valid for strict chat templates);
     # "system": one extra system message after the pinned ones.
     summary_role: Literal["user", "system"] = "user"

@@ -100,7 +100,7 @@ class SummaryError(ProxyError):
 
 
 class SummaryTruncated(SummaryError):
-    pass
+    length_retries: int = 1  # calls retried for length before giving up
 
 
 class UpstreamError(ProxyError):

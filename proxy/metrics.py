@@ -21,6 +21,9 @@ class Metrics:
     learned_window: Gauge
     learned_windows: Counter
     client_disconnects: Counter
+    summaries_truncated: Counter
+    summary_length_retries: Counter
+    identifiers_restored: Counter
     snapshots_unreadable: Counter
     lock_release_retries: Counter
 
@@ -62,6 +65,22 @@ class Metrics:
                 "compaction_proxy_learned_window_tokens",
                 "Context windows learned from upstream overflow errors, shared by all callers",
                 ["model"],
+                registry=r,
+            ),
+            summaries_truncated=Counter(
+                "compaction_proxy_summaries_truncated",
+                "Summaries still cut off by their token limit after a terser retry (the "
+                "previous snapshot was kept and the turn trimmed)",
+                registry=r,
+            ),
+            summary_length_retries=Counter(
+                "compaction_proxy_summary_length_retries",
+                "Summarizer calls retried because the answer was cut off by its token limit",
+                registry=r,
+            ),
+            identifiers_restored=Counter(
+                "compaction_proxy_identifiers_restored",
+                "Identifiers a new summary had lost, put back by the proxy's check",
                 registry=r,
             ),
             client_disconnects=Counter(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.errors import NotFound, TooManyRequests
+from proxy.errors import NotFound
 from proxy.services import Services
 from proxy.session import SessionKey, session_from_header, tenant_from_headers
 
@@ -58,8 +58,8 @@ async def compact_session(request: Request, services: Services) -> Response:
     # The proxy holds no history, so compaction happens on the session's next
     # request, which carries it.
     key = _key(request)
-    if not services.compactor.schedule_compaction(key):
-        raise TooManyRequests("Too many compactions are already scheduled; retry later.")
+    if not await services.compactor.schedule_compaction(key):
+        raise _not_found(key)  # exactly as GET answers: nothing to compact, or not yours
     return JSONResponse(
         {"id": request.path_params["session_id"], "status": "scheduled"}, status_code=202
     )

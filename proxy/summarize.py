@@ -132,6 +132,18 @@ def render_transcript(messages: Sequence[ChatMessage]) -> list[str]:
     return lines
 
 
+def span_text(messages: Sequence[ChatMessage]) -> str:
+    """Everything a span says, whole (tool outputs and call arguments included), for the
+    identifier check: the transcript the summarizer sees shortens those."""
+    parts: list[str] = []
+    for m in messages:
+        parts.append(_text(m.get("content")))
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") or {}
+            parts.append(f"{fn.get('name', '')} {fn.get('arguments', '')}")
+    return "\n".join(parts)
+
+
 def _chunks(lines: list[str], max_chars: int) -> list[list[str]]:
     chunks: list[list[str]] = [[]]
     size = 0
@@ -186,9 +198,11 @@ async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessa
                     answer = await _call(req, f"{prompt}\n\n{TERSER.format(limit=limit)}", limit)
                     calls += 1
                     if answer.finish_reason == "length":
-                        raise SummaryTruncated(
+                        cut = SummaryTruncated(
                             f"summary cut off at {limit} tokens twice; keeping the previous one"
                         )
+                        cut.length_retries = retries
+                        raise cut
                 text = answer.text
     except TimeoutError as exc:
         raise SummaryError("summarizer timed out") from exc

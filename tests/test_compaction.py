@@ -257,13 +257,27 @@ def test_sessions_api_get_compact_delete(proxy4k: str, sim_reset: str) -> None:
     for turn in range(4):
         chat.say(f"Turn {turn}")
     assert httpx.get(f"{proxy4k}/sessions/api", headers=auth).status_code == 404
-    r = httpx.post(f"{proxy4k}/sessions/api/compact", headers=auth)
-    assert r.status_code == 202
-    chat.say("next turn")
+    # No snapshot yet: compacting it is answered exactly like reading it.
+    assert httpx.post(f"{proxy4k}/sessions/api/compact", headers=auth).status_code == 404
+    chat.headers["X-Compaction"] = "force"
+    chat.say("compact now")
+    del chat.headers["X-Compaction"]
     assert chat.last is not None
     assert chat.last["x-compaction-status"] == "compacted"
+    for turn in range(3):
+        chat.say(f"More {turn}")
+    other = {"Authorization": "Bearer sk-someone-else"}
+    assert httpx.post(f"{proxy4k}/sessions/api/compact", headers=other).status_code == 404
+    r = httpx.post(f"{proxy4k}/sessions/api/compact", headers=auth)
+    assert r.status_code == 202
+    summaries = stats(sim_reset)["summaries"]
+    chat.say("next turn")
+    assert chat.last["x-compaction-status"] == "compacted"
+    assert stats(sim_reset)["summaries"] == summaries + 1
+    chat.say("and the one after")  # the schedule was used up
+    assert chat.last["x-compaction-status"] != "compacted"
+    assert stats(sim_reset)["summaries"] == summaries + 1
     info = httpx.get(f"{proxy4k}/sessions/api", headers=auth).json()
-    assert info["version"] == 1
     assert "FACT plan=b" in info["summary"]
     assert 1 < info["covered_messages"] < len(chat.history)
     assert httpx.delete(f"{proxy4k}/sessions/api", headers=auth).status_code == 200

