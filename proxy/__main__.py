@@ -13,33 +13,6 @@ from proxy.errors import ConfigError
 log = logging.getLogger("proxy")
 
 
-def _uvicorn_options() -> dict[str, object]:
-    # uvloop/httptools when installed (uvicorn[standard]); never an access log:
-    # it costs throughput and would log paths of every request.
-    try:
-        import uvloop  # noqa: F401
-
-        loop = "uvloop"
-    except ImportError:  # pragma: no cover - uvicorn[standard] installs it
-        loop = "asyncio"
-    return {"loop": loop, "http": "httptools", "access_log": False, "lifespan": "on"}
-
-
-def _serve(settings: Settings) -> None:
-    import uvicorn
-
-    from proxy.app import create_app
-
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.server.host,
-        port=settings.server.port,
-        log_level=settings.server.log_level,
-        **_uvicorn_options(),  # type: ignore[arg-type]
-    )
-    uvicorn.Server(config).run()
-
-
 def _check_config(settings: Settings) -> None:
     from proxy.encodings import load_encoders
     from proxy.models import ModelTable
@@ -135,7 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 update={"server": settings.server.model_copy(update=server)}
             )
         _setup_logging(settings.server.log_level)
-        _serve(settings)
+        from proxy.server import serve as serve_proxy
+
+        serve_proxy(settings)
         return 0
     except ConfigError as exc:
         print(f"compaction-proxy: {exc.message}", file=sys.stderr)

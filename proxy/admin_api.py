@@ -37,7 +37,8 @@ def _authorize(request: Request, services: Services) -> None:
 async def list_sessions(request: Request, services: Services) -> Response:
     _authorize(request, services)
     raw_limit = request.query_params.get("limit", "100")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= _MAX_LIMIT:
+    # isdigit() alone accepts '²', which int() rejects.
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= _MAX_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {_MAX_LIMIT}.", param="limit")
     limit = int(raw_limit)
     entries = await services.store.list_sessions(limit + 1)

@@ -2,8 +2,12 @@
 
 Reading is bounded by ``server.max_body_bytes`` before anything is buffered
 past the limit; parsing is orjson. Only the shape the proxy depends on is
-checked (an object with a ``model`` string and a ``messages`` list of
-objects): everything else is the upstream's business and is forwarded as is.
+checked: an object with a ``model`` string and at most ``server.max_messages``
+messages, whose role, content, name, tool_call_id and tool calls (function,
+name, arguments) have the types that counting, digesting, summarising and
+rebuilding read; and nesting no deeper than orjson writes, since a rebuilt
+request is written back with it. Everything else is the upstream's business
+and is forwarded as is.
 """
 
 from __future__ import annotations
@@ -11,23 +15,31 @@ from __future__ import annotations
 from typing import Any, cast
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from proxy.errors import InvalidRequest, PayloadTooLarge
+from proxy.config import ServerSettings
+from proxy.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge
 from proxy.types import ChatRequest
+
+_DEFAULT_MAX_MESSAGES: int = ServerSettings.model_fields["max_messages"].default
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    declared = request.headers.get("content-length", "")
+    # isdigit() alone accepts '²', which int() rejects.
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The client left or was dropped for stalling (server.body_timeout_s).
+        raise ClientDisconnected("The client disconnected while sending its body.") from None
     return b"".join(chunks)
 
 
@@ -35,7 +47,7 @@ def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body is larger than the proxy's limit of {limit} bytes.")
 
 
-def parse_chat_request(body: bytes) -> ChatRequest:
+def parse_chat_request(body: bytes, max_messages: int = _DEFAULT_MAX_MESSAGES) -> ChatRequest:
     try:
         data: Any = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -53,9 +65,26 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         raise InvalidRequest(
             "'messages' must be a non-empty array of message objects.", param="messages"
         )
+    if len(messages) > max_messages:
+        raise InvalidRequest(
+            f"'messages' has {len(messages)} messages; this proxy accepts at most {max_messages}.",
+            param="messages",
+        )
     for i, message in enumerate(messages):
         _check_message(i, message)
+    _check_depth(data)
     return cast(ChatRequest, data)
+
+
+def _check_depth(data: dict[str, Any]) -> None:
+    """orjson reads deeper nesting than it writes (254 levels); what we may write back
+    must be writable. Writing it once is the check: in C, about a tenth of the parse."""
+    try:
+        orjson.dumps(data)
+    except TypeError:
+        raise InvalidRequest(
+            "The request body is nested too deeply (at most 254 levels).", code="invalid_json"
+        ) from None
 
 
 def _check_message(i: int, message: Any) -> None:
@@ -64,16 +93,36 @@ def _check_message(i: int, message: Any) -> None:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise InvalidRequest(f"{where} must be an object with a 'role' string.", param=where)
     content = message.get("content")
-    if content is not None and not isinstance(content, str | list):
+    if content is not None and not (
+        isinstance(content, str)
+        or (isinstance(content, list) and all(isinstance(p, dict) for p in content))
+    ):
         raise InvalidRequest(
-            f"{where}.content must be a string, an array of content parts or null.",
+            f"{where}.content must be a string, an array of content part objects or null.",
             param=f"{where}.content",
         )
+    for key in ("name", "tool_call_id"):
+        if key in message and not isinstance(message[key], str):
+            raise _not_a_string(f"{where}.{key}")
     calls = message.get("tool_calls")
-    if calls is not None and not (
-        isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
-    ):
+    if calls is None:
+        return
+    if not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
         raise InvalidRequest(
             f"{where}.tool_calls must be an array of tool call objects.",
             param=f"{where}.tool_calls",
         )
+    for j, call in enumerate(calls):
+        if "function" not in call:
+            continue
+        function = call["function"]
+        at = f"{where}.tool_calls[{j}].function"
+        if not isinstance(function, dict):
+            raise InvalidRequest(f"{at} must be an object.", param=at)
+        for key in ("name", "arguments"):
+            if key in function and not isinstance(function[key], str):
+                raise _not_a_string(f"{at}.{key}")
+
+
+def _not_a_string(param: str) -> InvalidRequest:
+    return InvalidRequest(f"{param} must be a string.", param=param)

@@ -31,6 +31,22 @@ def run_server(app: Any) -> Iterator[str]:
         access_log=False,
         log_level="warning",
     )
+    with _run_config(config) as url:
+        yield url
+
+
+@contextmanager
+def run_proxy(settings: Any) -> Iterator[str]:
+    """Serve the proxy as production does (proxy.server's protocol and limits)."""
+    from proxy.server import uvicorn_config
+
+    config = uvicorn_config(settings, host="127.0.0.1", port=0, log_level="warning")
+    with _run_config(config) as url:
+        yield url
+
+
+@contextmanager
+def _run_config(config: uvicorn.Config) -> Iterator[str]:
     server = _QuietServer(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -83,12 +99,10 @@ def start_proxy() -> Iterator[Callable[..., str]]:
     """Start a real proxy under uvicorn; call with Settings, get its base URL."""
     from contextlib import ExitStack
 
-    from proxy.app import create_app
-
     with ExitStack() as stack:
 
         def start(settings: Any) -> str:
-            return stack.enter_context(run_server(create_app(settings)))
+            return stack.enter_context(run_proxy(settings))
 
         yield start
 
@@ -173,8 +187,16 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def spawn_proxy(tmp_path: Any) -> Iterator[Callable[[dict[str, Any]], str]]:
+def spawn_proxy(
+    spawn_proxy_process: Callable[[dict[str, Any]], tuple[str, Any]],
+) -> Callable[[dict[str, Any]], str]:
     """Start `compaction-proxy serve` as its own process from a config dict."""
+    return lambda config: spawn_proxy_process(config)[0]
+
+
+@pytest.fixture
+def spawn_proxy_process(tmp_path: Any) -> Iterator[Callable[[dict[str, Any]], tuple[str, Any]]]:
+    """Like spawn_proxy, and also hands back the `subprocess.Popen` (to signal it)."""
     import subprocess
     import sys
 
@@ -183,7 +205,7 @@ def spawn_proxy(tmp_path: Any) -> Iterator[Callable[[dict[str, Any]], str]]:
 
     processes: list[Any] = []
 
-    def spawn(config: dict[str, Any]) -> str:
+    def spawn(config: dict[str, Any]) -> tuple[str, Any]:
         port = free_port()
         path = tmp_path / f"proxy-{port}.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -199,7 +221,7 @@ def spawn_proxy(tmp_path: Any) -> Iterator[Callable[[dict[str, Any]], str]]:
         while True:
             try:
                 if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    return url
+                    return url, process
             except httpx.TransportError:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
