@@ -109,6 +109,8 @@ class Compactor:
     # request skips the far-below fast path, which never reads the store. Only a hint,
     # bounded; the schedule itself lives in the snapshot, for every replica.
     schedule_hints: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # Sessions whose summarization lock outlived a full wait: until when not to wait again.
+    stalled_locks: OrderedDict[str, float] = field(default_factory=OrderedDict)
 
     def window(self, model: ResolvedModel) -> int:
         # Plan in our own token units: if we under-count this model, its window
@@ -377,7 +379,11 @@ class Compactor:
         """Another request is summarizing this session: wait (bounded), then use its result."""
         messages = chat["messages"]
         before = snapshot.version if snapshot else 0
-        deadline = time.monotonic() + self.settings.compaction.wait_for_summary_s
+        now = time.monotonic()
+        # A wait on this lock already ran out: its holder is likely gone (a replica that
+        # died mid-summary), so later turns do not wait it out again until it expires.
+        stalled = self.stalled_locks.get(key.storage_key, 0.0) > now
+        deadline = now + (0 if stalled else self.settings.compaction.wait_for_summary_s)
         while time.monotonic() < deadline:
             await asyncio.sleep(_POLL_S)
             fresh = await self._valid_snapshot(key, messages, digests, pinned)
@@ -390,6 +396,18 @@ class Compactor:
             if probe is not None:
                 await self.store.release(key.storage_key, probe)
                 break
+        else:
+            if not stalled:
+                lock_ttl = self.settings.compaction.summary_timeout_s + 5
+                self.stalled_locks[key.storage_key] = time.monotonic() + lock_ttl
+                if len(self.stalled_locks) > _TRACKED_LIMIT:
+                    self.stalled_locks.popitem(last=False)
+                log.warning(
+                    "session=%s waited %.0f s for another summary; not waiting again for %.0f s",
+                    key.log_id,
+                    self.settings.compaction.wait_for_summary_s,
+                    lock_ttl,
+                )
         view = _view_of(snapshot, pinned)
         if view_tokens(counts, messages, pinned, view, budget) <= budget.window:
             return self._outcome(snapshot, messages, pinned, view, counts, budget, key)

@@ -86,5 +86,6 @@ def build_store(settings: Settings, metrics: Metrics) -> SnapshotStore:
         settings.store.ttl_s,
         prefix=settings.store.prefix,
         encryption_keys=[k.get_secret_value() for k in settings.store.encryption_keys],
+        metrics=metrics,
     )
     return ResilientStore(remote, local, metrics)

@@ -28,7 +28,7 @@ from proxy.errors import StoreError
 from proxy.metrics import Metrics
 from proxy.store import Snapshot, SnapshotStore
 from proxy.store.memory import MemoryStore
-from proxy.store.redis import RedisStore, log_id
+from proxy.store.redis import log_id
 
 log = logging.getLogger("proxy.store")
 
@@ -74,9 +74,6 @@ class ResilientStore:
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._last_release_log = -LOG_INTERVAL_S
         self._release_suppressed = 0
-        if isinstance(remote, RedisStore) and remote.metrics is None:
-            # build_store makes the RedisStore without metrics; count its unreadable values here.
-            remote.metrics = metrics
 
     @property
     def degraded(self) -> bool:
