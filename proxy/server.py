@@ -143,7 +143,8 @@ class _LimitsMixin:
         me: Any = self
         super().connection_made(transport)  # type: ignore[misc]
         # A connection that never sends a full head is a slowloris too.
-        self._start_head()
+        self._phase = _HEAD
+        self._since = me.loop.time()
         key = id(me.loop)
         watchdog = self.watchdogs.get(key)
         if watchdog is None or watchdog.loop is not me.loop:
@@ -153,13 +154,6 @@ class _LimitsMixin:
     def connection_lost(self, exc: Exception | None) -> None:
         self._phase = _IDLE
         super().connection_lost(exc)  # type: ignore[misc]
-
-    def _start_head(self) -> None:
-        me: Any = self
-        self._phase = _HEAD
-        self._since = me.loop.time()
-        self._head_seen = 0
-        self._head_size = 0
 
     def data_received(self, data: bytes) -> None:
         # uvicorn's own, but a parse error after our 431 must not answer a second time.
@@ -187,23 +181,34 @@ class _LimitsMixin:
         if self._phase == _HEAD and self._head_seen > self.max_head:
             self._reject_head()
 
+    # The parser callbacks below run for every request: plain attribute updates only.
+
     def on_message_begin(self) -> None:
         super().on_message_begin()  # type: ignore[misc]
         if self._phase != _HEAD:  # the first request's clock started at connect
-            self._start_head()
+            me: Any = self
+            self._phase = _HEAD
+            self._since = me.loop.time()
+            self._head_seen = self._head_size = 0
 
     def on_url(self, url: bytes) -> None:
         self._head_size += len(url)
+        if self._head_size > self.max_head:
+            self._head_too_large()
         super().on_url(url)  # type: ignore[misc]
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_size += len(name) + len(value) + 4  # ": " and CRLF
+        # Checked before uvicorn keeps it: many small headers in one read add up too.
+        if self._head_size > self.max_head:
+            self._head_too_large()
         super().on_header(name, value)  # type: ignore[misc]
 
+    def _head_too_large(self) -> None:
+        self._reject_head()
+        raise _HeadTooLarge  # stops the parser: nothing of this request reaches the app
+
     def on_headers_complete(self) -> None:
-        if self._head_size > self.max_head:
-            self._reject_head()
-            raise _HeadTooLarge  # stops the parser: nothing of this request reaches the app
         self._phase = _BODY
         self._progress = True
         super().on_headers_complete()  # type: ignore[misc]

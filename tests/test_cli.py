@@ -162,3 +162,18 @@ def test_the_installed_console_script_serves_from_environment_alone(sim_reset: s
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_serve_applies_the_client_limits_from_the_config(
+    sim_reset: str, spawn_proxy: Callable[[dict[str, Any]], str]
+) -> None:
+    """`serve` runs proxy.server's protocol: server.max_header_bytes comes from the YAML."""
+    import httpx
+
+    config = {"upstream": {"base_url": f"{sim_reset}/v1"}, "server": {"max_header_bytes": 2048}}
+    url = spawn_proxy(config)
+    small = httpx.get(f"{url}/healthz", headers={"x-pad": "a" * 1000})
+    assert small.status_code == 200
+    large = httpx.get(f"{url}/healthz", headers={"x-pad": "a" * 4000})
+    assert large.status_code == 431
+    assert large.json()["error"]["code"] == "request_header_fields_too_large"
