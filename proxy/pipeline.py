@@ -26,7 +26,7 @@ from proxy.session import tenant_from_headers
 async def handle_chat(request: Request, services: Services) -> Response:
     settings = services.settings
     body = await read_body(request, settings.server.max_body_bytes)  # 1. parse
-    chat = parse_chat_request(body)
+    chat = parse_chat_request(body, settings.server.max_messages)
     tenant = tenant_from_headers(request.headers)
     model = await services.windows.apply(services.models.resolve(chat["model"]), tenant)  # 2.
     headers = services.headers.outgoing(request.headers.raw, inspect=True)

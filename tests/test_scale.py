@@ -152,3 +152,16 @@ def test_new_text_under_a_mib_is_counted_off_the_loop(
     assert len(latencies) >= 5
     # Counting inline stalls /healthz for 0.3-0.4 s, under the bound the tests above use.
     assert max(latencies) < 0.15, f"/healthz waited {max(latencies):.2f} s"
+
+
+def test_more_messages_than_the_limit_get_a_clear_400(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(proxy_settings(sim_reset, server={"max_messages": 10}))
+    messages = [{"role": "user", "content": f"m{i}"} for i in range(11)]
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": messages})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "messages"
+    assert "10" in r.json()["error"]["message"]
+    ok = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": messages[:10]})
+    assert ok.status_code == 200
