@@ -32,7 +32,7 @@ from proxy.errors import InvalidRequest
 log = logging.getLogger("proxy.server")
 
 _IDLE, _HEAD, _BODY = 0, 1, 2
-# Ticks per timeout: a limit is enforced within [limit, limit * (1 + 1/_TICKS)].
+# Ticks per (smallest) timeout: a limit is enforced within a quarter of it late.
 _TICKS = 4
 
 
