@@ -6,10 +6,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from proxy import upstream
@@ -22,11 +23,17 @@ from proxy.recover import RECOVERABLE, Attempt, retry_on_overflow
 from proxy.services import Services
 from proxy.session import tenant_from_headers
 
+# Bodies above this are parsed in a worker thread, so the loop keeps serving others.
+_PARSE_INLINE_BYTES = 1024 * 1024
+
 
 async def handle_chat(request: Request, services: Services) -> Response:
     settings = services.settings
     body = await read_body(request, settings.server.max_body_bytes)  # 1. parse
-    chat = parse_chat_request(body, settings.server.max_messages)
+    if len(body) > _PARSE_INLINE_BYTES:  # tens of ms (seconds, if hostile) of orjson
+        chat = await asyncio.to_thread(parse_chat_request, body, settings.server.max_messages)
+    else:
+        chat = parse_chat_request(body, settings.server.max_messages)
     tenant = tenant_from_headers(request.headers)
     model = await services.windows.apply(services.models.resolve(chat["model"]), tenant)  # 2.
     headers = services.headers.outgoing(request.headers.raw, inspect=True)
@@ -100,12 +107,16 @@ async def handle_passthrough(request: Request, services: Services) -> Response:
     headers = services.headers.outgoing(request.headers.raw)
     length = request.headers.get("content-length")
     content: bytes | AsyncIterator[bytes] | None
-    if length is not None and length.isdigit() and int(length) <= settings.server.max_body_bytes:
-        content = await request.body()
-    elif length is None and "transfer-encoding" not in request.headers:
-        content = None  # no body: a GET must not go upstream as a chunked upload
-    else:
-        # Unknown or large (file uploads): stream the body through unbuffered.
-        content = request.stream()
-    response = await upstream.send(services.client, request.method, url, headers, content)
+    declared = length is not None and length.isascii() and length.isdigit()
+    try:
+        if declared and int(length or 0) <= settings.server.max_body_bytes:
+            content = await request.body()
+        elif length is None and "transfer-encoding" not in request.headers:
+            content = None  # no body: a GET must not go upstream as a chunked upload
+        else:
+            # Unknown or large (file uploads): stream the body through unbuffered.
+            content = request.stream()
+        response = await upstream.send(services.client, request.method, url, headers, content)
+    except ClientDisconnect:  # gone mid-body (or cut for stalling): nobody to answer
+        raise ClientDisconnected("The client closed the connection.") from None
     return await upstream.relay(response)

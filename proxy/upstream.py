@@ -293,7 +293,12 @@ async def relay(
     started = started or response.started
     length = response.headers.get("content-length")
     is_stream = response.headers.get("content-type", "").startswith("text/event-stream")
-    small = length is not None and length.isdigit() and int(length) <= _BUFFER_LIMIT
+    small = (
+        length is not None
+        and length.isascii()
+        and length.isdigit()
+        and int(length) <= _BUFFER_LIMIT
+    )
     if not is_stream and small and started is None:
         try:
             # Raw bytes (auto_decompress is off): the content-encoding header is

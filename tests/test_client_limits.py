@@ -120,13 +120,23 @@ def test_a_silent_connection_is_cut_at_header_timeout(limited_proxy: tuple[str, 
     assert elapsed < 1.0 + MARGIN_S, elapsed
 
 
+@pytest.mark.parametrize(
+    ("path", "length"),
+    [
+        (b"/v1/chat/completions", b"Content-Length: 1000"),
+        (b"/v1/files", b"Content-Length: 1000"),  # passthrough, read whole
+        (b"/v1/files", b"Transfer-Encoding: chunked"),  # passthrough, streamed upstream
+    ],
+)
 def test_a_stalled_body_is_cut_at_body_timeout(
-    limited_proxy: tuple[str, int], caplog: pytest.LogCaptureFixture
+    limited_proxy: tuple[str, int], caplog: pytest.LogCaptureFixture, path: bytes, length: bytes
 ) -> None:
     head = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        b"POST " + path + b" HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\n" + length + b"\r\n\r\n"
     )
+    if length.startswith(b"Transfer"):
+        head += b"17\r\n"  # a first chunk's size line: 23 bytes follow
     with caplog.at_level(logging.ERROR), _connect(limited_proxy) as sock:
         sock.sendall(head + b'{"model": "sim-model", ')
         closed, elapsed, answer = _closed_within(sock, 1.0 + MARGIN_S + 2)
