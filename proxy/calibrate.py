@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import re
 
+from cachetools import LRUCache
+
 _USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,9})')
 _ALPHA = 0.2  # weight of a new observation in the moving average
 _CLAMP = (0.5, 2.0)
 # Below this many tokens fixed overheads dominate and the ratio means little.
 _MIN_TOKENS = 256
+_MODELS_LIMIT = 10_000  # model names come from clients: bound the table
 
 
 def find_prompt_tokens(chunk: bytes) -> int | None:
@@ -30,7 +33,8 @@ def find_prompt_tokens(chunk: bytes) -> int | None:
 
 class Calibration:
     def __init__(self) -> None:
-        self._ratio: dict[str, float] = {}
+        # Used only on the event loop: no lock, although LRU hits reorder it.
+        self._ratio: LRUCache[str, float] = LRUCache(_MODELS_LIMIT)
 
     def observe(self, model: str, ours: int, theirs: int) -> None:
         if ours < _MIN_TOKENS or theirs <= 0:

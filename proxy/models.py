@@ -2,7 +2,7 @@
 
 Matching is by exact name first, then the first glob (``fnmatch``) in file
 order, then ``default_model``. Results are cached per model name: the table
-is fixed for the life of the process and the request path only does a dict
+is fixed for the life of the process, so the request path only does a cache
 lookup.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+
+from cachetools import LRUCache
 
 from proxy.config import Settings
 
@@ -24,6 +26,7 @@ _FAMILY_TOKENIZERS = (
     (("gpt-4*", "gpt-3.5*", "text-embedding-3*"), "cl100k_base"),
 )
 DEFAULT_TOKENIZER = "cl100k_base"
+_CACHE_LIMIT = 10_000  # model names come from clients: bound the cache
 
 
 def default_tokenizer(model: str) -> str:
@@ -46,14 +49,13 @@ class ModelTable:
     def __init__(self, settings: Settings) -> None:
         self._specs = settings.models
         self._default = settings.default_model
-        self._cache: dict[str, ResolvedModel] = {}
+        # Only ever used on the event loop, so no lock despite LRU hits reordering it.
+        self._cache: LRUCache[str, ResolvedModel] = LRUCache(_CACHE_LIMIT)
 
     def resolve(self, model: str) -> ResolvedModel:
         hit = self._cache.get(model)
         if hit is None:
-            hit = self._resolve(model)
-            if len(self._cache) < 10_000:  # model names come from clients: bound the cache
-                self._cache[model] = hit
+            hit = self._cache[model] = self._resolve(model)
         return hit
 
     def _resolve(self, model: str) -> ResolvedModel:

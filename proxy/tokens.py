@@ -22,6 +22,7 @@ from hashlib import blake2b
 from typing import Any
 
 import orjson
+from cachetools import LRUCache
 
 from proxy.encodings import Encoder
 from proxy.types import ChatMessage, ChatRequest
@@ -36,6 +37,11 @@ PER_TOOL_CALL = 7
 IMAGE_TOKENS = 765
 IMAGE_TOKENS_LOW = 85
 AUDIO_TOKENS = 400
+# The per-message cache is a plain dict, not a cachetools cache: its lookup runs
+# for every message of every counted request, and LRUCache's Python-level
+# lookup (plus the lock its reordering needs) made a 200-message hit loop
+# 8x slower (10 us -> 80 us). It evicts first-in-first-out instead, which
+# suits conversations that only grow at the end.
 _CACHE_LIMIT = 200_000
 _FIXED_CACHE_LIMIT = 1_000
 _DEFINITION_KEYS = ("tools", "functions", "response_format")
@@ -47,10 +53,12 @@ class TokenCounter:
     def __init__(self, encoder: Encoder) -> None:
         self.encoder = encoder
         self._cache: dict[bytes, int] = {}
-        self._fixed_cache: dict[bytes, int] = {}
-        # Lookups need no lock (one dict read is atomic); inserts and evictions do:
-        # two threads evicting at once would both pick the same oldest key.
-        self._write = threading.Lock()
+        # A few lookups per request at most, so LRU's cost does not matter here.
+        self._fixed_cache: LRUCache[bytes, int] = LRUCache(_FIXED_CACHE_LIMIT)
+        # Message-cache lookups need no lock (one dict read is atomic); its inserts
+        # and evictions do: two threads evicting at once would both pick the same
+        # oldest key. Every use of the LRU cache does, since a hit reorders it.
+        self._lock = threading.Lock()
 
     @property
     def exact(self) -> bool:
@@ -63,11 +71,9 @@ class TokenCounter:
             n = cache.get(digest)
             if n is None:
                 n = self.message(message)
-                with self._write:
+                with self._lock:
                     if len(cache) >= _CACHE_LIMIT:
-                        # Drop the oldest entry: insertion order approximates LRU
-                        # well enough for conversations that grow at the end.
-                        del cache[next(iter(cache))]
+                        del cache[next(iter(cache))]  # first in, first out
                     cache[digest] = n
             out.append(n)
         return out
@@ -82,7 +88,9 @@ class TokenCounter:
         cache = self._cache
         pending = sum(size for d, size in zip(digests, sizes, strict=True) if d not in cache)
         for digest, raw in _definitions(request):
-            if digest not in self._fixed_cache:
+            with self._lock:
+                missing = digest not in self._fixed_cache
+            if missing:
                 pending += len(raw)
         return pending
 
@@ -111,12 +119,11 @@ class TokenCounter:
         """
         n = REPLY_PRIMING
         for digest, raw in _definitions(request):
-            count = self._fixed_cache.get(digest)
+            with self._lock:
+                count = self._fixed_cache.get(digest)
             if count is None:
                 count = self.encoder.count(raw.decode())
-                with self._write:
-                    if len(self._fixed_cache) >= _FIXED_CACHE_LIMIT:
-                        self._fixed_cache.clear()
+                with self._lock:
                     self._fixed_cache[digest] = count
             n += count
         return n

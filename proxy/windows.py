@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
+
+from cachetools import LRUCache, TTLCache
 
 from proxy.metrics import Metrics
 from proxy.models import ResolvedModel
@@ -59,6 +62,7 @@ class LearnedWindows:
         *,
         quorum: int = 2,
         interval_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._upstream = upstream
@@ -66,28 +70,29 @@ class LearnedWindows:
         self._metrics = metrics
         self._quorum = quorum
         self._interval = interval_s
-        self._local: dict[str, tuple[float, int | None]] = {}
-        # model -> tenant -> (when reported, limit): this replica's view of the quorum.
-        self._votes: dict[str, dict[str, tuple[float, int]]] = {}
+        self._clock = clock
+        # Used only on the event loop: no lock, although LRU hits reorder the caches.
+        self._local: TTLCache[str, int | None] = TTLCache(_LOCAL_LIMIT, _LOCAL_S, timer=clock)
+        # model -> tenant -> limit: this replica's view of the quorum. A report
+        # expires after _VOTE_S; a tenant reporting again starts its clock anew.
+        self._votes: LRUCache[str, TTLCache[str, int]] = LRUCache(_LOCAL_LIMIT)
 
     def _key(self, model: str, tenant: str | None) -> str:
         key = f"{self._upstream}|{model}"
         return f"{key}|{tenant}" if tenant else key
 
     async def _read(self, key: str) -> int | None:
-        now = time.monotonic()
-        hit = self._local.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[1]
+        try:
+            return self._local[key]  # None too: "nothing learned" is worth keeping
+        except KeyError:
+            pass  # never read, or read more than _LOCAL_S ago
         value = await self._store.load_window(key)
-        if len(self._local) >= _LOCAL_LIMIT:
-            self._local.clear()
-        self._local[key] = (now + _LOCAL_S, value)
+        self._local[key] = value
         return value
 
     async def _write(self, key: str, tokens: int, ttl_s: float) -> None:
         await self._store.save_window(key, tokens, ttl_s)
-        self._local[key] = (time.monotonic() + _LOCAL_S, tokens)
+        self._local[key] = tokens
 
     async def get(self, model: str, tenant: str | None = None) -> int | None:
         """The smallest window learned for ``model``, for everyone or for ``tenant``."""
@@ -120,20 +125,16 @@ class LearnedWindows:
         return tokens
 
     async def _report(self, model: str, tenant: str, tokens: int, configured: int) -> None:
-        now = time.monotonic()
         voters = self._votes.get(model)
         if voters is None:
-            if len(self._votes) >= _LOCAL_LIMIT:
-                self._votes.clear()
-            voters = self._votes[model] = {}
-        for stale in [t for t, (at, _) in voters.items() if now - at > _VOTE_S]:
-            del voters[stale]
-        if tenant not in voters and len(voters) >= _VOTERS_LIMIT:
-            del voters[next(iter(voters))]
-        voters[tenant] = (now, tokens)
-        if len(voters) < self._quorum:
-            return
-        agreed = max(limit for _, limit in voters.values())
+            voters = self._votes[model] = TTLCache(_VOTERS_LIMIT, _VOTE_S, timer=self._clock)
+        voters[tenant] = tokens  # drops expired reports first; when full, the stalest voter
+        # One instant for the count and the max, so no report expires between them.
+        with voters.timer:
+            agreeing = len(voters)
+            if agreeing < self._quorum:
+                return
+            agreed = max(voters.values())
         shared_key = self._key(model, None)
         shared = await self._read(shared_key)
         current = min(shared, configured) if shared is not None else configured
@@ -151,6 +152,6 @@ class LearnedWindows:
         log.warning(
             "learned context window for model %s (all callers, %d tenants agree): %d tokens",
             model,
-            len(voters),
+            agreeing,
             lowered,
         )

@@ -1,4 +1,5 @@
-"""The provider's usage.prompt_tokens corrects our estimates (issue 3)."""
+"""The provider's usage.prompt_tokens corrects our estimates (issue 3); so do the
+windows learned from overflow errors (``windows.py``), whose local caches are checked here."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from proxy.calibrate import Calibration, find_prompt_tokens
+from proxy.metrics import Metrics
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
+from proxy.store.memory import MemoryStore
+from proxy.windows import LearnedWindows
 from tests.conftest import run_server
 from tests.test_compaction import FILLER, Chat, small_window_settings, stats
 
@@ -37,6 +41,81 @@ def test_factor_tracks_undercounting_and_ignores_overcounting() -> None:
     assert cal.factor("other") == 1.0  # over-counting only compacts early: left alone
     cal.observe("tiny", ours=10, theirs=40)  # too small to mean anything
     assert cal.factor("tiny") == 1.0
+
+
+def test_ratios_are_bounded_and_forget_the_least_recently_used_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import proxy.calibrate
+
+    monkeypatch.setattr(proxy.calibrate, "_MODELS_LIMIT", 2)  # clients choose model names
+    cal = Calibration()
+    cal.observe("kept", ours=1000, theirs=1500)
+    cal.observe("invented-1", ours=1000, theirs=1500)
+    assert cal.factor("kept") == 1.5  # a read counts as use
+    cal.observe("invented-2", ours=1000, theirs=1500)
+    assert cal.factor("kept") == 1.5
+    assert cal.factor("invented-1") == 1.0  # forgotten: back to no correction
+
+
+# --- learned windows: what each replica keeps locally ------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__(ttl_s=3600)
+        self.window_loads = 0
+
+    async def load_window(self, key: str) -> int | None:
+        self.window_loads += 1
+        return await super().load_window(key)
+
+
+def learned_windows(store: CountingStore, clock: FakeClock) -> LearnedWindows:
+    return LearnedWindows(store, "up", 3600, Metrics.create(), quorum=2, interval_s=0, clock=clock)
+
+
+async def test_a_window_read_is_kept_five_seconds_then_read_again() -> None:
+    store, clock = CountingStore(), FakeClock()
+    windows = learned_windows(store, clock)
+    assert await windows.get("m") is None
+    await store.save_window("up|m", 4096, 60)  # another replica learns a window
+    clock.now += 4.9
+    assert await windows.get("m") is None, "served from the local copy"
+    assert store.window_loads == 1
+    clock.now += 0.2
+    assert await windows.get("m") == 4096
+    assert store.window_loads == 2
+
+
+async def test_a_window_this_replica_learns_is_in_force_at_once() -> None:
+    store, clock = CountingStore(), FakeClock()
+    windows = learned_windows(store, clock)
+    assert await windows.get("m", "aa") is None
+    await windows.learn("m", 2048, "aa", configured=8192, stated=False)
+    loads = store.window_loads
+    assert await windows.get("m", "aa") == 2048
+    assert store.window_loads == loads, "the local copy was updated, not dropped"
+
+
+async def test_reports_older_than_an_hour_do_not_count_towards_a_quorum() -> None:
+    store, clock = CountingStore(), FakeClock()
+    windows = learned_windows(store, clock)
+    await windows.learn("m", 4096, "aa", configured=8192, stated=True)
+    clock.now += 3601
+    await windows.learn("m", 4096, "bb", configured=8192, stated=True)
+    assert await windows.get("m") is None, "aa's report had expired: no quorum"
+    clock.now += 3599
+    await windows.learn("m", 4096, "cc", configured=8192, stated=True)
+    assert await windows.get("m") == 4096, "bb and cc agree within the hour"
 
 
 @pytest.fixture

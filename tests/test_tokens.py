@@ -579,6 +579,7 @@ def test_count_equals_tiktokens_own_encode_without_special_tokens(text: str) -> 
     assert fallback.count(text) == expected
 
 
+@pytest.mark.e2e  # counts 24 MiB: a load test, kept out of the fast tier
 def test_counting_a_huge_text_in_a_thread_leaves_other_threads_running() -> None:
     """The event loop keeps its turns while a worker thread counts 24 MiB (the GIL is free)."""
     words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do "
@@ -616,6 +617,48 @@ def test_pending_bytes_is_what_the_cache_lacks() -> None:
     grown = [*old, new]
     digests, sizes = digests_and_sizes(grown)
     assert counter.pending_bytes({**request, "messages": grown}, digests, sizes) == sizes[-1]
+
+
+def test_message_cache_is_bounded_and_forgets_the_oldest_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import proxy.tokens
+
+    monkeypatch.setattr(proxy.tokens, "_CACHE_LIMIT", 3)
+    spy = CountingEncoder(ENCODER)
+    counter = TokenCounter(spy)
+    turns: list[ChatMessage] = [{"role": "user", "content": f"TURN-{i}"} for i in range(5)]
+    counter.messages(turns, message_digests(turns))
+    spy.calls.clear()
+    newest = turns[-3:]
+    counter.messages(newest, message_digests(newest))
+    assert [c for c in spy.calls if c.startswith("TURN")] == [], "the newest three are kept"
+    counter.messages(turns[:1], message_digests(turns[:1]))
+    assert "TURN-0" in spy.calls, "the oldest went first"
+
+
+def test_definitions_cache_keeps_the_recently_used_when_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Agent loops resend the same tools every turn: those must survive one-off definitions."""
+    import proxy.tokens
+
+    monkeypatch.setattr(proxy.tokens, "_FIXED_CACHE_LIMIT", 2)
+    spy = CountingEncoder(ENCODER)
+    counter = TokenCounter(spy)
+
+    def fixed(tool: str) -> bool:
+        """Count a request carrying ``tool``; True if its definitions were tokenized."""
+        spy.calls.clear()
+        counter.fixed({"model": "m", "messages": [], "tools": [{"name": tool}]})
+        return bool(spy.calls)
+
+    assert fixed("agent-tool")
+    assert fixed("one-off-1")
+    assert not fixed("agent-tool")  # a hit: now the most recently used
+    assert fixed("one-off-2")  # full: evicts one-off-1, the least recently used
+    assert not fixed("agent-tool")
+    assert fixed("one-off-1")
 
 
 def test_threads_sharing_a_counter_evicting_at_once_get_exact_counts(

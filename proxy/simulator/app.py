@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 import orjson
+from cachetools import LRUCache
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -69,13 +70,12 @@ class Simulator:
         encoders = load_encoders(config.tokenizers())
         self.counters = {name: PromptCounter(enc) for name, enc in encoders.items()}
         self.recorder = Recorder(config.recording.max_requests, config.recording.max_bytes)
-        self._profiles: dict[str, ModelProfile] = {}
+        # Bounded: clients may invent model names. Event loop only, so no lock.
+        self._profiles: LRUCache[str, ModelProfile] = LRUCache(_PROFILE_CACHE_LIMIT)
 
     def profile(self, model: str) -> ModelProfile:
         found = self._profiles.get(model)
         if found is None:
-            if len(self._profiles) >= _PROFILE_CACHE_LIMIT:
-                self._profiles.clear()  # clients inventing model names; stay bounded
             found = self._profiles[model] = resolve_model(self.config, model)
         return found
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from cachetools import LRUCache
 
 from proxy.encodings import Encoder
 
@@ -55,7 +56,8 @@ class PromptCounter:
 
     def __init__(self, encoder: Encoder) -> None:
         self._encoder = encoder
-        self._memo: dict[str, int] = {}
+        # The simulator counts on its event loop only, so no lock around LRU reordering.
+        self._memo: LRUCache[str, int] = LRUCache(_MEMO_MAX_ENTRIES)
 
     @property
     def encoder(self) -> Encoder:
@@ -66,12 +68,7 @@ class PromptCounter:
             return self._encoder.count(text) if text else 0
         hit = self._memo.get(text)
         if hit is None:
-            hit = self._encoder.count(text)
-            if len(self._memo) >= _MEMO_MAX_ENTRIES:
-                # Drop the oldest entry (dicts keep insertion order): FIFO is
-                # enough, a conversation's strings recur on consecutive turns.
-                del self._memo[next(iter(self._memo))]
-            self._memo[text] = hit
+            hit = self._memo[text] = self._encoder.count(text)
         return hit
 
     def content(self, content: object) -> int:
