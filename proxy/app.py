@@ -25,9 +25,8 @@ from proxy.models import ModelTable
 from proxy.services import Services
 from proxy.session import has_credential
 from proxy.store import build_store
-from proxy.summarize import SummaryRequest
 from proxy.tokens import TokenCounter
-from proxy.upstream import HeaderPolicy, build_client, upstream_url
+from proxy.upstream import HeaderPolicy, UpstreamClient
 from proxy.windows import LearnedWindows
 
 log = logging.getLogger("proxy.app")
@@ -49,22 +48,13 @@ def create_app(settings: Settings) -> Starlette:
         models = ModelTable(settings)
         # Tokenizer files load in a thread: seconds of CPU and disk, never on the loop.
         encoders = await asyncio.to_thread(load_encoders, sorted(models.tokenizers()))
-        upstream_client = build_client(settings)
+        client = UpstreamClient(settings)
         store = build_store(settings, metrics)
-        summary_request = SummaryRequest(
-            client=upstream_client,
-            url=upstream_url(settings.upstream.base_url, "chat/completions", b""),
-            headers=[],
-            model="",
-            max_tokens=settings.compaction.summary_max_tokens,
-            timeout_s=settings.compaction.summary_timeout_s,
-            max_chunk_chars=0,
-        )
         compactor = Compactor(
             settings=settings,
             store=store,
             counters={name: TokenCounter(enc) for name, enc in encoders.items()},
-            summary_request=summary_request,
+            client=client,
             calibration=Calibration(),
             models=models,
             metrics=metrics,
@@ -80,7 +70,7 @@ def create_app(settings: Settings) -> Starlette:
         )
         app.state.services = Services(
             settings=settings,
-            client=upstream_client,
+            client=client,
             headers=HeaderPolicy(settings),
             models=models,
             store=store,
@@ -92,7 +82,7 @@ def create_app(settings: Settings) -> Starlette:
             yield
         finally:
             await store.aclose()
-            await upstream_client.close()
+            await client.aclose()
 
     requires_key = settings.requires_client_key
 

@@ -33,6 +33,7 @@ from proxy.store import Snapshot, SnapshotStore
 from proxy.summarize import SummaryRequest, span_text, summarize
 from proxy.tokens import TokenCounter, bounded_by, output_reserve
 from proxy.types import ChatMessage, ChatRequest
+from proxy.upstream import UpstreamClient, upstream_url
 
 log = logging.getLogger("proxy.compaction")
 
@@ -99,7 +100,7 @@ class Compactor:
     settings: Settings
     store: SnapshotStore
     counters: dict[str, TokenCounter]
-    summary_request: SummaryRequest  # headers/model are filled in per call
+    client: UpstreamClient  # summaries are asked of the upstream through it
     calibration: Calibration
     models: ModelTable
     metrics: Metrics
@@ -469,11 +470,13 @@ class Compactor:
         # Room for the transcript: the window less the answer and the prompt's
         # own framing, in characters at a conservative 3 per token.
         room = max(window - max_tokens - 2 * _FRAME_TOKENS - 600, 256)
-        return replace(
-            self.summary_request,
+        return SummaryRequest(
+            client=self.client,
+            url=upstream_url(self.settings.upstream.base_url, "chat/completions", b""),
             headers=auth_headers,
-            max_tokens=max_tokens,
             model=c.summarizer_model or chat["model"],
+            max_tokens=max_tokens,
+            timeout_s=c.summary_timeout_s,
             max_chunk_chars=room * 3,
         )
 

@@ -13,8 +13,9 @@ ProxyError                      -> OpenAI-shaped JSON error body
   SummaryError                  summarization failed (never reaches a client)
     SummaryTruncated            the summary was cut off by its token limit, even when retried
   UpstreamError
-    UpstreamUnavailable 502     connect failure or broken connection
+    UpstreamUnavailable 502     connect failure, or the connection lost before the headers
     UpstreamTimeout     504     no answer within upstream.timeout_s
+    UpstreamStreamBroken 502/504 the body broke off (or timed out) after the headers came
     ContextTooLarge     400     the newest message alone cannot fit the window
 ```
 
@@ -116,6 +117,20 @@ class UpstreamUnavailable(UpstreamError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     code = "upstream_timeout"
+
+
+class UpstreamStreamBroken(UpstreamError):
+    """The connection broke or timed out while the body was read, after the status and
+    headers had arrived. A relayed stream can only end early then; before any byte
+    reached the client, it is answered like the failure behind it (504 for a timeout)."""
+
+    status = 502
+    code = "upstream_unavailable"
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message, code="upstream_timeout" if timed_out else None)
+        if timed_out:
+            self.status = UpstreamTimeout.status
 
 
 class ContextTooLarge(InvalidRequest):

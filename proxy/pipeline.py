@@ -61,7 +61,7 @@ async def handle_chat(request: Request, services: Services) -> Response:
     try:
         # Until the answer's bytes flow, only this notices a client that gave up.
         async with cancelled_on_disconnect(request.receive):
-            response = await upstream.send(services.client, "POST", url, headers, body)  # 9.
+            response = await services.client.send("POST", url, headers, body)  # 9.
             answer: upstream.UpstreamResponse | Response = response
             recover = control != "off" and settings.compaction.recover_overflow
             status = response.status_code
@@ -116,7 +116,7 @@ async def handle_passthrough(request: Request, services: Services) -> Response:
         else:
             # Unknown or large (file uploads): stream the body through unbuffered.
             content = request.stream()
-        response = await upstream.send(services.client, request.method, url, headers, content)
+        response = await services.client.send(request.method, url, headers, content)
     except ClientDisconnect:  # gone mid-body (or cut for stalling): nobody to answer
         raise ClientDisconnected("The client closed the connection.") from None
     return await upstream.relay(response)

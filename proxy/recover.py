@@ -88,7 +88,7 @@ async def retry_on_overflow(
         verdict.provider,
         verdict.limit,
     )
-    retry = await upstream.send(services.client, "POST", url, headers, body)
+    retry = await services.client.send("POST", url, headers, body)
     labels = {"provider": verdict.provider, "kind": verdict.kind}
     if retry.status_code < 400:
         metrics.labels(**labels, outcome="recovered").inc()

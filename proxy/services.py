@@ -4,21 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import aiohttp
-
 from proxy.compact import Compactor
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.store import SnapshotStore
-from proxy.upstream import HeaderPolicy
+from proxy.upstream import HeaderPolicy, UpstreamClient
 from proxy.windows import LearnedWindows
 
 
 @dataclass(slots=True)
 class Services:
     settings: Settings
-    client: aiohttp.ClientSession
+    client: UpstreamClient
     headers: HeaderPolicy
     models: ModelTable
     store: SnapshotStore

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from proxy import upstream
@@ -81,7 +80,7 @@ class Summary:
 class SummaryRequest:
     """Everything the summarizer needs that does not change per chunk."""
 
-    client: aiohttp.ClientSession
+    client: upstream.UpstreamClient
     url: str
     headers: list[tuple[bytes, bytes]]
     model: str
@@ -260,7 +259,7 @@ async def _post(
         PURPOSE_HEADER,
     ]
     try:
-        response = await upstream.send(req.client, "POST", req.url, headers, body)
+        response = await req.client.send("POST", req.url, headers, body)
         try:
             raw = await response.aread()
         finally:

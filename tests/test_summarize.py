@@ -20,7 +20,7 @@ from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.summarize import SummaryRequest, render_transcript, summarize
 from proxy.types import ChatMessage
-from proxy.upstream import build_client
+from proxy.upstream import UpstreamClient
 from tests.conftest import run_server
 from tests.test_compaction import FILLER, WINDOW, Chat, small_window_settings, stats
 
@@ -126,7 +126,7 @@ async def test_a_span_larger_than_a_chunk_is_folded_call_by_call(sim_reset: str)
     for i in range(24):
         fact = f" FACT key{i}=value{i}" if i % 4 == 0 else ""
         span.append({"role": "user", "content": f"MSG{i:02d} {FILLER}{fact}"})
-    client = build_client(Settings())
+    client = UpstreamClient(Settings())
     try:
         request = SummaryRequest(
             client=client,
@@ -139,7 +139,7 @@ async def test_a_span_larger_than_a_chunk_is_folded_call_by_call(sim_reset: str)
         )
         summary = (await summarize(request, "FACT earlier=kept", span)).text
     finally:
-        await client.close()
+        await client.aclose()
 
     calls = summarizer_calls(sim_reset)
     assert len(calls) > 1

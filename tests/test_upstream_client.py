@@ -1,0 +1,239 @@
+"""The upstream client: its errors, and a stream the upstream breaks off mid-body.
+
+The upstream here is a raw asyncio server on a real socket that answers with
+headers and a few SSE chunks and then resets the connection: nothing an ASGI
+app can be made to do.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import logging
+import socket
+import struct
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+import pytest
+
+from proxy.errors import UpstreamStreamBroken, UpstreamTimeout, UpstreamUnavailable
+from proxy.upstream import UpstreamClient, UpstreamResponse
+from tests.conftest import proxy_settings
+
+CHUNKS = [b'data: {"n": 0}\n\n', b'data: {"n": 1}\n\n']
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+_WAIT_S = 5.0  # longest anything here waits for the other side
+
+
+def _chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class BreakingUpstream:
+    """Answers every request with ``head`` and ``body``, then waits until ``cut`` is set
+    (at most ``_WAIT_S``) and resets the connection (RST, not a clean close)."""
+
+    def __init__(self, head: bytes, body: bytes) -> None:
+        self.head = head
+        self.body = body
+        self.cut = asyncio.Event()
+        self.requests = 0
+        self.url = ""
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> BreakingUpstream:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._server is not None
+        self._server.close()
+        self.cut.set()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=_WAIT_S)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _WAIT_S)
+            self.requests += 1
+            for line in head.split(b"\r\n"):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length" and int(value):
+                    await asyncio.wait_for(reader.readexactly(int(value)), _WAIT_S)
+            writer.write(self.head + self.body)
+            await writer.drain()
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self.cut.wait(), _WAIT_S)
+        finally:
+            # Linger 0: close() sends a reset, as a crashed or killed upstream would.
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+
+
+@contextmanager
+def all_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Capture WARNING and up from every logger, uvicorn's too: it does not propagate,
+    and "Exception in ASGI application" is logged there."""
+    server_logger = logging.getLogger("uvicorn")
+    server_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING):
+            yield
+    finally:
+        server_logger.removeHandler(caplog.handler)
+
+
+def assert_one_break_warning(caplog: pytest.LogCaptureFixture, cause: str) -> None:
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
+    warnings = [r for r in caplog.records if r.name == "proxy.upstream"]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert warnings[0].levelno == logging.WARNING
+    assert "stream broke mid-body" in warnings[0].getMessage()
+    assert cause in warnings[0].getMessage()
+
+
+async def read_until_broken(
+    response: UpstreamResponse, received: list[bytes], cut: asyncio.Event
+) -> None:
+    """Read the body into ``received``; once all of CHUNKS came, have the upstream cut."""
+    async for chunk in response.aiter_raw():
+        received.append(chunk)
+        if b"".join(received) == b"".join(CHUNKS):
+            cut.set()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [("GET", "/v1/events", None), ("POST", "/v1/chat/completions", CHAT)],
+    ids=["passthrough", "chat"],
+)
+async def test_a_stream_the_upstream_resets_midway_ends_cleanly_with_one_warning(
+    start_proxy: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+    method: str,
+    path: str,
+    body: dict[str, object] | None,
+) -> None:
+    """The client keeps the chunks that came and sees a well-formed end of the body."""
+    sse = b"".join(_chunked(c) for c in CHUNKS)
+    async with BreakingUpstream(SSE_HEAD, sse) as upstream:
+        proxy = start_proxy(proxy_settings(upstream.url))
+        received = b""
+        with all_logs(caplog):
+            async with (
+                httpx.AsyncClient(timeout=_WAIT_S) as client,
+                client.stream(method, f"{proxy}{path}", json=body) as r,
+            ):
+                assert r.status_code == 200
+                async for chunk in r.aiter_raw():
+                    received += chunk
+                    if received == b"".join(CHUNKS):
+                        upstream.cut.set()  # everything relayed: now break the upstream
+    assert upstream.requests == 1
+    assert received == b"".join(CHUNKS)
+    assert_one_break_warning(caplog, "ClientPayloadError")
+
+
+async def test_client_body_broken_after_the_headers_is_stream_broken() -> None:
+    sse = b"".join(_chunked(c) for c in CHUNKS)
+    async with BreakingUpstream(SSE_HEAD, sse) as upstream:
+        client = UpstreamClient(proxy_settings(upstream.url))
+        try:
+            response = await client.send("GET", f"{upstream.url}/v1/events", [], None)
+            received: list[bytes] = []
+            with pytest.raises(UpstreamStreamBroken) as broken:
+                await read_until_broken(response, received, upstream.cut)
+            await response.aclose()
+        finally:
+            await client.aclose()
+    assert b"".join(received) == b"".join(CHUNKS)
+    assert broken.value.__cause__ is not None
+    assert (broken.value.status, broken.value.code) == (502, "upstream_unavailable")
+
+
+async def test_client_small_body_broken_midway_is_stream_broken() -> None:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+    async with BreakingUpstream(head, b'{"partial": ') as upstream:
+        upstream.cut.set()
+        client = UpstreamClient(proxy_settings(upstream.url))
+        try:
+            response = await client.send("GET", f"{upstream.url}/v1/models", [], None)
+            with pytest.raises(UpstreamStreamBroken):
+                await response.aread()
+            await response.aclose()
+        finally:
+            await client.aclose()
+
+
+async def test_client_body_that_outlives_the_total_timeout_is_a_timed_out_stream() -> None:
+    async with BreakingUpstream(SSE_HEAD, _chunked(CHUNKS[0])) as upstream:
+        settings = proxy_settings(upstream.url, upstream={"total_timeout_s": 0.5})
+        client = UpstreamClient(settings)
+        try:
+            response = await client.send("GET", f"{upstream.url}/v1/events", [], None)
+            with pytest.raises(UpstreamStreamBroken) as broken:
+                await read_until_broken(response, [], upstream.cut)
+            await response.aclose()
+        finally:
+            await client.aclose()
+    assert isinstance(broken.value.__cause__, TimeoutError)
+    assert (broken.value.status, broken.value.code) == (504, "upstream_timeout")
+
+
+async def test_client_connection_reset_before_the_headers_is_unavailable() -> None:
+    async with BreakingUpstream(b"", b"") as upstream:
+        upstream.cut.set()
+        client = UpstreamClient(proxy_settings(upstream.url))
+        try:
+            with pytest.raises(UpstreamUnavailable) as unavailable:
+                await client.send("GET", f"{upstream.url}/v1/models", [], None)
+        finally:
+            await client.aclose()
+    assert not isinstance(unavailable.value, UpstreamStreamBroken)
+
+
+async def test_client_no_headers_within_the_total_timeout_is_a_timeout() -> None:
+    async with BreakingUpstream(b"", b"") as upstream:
+        client = UpstreamClient(proxy_settings(upstream.url, upstream={"total_timeout_s": 0.3}))
+        try:
+            with pytest.raises(UpstreamTimeout):
+                await client.send("GET", f"{upstream.url}/v1/models", [], None)
+        finally:
+            await client.aclose()
+
+
+def test_only_the_upstream_module_imports_aiohttp() -> None:
+    """upstream.py is the one place that knows the HTTP client."""
+    package = Path(__file__).resolve().parent.parent / "proxy"
+    importers = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            if any(n == "aiohttp" or n.startswith("aiohttp.") for n in names):
+                importers.append(path.relative_to(package).as_posix())
+    assert set(importers) == {"upstream.py"}
