@@ -1,4 +1,12 @@
-"""Shared fixtures: real servers under uvicorn on 127.0.0.1, in background threads."""
+"""Shared fixtures: real servers under uvicorn on 127.0.0.1, in background threads.
+
+Two tiers. A test that starts any server or process (the simulator, a proxy, Redis,
+the CLI), or loads the machine for seconds, is end-to-end and carries the ``e2e``
+marker: added here from the fixtures it uses (and for every ``redis`` test), or
+written on the test when it starts one itself. ``pytest -m "not e2e"`` is the
+fast tier, pure logic in-process; a test in it that tries to start a server fails,
+so a missing marker cannot hide.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,41 @@ from typing import Any
 
 import pytest
 import uvicorn
+
+# Fixtures that start servers: any test that uses them, directly or not, is e2e.
+_SERVER_FIXTURES = frozenset(
+    {
+        "simulator",
+        "sim_reset",
+        "start_proxy",
+        "proxy",
+        "redis_server",
+        "spawn_proxy",
+        "spawn_proxy_process",
+        "server_runner",
+    }
+)
+_servers_allowed = True
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        uses_server = _SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if uses_server or item.get_closest_marker("redis") is not None:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_server(request: pytest.FixtureRequest) -> Iterator[None]:
+    global _servers_allowed
+    _servers_allowed = request.node.get_closest_marker("e2e") is not None
+    yield
+    _servers_allowed = True
+
+
+def _check_server_allowed() -> None:
+    if not _servers_allowed:
+        pytest.fail("this test starts a server: mark it @pytest.mark.e2e")
 
 
 class _QuietServer(uvicorn.Server):
@@ -47,6 +90,7 @@ def run_proxy(settings: Any) -> Iterator[str]:
 
 @contextmanager
 def _run_config(config: uvicorn.Config) -> Iterator[str]:
+    _check_server_allowed()
     server = _QuietServer(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -133,6 +177,7 @@ class RedisServer:
     def start(self) -> None:
         import subprocess
 
+        _check_server_allowed()
         import redis
 
         args = ["--bind", "127.0.0.1", "--port", str(self.port), "--save", ""]
@@ -206,6 +251,7 @@ def spawn_proxy_process(tmp_path: Any) -> Iterator[Callable[[dict[str, Any]], tu
     processes: list[Any] = []
 
     def spawn(config: dict[str, Any]) -> tuple[str, Any]:
+        _check_server_allowed()
         port = free_port()
         path = tmp_path / f"proxy-{port}.yaml"
         path.write_text(yaml.safe_dump(config))

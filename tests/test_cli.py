@@ -15,6 +15,9 @@ import yaml
 from tests.conftest import RedisServer
 from tests.test_compaction import FILLER, WINDOW, Chat
 
+# Every test here runs the CLI as a process of its own.
+pytestmark = pytest.mark.e2e
+
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
