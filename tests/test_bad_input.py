@@ -202,31 +202,27 @@ def test_fields_the_proxy_reads_are_checked(
     assert param in response.json()["error"]["param"]
 
 
-@pytest.mark.parametrize("key", ["tools", "response_format", "metadata", "functions"])
-def test_nesting_past_what_orjson_writes_is_a_400(small_window_proxy: str, key: str) -> None:
-    deep = b"[" * 300 + b"]" * 300
+def _post_nested(proxy: str, key: str, depth: int) -> httpx.Response:
+    """A chat request whose ``key`` holds arrays nested ``depth`` deep."""
     body = orjson.dumps(_chat([{"role": "user", "content": "hi"}], **{key: _DEEP}))
-    body = body.replace(orjson.dumps(_DEEP), deep)
-    response = httpx.post(
-        f"{small_window_proxy}/v1/chat/completions",
+    body = body.replace(orjson.dumps(_DEEP), b"[" * depth + b"]" * depth)
+    return httpx.post(
+        f"{proxy}/v1/chat/completions",
         content=body,
         headers={"content-type": "application/json"},
         timeout=30,
     )
+
+
+@pytest.mark.parametrize("key", ["tools", "response_format", "metadata", "functions"])
+def test_nesting_past_what_orjson_writes_is_a_400(small_window_proxy: str, key: str) -> None:
+    response = _post_nested(small_window_proxy, key, 300)
     assert response.status_code == 400, response.text
     _assert_openai_error(response)
 
 
 def test_nesting_orjson_can_write_is_forwarded(small_window_proxy: str) -> None:
-    deep = b"[" * 200 + b"]" * 200
-    body = orjson.dumps(_chat([{"role": "user", "content": "hi"}], metadata=_DEEP))
-    body = body.replace(orjson.dumps(_DEEP), deep)
-    response = httpx.post(
-        f"{small_window_proxy}/v1/chat/completions",
-        content=body,
-        headers={"content-type": "application/json"},
-        timeout=30,
-    )
+    response = _post_nested(small_window_proxy, "metadata", 200)
     assert response.status_code == 200, response.text
 
 

@@ -209,17 +209,22 @@ def short_output_sim() -> Iterator[str]:
         yield url
 
 
+def _long_chat(url: str, session: str) -> Chat:
+    """A chat whose history is past the trigger, so its next turn compacts."""
+    chat = Chat(url, session=session)
+    for turn in range(21):
+        chat.history.append({"role": "user", "content": f"Turn {turn}: {FILLER}"})
+        chat.history.append({"role": "assistant", "content": f"Noted. {FILLER}"})
+    return chat
+
+
 def test_a_summarizer_that_writes_less_is_asked_again_within_its_stated_limit(
     short_output_sim: str, start_proxy: Callable[..., str]
 ) -> None:
     """summary_max_tokens is 400; this model refuses more than 256 with its output-budget
     error. The chat model's reply reserve is not the summary's budget, so the proxy asks
     for 400 and, refused, once more for the 256 the error states."""
-    url = start_proxy(small_window_settings(short_output_sim))
-    chat = Chat(url, session="capped")
-    for turn in range(21):
-        chat.history.append({"role": "user", "content": f"Turn {turn}: {FILLER}"})
-        chat.history.append({"role": "assistant", "content": f"Noted. {FILLER}"})
+    chat = _long_chat(start_proxy(small_window_settings(short_output_sim)), "capped")
     chat.say("FACT cap=ok and carry on")
     assert chat.last is not None
     assert chat.last["x-compaction-status"] == "compacted"
@@ -231,11 +236,7 @@ def test_a_configured_summarizer_output_limit_is_asked_for_directly(
     short_output_sim: str, start_proxy: Callable[..., str]
 ) -> None:
     settings = small_window_settings(short_output_sim, summarizer_max_output_tokens=256)
-    url = start_proxy(settings)
-    chat = Chat(url, session="configured")
-    for turn in range(21):
-        chat.history.append({"role": "user", "content": f"Turn {turn}: {FILLER}"})
-        chat.history.append({"role": "assistant", "content": f"Noted. {FILLER}"})
+    chat = _long_chat(start_proxy(settings), "configured")
     chat.say("carry on")
     assert chat.last is not None
     assert chat.last["x-compaction-status"] == "compacted"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, get_args
 
 import orjson
 
@@ -22,15 +22,7 @@ Counter = Literal[
     "streams_abandoned",
     "calls_abandoned",
 ]
-COUNTERS: tuple[Counter, ...] = (
-    "requests",
-    "overflows",
-    "summaries",
-    "rejected_structure",
-    "failures",
-    "streams_abandoned",
-    "calls_abandoned",
-)
+COUNTERS: tuple[Counter, ...] = get_args(Counter)
 
 
 class Recorder:
