@@ -47,6 +47,7 @@ def _print_learned_windows(settings: Settings) -> None:
         return
     from proxy.errors import StoreError
     from proxy.store.redis import RedisStore
+    from proxy.windows import LOWERED_MARKER
 
     async def read() -> dict[str, int]:
         store = RedisStore(settings.store.url, settings.store.ttl_s, prefix=settings.store.prefix)
@@ -60,6 +61,8 @@ def _print_learned_windows(settings: Settings) -> None:
     except StoreError as exc:
         print(f"learned windows: store unreachable ({exc.message})")
         return
+    # A shared window's "lowered recently" marker is bookkeeping, not a window.
+    learned = {k: v for k, v in learned.items() if not k.endswith(LOWERED_MARKER)}
     print(f"learned windows: {len(learned) or 'none'}")
     for key, tokens in sorted(learned.items()):
         upstream, model, *tenant = key.split("|")

@@ -49,7 +49,8 @@ MIN_WINDOW = 512
 # Reports older than this no longer count towards a quorum.
 _VOTE_S = 3600.0
 _VOTERS_LIMIT = 1_000  # per model: enough for any quorum, bounded against forged tenants
-_LOWERED = "!lowered"  # marks a recent shared lowering; never a tenant id (those are hex)
+# Marks a recent shared lowering; never a tenant id (those are hex).
+LOWERED_MARKER = "|!lowered"
 
 
 class LearnedWindows:
@@ -140,7 +141,7 @@ class LearnedWindows:
         current = min(shared, configured) if shared is not None else configured
         if agreed >= current:
             return
-        marker = f"{shared_key}|{_LOWERED}"
+        marker = f"{shared_key}{LOWERED_MARKER}"
         if self._interval > 0 and await self._store.load_window(marker) is not None:
             return  # lowered recently: the next lowering waits, whoever asks
         lowered = max(agreed, current // 2, MIN_WINDOW)

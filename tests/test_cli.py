@@ -95,6 +95,8 @@ def test_learned_windows_show_in_check_config(
         "upstream": {"base_url": f"{sim_reset}/v1"},
         "store": {"url": redis_server.url},
         "models": [{"match": "sim-4k", "context_window": 32768, "max_output_tokens": 256}],
+        # One tenant's report lowers the shared window too (and leaves its rate marker).
+        "compaction": {"learned_window_quorum": 1},
     }
     url = spawn_proxy(config)
     chat = Chat(url, window=None, session="learn")
@@ -106,6 +108,9 @@ def test_learned_windows_show_in_check_config(
     learned = [line.split() for line in out.stdout.splitlines() if line.startswith("  sim-4k")]
     assert learned, out.stdout
     assert 512 <= int(learned[0][1]) < WINDOW
+    shared = [line for line in out.stdout.splitlines() if line.startswith("  ")]
+    assert any("one tenant" not in line for line in shared), out.stdout
+    assert "!lowered" not in out.stdout
 
 
 def test_a_malformed_encryption_key_is_refused_at_start(tmp_path: Path) -> None:
