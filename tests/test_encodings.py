@@ -147,6 +147,7 @@ def test_without_any_tokenizer_the_estimate_errs_high(
     assert encoder.count("") == 0
 
 
+@pytest.mark.e2e  # starts a process
 def test_start_up_loading_never_waits_on_the_network(tmp_path: Path) -> None:
     """Nothing patched: a real process whose HTTP(S) proxy accepts connections and never
     answers. tiktoken downloads without a timeout, so one attempt would hang there."""
