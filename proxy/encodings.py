@@ -17,6 +17,7 @@ request path except ``Encoder.count``.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -124,8 +125,26 @@ def _from_disk(name: str) -> Any | None:
 def _tiktoken(name: str) -> Any | None:
     enc = _from_disk(name)
     if enc is None and name == "cl100k_base":
-        enc = _from_disk(_OFFLINE_CL100K)
+        try:
+            enc = _from_disk(_OFFLINE_CL100K)
+        except OSError:
+            # tiktoken copies even a local file into TIKTOKEN_CACHE_DIR, and raises
+            # when that directory cannot be written (a read-only image); the bundled
+            # file needs no cache, so read it again with caching off.
+            enc = _uncached(_OFFLINE_CL100K)
     return enc
+
+
+def _uncached(name: str) -> Any | None:
+    previous = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = ""  # tiktoken: an empty cache dir disables caching
+    try:
+        return _from_disk(name)
+    finally:
+        if previous is None:
+            del os.environ["TIKTOKEN_CACHE_DIR"]
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = previous
 
 
 def load_encoder(name: str) -> Encoder:

