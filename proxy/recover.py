@@ -178,12 +178,12 @@ async def _learn(services: Services, turn: Turn, sent: Attempt, verdict: Overflo
         theirs = verdict.requested or ours
         window = int(verdict.limit * min(ours / theirs, 1.0) * _MARGIN) if theirs else 0
         return await services.windows.learn(
-            turn.model.name, window, turn.tenant, configured=configured, stated=True
+            turn.model.name, window, turn.tenant, configured=configured, stated=verdict.limit
         )
     # No limit we can trust (a gateway's 413, a terse server, echoed text): what we just
     # sent is too much for this caller, so anything at least that large will fail too.
     return await services.windows.learn(
-        turn.model.name, int(ours * _MARGIN), turn.tenant, configured=configured, stated=False
+        turn.model.name, int(ours * _MARGIN), turn.tenant, configured=configured, stated=None
     )
 
 

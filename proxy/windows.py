@@ -48,7 +48,8 @@ TENANT_TTL_S = 3600.0
 MIN_WINDOW = 512
 # Reports older than this no longer count towards a quorum.
 _VOTE_S = 3600.0
-_VOTERS_LIMIT = 1_000  # per model: enough for any quorum, bounded against forged tenants
+_VOTERS_LIMIT = 64  # per model: far more than any quorum, bounded against forged tenants
+_VOTED_MODELS = 1_000
 # Marks a recent shared lowering; never a tenant id (those are hex).
 LOWERED_MARKER = "|!lowered"
 
@@ -76,7 +77,7 @@ class LearnedWindows:
         self._local: TTLCache[str, int | None] = TTLCache(_LOCAL_LIMIT, _LOCAL_S, timer=clock)
         # model -> tenant -> limit: this replica's view of the quorum. A report
         # expires after _VOTE_S; a tenant reporting again starts its clock anew.
-        self._votes: LRUCache[str, TTLCache[str, int]] = LRUCache(_LOCAL_LIMIT)
+        self._votes: LRUCache[str, TTLCache[str, int]] = LRUCache(_VOTED_MODELS)
 
     def _key(self, model: str, tenant: str | None) -> str:
         key = f"{self._upstream}|{model}"
@@ -109,18 +110,21 @@ class LearnedWindows:
         return replace(model, context_window=learned)
 
     async def learn(
-        self, model: str, tokens: int, tenant: str, *, configured: int, stated: bool
+        self, model: str, tokens: int, tenant: str, *, configured: int, stated: int | None
     ) -> int:
         """Record that ``model`` holds at most ``tokens`` for ``tenant``; returns the window
-        now in force for that tenant. ``stated``: the upstream stated this limit itself, so
-        it also counts as the tenant's report towards a shared window."""
+        now in force for that tenant. ``stated``: the limit exactly as the upstream stated
+        it, which also counts as the tenant's report towards a shared window. (``tokens``
+        may be scaled by how the caller's request counted, which the caller controls, so
+        only the upstream's own number is ever shared.)"""
         tokens = max(tokens, MIN_WINDOW)
         current = await self.get(model, tenant)
-        if stated:
-            await self._report(model, tenant, tokens, configured)
+        if stated is not None and stated < configured:  # at or above it, the config is right
+            await self._report(model, tenant, max(stated, MIN_WINDOW), configured)
         if current is not None and current <= tokens:
             return current
-        await self._write(self._key(model, tenant), tokens, self._ttl if stated else TENANT_TTL_S)
+        ttl = self._ttl if stated is not None else TENANT_TTL_S
+        await self._write(self._key(model, tenant), tokens, ttl)
         self._metrics.learned_windows.labels(scope="tenant").inc()
         log.warning("learned context window for model %s (one tenant): %d tokens", model, tokens)
         return tokens

@@ -100,7 +100,7 @@ async def test_a_window_this_replica_learns_is_in_force_at_once() -> None:
     store, clock = CountingStore(), FakeClock()
     windows = learned_windows(store, clock)
     assert await windows.get("m", "aa") is None
-    await windows.learn("m", 2048, "aa", configured=8192, stated=False)
+    await windows.learn("m", 2048, "aa", configured=8192, stated=None)
     loads = store.window_loads
     assert await windows.get("m", "aa") == 2048
     assert store.window_loads == loads, "the local copy was updated, not dropped"
@@ -109,12 +109,12 @@ async def test_a_window_this_replica_learns_is_in_force_at_once() -> None:
 async def test_reports_older_than_an_hour_do_not_count_towards_a_quorum() -> None:
     store, clock = CountingStore(), FakeClock()
     windows = learned_windows(store, clock)
-    await windows.learn("m", 4096, "aa", configured=8192, stated=True)
+    await windows.learn("m", 4096, "aa", configured=8192, stated=4096)
     clock.now += 3601
-    await windows.learn("m", 4096, "bb", configured=8192, stated=True)
+    await windows.learn("m", 4096, "bb", configured=8192, stated=4096)
     assert await windows.get("m") is None, "aa's report had expired: no quorum"
     clock.now += 3599
-    await windows.learn("m", 4096, "cc", configured=8192, stated=True)
+    await windows.learn("m", 4096, "cc", configured=8192, stated=4096)
     assert await windows.get("m") == 4096, "bb and cc agree within the hour"
 
 

@@ -204,3 +204,22 @@ def test_keyless_callers_pass_when_the_upstream_needs_no_key(proxy: str) -> None
     """No proxy key: nothing to borrow, so the default does not require one."""
     r = httpx.post(f"{proxy}/v1/chat/completions", json={"model": MODEL, "messages": hello()})
     assert r.status_code == 200
+
+
+def test_requests_that_miscount_cannot_vote_the_shared_window_down(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """Parts the proxy counts as a few tokens and the upstream as many (here 450 file
+    parts) make an honest overflow at the configured window look, scaled to the proxy's
+    count, like a window of ~1.5k. Two made-up keys must not share that with everyone."""
+    url = start_proxy(settings(sim_reset))
+    parts = [{"type": "file"} for _ in range(450)]
+    for key in ("sybil-1", "sybil-2"):
+        messages = [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "y"},
+            {"role": "user", "content": parts},
+        ]
+        post(url, key, messages, **{"X-Sim-Context-Window": str(CONFIGURED)})
+    assert shared_gauge(url) is None
+    assert window_of(post(url, "victim", hello())) >= CONFIGURED * 0.9
