@@ -114,9 +114,9 @@ class Compactor:
     stalled_locks: OrderedDict[str, float] = field(default_factory=OrderedDict)
 
     def window(self, model: ResolvedModel) -> int:
-        # Plan in our own token units: if we under-count this model, its window
-        # holds fewer of our tokens (calibrate.py).
-        return int(model.context_window / self.calibration.factor(model.name))
+        # Already in our own token units: the pipeline's step 2 (effective_model) applied
+        # calibration and learned windows, once, for this tenant.
+        return model.context_window
 
     def summary_tokens(self, model: ResolvedModel) -> int:
         """How long a summary may be: the configured maximum, but never so much of a

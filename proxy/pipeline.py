@@ -18,6 +18,7 @@ from proxy.calibrate import find_prompt_tokens
 from proxy.compact import Outcome, Turn
 from proxy.disconnect import cancelled_on_disconnect
 from proxy.errors import ClientDisconnected
+from proxy.models import ResolvedModel
 from proxy.parse import parse_chat_request, read_body
 from proxy.recover import RECOVERABLE, Attempt, retry_on_overflow
 from proxy.services import Services
@@ -35,7 +36,7 @@ async def handle_chat(request: Request, services: Services) -> Response:
     else:
         chat = parse_chat_request(body, settings.server.max_messages)
     tenant = tenant_from_headers(request.headers)
-    model = await services.windows.apply(services.models.resolve(chat["model"]), tenant)  # 2.
+    model = await effective_model(services, chat["model"], tenant)  # 2.
     headers = services.headers.outgoing(request.headers.raw, inspect=True)
     control = request.headers.get("x-compaction", "").strip().lower()
     turn = Turn(
@@ -73,7 +74,7 @@ async def handle_chat(request: Request, services: Services) -> Response:
             services.metrics.requests.labels(status=outcome.status).inc()
             if isinstance(answer, upstream.UpstreamResponse):
                 ok = answer.status_code == 200
-                watch = _usage_watcher(services, model.name, outcome) if ok else None
+                watch = _usage_watcher(services, tenant, model.name, outcome) if ok else None
                 return await upstream.relay(answer, outcome.headers(), watch)
     except ClientDisconnected:
         services.metrics.client_disconnects.labels(phase="upstream").inc()
@@ -82,8 +83,16 @@ async def handle_chat(request: Request, services: Services) -> Response:
     return answer
 
 
+async def effective_model(services: Services, name: str, tenant: str) -> ResolvedModel:
+    """The model's spec with the one window every step and every response uses: the
+    configured window in our token units for this tenant (calibration), or the smaller
+    window learned from the upstream's overflow errors."""
+    model = services.compactor.calibration.apply(services.models.resolve(name), tenant)
+    return await services.windows.apply(model, tenant)
+
+
 def _usage_watcher(
-    services: Services, model: str, outcome: Outcome
+    services: Services, tenant: str, model: str, outcome: Outcome
 ) -> Callable[[bytes], None] | None:
     """Feed the provider's prompt token count back into our estimates."""
     if not outcome.counted:
@@ -93,7 +102,7 @@ def _usage_watcher(
     def watch(chunk: bytes) -> None:
         theirs = find_prompt_tokens(chunk)
         if theirs is not None:
-            calibration.observe(model, outcome.tokens, theirs)
+            calibration.observe(tenant, model, outcome.tokens, theirs)
 
     return watch
 

@@ -32,15 +32,15 @@ def test_prompt_tokens_are_found_in_bodies_and_chunks(chunk: bytes, expected: in
 
 def test_factor_tracks_undercounting_and_ignores_overcounting() -> None:
     cal = Calibration()
-    assert cal.factor("m") == 1.0
+    assert cal.factor("t", "m") == 1.0
     for _ in range(30):
-        cal.observe("m", ours=1000, theirs=1300)
-    assert cal.factor("m") == pytest.approx(1.3, rel=0.01)
+        cal.observe("t", "m", ours=1000, theirs=1300)
+    assert cal.factor("t", "m") == pytest.approx(1.3, rel=0.01)
     for _ in range(30):
-        cal.observe("other", ours=1000, theirs=800)
-    assert cal.factor("other") == 1.0  # over-counting only compacts early: left alone
-    cal.observe("tiny", ours=10, theirs=40)  # too small to mean anything
-    assert cal.factor("tiny") == 1.0
+        cal.observe("t", "other", ours=1000, theirs=800)
+    assert cal.factor("t", "other") == 1.0  # over-counting only compacts early: left alone
+    cal.observe("t", "tiny", ours=10, theirs=40)  # too small to mean anything
+    assert cal.factor("t", "tiny") == 1.0
 
 
 def test_ratios_are_bounded_and_forget_the_least_recently_used_model(
@@ -48,14 +48,24 @@ def test_ratios_are_bounded_and_forget_the_least_recently_used_model(
 ) -> None:
     import proxy.calibrate
 
-    monkeypatch.setattr(proxy.calibrate, "_MODELS_LIMIT", 2)  # clients choose model names
+    monkeypatch.setattr(proxy.calibrate, "_KEYS_LIMIT", 2)  # clients choose model names
     cal = Calibration()
-    cal.observe("kept", ours=1000, theirs=1500)
-    cal.observe("invented-1", ours=1000, theirs=1500)
-    assert cal.factor("kept") == 1.5  # a read counts as use
-    cal.observe("invented-2", ours=1000, theirs=1500)
-    assert cal.factor("kept") == 1.5
-    assert cal.factor("invented-1") == 1.0  # forgotten: back to no correction
+    cal.observe("t", "kept", ours=1000, theirs=1500)
+    cal.observe("t", "invented-1", ours=1000, theirs=1500)
+    assert cal.factor("t", "kept") == 1.5  # a read counts as use
+    cal.observe("t", "invented-2", ours=1000, theirs=1500)
+    assert cal.factor("t", "kept") == 1.5
+    assert cal.factor("t", "invented-1") == 1.0  # forgotten: back to no correction
+
+
+def test_each_tenant_keeps_its_own_calibration() -> None:
+    """What a request contains is its caller's choice: one caller's skewed counts
+    (files the upstream counts far higher) must not shrink anyone else's window."""
+    cal = Calibration()
+    for _ in range(30):
+        cal.observe("attacker", "m", ours=1000, theirs=2000)
+    assert cal.factor("attacker", "m") == pytest.approx(2.0, rel=0.01)
+    assert cal.factor("victim", "m") == 1.0
 
 
 # --- learned windows: what each replica keeps locally ------------------------------------

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from tests.conftest import proxy_settings
@@ -223,3 +224,24 @@ def test_requests_that_miscount_cannot_vote_the_shared_window_down(
         post(url, key, messages, **{"X-Sim-Context-Window": str(CONFIGURED)})
     assert shared_gauge(url) is None
     assert window_of(post(url, "victim", hello())) >= CONFIGURED * 0.9
+
+
+def test_one_callers_skewed_counts_do_not_recalibrate_anyone_else(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(settings(sim_reset))
+    before = window_of(post(url, "victim", hello()))
+    parts = [{"type": "file"} for _ in range(100)]
+    body = orjson.dumps(
+        {"model": MODEL, "max_tokens": 4096, "messages": [{"role": "user", "content": parts}]}
+    )
+    # Padding past the far-below fast path, so the request is counted and calibrated.
+    body = body[:-1] + b" " * 25_000 + b"}"
+    attacker = httpx.post(
+        f"{url}/v1/chat/completions",
+        content=body,
+        headers={"Authorization": "Bearer attacker", "content-type": "application/json"},
+    )
+    assert attacker.status_code == 200
+    assert window_of(post(url, "attacker", hello())) < before  # its own counts: its own window
+    assert window_of(post(url, "victim", hello())) == before
