@@ -10,8 +10,10 @@ no judgement: the same inputs restore the same values.
 What counts as an identifier (``_RULES``, first match wins per span of text):
 
 * ``KEY=VALUE`` facts: a name of letters, digits, ``_.-`` then ``=`` and a
-  value without spaces (``color=teal``, ``FACT build_id=8812``, ``PORT=8080``);
-* URLs (``http://``, ``https://``), without trailing punctuation;
+  value without spaces (``color=teal``, ``FACT build_id=8812``, ``PORT=8080``),
+  except names that say password, secret, token, key, auth or the like;
+* URLs (``http://``, ``https://``), without trailing punctuation, user
+  credentials, or a query that names a token, key, secret or signature;
 * file paths with a directory and an extension (``src/app/main.py``,
   ``/etc/nginx/nginx.conf``, ``./run.sh``);
 * quoted error messages: text in backticks or double quotes, 8 to 200
@@ -31,12 +33,14 @@ summary followed by the new turns) are dropped first.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 CARRIED_HEADING = "## Critical values (carried forward)"
 
-_ERROR_WORDS = r"(?:error|exception|failed|failure|denied|refused|invalid|not found|timed? ?out)"
+_ERROR_WORDS = r"(?i:error|exception|failed|failure|denied|refused|invalid|not found|timed? ?out)"
 _RULES = re.compile(
     "|".join(
         (
@@ -45,17 +49,27 @@ _RULES = re.compile(
             r"(?P<path>(?<![\w/.-])(?:\.{1,2}/|/)?(?:[\w.-]+/)+[\w-]+\.[A-Za-z0-9]{1,10}(?![\w/]))",
             rf"(?P<quoted>`[^`\n]{{0,200}}{_ERROR_WORDS}[^`\n]{{0,200}}`"
             rf"|\"[^\"\n]{{0,200}}{_ERROR_WORDS}[^\"\n]{{0,200}}\")",
-            r"(?P<id>(?<![\w-])(?=(?:[\w-]{0,79}[0-9]){2})(?=[\w-]{0,79}[A-Za-z])"
-            r"[A-Za-z0-9][\w-]{5,79}(?![\w-]))",
+            # Cheap to try: the digit check is one scan of the token; the rest is in _clean.
+            r"(?P<id>(?<![\w-])(?=[\w-]*[0-9])[A-Za-z0-9][\w-]{5,79}(?![\w-]))",
             r"(?P<code>(?<![\w-])[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+(?![\w-])"
             r"|(?<![\w-])E[0-9]{3,6}(?![\w-])"
             r"|(?<![\w-])E(?:CONN|NO|ACCES|TIMEDOUT|ADDR|PIPE|HOST|NET|PERM|EXIST|INVAL|AGAIN"
             r"|BUSY|ISDIR|NOTDIR|MFILE)[A-Z]*(?![\w-]))",
         )
-    ),
-    re.IGNORECASE,
+    )
 )
 _TRAILING = ".,:;!?"
+# Values the check never copies into a stored summary: credentials are not facts to
+# carry forward, and snapshots outlive the conversation that held them.
+_SECRET_NAME = re.compile(
+    r"pass|secret|token|api[_-]?key|auth|credential|private|signature|session|cookie", re.I
+)
+# Python's re holds the GIL for a whole call, even in a worker thread: scan in
+# slices (about 5 ms each) so the event loop gets its turn between them, and only
+# the most recent text of a huge span (older identifiers are likely in the
+# previous summary already).
+_SLICE_CHARS = 16 * 1024
+_MAX_SCANNED = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +83,30 @@ class Restored:
 
 def find_identifiers(text: str) -> list[str]:
     """Identifiers in ``text``, each once, in order of last occurrence (most recent last)."""
-    last: dict[str, int] = {}
-    for match in _RULES.finditer(text):
-        value = _clean(match)
-        if value is None:
-            continue
-        last.pop(value, None)  # re-inserted: dict order is order of last use
-        last[value] = match.start()
+    last: dict[str, None] = {}
+    for piece in _slices(text[-_MAX_SCANNED:]):
+        for match in _RULES.finditer(piece):
+            value = _clean(match)
+            if value is None:
+                continue
+            last.pop(value, None)  # re-inserted: dict order is order of last use
+            last[value] = None
+        time.sleep(0)  # let other threads (the event loop) take the GIL
     return list(last)
+
+
+def _slices(text: str) -> list[str]:
+    """``text`` cut into pieces of about _SLICE_CHARS, at whitespace where there is some."""
+    pieces = []
+    start = 0
+    while start < len(text):
+        end = min(start + _SLICE_CHARS, len(text))
+        if end < len(text):
+            cut = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
+            end = cut + 1 if cut > start else end
+        pieces.append(text[start:end])
+        start = end
+    return pieces
 
 
 def _clean(match: re.Match[str]) -> str | None:
@@ -87,9 +117,25 @@ def _clean(match: re.Match[str]) -> str | None:
         return value if len(value) >= 8 else None
     if kind in ("url", "path", "kv"):
         value = value.rstrip(_TRAILING)
-    if kind == "code" and not value.isupper():
-        return None  # IGNORECASE lets "snake_case" through; codes are upper case
+    if kind == "kv" and _SECRET_NAME.search(value.split("=", 1)[0]):
+        return None
+    if kind == "url":
+        return _public_url(value)
+    if kind == "id" and (
+        sum(c.isdigit() for c in value) < 2 or not any(c.isalpha() for c in value)
+    ):
+        return None  # an id mixes letters and at least two digits
     return value or None
+
+
+def _public_url(url: str) -> str | None:
+    """The URL without credentials: no userinfo, no query when it carries a secret."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = parts.query
+    if query and any(_SECRET_NAME.search(name) for name, _ in parse_qsl(query)):
+        query = ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)) or None
 
 
 def restore_identifiers(summary: str, sources: Iterable[str], max_chars: int) -> Restored:

@@ -83,3 +83,57 @@ def test_a_carried_section_is_extended_never_nested() -> None:
     assert second.count(CARRIED_HEADING) == 1
     assert "- a=1" in second
     assert "- b=2" in second
+
+
+@pytest.mark.parametrize(
+    ("text", "kept", "never"),
+    [
+        ("DB_PASSWORD=hunter2 and PORT=8080", "PORT=8080", "hunter2"),
+        ("AWS_SECRET_ACCESS_KEY=abc123xyz9", None, "abc123xyz9"),
+        ("api_key=sk-live-123456", None, "sk-live-123456"),
+        (
+            "see https://user:pw@example.com/a?x=1",
+            "https://example.com/a?x=1",
+            "user:pw",
+        ),
+        (
+            "https://example.com/dl?token=s3cr3t99&id=7",
+            "https://example.com/dl",
+            "s3cr3t99",
+        ),
+    ],
+)
+def test_secrets_are_never_carried_forward(text: str, kept: str | None, never: str) -> None:
+    found = find_identifiers(text)
+    assert all(never not in value for value in found), found
+    if kept is not None:
+        assert kept in found
+    restored = restore_identifiers("summary", [text], 1000).summary
+    assert never not in restored
+
+
+def test_scanning_a_huge_span_leaves_other_threads_running() -> None:
+    """Python's re holds the GIL for a whole call: the scan must come up for air."""
+    import threading
+    import time
+
+    text = "plain words and nothing else to find here " * 200_000  # ~8 MB
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        find_identifiers(text)
+    finally:
+        done.set()
+        ticker.join()
+    assert max(gaps) < 0.05, max(gaps)
