@@ -111,7 +111,7 @@ async def _stream_error(
     try:
         async for chunk in source:
             head += chunk
-            if b"\n\n" in head or b"\r\n\r\n" in head or len(head) > _MAX_ERROR_BYTES:
+            if _first_event(head) is not None or len(head) > _MAX_ERROR_BYTES:
                 break
         error = _error_event(head)
         if error is None:
@@ -124,10 +124,21 @@ async def _stream_error(
     return error, upstream.buffered(response, head)
 
 
+def _first_event(head: bytes) -> bytes | None:
+    """The stream's first complete event that is not only comments (some servers send
+    ``: PROCESSING`` keep-alives before anything else), or None if none is complete yet."""
+    events = head.replace(b"\r\n", b"\n").split(b"\n\n")
+    for event in events[:-1]:  # the last piece has no blank line after it yet
+        lines = [line for line in event.split(b"\n") if line and not line.startswith(b":")]
+        if lines:
+            return b"\n".join(lines)
+    return None
+
+
 def _error_event(head: bytes) -> bytes | None:
     """The data of the stream's first event when that event is an error."""
-    event = head.replace(b"\r\n", b"\n").split(b"\n\n", 1)[0]
-    if b"error" not in event and b"failed" not in event:
+    event = _first_event(head)
+    if event is None or (b"error" not in event and b"failed" not in event):
         return None  # the common case: a chunk of the answer, decided without parsing
     kind = b""
     data: list[bytes] = []

@@ -91,6 +91,13 @@ def test_a_stream_that_fits_is_relayed_untouched(
         (b'data: {"id": "x", "choices": [{"delta": {"content": "error"}}]}\n\n', False),
         (b'data: {"id": "x", "choices": [], "error": null}\r\n\r\n', False),
         (b": keep-alive comment\n\n", False),
+        # OpenRouter sends processing comments before anything else.
+        (
+            b": OPENROUTER PROCESSING\n\n: OPENROUTER PROCESSING\n\n"
+            b'data: {"error": {"message": "maximum context length is 8192 tokens"}}\n\n',
+            True,
+        ),
+        (b': OPENROUTER PROCESSING\n\ndata: {"choices": [{"delta": {}}]}\n\n', False),
         (b"data: not json but says error\n\n", False),
     ],
 )
