@@ -71,8 +71,9 @@ _SKIP_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Content-Type")
 # RFC 3986 pchar, "/" and "%": the only bytes a passthrough path may carry on the wire.
 _PATH_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@/%"
 # Bytes a decoded path must not hold: "%" would decode again (%252e -> %2e -> .),
-# "\\" is a separator to some servers, controls can split or truncate the request.
-_UNSAFE_DECODED = bytes(range(0x20)) + b"\x7f%\\"
+# "\\" is a separator to some servers, ";" starts path parameters that servlet
+# containers strip ("..;" is ".." there), controls can split or truncate the request.
+_UNSAFE_DECODED = bytes(range(0x20)) + b"\x7f%\\;"
 # Printable ASCII but "#": a query is relayed byte for byte and must stay one.
 _QUERY_BYTES = bytes(b for b in range(0x21, 0x7F) if b != ord("#"))
 _BAD_PATH = "Invalid path: only plain paths under /v1/ are forwarded."

@@ -86,6 +86,10 @@ def _send_raw(base: str, method: str, target: str) -> tuple[int, bytes]:
         "/v1/..%252F..%252Fkey",
         "/v1/..%5C..%5Ckey/generate",
         "/v1/models%00/x",
+        # Servlet containers read "..;" as "..": a gateway of that kind would escape.
+        "/v1/..;/key/generate",
+        "/v1/.;/a",
+        "/v1/%2e%2e%3b/key",
         "/v1/models%0dX-Injected:%201",
         "/v1/models%09x",
         "/v1/models/%ff",
