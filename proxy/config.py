@@ -58,6 +58,10 @@ class ServerSettings(_Section):
     header_timeout_s: float = Field(10.0, gt=0)
     max_header_bytes: int = Field(64 * 1024, ge=1024)
     body_timeout_s: float = Field(60.0, gt=0)
+    # ...and, once it has been arriving for body_timeout_s, must average at least this
+    # (time the proxy itself is not reading does not count): a byte every few seconds
+    # never stalls, yet would hold a connection for ever. 0: no minimum.
+    min_body_rate_bytes_s: int = Field(256, ge=0)
     # On SIGTERM: stop accepting, let requests in flight finish for at most this long,
     # then close what is left (streams included).
     shutdown_timeout_s: float = Field(30.0, ge=0)

@@ -10,7 +10,8 @@ HTTP protocol that bounds each client:
   (else 431 and close) and arrive within ``server.header_timeout_s`` of the
   request's first byte (or of the connection opening): slowloris clients are
   dropped;
-- a request body may stall at most ``server.body_timeout_s`` between reads;
+- a request body may stall at most ``server.body_timeout_s`` between reads, and
+  once it has taken that long must average ``server.min_body_rate_bytes_s``;
   the connection is then dropped and the app's body read ends as a disconnect.
 
 Timeouts are checked by one periodic tick per server over its open
@@ -93,6 +94,7 @@ def limited_protocol(limits: ServerSettings) -> type[asyncio.Protocol]:
         max_head = limits.max_header_bytes
         head_timeout = limits.header_timeout_s
         body_timeout = limits.body_timeout_s
+        min_body_rate = limits.min_body_rate_bytes_s
         tick_s = min(limits.header_timeout_s, limits.body_timeout_s) / _TICKS
         watchdogs: ClassVar[dict[int, _Watchdog]] = {}
 
@@ -130,12 +132,16 @@ class _LimitsMixin:
     max_head: int
     head_timeout: float
     body_timeout: float
+    min_body_rate: int
     tick_s: float
     watchdogs: ClassVar[dict[int, _Watchdog]]
 
     _phase = _IDLE
     _since = 0.0  # head: when it began; body: when it last made progress
     _progress = False  # body bytes arrived since the last tick
+    _body_bytes = 0  # of this request's body so far
+    _reading_s = 0.0  # time this body was being read (not paused by us), up to the last tick
+    _last_tick = 0.0
     _head_seen = 0  # bytes received while reading this request's head (may overshoot)
     _head_size = 0  # exact bytes of request line and headers, from the parser
 
@@ -163,6 +169,7 @@ class _LimitsMixin:
             self._head_seen += len(data)
         else:
             self._progress = True
+            self._body_bytes += len(data)
         try:
             me.parser.feed_data(data)
         except self.parser_upgrade:
@@ -209,8 +216,12 @@ class _LimitsMixin:
         raise _HeadTooLarge  # stops the parser: nothing of this request reaches the app
 
     def on_headers_complete(self) -> None:
+        me: Any = self
         self._phase = _BODY
         self._progress = True
+        self._body_bytes = 0
+        self._reading_s = 0.0
+        self._last_tick = me.loop.time()
         super().on_headers_complete()  # type: ignore[misc]
 
     def on_message_complete(self) -> None:
@@ -226,12 +237,19 @@ class _LimitsMixin:
         elif self._phase == _BODY:
             cycle = me.cycle
             waiting = cycle is not None and cycle.waiting_for_100_continue
-            if self._progress or me.flow.read_paused or waiting:
-                # Not the client's stall: it sent bytes, or we are not reading yet.
+            ours = me.flow.read_paused or waiting  # we are not reading: not the client's fault
+            if not ours:
+                self._reading_s += now - self._last_tick
+            self._last_tick = now
+            if self._progress or ours:
                 self._progress = False
                 self._since = now
             elif now - self._since > self.body_timeout:
                 self._drop("request body stalled longer than body_timeout_s")
+                return
+            rate, reading = self.min_body_rate, self._reading_s
+            if rate and reading > self.body_timeout and self._body_bytes < rate * reading:
+                self._drop("request body slower than min_body_rate_bytes_s")
 
     def _drop(self, why: str) -> None:
         me: Any = self

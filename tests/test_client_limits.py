@@ -21,7 +21,12 @@ import pytest
 
 from tests.conftest import proxy_settings, run_server
 
-LIMITS = {"header_timeout_s": 1.0, "body_timeout_s": 1.0, "max_header_bytes": 8192}
+LIMITS = {
+    "header_timeout_s": 1.0,
+    "body_timeout_s": 1.0,
+    "max_header_bytes": 8192,
+    "min_body_rate_bytes_s": 20,  # test_a_slow_but_moving_body_is_not_cut sends 40 B/s
+}
 # The watchdog ticks every quarter of the smallest timeout; the rest is scheduling slack.
 MARGIN_S = 1.5
 
@@ -144,6 +149,34 @@ def test_a_stalled_body_is_cut_at_body_timeout(
     assert elapsed < 1.0 + MARGIN_S, elapsed
     time.sleep(0.3)  # let the app notice the disconnect
     # The app's body read ended as a disconnect, not as an unhandled exception.
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_a_trickled_body_is_cut_at_the_minimum_rate(
+    limited_proxy: tuple[str, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A byte every 0.5 s never stalls for body_timeout_s, yet would never end."""
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    )
+    started = time.monotonic()
+    closed = False
+    with caplog.at_level(logging.ERROR), _connect(limited_proxy) as sock:
+        sock.sendall(head)
+        for _ in range(20):  # at most 10 s
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                closed = True
+                break
+            done, _, _ = _closed_within(sock, 0.5)
+            if done:
+                closed = True
+                break
+    elapsed = time.monotonic() - started
+    assert closed
+    assert elapsed < 1.0 + 2 * MARGIN_S, elapsed
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
