@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from cachetools import LRUCache
+
 from proxy.calibrate import Calibration
 from proxy.config import Settings
 from proxy.digest import digests_and_sizes, prefix_hash
@@ -105,7 +107,8 @@ class Compactor:
     models: ModelTable
     metrics: Metrics
     # X-Compaction: force, per session: when it last took effect (rate limit).
-    last_forced: dict[str, float] = field(default_factory=dict)
+    # Bounded: when every entry is recent, the least recently forced goes first.
+    last_forced: LRUCache[str, float] = field(default_factory=lambda: LRUCache(_TRACKED_LIMIT))
     # Header sessions this replica scheduled (POST /sessions/{id}/compact): their next
     # request skips the far-below fast path, which never reads the store. Only a hint,
     # bounded; the schedule itself lives in the snapshot, for every replica.
@@ -201,9 +204,7 @@ class Compactor:
         last = self.last_forced.get(key.storage_key)
         if last is not None and now - last < interval:
             return False
-        if len(self.last_forced) >= _TRACKED_LIMIT:  # clients choose session ids: stay bounded
-            self.last_forced = {k: t for k, t in self.last_forced.items() if now - t < interval}
-        self.last_forced[key.storage_key] = now
+        self.last_forced[key.storage_key] = now  # clients choose session ids: bounded
         return True
 
     async def schedule_compaction(self, key: SessionKey) -> bool:
