@@ -22,6 +22,7 @@ from proxy.encodings import load_encoders
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, ProxyError
 from proxy.metrics import CONTENT_TYPE_LATEST, Metrics
 from proxy.models import ModelTable
+from proxy.schedule import Schedule
 from proxy.services import Services
 from proxy.session import has_credential
 from proxy.store import build_store
@@ -50,12 +51,12 @@ def create_app(settings: Settings) -> Starlette:
         encoders = await asyncio.to_thread(load_encoders, sorted(models.tokenizers()))
         client = UpstreamClient(settings)
         store = build_store(settings, metrics)
+        counters = {name: TokenCounter(enc) for name, enc in encoders.items()}
         compactor = Compactor(
             settings=settings,
             store=store,
-            counters={name: TokenCounter(enc) for name, enc in encoders.items()},
+            counters=counters,
             client=client,
-            calibration=Calibration(),
             models=models,
             metrics=metrics,
         )
@@ -74,6 +75,9 @@ def create_app(settings: Settings) -> Starlette:
             headers=HeaderPolicy(settings),
             models=models,
             store=store,
+            counters=counters,
+            calibration=Calibration(),
+            schedule=Schedule(force_interval_s=c.force_interval_s),
             compactor=compactor,
             windows=windows,
             metrics=metrics,

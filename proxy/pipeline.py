@@ -1,28 +1,42 @@
 """The request's path through the proxy, top to bottom.
 
-``handle_chat`` is the table of contents for ``POST /v1/chat/completions``;
-``handle_passthrough`` relays every other ``/v1/*`` call untouched.
+``handle_chat`` is the table of contents for ``POST /v1/chat/completions``:
+parse, model, ``compacted_view`` (count, session, snapshot, plan, summarize
+under the session's lock, rebuild), forward, ``recover_overflow``, and the
+usage watcher that calibrates our counts. Each step is one call into the module
+named for it (DESIGN.md numbers them). ``handle_passthrough`` relays every
+other ``/v1/*`` call untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from proxy import upstream
+from proxy.budget import Budget
 from proxy.calibrate import find_prompt_tokens
-from proxy.compact import Outcome, Turn
+from proxy.compact import Job
+from proxy.count import count_history
 from proxy.disconnect import cancelled_on_disconnect
 from proxy.errors import ClientDisconnected
 from proxy.models import ResolvedModel
+from proxy.outcome import Outcome, Turn
 from proxy.parse import parse_chat_request, read_body
-from proxy.recover import RECOVERABLE, Attempt, retry_on_overflow
+from proxy.plan import plan_compaction
+from proxy.rebuild import rebuild_outcome
+from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, lower_output, retry_once
+from proxy.schedule import scheduled
 from proxy.services import Services
-from proxy.session import tenant_from_headers
+from proxy.session import session_key, tenant_from_headers
+from proxy.snapshots import load_snapshot
+from proxy.tokens import bounded_by, output_reserve
+from proxy.trim import trim_outcome
 
 # Bodies above this are parsed in a worker thread, so the loop keeps serving others.
 _PARSE_INLINE_BYTES = 1024 * 1024
@@ -53,8 +67,8 @@ async def handle_chat(request: Request, services: Services) -> Response:
         outcome = Outcome("bypassed", None, 0, estimate, model.context_window, counted=False)
     elif not settings.compaction.enabled:
         outcome = Outcome("passthrough", None, 0, estimate, model.context_window, counted=False)
-    else:  # 3-8. session, snapshot, count, plan, summarize, rebuild
-        outcome = await services.compactor.prepare(turn, force=control == "force")
+    else:  # 3-8. count, session, snapshot, plan, summarize, rebuild
+        outcome = await compacted_view(services, turn, force=control == "force")
     if outcome.messages is not None:
         body = orjson.dumps({**chat, "messages": outcome.messages})
 
@@ -68,12 +82,13 @@ async def handle_chat(request: Request, services: Services) -> Response:
             status = response.status_code
             # 10. overflow: an error answer, or a stream that opens with one: retry once
             if recover and (status in RECOVERABLE or (status == 200 and chat.get("stream"))):
-                answer, outcome = await retry_on_overflow(
+                answer, outcome = await recover_overflow(
                     services, turn, Attempt(body, outcome), response, headers, url
                 )
             services.metrics.requests.labels(status=outcome.status).inc()
             if isinstance(answer, upstream.UpstreamResponse):
                 ok = answer.status_code == 200
+                # 11. calibrate: the provider's own count of what we sent
                 watch = _usage_watcher(services, tenant, model.name, outcome) if ok else None
                 return await upstream.relay(answer, outcome.headers(), watch)
     except ClientDisconnected:
@@ -83,11 +98,80 @@ async def handle_chat(request: Request, services: Services) -> Response:
     return answer
 
 
+async def compacted_view(
+    services: Services, turn: Turn, *, force: bool = False, recover: bool = False
+) -> Outcome:
+    """Steps 3-8: what the upstream sees of ``turn``'s history: the history itself, or
+    pinned messages + handoff summary + verbatim tail. ``recover``: the upstream just
+    rejected a larger view, so compact now (no rate limit) against ``turn.model``'s window.
+    """
+    c = services.settings.compaction
+    chat, model = turn.chat, turn.model
+    window = model.context_window
+    reserve = output_reserve(chat, model.max_output_tokens)
+    # Far below the trigger: no store round trip, no counting.
+    far_below = bounded_by(
+        turn.body, len(chat["messages"]), int(window * c.trigger_ratio) - reserve
+    )
+    hinted = services.schedule.take_hint(turn.tenant, turn.session_header)
+    if far_below and not (force or recover or hinted):
+        return Outcome("passthrough", None, 0, len(turn.body) // 4, window, counted=False)
+
+    counter = services.counters[model.tokenizer]
+    history = await count_history(counter, chat, turn.body, c.pin_first_user)  # 5. count
+    key = session_key(turn.tenant, turn.session_header, history.messages, history.digests)  # 3.
+    force = force and services.schedule.may_force(key)
+    budget = Budget.for_model(model, c, reserve, history.fixed)
+    loaded = await load_snapshot(services.store, key, history)  # 4. snapshot
+    force = force or recover or scheduled(loaded.stored)
+    current = loaded.view(history.pinned)
+    plan = plan_compaction(  # 6. plan
+        history.counts, history.messages, history.pinned, current, budget, force=force
+    )
+    if plan.action == "compact":  # 7-8. summarize under the session's lock, save, rebuild
+        job = Job(turn, key, history, budget, force)
+        return await services.compactor.compact(job, loaded, plan)
+    if plan.fits:  # 8. rebuild
+        return rebuild_outcome(
+            history, plan.view, loaded.summary, loaded.version, budget, c.summary_role
+        )
+    # Nothing worth summarizing, yet over the window: trim what we can.
+    return trim_outcome(history, loaded, budget, c.summary_role)
+
+
+async def recover_overflow(
+    services: Services,
+    turn: Turn,
+    first: Attempt,
+    response: upstream.UpstreamResponse,
+    headers: list[tuple[bytes, bytes]],
+    url: str,
+) -> tuple[upstream.UpstreamResponse | Response, Outcome]:
+    """Step 10: the response to relay and the view it answers. When the upstream said
+    the request is too long, compact harder (or ask for a shorter answer) and retry once;
+    ``response`` is consumed unless it is a 200 stream that opens without an error."""
+    answer, verdict = await diagnose(response)
+    if verdict is None:  # not ours to recover: relay the answer as the upstream wrote it
+        return answer, first.outcome
+    if verdict.kind == "output_budget":
+        lowered = lower_output(first.body, verdict)
+        if lowered is None:  # nothing we can change: the retry would fail the same way
+            return answer, first.outcome
+        second = Attempt(lowered, first.outcome)
+    else:
+        window = await learn_window(services, turn, first, verdict)
+        model = replace(turn.model, context_window=window)
+        outcome = await compacted_view(services, replace(turn, model=model), recover=True)
+        messages = outcome.messages if outcome.messages is not None else turn.chat["messages"]
+        second = Attempt(orjson.dumps({**turn.chat, "messages": messages}), outcome)
+    return await retry_once(services, verdict, second, headers, url)
+
+
 async def effective_model(services: Services, name: str, tenant: str) -> ResolvedModel:
     """The model's spec with the one window every step and every response uses: the
     configured window in our token units for this tenant (calibration), or the smaller
     window learned from the upstream's overflow errors."""
-    model = services.compactor.calibration.apply(services.models.resolve(name), tenant)
+    model = services.calibration.apply(services.models.resolve(name), tenant)
     return await services.windows.apply(model, tenant)
 
 
@@ -97,7 +181,7 @@ def _usage_watcher(
     """Feed the provider's prompt token count back into our estimates."""
     if not outcome.counted:
         return None
-    calibration = services.compactor.calibration
+    calibration = services.calibration
 
     def watch(chunk: bytes) -> None:
         theirs = find_prompt_tokens(chunk)

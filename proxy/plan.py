@@ -23,13 +23,11 @@ from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import Literal
 
+from proxy.budget import Budget
 from proxy.types import ChatMessage
 
 ELIDED_TOKENS: int = 40
 """Estimated tokens of an elision placeholder (message overhead included)."""
-
-TRIM_MARKER_TOKENS: int = 30
-"""Estimated tokens of the one-line marker that stands for trimmed messages."""
 
 _LEADING_ROLES = ("system", "developer")
 # Results belong to the assistant message that asked for them.
@@ -48,20 +46,6 @@ class View:
     covered: int
     summary_tokens: int
     elide_before: int
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """Token limits for one request; every figure is in tokens."""
-
-    window: int
-    reserve: int  # output reserved for the reply
-    fixed: int  # outside the messages: tool definitions, response_format schema
-    trigger: int  # compact when the view's total exceeds this...
-    target: int  # ...down to at most this (hysteresis: target < trigger)
-    summary_allowance: int  # a new summary with its framing
-    min_tail_messages: int = 4
-    elide_min_tokens: int = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,9 +189,10 @@ class Totals:
         return total
 
 
-def _check(
+def check_view(
     counts: Sequence[int], messages: Sequence[ChatMessage], pinned: int, current: View
 ) -> None:
+    """Raise ``ValueError`` unless ``current`` is a view of this history."""
     if len(counts) != len(messages):
         raise ValueError(f"{len(counts)} token counts for {len(messages)} messages")
     if not 0 <= pinned <= current.covered:
@@ -216,7 +201,7 @@ def _check(
         raise ValueError("the view covers the newest message")
 
 
-def _protected_start(messages: Sequence[ChatMessage], budget: Budget) -> int:
+def protected_start(messages: Sequence[ChatMessage], budget: Budget) -> int:
     """Start of the recent tail that elision leaves alone: at least the newest message."""
     keep = max(budget.min_tail_messages, 1)
     return _group_start_at_or_before(messages, max(len(messages) - keep, 0))
@@ -256,7 +241,7 @@ def plan_compaction(
     before the protected tail (more when the target needs it), and keeps the view
     when nothing but the newest group is left to summarise.
     """
-    _check(counts, messages, pinned, current)
+    check_view(counts, messages, pinned, current)
     no_summary = (current.covered, current.covered)
     tokens = view_tokens(counts, messages, pinned, current, budget)
     over = tokens > budget.trigger
@@ -265,7 +250,7 @@ def plan_compaction(
         return keep
 
     totals = Totals.build(counts, messages, pinned, budget)
-    protected = _protected_start(messages, budget)
+    protected = protected_start(messages, budget)
     elided = replace(current, elide_before=max(current.elide_before, protected))
     elision_only = _plan("compact", totals, elided, budget, no_summary)
     elided_tokens = elision_only.tokens
@@ -306,12 +291,12 @@ def _choose_cut(
         # A forced compaction folds in at least everything before the protected tail.
         lo = max(bisect_right(cuts, protected) - 1, 0)
     allowance, elide_before = budget.summary_allowance, elided.elide_before
-    return _first_within(
+    return first_within(
         cuts, lo, lambda cut: totals.tokens(View(cut, allowance, elide_before)), budget.target
     )
 
 
-def _first_within(cuts: list[int], lo: int, tokens: Callable[[int], int], limit: int) -> int:
+def first_within(cuts: list[int], lo: int, tokens: Callable[[int], int], limit: int) -> int:
     """The first of ``cuts[lo:]`` whose view is within ``limit``, else the last cut.
 
     Binary search: with the summary's size fixed, a later cut moves more messages
@@ -319,34 +304,3 @@ def _first_within(cuts: list[int], lo: int, tokens: Callable[[int], int], limit:
     """
     i = bisect_left(cuts, True, lo=lo, key=lambda cut: tokens(cut) <= limit)
     return cuts[min(i, len(cuts) - 1)]
-
-
-def trim_plan(
-    counts: Sequence[int],
-    messages: Sequence[ChatMessage],
-    pinned: int,
-    current: View,
-    budget: Budget,
-    limit: int,
-) -> View:
-    """Deterministic fallback when summarisation fails: drop whole oldest groups.
-
-    Elides first, as ``plan_compaction`` does; then drops groups from
-    ``current.covered`` onward, oldest first and never the newest group, until the
-    view is within ``limit``. The dropped span is represented by a one-line marker
-    (``TRIM_MARKER_TOKENS``) after the existing summary, if any. When even the
-    newest group alone exceeds ``limit`` the smallest possible view is returned.
-    """
-    _check(counts, messages, pinned, current)
-    totals = Totals.build(counts, messages, pinned, budget)
-    protected = _protected_start(messages, budget)
-    view = replace(current, elide_before=max(current.elide_before, protected))
-    if totals.tokens(view) <= limit:
-        return view
-    cuts = group_starts(messages, current.covered + 1)
-    if not cuts:
-        return view
-    carried = current.summary_tokens if current.covered > pinned else 0
-    summary, elide_before = carried + TRIM_MARKER_TOKENS, view.elide_before
-    cut = _first_within(cuts, 0, lambda cut: totals.tokens(View(cut, summary, elide_before)), limit)
-    return View(cut, summary, elide_before)

@@ -10,10 +10,12 @@ neighbouring roles, so the prefix stays byte-identical between compactions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Literal
 
-from proxy.plan import View, is_elided
+from proxy.budget import Budget
+from proxy.count import History
+from proxy.outcome import Outcome
+from proxy.plan import View, is_elided, view_tokens
 from proxy.types import ChatMessage
 
 SummaryRole = Literal["user", "system"]
@@ -76,22 +78,21 @@ def _summary_messages(
 
 
 def rebuild_messages(
-    messages: Sequence[ChatMessage],
-    pinned: int,
+    history: History,
     view: View,
     summary: str | None,
-    counts: Sequence[int],
     elide_min_tokens: int,
     *,
     summary_role: SummaryRole = "user",
 ) -> list[ChatMessage]:
-    """The outgoing messages for ``view``; never mutates ``messages``.
+    """The outgoing messages for ``view``; never mutates ``history.messages``.
 
     ``messages[:pinned]`` come first as the same objects; the handoff follows when
     the view covers messages; then ``messages[view.covered:]``, where elided tool
     messages are copies whose content is a placeholder. The newest message is
     always last and unchanged. A view that covers messages needs a summary.
     """
+    messages, pinned, counts = history.messages, history.pinned, history.counts
     if len(counts) != len(messages):
         raise ValueError(f"{len(counts)} token counts for {len(messages)} messages")
     if not 0 <= pinned <= view.covered or (messages and view.covered >= len(messages)):
@@ -110,3 +111,25 @@ def rebuild_messages(
             message["content"] = elided_content(message, counts[i])
         out.append(message)
     return out
+
+
+def rebuild_outcome(
+    history: History,
+    view: View,
+    summary: str | None,
+    version: int,
+    budget: Budget,
+    summary_role: SummaryRole,
+) -> Outcome:
+    """What the upstream sees under ``view``: the history as sent (``passthrough``) when
+    the view leaves it untouched, else the rebuilt messages (``snapshot``, of ``version``).
+    """
+    tokens = view_tokens(history.counts, history.messages, history.pinned, view, budget)
+    tokens -= budget.reserve
+    if view.covered == history.pinned and view.elide_before <= history.pinned:
+        # No snapshot applied (none, or one this history no longer matches).
+        return Outcome("passthrough", None, 0, tokens, budget.window)
+    rebuilt = rebuild_messages(
+        history, view, summary or None, budget.elide_min_tokens, summary_role=summary_role
+    )
+    return Outcome("snapshot", rebuilt, version, tokens, budget.window)

@@ -7,7 +7,8 @@ overflow, the stated limit (converted to the proxy's token units) becomes
 the model's learned window and the request is compacted again against it;
 for an output budget, ``max_tokens`` is lowered to what the model allows.
 Either way the request is retried exactly once, and a second failure is
-returned to the client as the upstream wrote it.
+returned to the client as the upstream wrote it. ``pipeline.recover_overflow``
+runs these pieces in order: diagnose, learn (or lower), compact again, retry.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import orjson
 from starlette.responses import Response
 
 from proxy import upstream
-from proxy.compact import Outcome, Turn
+from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow, classify_error, echoed, request_text
 from proxy.services import Services
+from proxy.tokens import output_reserve
 
 log = logging.getLogger("proxy.recover")
 
@@ -44,57 +46,50 @@ class Attempt:
     outcome: Outcome
 
 
-async def retry_on_overflow(
-    services: Services,
-    turn: Turn,
-    first: Attempt,
+async def diagnose(
     response: upstream.UpstreamResponse,
-    headers: list[tuple[bytes, bytes]],
-    url: str,
-) -> tuple[upstream.UpstreamResponse | Response, Outcome]:
-    """The response to relay and the view it answers; ``response`` is consumed here,
-    unless it is a 200 stream that does not open with an error (then it is returned
-    as it was, its first bytes pushed back)."""
+) -> tuple[upstream.UpstreamResponse | Response, Overflow | None]:
+    """The response to relay should there be nothing to recover, and the overflow to
+    recover from, if any. ``response`` is consumed here, unless it is a 200 stream
+    that does not open with an error (then it is returned as it was, its first bytes
+    pushed back)."""
     if response.status_code == 200:  # a stream whose first event may be the error
         found = await _stream_error(response)
         if found is None:
-            return response, first.outcome
+            return response, None
         raw, original = found
         verdict = classify_error(400, response.headers, raw)
     else:
         raw, rest = await _read_error(response)
         if rest is not None:  # too big to be an error we can act on: relay it whole
-            return await upstream.relay(response, started=(raw, rest)), first.outcome
+            return await upstream.relay(response, started=(raw, rest)), None
         original = upstream.buffered(response, raw)
         verdict = classify_error(response.status_code, response.headers, raw)
-    if verdict.kind == "other":
-        return original, first.outcome
+    return original, (None if verdict.kind == "other" else verdict)
 
-    metrics = services.metrics.overflows
-    if verdict.kind == "output_budget":
-        lowered = _lower_output(first.body, verdict)
-        if lowered is None:  # nothing we can change: the retry would fail the same way
-            return original, first.outcome
-        body, outcome = lowered, first.outcome
-    else:
-        window = await _learn(services, turn, first, verdict)
-        model = replace(turn.model, context_window=window)
-        outcome = await services.compactor.prepare(replace(turn, model=model), recover=True)
-        messages = outcome.messages if outcome.messages is not None else turn.chat["messages"]
-        body = orjson.dumps({**turn.chat, "messages": messages})
+
+async def retry_once(
+    services: Services,
+    verdict: Overflow,
+    second: Attempt,
+    headers: list[tuple[bytes, bytes]],
+    url: str,
+) -> tuple[upstream.UpstreamResponse, Outcome]:
+    """Send ``second`` and count how it went; its answer is returned whatever it is."""
     log.warning(
         "upstream rejected the request (%s, %s format, limit %s); retrying once",
         verdict.kind,
         verdict.provider,
         verdict.limit,
     )
-    retry = await services.client.send("POST", url, headers, body)
+    retry = await services.client.send("POST", url, headers, second.body)
     labels = {"provider": verdict.provider, "kind": verdict.kind}
+    outcome = second.outcome
     if retry.status_code < 400:
-        metrics.labels(**labels, outcome="recovered").inc()
+        services.metrics.overflows.labels(**labels, outcome="recovered").inc()
         status = outcome.status if outcome.status != "passthrough" else "trimmed"
         return retry, replace(outcome, status=status)
-    metrics.labels(**labels, outcome="failed").inc()
+    services.metrics.overflows.labels(**labels, outcome="failed").inc()
     return retry, outcome
 
 
@@ -180,7 +175,7 @@ async def _read_error(
     return b"".join(chunks), None
 
 
-async def _learn(services: Services, turn: Turn, sent: Attempt, verdict: Overflow) -> int:
+async def learn_window(services: Services, turn: Turn, sent: Attempt, verdict: Overflow) -> int:
     """The window to plan the retry against, in the proxy's token units."""
     ours = sent.outcome.tokens + _reserve(turn)
     configured = services.models.resolve(turn.model.name).context_window
@@ -219,12 +214,10 @@ async def _stated_by_upstream(body: bytes, verdict: Overflow) -> bool:
 
 
 def _reserve(turn: Turn) -> int:
-    from proxy.tokens import output_reserve
-
     return output_reserve(turn.chat, turn.model.max_output_tokens)
 
 
-def _lower_output(body: bytes, verdict: Overflow) -> bytes | None:
+def lower_output(body: bytes, verdict: Overflow) -> bytes | None:
     """The body with its output budget lowered to what the model allows; None if unchanged."""
     data = orjson.loads(body)
     keys = [k for k in ("max_completion_tokens", "max_tokens") if isinstance(data.get(k), int)]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.calibrate import Calibration
 from proxy.compact import Compactor
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
+from proxy.schedule import Schedule
 from proxy.store import SnapshotStore
+from proxy.tokens import TokenCounter
 from proxy.upstream import HeaderPolicy, UpstreamClient
 from proxy.windows import LearnedWindows
 
@@ -20,6 +23,9 @@ class Services:
     headers: HeaderPolicy
     models: ModelTable
     store: SnapshotStore
+    counters: dict[str, TokenCounter]  # by tokenizer name
+    calibration: Calibration
+    schedule: Schedule
     compactor: Compactor
     windows: LearnedWindows
     metrics: Metrics

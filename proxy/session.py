@@ -86,3 +86,12 @@ def session_from_history(
     for d in digests[: lead + _DERIVE_FROM]:
         h.update(d)
     return SessionKey(tenant, h.hexdigest(), "derived")
+
+
+def session_key(
+    tenant: str, header: str | None, messages: Sequence[ChatMessage], digests: Sequence[bytes]
+) -> SessionKey:
+    """The session named by the session header, else the one derived from the history."""
+    if header:
+        return session_from_header(tenant, header)
+    return session_from_history(tenant, messages, digests)

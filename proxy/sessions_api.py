@@ -58,7 +58,7 @@ async def compact_session(request: Request, services: Services) -> Response:
     # The proxy holds no history, so compaction happens on the session's next
     # request, which carries it.
     key = _key(request)
-    if not await services.compactor.schedule_compaction(key):
+    if not await services.schedule.request(services.store, key):
         raise _not_found(key)  # exactly as GET answers: nothing to compact, or not yours
     return JSONResponse(
         {"id": request.path_params["session_id"], "status": "scheduled"}, status_code=202

@@ -24,7 +24,11 @@ from typing import Any
 import orjson
 
 from proxy import upstream
+from proxy.budget import FRAME_TOKENS, summary_limit
+from proxy.config import Settings
 from proxy.errors import SummaryError, SummaryTruncated, UpstreamError
+from proxy.models import ModelTable
+from proxy.outcome import Turn
 from proxy.overflow import classify_error
 from proxy.types import ChatMessage
 
@@ -89,6 +93,34 @@ class SummaryRequest:
     # Most transcript characters one call may take (the summarizer's window,
     # less the prompt and the answer, in characters of the chosen tokenizer).
     max_chunk_chars: int
+
+    @classmethod
+    def for_turn(
+        cls, turn: Turn, settings: Settings, models: ModelTable, client: upstream.UpstreamClient
+    ) -> SummaryRequest:
+        """The summary call for ``turn``'s session, sized for the summarizer's window."""
+        c = settings.compaction
+        summarizer = models.resolve(c.summarizer_model) if c.summarizer_model else turn.model
+        window = c.summarizer_context_window or summarizer.context_window
+        # The proxy's own summary budget, not the chat model's reply reserve
+        # (max_output_tokens): a summary cut short by that loses its end. Capped only by
+        # what the summarizer can write, when configured (an upstream that refuses more
+        # states its limit, and summarize.py asks again within it).
+        max_tokens = summary_limit(turn.model, c)
+        if c.summarizer_max_output_tokens:
+            max_tokens = min(max_tokens, c.summarizer_max_output_tokens)
+        # Room for the transcript: the window less the answer and the prompt's
+        # own framing, in characters at a conservative 3 per token.
+        room = max(window - max_tokens - 2 * FRAME_TOKENS - 600, 256)
+        return cls(
+            client=client,
+            url=upstream.upstream_url(settings.upstream.base_url, "chat/completions", b""),
+            headers=turn.auth_headers,
+            model=c.summarizer_model or turn.chat["model"],
+            max_tokens=max_tokens,
+            timeout_s=c.summary_timeout_s,
+            max_chunk_chars=room * 3,
+        )
 
 
 def _text(content: Any) -> str:

@@ -15,17 +15,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.budget import Budget
 from proxy.plan import (
     ELIDED_TOKENS,
-    Budget,
     Totals,
     View,
     count_pinned,
     group_starts,
     plan_compaction,
-    trim_plan,
     view_tokens,
 )
+from proxy.trim import trim_plan
 from proxy.types import ChatMessage
 from tests.conversations import convo
 

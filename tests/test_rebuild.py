@@ -11,7 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.plan import ELIDED_TOKENS, Budget, View, count_pinned, plan_compaction
+from proxy.budget import Budget
+from proxy.count import History
+from proxy.plan import ELIDED_TOKENS, View, count_pinned, plan_compaction
 from proxy.rebuild import (
     ACKNOWLEDGEMENT,
     CONTINUE,
@@ -30,6 +32,20 @@ PROPERTY = settings(
     max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
 SUMMARY = "Active task: ship the proxy. Critical values: port 8080."
+
+
+def rebuild(
+    messages: Sequence[ChatMessage],
+    pinned: int,
+    view: View,
+    summary: str | None,
+    counts: Sequence[int],
+    elide_min_tokens: int,
+    *,
+    summary_role: SummaryRole = "user",
+) -> list[ChatMessage]:
+    history = History(messages, [b""] * len(messages), counts, pinned, 0)
+    return rebuild_messages(history, view, summary, elide_min_tokens, summary_role=summary_role)
 
 
 def roles(messages: Sequence[ChatMessage]) -> list[str]:
@@ -75,7 +91,7 @@ def test_summary_placement_keeps_roles_alternating(
 ) -> None:
     messages = convo(spec)
     view = View(covered, 100, covered)
-    out = rebuild_messages(
+    out = rebuild(
         messages, pinned, view, SUMMARY, [10] * len(messages), 400, summary_role=summary_role
     )
     texts = {handoff_text(SUMMARY): H, ACKNOWLEDGEMENT: ACK, CONTINUE: CONT}
@@ -95,14 +111,14 @@ def test_summary_placement_keeps_roles_alternating(
 
 def test_no_summary_when_nothing_is_covered() -> None:
     messages = convo("s u a u")
-    out = rebuild_messages(messages, 1, View(1, 500, 1), SUMMARY, [10] * 4, 400)
+    out = rebuild(messages, 1, View(1, 500, 1), SUMMARY, [10] * 4, 400)
     assert len(out) == len(messages)
     assert all(a is b for a, b in zip(out, messages, strict=True))
 
 
 def test_a_covering_view_without_summary_is_rejected() -> None:
     with pytest.raises(ValueError, match="summary"):
-        rebuild_messages(convo("s u a u"), 1, View(3, 100, 3), None, [10] * 4, 400)
+        rebuild(convo("s u a u"), 1, View(3, 100, 3), None, [10] * 4, 400)
 
 
 @pytest.mark.parametrize(
@@ -111,16 +127,16 @@ def test_a_covering_view_without_summary_is_rejected() -> None:
 )
 def test_invalid_views_are_rejected(pinned: int, view: View) -> None:
     with pytest.raises(ValueError, match="covers"):
-        rebuild_messages(convo("s u a u"), pinned, view, SUMMARY, [10] * 4, 400)
+        rebuild(convo("s u a u"), pinned, view, SUMMARY, [10] * 4, 400)
 
 
 def test_summary_messages_are_byte_identical_between_compactions() -> None:
     """Invariant 5: new turns do not change the prefix the upstream sees."""
     messages = convo("s u a u a u")
     view = View(3, 100, 3)
-    first = rebuild_messages(messages, 2, view, SUMMARY, [10] * 6, 400)
+    first = rebuild(messages, 2, view, SUMMARY, [10] * 6, 400)
     grown = [*copy.deepcopy(messages), *convo("a u")]
-    second = rebuild_messages(grown, 2, view, SUMMARY, [10] * 8, 400)
+    second = rebuild(grown, 2, view, SUMMARY, [10] * 8, 400)
     prefix = len(first) - (len(messages) - view.covered)
     assert orjson.dumps(first[:prefix]) == orjson.dumps(second[:prefix])
     assert first[prefix:] == second[prefix : len(first)]
@@ -142,7 +158,7 @@ def test_elided_tool_output_is_a_copy_with_a_placeholder() -> None:
     messages[3]["name"] = "grep"
     original = copy.deepcopy(messages)
     counts = [10, 20, 30, 1234, 399, 40, 50]
-    out = rebuild_messages(messages, 1, View(1, 0, 5), None, counts, 400)
+    out = rebuild(messages, 1, View(1, 0, 5), None, counts, 400)
     assert messages == original  # nothing mutated
     assert out[3] is not messages[3]
     assert out[3] == {
@@ -159,7 +175,7 @@ def test_elided_tool_output_is_a_copy_with_a_placeholder() -> None:
 def test_elision_respects_the_boundary_and_the_summary() -> None:
     messages = convo("s u c1 t c1 t u")
     counts = [10, 10, 10, 800, 10, 800, 10]
-    out = rebuild_messages(messages, 1, View(4, 100, 5), SUMMARY, counts, 400)
+    out = rebuild(messages, 1, View(4, 100, 5), SUMMARY, counts, 400)
     # Result 3 is summarised, result 5 is at the boundary: kept verbatim.
     assert out[-3:] == messages[4:]
     assert all(a is b for a, b in zip(out[-3:], messages[4:], strict=True))
@@ -167,7 +183,7 @@ def test_elision_respects_the_boundary_and_the_summary() -> None:
 
 def test_the_newest_message_is_never_elided() -> None:
     messages = convo("s u c1 t")
-    out = rebuild_messages(messages, 1, View(1, 0, 99), None, [10, 10, 10, 5000], 400)
+    out = rebuild(messages, 1, View(1, 0, 99), None, [10, 10, 10, 5000], 400)
     assert out[-1] is messages[-1]
 
 
@@ -317,7 +333,7 @@ def test_every_plan_rebuilds_to_a_valid_request(
     plan = plan_compaction(counts, messages, pinned, current, b, force=data.draw(st.booleans()))
     view = plan.view
     summary = SUMMARY if view.covered > pinned else None
-    out = rebuild_messages(
+    out = rebuild(
         messages, pinned, view, summary, counts, b.elide_min_tokens, summary_role=summary_role
     )
 
@@ -347,7 +363,7 @@ def test_every_plan_rebuilds_to_a_valid_request(
         if floor <= b.target and plan.action == "compact":
             assert plan.tokens <= b.target
     # Invariant 5: the same view and summary always rebuild the same bytes.
-    again = rebuild_messages(
+    again = rebuild(
         messages, pinned, view, summary, counts, b.elide_min_tokens, summary_role=summary_role
     )
     assert orjson.dumps(again) == orjson.dumps(out)

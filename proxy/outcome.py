@@ -1,0 +1,50 @@
+"""The values one chat request's compaction steps share: its ``Turn`` and its ``Outcome``.
+
+``Outcome.headers`` renders the response headers that tell the client what the
+upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Window``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from proxy.models import ResolvedModel
+from proxy.types import ChatMessage, ChatRequest
+
+Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One chat request, as the compaction steps see it."""
+
+    chat: ChatRequest
+    body: bytes
+    model: ResolvedModel
+    tenant: str
+    session_header: str | None
+    auth_headers: list[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The API view for one request; ``messages`` None means send the body as is."""
+
+    status: Status
+    messages: list[ChatMessage] | None
+    version: int
+    tokens: int
+    window: int
+    # False when ``tokens`` is a rough size estimate, not a count.
+    counted: bool = True
+    # Identifiers the new summary had lost and the proxy put back (identifiers.py).
+    restored: int = 0
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [
+            (b"x-compaction-status", self.status.encode()),
+            (b"x-compaction-version", str(self.version).encode()),
+            (b"x-context-tokens", str(self.tokens).encode()),
+            (b"x-context-window", str(self.window).encode()),
+        ]

@@ -1,0 +1,77 @@
+"""Compactions asked for outside the trigger, and how often they may be.
+
+``X-Compaction: force`` compacts a session now, at most once per
+``compaction.force_interval_s``. ``POST /sessions/{id}/compact`` writes the ask
+into the session's snapshot, so whichever replica serves the next request
+compacts; the replica that took the ask also remembers it as a hint, because
+its next request must skip the far-below fast path, which never reads the store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+
+from cachetools import LRUCache
+
+from proxy.session import SessionKey, session_from_header
+from proxy.store import Snapshot, SnapshotStore
+
+# Most sessions with a pending or recent forced compaction tracked per process.
+TRACKED_LIMIT = 10_000
+_SCHEDULE_TTL_S = 3600.0
+
+
+@dataclass(slots=True)
+class Schedule:
+    """Per-process bookkeeping of asked-for compactions; one per app."""
+
+    force_interval_s: float
+    # X-Compaction: force, per session: when it last took effect (rate limit).
+    # Bounded: when every entry is recent, the least recently forced goes first.
+    last_forced: LRUCache[str, float] = field(default_factory=lambda: LRUCache(TRACKED_LIMIT))
+    # Header sessions this replica scheduled: their next request skips the far-below
+    # fast path. Only a hint, bounded; the schedule itself lives in the snapshot.
+    hints: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+    def may_force(self, key: SessionKey) -> bool:
+        """Whether ``X-Compaction: force`` takes effect for ``key`` now (and note it if so)."""
+        now = time.monotonic()
+        last = self.last_forced.get(key.storage_key)
+        if last is not None and now - last < self.force_interval_s:
+            return False
+        self.last_forced[key.storage_key] = now  # clients choose session ids: bounded
+        return True
+
+    async def request(self, store: SnapshotStore, key: SessionKey) -> bool:
+        """Make the session's next request compact (POST /sessions/{id}/compact): the
+        request is written into the session's snapshot, so every replica sees it and it
+        costs nothing beyond the session itself. False when there is no such session."""
+        for _ in range(3):  # a concurrent compaction may win the compare-and-swap
+            snapshot = await store.load(key.storage_key)
+            if snapshot is None:
+                return False
+            scheduled = replace(
+                snapshot, version=snapshot.version + 1, compact_requested_at=time.time()
+            )
+            if await store.save(key.storage_key, scheduled):
+                break
+        self.hints[key.storage_key] = None
+        if len(self.hints) > TRACKED_LIMIT:
+            self.hints.popitem(last=False)
+        return True
+
+    def take_hint(self, tenant: str, session_header: str | None) -> bool:
+        """Whether this replica scheduled the header session's compaction (once)."""
+        if not self.hints or not session_header:
+            return False
+        key = session_from_header(tenant, session_header).storage_key
+        return self.hints.pop(key, False) is None
+
+
+def scheduled(snapshot: Snapshot | None) -> bool:
+    """Whether POST /sessions/{id}/compact asked this session to compact (recently)."""
+    if snapshot is None or not snapshot.compact_requested_at:
+        return False
+    return time.time() - snapshot.compact_requested_at < _SCHEDULE_TTL_S
