@@ -1,0 +1,243 @@
+"""The pure steps around a session's snapshot: validation against the history
+(invariant 2), the next snapshot, the budget, and asked-for compactions."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from proxy.budget import FRAME_TOKENS, Budget, summary_limit
+from proxy.config import CompactionSettings
+from proxy.count import History
+from proxy.digest import digests_and_sizes, prefix_hash
+from proxy.errors import ContextTooLarge
+from proxy.models import ResolvedModel
+from proxy.plan import Plan, View
+from proxy.rebuild import omitted_marker
+from proxy.schedule import Schedule, scheduled
+from proxy.session import session_from_header
+from proxy.snapshots import Loaded, load_snapshot, next_snapshot, valid_snapshot, view_of
+from proxy.store import Snapshot
+from proxy.store.memory import MemoryStore
+from proxy.trim import trim_outcome
+from proxy.types import ChatMessage
+from tests.conversations import convo
+
+
+def history(messages: list[ChatMessage], pinned: int = 1, count: int = 10) -> History:
+    digests, _ = digests_and_sizes(messages)
+    return History(messages, digests, [count] * len(messages), pinned, 0)
+
+
+def snapshot_of(h: History, covered: int, version: int = 3, **kw: object) -> Snapshot:
+    fields: dict[str, object] = {
+        "version": version,
+        "summary": "S",
+        "pinned": h.pinned,
+        "covered": covered,
+        "elide_before": covered,
+        "anchor_hash": prefix_hash(h.digests, covered),
+        "summary_tokens": 50,
+        "tokens_before": 900,
+        "tokens_after": 400,
+        "created_at": 100.0,
+        "updated_at": 200.0,
+        **kw,
+    }
+    return Snapshot(**fields)  # type: ignore[arg-type]
+
+
+BASE = convo("s u a u a u a u")
+
+
+def test_a_snapshot_stays_valid_while_the_history_only_grows() -> None:
+    snap = snapshot_of(history(BASE), covered=5)
+    grown = BASE + convo("s u a u a u a u a u")[8:]
+    assert valid_snapshot(snap, history(BASE)) is snap
+    assert valid_snapshot(snap, history(grown)) is snap
+
+
+def test_no_snapshot_is_no_valid_snapshot() -> None:
+    assert valid_snapshot(None, history(BASE)) is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "rewound below the anchor",
+        "rewound to the anchor",
+        "edited inside the covered span",
+        "edited system prompt",
+        "pinned differently",
+    ],
+)
+def test_an_edited_or_rewound_history_invalidates_the_snapshot(change: str) -> None:
+    snap = snapshot_of(history(BASE), covered=5)
+    messages = [dict(m) for m in BASE]
+    pinned = 1
+    if change == "rewound below the anchor":
+        messages = messages[:4]
+    elif change == "rewound to the anchor":
+        messages = messages[:5]  # the newest message would be covered
+    elif change == "edited inside the covered span":
+        messages[3]["content"] = "something else"
+    elif change == "edited system prompt":
+        messages[0]["content"] = "a new system prompt"
+    else:
+        pinned = 2
+    assert valid_snapshot(snap, history(messages, pinned)) is None  # type: ignore[arg-type]
+
+
+def test_an_edit_after_the_anchor_keeps_the_snapshot() -> None:
+    snap = snapshot_of(history(BASE), covered=5)
+    messages = [dict(m) for m in BASE]
+    messages[6]["content"] = "edited, but verbatim in the tail"
+    assert valid_snapshot(snap, history(messages)) is snap  # type: ignore[arg-type]
+
+
+async def test_an_invalid_snapshot_keeps_its_version_for_the_compare_and_swap() -> None:
+    store = MemoryStore(ttl_s=60)
+    key = session_from_header("t", "s1")
+    stored = snapshot_of(history(BASE), covered=5, version=7)
+    assert await store.save(key.storage_key, replace(stored, version=1))
+    for v in range(2, 8):
+        assert await store.save(key.storage_key, replace(stored, version=v))
+    loaded = await load_snapshot(store, key, history(BASE[:4]))
+    assert loaded.valid is None
+    assert loaded.version == 7
+    assert loaded.summary == ""
+    assert loaded.view(1) == View(1, 0, 1)
+    fresh = await load_snapshot(store, key, history(BASE))
+    assert fresh.valid == fresh.stored
+    assert fresh.summary == "S"
+    assert fresh.view(1) == View(5, 50, 5)
+
+
+def test_view_of_no_snapshot_leaves_the_history_untouched() -> None:
+    assert view_of(None, 2) == View(covered=2, summary_tokens=0, elide_before=2)
+
+
+def test_next_snapshot_replaces_the_stored_one_and_matches_the_history() -> None:
+    h = history(BASE)
+    stored = snapshot_of(h, covered=3, version=4, compact_requested_at=time.time())
+    plan = Plan("compact", View(5, 70, 6), (3, 5), 321, True)
+    budget = Budget(
+        window=1000, reserve=100, fixed=20, trigger=800, target=500, summary_allowance=0
+    )
+    before = time.time()
+    new = next_snapshot(Loaded(stored, None), "new summary", plan, h, budget, "gpt-x")
+    assert new.version == 5  # over the stored version, valid for this history or not
+    assert (new.summary, new.pinned, new.covered, new.elide_before) == ("new summary", 1, 5, 6)
+    assert new.anchor_hash == prefix_hash(h.digests, 6)
+    assert (new.summary_tokens, new.tokens_before, new.tokens_after) == (70, 80 + 120, 321)
+    assert new.created_at == 100.0  # the session's, kept
+    assert new.updated_at >= before
+    assert new.model == "gpt-x"
+    assert new.compact_requested_at == 0.0  # the scheduled compaction is this one
+    assert valid_snapshot(new, h) is new
+    assert valid_snapshot(new, history(BASE[:6])) is None  # anchor 6: newest covered
+
+
+def test_the_first_snapshot_starts_at_version_one() -> None:
+    h = history(BASE)
+    plan = Plan("compact", View(1, 0, 5), (1, 1), 300, True)
+    budget = Budget(window=1000, reserve=0, fixed=0, trigger=800, target=500, summary_allowance=0)
+    new = next_snapshot(Loaded(None, None), "", plan, h, budget, "m")
+    assert new.version == 1
+    assert new.created_at == new.updated_at
+
+
+def model(window: int) -> ResolvedModel:
+    return ResolvedModel("m", window, 4096, "o200k_base", "default")
+
+
+def test_budget_for_a_model_follows_the_ratios_and_summary_size() -> None:
+    c = CompactionSettings(trigger_ratio=0.8, target_ratio=0.5, summary_max_tokens=2000)
+    budget = Budget.for_model(model(100_000), c, reserve=4096, fixed=300)
+    assert budget == Budget(
+        window=100_000,
+        reserve=4096,
+        fixed=300,
+        trigger=80_000,
+        target=50_000,
+        summary_allowance=2000 + FRAME_TOKENS,
+        min_tail_messages=c.min_tail_messages,
+        elide_min_tokens=c.elide_min_tokens,
+    )
+
+
+@pytest.mark.parametrize(
+    ("window", "max_tokens", "expected"),
+    [
+        (100_000, 2000, 2000),  # the configured maximum
+        (4096, 2000, 614),  # 15% of a small window
+        (500, 2000, 128),  # never below the floor
+        (100_000, 100, 128),
+    ],
+)
+def test_summary_limit(window: int, max_tokens: int, expected: int) -> None:
+    c = CompactionSettings(summary_max_tokens=max_tokens)
+    assert summary_limit(model(window), c) == expected
+    assert Budget.for_model(model(window), c, 0, 0).summary_allowance == expected + FRAME_TOKENS
+
+
+def test_a_schedule_is_recent_for_an_hour() -> None:
+    snap = snapshot_of(history(BASE), covered=5)
+    assert not scheduled(None)
+    assert not scheduled(snap)
+    assert scheduled(replace(snap, compact_requested_at=time.time() - 60))
+    assert not scheduled(replace(snap, compact_requested_at=time.time() - 7200))
+
+
+def test_force_is_rate_limited_per_session() -> None:
+    schedule = Schedule(force_interval_s=30)
+    a, b = session_from_header("t", "a"), session_from_header("t", "b")
+    assert schedule.may_force(a)
+    assert not schedule.may_force(a)
+    assert schedule.may_force(b)
+    assert Schedule(force_interval_s=0).may_force(a)
+
+
+async def test_a_scheduled_compaction_is_written_and_hinted_once() -> None:
+    store = MemoryStore(ttl_s=60)
+    schedule = Schedule(force_interval_s=30)
+    key = session_from_header("t", "s")
+    assert not await schedule.request(store, key)  # no such session
+    await store.save(key.storage_key, snapshot_of(history(BASE), covered=5, version=1))
+    assert await schedule.request(store, key)
+    stored = await store.load(key.storage_key)
+    assert stored is not None
+    assert (stored.version, scheduled(stored)) == (2, True)
+    assert schedule.take_hint("t", "s")
+    assert not schedule.take_hint("t", "s")
+
+
+def test_trimming_drops_the_oldest_groups_and_marks_them() -> None:
+    messages = convo("s u a u a u a u a u")
+    h = history(messages, count=100)
+    budget = Budget(window=700, reserve=0, fixed=0, trigger=600, target=500, summary_allowance=0)
+    outcome = trim_outcome(h, Loaded(None, None), budget, "user")
+    assert outcome.status == "trimmed"
+    assert outcome.messages is not None
+    assert outcome.messages[0] is messages[0]
+    assert outcome.messages[-1] is messages[-1]
+    assert omitted_marker(6) in str(outcome.messages[1]["content"])
+    assert outcome.tokens <= budget.target
+
+
+def test_trimming_leaves_a_history_that_fits_alone() -> None:
+    h = history(BASE, count=10)
+    budget = Budget(window=700, reserve=0, fixed=0, trigger=60, target=50, summary_allowance=0)
+    outcome = trim_outcome(h, Loaded(None, None), budget, "user")
+    assert (outcome.status, outcome.messages, outcome.tokens) == ("passthrough", None, 80)
+
+
+def test_a_newest_message_too_large_for_the_window_is_refused() -> None:
+    messages = convo("s u a u")
+    digests, _ = digests_and_sizes(messages)
+    h = History(messages, digests, [10, 10, 10, 2000], 1, 0)
+    budget = Budget(window=1000, reserve=0, fixed=0, trigger=800, target=500, summary_allowance=0)
+    with pytest.raises(ContextTooLarge):
+        trim_outcome(h, Loaded(None, None), budget, "user")
