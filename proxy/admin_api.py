@@ -44,9 +44,9 @@ async def list_sessions(request: Request, services: Services) -> Response:
     entries = await services.store.list_sessions(limit + 1)
     data = [
         {
-            "id": key.rsplit(":", 1)[-1][:16],
-            "tenant": key.split(":", 1)[0][:12],
-            "source": "header" if ":h:" in key else "derived",
+            "id": key.session[:16],
+            "tenant": key.tenant[:12],
+            "source": key.source,
             "version": snap.version,
             "covered_messages": snap.covered,
             "summary_tokens": snap.summary_tokens,

@@ -18,6 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from proxy.budget import FRAME_TOKENS, Budget, summary_limit
 from proxy.config import Settings
@@ -32,7 +33,7 @@ from proxy.rebuild import handoff_text, rebuild_outcome
 from proxy.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey
 from proxy.snapshots import Loaded, load_snapshot, next_snapshot
-from proxy.store import Snapshot, SnapshotStore
+from proxy.store import LockStore, Snapshot, Snapshots
 from proxy.summarize import SummaryRequest, span_text, summarize
 from proxy.tokens import TokenCounter
 from proxy.trim import trim_outcome
@@ -42,6 +43,10 @@ from proxy.upstream import UpstreamClient
 log = logging.getLogger("proxy.compaction")
 
 _POLL_S = 0.05
+
+
+class CompactionStore(Snapshots, LockStore, Protocol):
+    """What compaction needs of a store: snapshots, and the lock around summarizing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +65,13 @@ class Compactor:
     """Per-process single-flight state; one per app, built in the lifespan."""
 
     settings: Settings
-    store: SnapshotStore
+    store: CompactionStore
     counters: dict[str, TokenCounter]
     client: UpstreamClient  # summaries are asked of the upstream through it
     models: ModelTable
     metrics: Metrics
     # Sessions whose summarization lock outlived a full wait: until when not to wait again.
-    stalled_locks: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    stalled_locks: OrderedDict[SessionKey, float] = field(default_factory=OrderedDict)
 
     async def compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Carry out ``plan`` (against ``loaded``), once per session at a time; log it."""
@@ -104,7 +109,7 @@ class Compactor:
             )
             return await self._saved(job, new, plan)
 
-        key = job.key.storage_key
+        key = job.key
         lock_ttl = self.settings.compaction.summary_timeout_s + 5
         token = await self.store.acquire(key, lock_ttl)
         if token is None:
@@ -161,7 +166,7 @@ class Compactor:
 
     async def _saved(self, job: Job, new: Snapshot, plan: Plan) -> Outcome:
         """Write ``new`` (compare-and-swap) and show the history under it."""
-        if not await self.store.save(job.key.storage_key, new):
+        if not await self.store.save(job.key, new):
             # A concurrent writer got there first; its snapshot is as valid as ours.
             log.info("session=%s snapshot v%d lost a write race", job.key.log_id, new.version)
         role = self.settings.compaction.summary_role
@@ -172,7 +177,7 @@ class Compactor:
 
     async def _wait_for_other(self, job: Job, loaded: Loaded) -> Outcome:
         """Another request is summarizing this session: wait (bounded), then use its result."""
-        key = job.key.storage_key
+        key = job.key
         before = loaded.version
         now = time.monotonic()
         # A wait on this lock already ran out: its holder is likely gone (a replica that

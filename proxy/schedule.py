@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from cachetools import LRUCache
 
 from proxy.session import SessionKey, session_from_header
-from proxy.store import Snapshot, SnapshotStore
+from proxy.store import Snapshot, Snapshots
 
 # Most sessions with a pending or recent forced compaction tracked per process.
 TRACKED_LIMIT = 10_000
@@ -30,34 +30,36 @@ class Schedule:
     force_interval_s: float
     # X-Compaction: force, per session: when it last took effect (rate limit).
     # Bounded: when every entry is recent, the least recently forced goes first.
-    last_forced: LRUCache[str, float] = field(default_factory=lambda: LRUCache(TRACKED_LIMIT))
+    last_forced: LRUCache[SessionKey, float] = field(
+        default_factory=lambda: LRUCache(TRACKED_LIMIT)
+    )
     # Header sessions this replica scheduled: their next request skips the far-below
     # fast path. Only a hint, bounded; the schedule itself lives in the snapshot.
-    hints: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    hints: OrderedDict[SessionKey, None] = field(default_factory=OrderedDict)
 
     def may_force(self, key: SessionKey) -> bool:
         """Whether ``X-Compaction: force`` takes effect for ``key`` now (and note it if so)."""
         now = time.monotonic()
-        last = self.last_forced.get(key.storage_key)
+        last = self.last_forced.get(key)
         if last is not None and now - last < self.force_interval_s:
             return False
-        self.last_forced[key.storage_key] = now  # clients choose session ids: bounded
+        self.last_forced[key] = now  # clients choose session ids: bounded
         return True
 
-    async def request(self, store: SnapshotStore, key: SessionKey) -> bool:
+    async def request(self, store: Snapshots, key: SessionKey) -> bool:
         """Make the session's next request compact (POST /sessions/{id}/compact): the
         request is written into the session's snapshot, so every replica sees it and it
         costs nothing beyond the session itself. False when there is no such session."""
         for _ in range(3):  # a concurrent compaction may win the compare-and-swap
-            snapshot = await store.load(key.storage_key)
+            snapshot = await store.load(key)
             if snapshot is None:
                 return False
             scheduled = replace(
                 snapshot, version=snapshot.version + 1, compact_requested_at=time.time()
             )
-            if await store.save(key.storage_key, scheduled):
+            if await store.save(key, scheduled):
                 break
-        self.hints[key.storage_key] = None
+        self.hints[key] = None
         if len(self.hints) > TRACKED_LIMIT:
             self.hints.popitem(last=False)
         return True
@@ -66,7 +68,7 @@ class Schedule:
         """Whether this replica scheduled the header session's compaction (once)."""
         if not self.hints or not session_header:
             return False
-        key = session_from_header(tenant, session_header).storage_key
+        key = session_from_header(tenant, session_header)
         return self.hints.pop(key, False) is None
 
 

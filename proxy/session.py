@@ -21,6 +21,7 @@ _TENANT_SALT = b"compaction-proxy/tenant/v1"
 _LEADING = frozenset({"system", "developer"})
 # Opening messages after the system prompt that identify a header-less conversation.
 _DERIVE_FROM = 2
+_SOURCES: dict[str, Literal["header", "derived"]] = {"h": "header", "d": "derived"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,16 @@ class SessionKey:
 
     @property
     def storage_key(self) -> str:
+        """The one string a store files this session under: ``{tenant}:{h|d}:{session}``."""
         return f"{self.tenant}:{self.source[0]}:{self.session}"
+
+    @classmethod
+    def from_storage_key(cls, value: str) -> SessionKey | None:
+        """The key ``storage_key`` made ``value`` from; None for anything else."""
+        parts = value.split(":")
+        if len(parts) != 3 or not parts[0] or not parts[2] or parts[1] not in _SOURCES:
+            return None
+        return cls(parts[0], parts[2], _SOURCES[parts[1]])
 
     @property
     def log_id(self) -> str:

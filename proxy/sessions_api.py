@@ -25,7 +25,7 @@ def _not_found(key: SessionKey) -> NotFound:
 
 async def get_session(request: Request, services: Services) -> Response:
     key = _key(request)
-    snapshot = await services.store.load(key.storage_key)
+    snapshot = await services.store.load(key)
     if snapshot is None:
         raise _not_found(key)
     return JSONResponse(
@@ -49,7 +49,7 @@ async def get_session(request: Request, services: Services) -> Response:
 
 async def delete_session(request: Request, services: Services) -> Response:
     key = _key(request)
-    if not await services.store.delete(key.storage_key):
+    if not await services.store.delete(key):
         raise _not_found(key)
     return JSONResponse({"id": request.path_params["session_id"], "deleted": True})
 

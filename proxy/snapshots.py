@@ -18,7 +18,7 @@ from proxy.count import History
 from proxy.digest import prefix_hash
 from proxy.plan import Plan, View
 from proxy.session import SessionKey
-from proxy.store import Snapshot, SnapshotStore
+from proxy.store import Snapshot, Snapshots
 
 log = logging.getLogger("proxy.compaction")
 
@@ -56,9 +56,9 @@ def valid_snapshot(snapshot: Snapshot | None, history: History) -> Snapshot | No
     return snapshot if valid else None
 
 
-async def load_snapshot(store: SnapshotStore, key: SessionKey, history: History) -> Loaded:
+async def load_snapshot(store: Snapshots, key: SessionKey, history: History) -> Loaded:
     """The session's snapshot, and whether ``history`` may use it."""
-    stored = await store.load(key.storage_key)
+    stored = await store.load(key)
     valid = valid_snapshot(stored, history)
     if stored is not None and valid is None:
         log.info(

@@ -14,12 +14,18 @@ import orjson
 import pytest
 import redis
 
+from proxy.session import SessionKey
 from proxy.store import Snapshot
 from proxy.store.redis import RedisStore
 from tests.conftest import RedisServer
 from tests.test_compaction import FILLER, WINDOW, Chat, stats
 
 pytestmark = pytest.mark.redis
+
+
+def key(name: str) -> SessionKey:
+    """A session key whose Redis names are ``cp:{snap|lock}:tenant:h:{name}``."""
+    return SessionKey("tenant", name, "header")
 
 
 def replica_config(sim: str, redis_url: str) -> dict[str, Any]:
@@ -173,14 +179,42 @@ async def test_a_stale_writer_never_overwrites_a_newer_snapshot(
 ) -> None:
     store = RedisStore(redis_server.url, ttl_s=60)
     try:
-        assert await store.save("s", _snapshot(1, "one"))
-        assert await store.save("s", _snapshot(2, "two"))
-        assert not await store.save("s", _snapshot(2, "two again"))  # lost the race
-        assert not await store.save("s", _snapshot(1, "stale"))
-        loaded = await store.load("s")
+        assert await store.save(key("s"), _snapshot(1, "one"))
+        assert await store.save(key("s"), _snapshot(2, "two"))
+        assert not await store.save(key("s"), _snapshot(2, "two again"))  # lost the race
+        assert not await store.save(key("s"), _snapshot(1, "stale"))
+        loaded = await store.load(key("s"))
         assert loaded is not None
         assert (loaded.version, loaded.summary) == (2, "two")
     finally:
+        await store.aclose()
+
+
+async def test_snapshots_written_under_the_existing_key_layout_are_still_found(
+    redis_server: RedisServer,
+) -> None:
+    """``{prefix}:snap:{tenant}:{h|d}:{session}``, byte for byte, as earlier releases wrote it."""
+    tenant = "0123456789abcdef0123456789abcdef"
+    written = _snapshot(2, "written by an earlier release")
+    fields = {name: getattr(written, name) for name in Snapshot.__dataclass_fields__}
+    raw = redis.Redis.from_url(redis_server.url)
+    raw.hset(f"pre:snap:{tenant}:h:abc", mapping={"v": 2, "d": orjson.dumps({**fields, "fv": 1})})
+    raw.hset(f"pre:snap:{tenant}:d:abc", mapping={"v": 2, "d": orjson.dumps({**fields, "fv": 1})})
+    store = RedisStore(redis_server.url, ttl_s=60, prefix="pre")
+    header, derived = SessionKey(tenant, "abc", "header"), SessionKey(tenant, "abc", "derived")
+    try:
+        assert await store.load(header) == written
+        assert await store.load(derived) == written
+        assert sorted(k.source for k, _ in await store.list_sessions(10)) == ["derived", "header"]
+        assert await store.save(header, _snapshot(3, "next"))
+        assert raw.hget(f"pre:snap:{tenant}:h:abc", "v") == b"3"
+        token = await store.acquire(derived, 60)
+        assert token is not None
+        assert raw.get(f"pre:lock:{tenant}:d:abc") == token.encode()
+        assert await store.delete(header)
+        assert not raw.exists(f"pre:snap:{tenant}:h:abc")
+    finally:
+        raw.close()
         await store.aclose()
 
 
@@ -188,13 +222,13 @@ async def test_snapshots_of_an_older_format_version_are_ignored_and_replaced(
     redis_server: RedisServer,
 ) -> None:
     raw = redis.Redis.from_url(redis_server.url)
-    raw.hset("cp:snap:old", mapping={"v": 3, "d": orjson.dumps({"fv": 0, "summary": "x"})})
+    raw.hset("cp:snap:tenant:h:old", mapping={"v": 3, "d": orjson.dumps({"fv": 0, "summary": "x"})})
     raw.close()
     store = RedisStore(redis_server.url, ttl_s=60)
     try:
-        assert await store.load("old") is None
+        assert await store.load(key("old")) is None
         # Its version 3 must not block the new version 1 for ever.
-        assert await store.save("old", _snapshot(1, "new"))
+        assert await store.save(key("old"), _snapshot(1, "new"))
     finally:
         await store.aclose()
 
@@ -203,17 +237,17 @@ async def test_ttl_is_refreshed_on_use_and_lock_expires(redis_server: RedisServe
     store = RedisStore(redis_server.url, ttl_s=60)
     raw = redis.Redis.from_url(redis_server.url)
     try:
-        await store.save("t", _snapshot(1, "x"))
-        raw.pexpire("cp:snap:t", 1000)
-        await store.load("t")
-        assert raw.pttl("cp:snap:t") > 50_000
-        token = await store.acquire("t", ttl_s=0.2)
+        await store.save(key("t"), _snapshot(1, "x"))
+        raw.pexpire("cp:snap:tenant:h:t", 1000)
+        await store.load(key("t"))
+        assert raw.pttl("cp:snap:tenant:h:t") > 50_000
+        token = await store.acquire(key("t"), ttl_s=0.2)
         assert token is not None
-        assert await store.acquire("t", ttl_s=0.2) is None
-        await store.release("t", "not-the-owner")
-        assert await store.acquire("t", ttl_s=0.2) is None
+        assert await store.acquire(key("t"), ttl_s=0.2) is None
+        await store.release(key("t"), "not-the-owner")
+        assert await store.acquire(key("t"), ttl_s=0.2) is None
         await asyncio.sleep(0.3)  # the owner died: the lock expires on its own
-        assert await store.acquire("t", ttl_s=0.2) is not None
+        assert await store.acquire(key("t"), ttl_s=0.2) is not None
     finally:
         raw.close()
         await store.aclose()
@@ -231,22 +265,22 @@ async def test_encrypted_snapshots_are_unreadable_in_redis_and_keys_rotate(
     stranger = RedisStore(redis_server.url, ttl_s=60, encryption_keys=[new])
     plain = RedisStore(redis_server.url, ttl_s=60)
     try:
-        assert await writer.save("e", _snapshot(1, "FACT secret=swordfish"))
-        stored = raw.hget("cp:snap:e", "d")
+        assert await writer.save(key("e"), _snapshot(1, "FACT secret=swordfish"))
+        stored = raw.hget("cp:snap:tenant:h:e", "d")
         assert stored is not None
         assert b"swordfish" not in stored
-        loaded = await rotated.load("e")  # any listed key reads
+        loaded = await rotated.load(key("e"))  # any listed key reads
         assert loaded is not None
         assert loaded.summary == "FACT secret=swordfish"
         # A replica without the key reads nothing, and its next version 1 replaces it.
-        assert await stranger.load("e") is None
-        assert await stranger.save("e", _snapshot(1, "rewritten"))
-        again = await stranger.load("e")
+        assert await stranger.load(key("e")) is None
+        assert await stranger.save(key("e"), _snapshot(1, "rewritten"))
+        again = await stranger.load(key("e"))
         assert again is not None
         assert again.summary == "rewritten"
         # Snapshots written before encryption was turned on stay readable.
-        assert await plain.save("p", _snapshot(1, "plain"))
-        before = await rotated.load("p")
+        assert await plain.save(key("p"), _snapshot(1, "plain"))
+        before = await rotated.load(key("p"))
         assert before is not None
         assert before.summary == "plain"
     finally:

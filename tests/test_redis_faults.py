@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from proxy.metrics import Metrics
-from proxy.session import session_from_header, tenant_from_headers
+from proxy.session import SessionKey, session_from_header, tenant_from_headers
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
@@ -32,6 +32,11 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 # Far below the 30 s default, yet far above what a turn without waiting takes.
 WAIT_FOR_SUMMARY_S = 8.0
 FAST_TURN_S = 3.0
+
+
+def key(name: str) -> SessionKey:
+    """A session key whose Redis names are ``cp:{snap|lock}:tenant:h:{name}``."""
+    return SessionKey("tenant", name, "header")
 
 
 def settings(sim: str, redis_url: str, **store: Any) -> Any:
@@ -173,16 +178,16 @@ async def test_this_replica_settles_its_late_release_before_locking_the_session_
     # Background retries far in the future: only the settling acquire can free the lock.
     store, metrics = _resilient(redis_server.url, release_backoff_s=(30.0,))
     try:
-        token = await store.acquire("s", 60)
+        token = await store.acquire(key("s"), 60)
         assert token is not None
         raw_redis.client_pause(600, all=True)
-        await store.release("s", token)  # times out: the stall ate it
-        assert raw_redis.exists("cp:lock:s")
+        await store.release(key("s"), token)  # times out: the stall ate it
+        assert raw_redis.exists("cp:lock:tenant:h:s")
         await _until_not_degraded(store)
-        again = await store.acquire("s", 60)
+        again = await store.acquire(key("s"), 60)
         assert again is not None, "the lock of a finished summary blocked its own session"
-        await store.release("s", again)
-        assert not raw_redis.exists("cp:lock:s")
+        await store.release(key("s"), again)
+        assert not raw_redis.exists("cp:lock:tenant:h:s")
     finally:
         started = time.monotonic()
         await store.aclose()  # cancels the pending retry instead of waiting 30 s
@@ -195,17 +200,17 @@ async def test_release_retries_stop_at_the_locks_own_expiry(
 ) -> None:
     store, metrics = _resilient(redis_server.url)
     try:
-        token = await store.acquire("s", 0.6)
+        token = await store.acquire(key("s"), 0.6)
         assert token is not None
         raw_redis.client_pause(3000, all=True)
-        await store.release("s", token)
+        await store.release(key("s"), token)
         await _until(
             lambda: sample(metrics, "compaction_proxy_lock_release_retries", outcome="expired")
         )
     finally:
         await store.aclose()
     # The expiry, not a retry, removed it; no other outcome was counted.
-    assert not raw_redis.exists("cp:lock:s")
+    assert not raw_redis.exists("cp:lock:tenant:h:s")
     assert sample(metrics, "compaction_proxy_lock_release_retries", outcome="released") == 0
 
 
@@ -272,7 +277,7 @@ async def test_an_unreadable_snapshot_loads_as_none_and_is_replaced(
 ) -> None:
     from cryptography.fernet import Fernet
 
-    plant(raw_redis, "cp:snap:bad", UNREADABLE[case])
+    plant(raw_redis, "cp:snap:tenant:h:bad", UNREADABLE[case])
     metrics = Metrics.create()
     store = RedisStore(
         redis_server.url,
@@ -281,9 +286,9 @@ async def test_an_unreadable_snapshot_loads_as_none_and_is_replaced(
         metrics=metrics,
     )
     try:
-        assert await store.load("bad") is None
-        assert await store.save("bad", _snap(1, "fresh")), "version 1 must replace it"
-        loaded = await store.load("bad")
+        assert await store.load(key("bad")) is None
+        assert await store.save(key("bad"), _snap(1, "fresh")), "version 1 must replace it"
+        loaded = await store.load(key("bad"))
         assert loaded is not None
         assert loaded.summary == "fresh"
     finally:
@@ -294,12 +299,12 @@ async def test_an_unreadable_snapshot_loads_as_none_and_is_replaced(
 async def test_a_key_of_the_wrong_redis_type_reads_as_nothing_and_is_replaced(
     redis_server: RedisServer, raw_redis: redis.Redis
 ) -> None:
-    raw_redis.set("cp:snap:typed", b"a string, not a hash")
+    raw_redis.set("cp:snap:tenant:h:typed", b"a string, not a hash")
     raw_redis.hset("cp:win:typed", mapping={"a": 1})
     store = RedisStore(redis_server.url, ttl_s=60)
     try:
-        assert await store.load("typed") is None
-        assert await store.save("typed", _snap(1, "fresh"))
+        assert await store.load(key("typed")) is None
+        assert await store.save(key("typed"), _snap(1, "fresh"))
         assert await store.load_window("typed") is None
         await store.save_window("typed", 8000, 60)
         assert await store.load_window("typed") == 8000
@@ -314,12 +319,12 @@ async def test_a_valid_snapshot_written_after_the_unreadable_read_survives(
     stale = {"v": b"4", "d": b"garbage"}
     store = RedisStore(redis_server.url, ttl_s=60)
     try:
-        plant(raw_redis, "cp:snap:race", stale)
-        raw_redis.delete("cp:snap:race")  # someone cleaned up and wrote version 1 since
-        assert await store.save("race", _snap(1, "concurrent"))
+        plant(raw_redis, "cp:snap:tenant:h:race", stale)
+        raw_redis.delete("cp:snap:tenant:h:race")  # someone cleaned up and wrote version 1 since
+        assert await store.save(key("race"), _snap(1, "concurrent"))
         # The delete for the garbage read earlier arrives late.
-        await store._discard_snapshot(keys=["cp:snap:race"], args=[stale["v"], stale["d"]])
-        loaded = await store.load("race")
+        await store._discard_snapshot(keys=["cp:snap:tenant:h:race"], args=[stale["v"], stale["d"]])
+        loaded = await store.load(key("race"))
         assert loaded is not None
         assert loaded.summary == "concurrent"
     finally:
@@ -330,13 +335,13 @@ async def test_a_snapshot_of_a_newer_format_is_ignored_but_kept(
     redis_server: RedisServer, raw_redis: redis.Redis
 ) -> None:
     newer = {"v": b"2", "d": orjson.dumps({**_snapshot_fields(2), "fv": 99})}
-    plant(raw_redis, "cp:snap:new", newer)
+    plant(raw_redis, "cp:snap:tenant:h:new", newer)
     store = RedisStore(redis_server.url, ttl_s=60)
     try:
-        assert await store.load("new") is None
+        assert await store.load(key("new")) is None
     finally:
         await store.aclose()
-    assert raw_redis.hgetall("cp:snap:new") == {k.encode(): v for k, v in newer.items()}
+    assert raw_redis.hgetall("cp:snap:tenant:h:new") == {k.encode(): v for k, v in newer.items()}
 
 
 @pytest.mark.parametrize("value", [b"lots", b"-5", b"0", b"1.5e3"])
@@ -360,15 +365,16 @@ async def test_an_unreadable_learned_window_loads_as_none_and_is_replaced(
 async def test_listings_skip_unreadable_entries(
     redis_server: RedisServer, raw_redis: redis.Redis
 ) -> None:
-    plant(raw_redis, "cp:snap:bad", UNREADABLE["garbage"])
-    raw_redis.set("cp:snap:typed", b"x")
+    plant(raw_redis, "cp:snap:tenant:h:bad", UNREADABLE["garbage"])
+    raw_redis.set("cp:snap:tenant:h:typed", b"x")
+    plant(raw_redis, "cp:snap:not-a-session-key", {"v": b"1", "d": b"{}"})
     raw_redis.set("cp:win:bad", b"lots")
     raw_redis.hset("cp:win:typed", mapping={"a": 1})
     store = RedisStore(redis_server.url, ttl_s=60)
     try:
-        assert await store.save("good", _snap(1, "good"))
+        assert await store.save(key("good"), _snap(1, "good"))
         await store.save_window("good", 8000, 60)
-        assert [k for k, _ in await store.list_sessions(10)] == ["good"]
+        assert [k for k, _ in await store.list_sessions(10)] == [key("good")]
         assert await store.learned_windows() == {"good": 8000}
     finally:
         await store.aclose()

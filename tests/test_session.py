@@ -155,3 +155,17 @@ def test_log_id_is_short_and_distinct_per_session() -> None:
     ids = {session_from_header(tenant, f"s{i}").log_id for i in range(200)}
     assert len(ids) == 200
     assert all(len(i) <= 16 for i in ids)
+
+
+def test_a_storage_key_parses_back_to_its_session_key() -> None:
+    tenant = tenant_of("Bearer sk-one")
+    for key in (session_from_header(tenant, "s1"), derived(conversation("hi", 3), tenant)):
+        assert SessionKey.from_storage_key(key.storage_key) == key
+    assert SessionKey.from_storage_key("anonymous:h:abc") == SessionKey(
+        "anonymous", "abc", "header"
+    )
+
+
+@pytest.mark.parametrize("value", ["", "a:b", "t:x:s", "t:h:", ":h:s", "t:h:s:extra"])
+def test_strings_no_session_key_makes_do_not_parse(value: str) -> None:
+    assert SessionKey.from_storage_key(value) is None

@@ -101,9 +101,9 @@ async def test_an_invalid_snapshot_keeps_its_version_for_the_compare_and_swap() 
     store = MemoryStore(ttl_s=60)
     key = session_from_header("t", "s1")
     stored = snapshot_of(history(BASE), covered=5, version=7)
-    assert await store.save(key.storage_key, replace(stored, version=1))
+    assert await store.save(key, replace(stored, version=1))
     for v in range(2, 8):
-        assert await store.save(key.storage_key, replace(stored, version=v))
+        assert await store.save(key, replace(stored, version=v))
     loaded = await load_snapshot(store, key, history(BASE[:4]))
     assert loaded.valid is None
     assert loaded.version == 7
@@ -205,9 +205,9 @@ async def test_a_scheduled_compaction_is_written_and_hinted_once() -> None:
     schedule = Schedule(force_interval_s=30)
     key = session_from_header("t", "s")
     assert not await schedule.request(store, key)  # no such session
-    await store.save(key.storage_key, snapshot_of(history(BASE), covered=5, version=1))
+    await store.save(key, snapshot_of(history(BASE), covered=5, version=1))
     assert await schedule.request(store, key)
-    stored = await store.load(key.storage_key)
+    stored = await store.load(key)
     assert stored is not None
     assert (stored.version, scheduled(stored)) == (2, True)
     assert schedule.take_hint("t", "s")

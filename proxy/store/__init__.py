@@ -1,9 +1,12 @@
 """Where snapshots live: the protocol, the Snapshot value, and the factory.
 
-A store keeps, per session key, one ``Snapshot`` plus a short-lived
-summarization lock. Writes are compare-and-swap on the version: a snapshot
-with version N is written only over version N-1 (or over nothing for N=1),
-so a slow writer can never replace a newer summary.
+A store keeps, per ``SessionKey``, one ``Snapshot`` plus a short-lived
+summarization lock, and learned context windows under plain string keys.
+The protocols are split by concern (``Snapshots``, ``LockStore``,
+``WindowStore``); callers take the narrowest one they need, and ``Store``
+combines them. Writes are compare-and-swap on the version: a snapshot with
+version N is written only over version N-1 (or over nothing for N=1), so a
+slow writer can never replace a newer summary.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from proxy.config import Settings
 
 if TYPE_CHECKING:
     from proxy.metrics import Metrics
+    from proxy.session import SessionKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,20 +44,34 @@ class Snapshot:
         return max(self.covered, self.elide_before)
 
 
-class SnapshotStore(Protocol):
-    async def load(self, key: str) -> Snapshot | None: ...
+class Snapshots(Protocol):
+    """Per-session snapshots, compare-and-swap on the version."""
 
-    async def save(self, key: str, snapshot: Snapshot) -> bool:
+    async def load(self, key: SessionKey) -> Snapshot | None: ...
+
+    async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
         """Write if the stored version is ``snapshot.version - 1``; False if it lost the race."""
         ...
 
-    async def delete(self, key: str) -> bool: ...
+    async def delete(self, key: SessionKey) -> bool: ...
 
-    async def acquire(self, key: str, ttl_s: float) -> str | None:
+    async def list_sessions(self, limit: int) -> list[tuple[SessionKey, Snapshot]]:
+        """Up to ``limit`` stored (key, snapshot) pairs, in no particular order."""
+        ...
+
+
+class LockStore(Protocol):
+    """Per-session summarization locks (single flight across replicas)."""
+
+    async def acquire(self, key: SessionKey, ttl_s: float) -> str | None:
         """Take the session's summarization lock; an owner token, or None if held."""
         ...
 
-    async def release(self, key: str, token: str) -> None: ...
+    async def release(self, key: SessionKey, token: str) -> None: ...
+
+
+class WindowStore(Protocol):
+    """Context windows learned from upstream overflow errors, keyed by plain strings."""
 
     async def load_window(self, key: str) -> int | None:
         """A context window learned from an upstream's overflow error, if any."""
@@ -61,16 +79,21 @@ class SnapshotStore(Protocol):
 
     async def save_window(self, key: str, tokens: int, ttl_s: float) -> None: ...
 
-    async def list_sessions(self, limit: int) -> list[tuple[str, Snapshot]]:
-        """Up to ``limit`` stored (key, snapshot) pairs, in no particular order."""
-        ...
+
+class Store(Snapshots, LockStore, WindowStore, Protocol):
+    """Everything a store does: what ``build_store`` returns."""
 
     async def ping(self) -> bool: ...
 
     async def aclose(self) -> None: ...
 
 
-def build_store(settings: Settings, metrics: Metrics) -> SnapshotStore:
+# The whole store under its former name, for callers not yet typed with the
+# narrow protocols above (services.py, windows.py).
+SnapshotStore = Store
+
+
+def build_store(settings: Settings, metrics: Metrics) -> Store:
     """``memory://`` in-process; ``redis://``, ``rediss://``, ``unix://`` shared and resilient."""
     from proxy.store.memory import MemoryStore
 

@@ -12,14 +12,17 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import TypeVar
 
+from proxy.session import SessionKey
 from proxy.store import Snapshot
 
+_K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
 
 
-def _drop_expired(entries: OrderedDict[str, tuple[float, _V]], now: float) -> None:
+def _drop_expired(entries: OrderedDict[_K, tuple[float, _V]], now: float) -> None:
     # Entries with a shorter TTL than the front one wait behind it: at most one
     # longest TTL's worth of writes, never an unbounded backlog.
     while entries:
@@ -30,19 +33,26 @@ def _drop_expired(entries: OrderedDict[str, tuple[float, _V]], now: float) -> No
 
 
 class MemoryStore:
-    def __init__(self, ttl_s: float, max_sessions: int = 100_000) -> None:
+    def __init__(
+        self,
+        ttl_s: float,
+        max_sessions: int = 100_000,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._ttl = ttl_s
         self._max = max_sessions
-        self._data: OrderedDict[str, tuple[float, Snapshot]] = OrderedDict()
-        self._locks: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._clock = clock
+        self._data: OrderedDict[SessionKey, tuple[float, Snapshot]] = OrderedDict()
+        self._locks: OrderedDict[SessionKey, tuple[float, str]] = OrderedDict()
         self._windows: OrderedDict[str, tuple[float, int]] = OrderedDict()
 
-    async def load(self, key: str) -> Snapshot | None:
+    async def load(self, key: SessionKey) -> Snapshot | None:
         entry = self._data.get(key)
         if entry is None:
             return None
         expires, snapshot = entry
-        now = time.monotonic()
+        now = self._clock()
         if expires < now:
             del self._data[key]
             return None
@@ -52,11 +62,11 @@ class MemoryStore:
         self._data.move_to_end(key)
         return snapshot
 
-    async def save(self, key: str, snapshot: Snapshot) -> bool:
+    async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
         current = await self.load(key)
         if (current.version if current else 0) != snapshot.version - 1:
             return False
-        now = time.monotonic()
+        now = self._clock()
         _drop_expired(self._data, now)
         if key not in self._data and len(self._data) >= self._max:
             self._data.popitem(last=False)  # bounded memory: least recently used goes
@@ -64,11 +74,11 @@ class MemoryStore:
         self._data.move_to_end(key)
         return True
 
-    async def delete(self, key: str) -> bool:
+    async def delete(self, key: SessionKey) -> bool:
         return self._data.pop(key, None) is not None
 
-    async def acquire(self, key: str, ttl_s: float) -> str | None:
-        now = time.monotonic()
+    async def acquire(self, key: SessionKey, ttl_s: float) -> str | None:
+        now = self._clock()
         held = self._locks.get(key)
         if held is not None and held[0] > now:
             return None
@@ -78,27 +88,27 @@ class MemoryStore:
         self._locks.move_to_end(key)
         return token
 
-    async def release(self, key: str, token: str) -> None:
+    async def release(self, key: SessionKey, token: str) -> None:
         held = self._locks.get(key)
         if held is not None and held[1] == token:
             del self._locks[key]
 
     async def load_window(self, key: str) -> int | None:
         entry = self._windows.get(key)
-        if entry is None or entry[0] < time.monotonic():
+        if entry is None or entry[0] < self._clock():
             return None
         return entry[1]
 
     async def save_window(self, key: str, tokens: int, ttl_s: float) -> None:
-        now = time.monotonic()
+        now = self._clock()
         _drop_expired(self._windows, now)
         if key not in self._windows and len(self._windows) >= self._max:
             self._windows.popitem(last=False)  # one per tenant and model: bounded like sessions
         self._windows[key] = (now + ttl_s, tokens)
         self._windows.move_to_end(key)
 
-    async def list_sessions(self, limit: int) -> list[tuple[str, Snapshot]]:
-        now = time.monotonic()
+    async def list_sessions(self, limit: int) -> list[tuple[SessionKey, Snapshot]]:
+        now = self._clock()
         live = ((k, snap) for k, (expires, snap) in self._data.items() if expires >= now)
         return [entry for _, entry in zip(range(limit), live, strict=False)]
 

@@ -1,7 +1,8 @@
 """Snapshots in Redis, so any replica can serve any turn of a session.
 
-Key layout (``prefix`` defaults to ``cp``; ``key`` is the session's
-tenant-scoped storage key, which holds no credential and no client bytes):
+Key layout (``prefix`` defaults to ``cp``; ``key`` is ``SessionKey.storage_key``,
+``{tenant}:{h|d}:{session}``, which holds no credential and no client bytes;
+a window's key is the plain string it was saved under):
 
 ```
 {prefix}:snap:{key}   hash  v=<version>  d=<orjson snapshot, with format version "fv">
@@ -48,6 +49,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
 from proxy.errors import ConfigError, StoreError
+from proxy.session import SessionKey
 from proxy.store import Snapshot
 
 if TYPE_CHECKING:
@@ -204,7 +206,7 @@ def _wrong_type(exc: ResponseError) -> bool:
 
 
 def log_id(key: str) -> str:
-    # The same short hash as SessionKey.log_id, so store and compaction logs line up.
+    """A window key's short hash, like SessionKey.log_id, so logs line up."""
     return blake2b(key.encode(), digest_size=6).hexdigest()
 
 
@@ -237,10 +239,12 @@ class RedisStore:
         self._discard_snapshot = self._redis.register_script(_DISCARD_SNAPSHOT)
         self._discard_wrong_type = self._redis.register_script(_DISCARD_WRONG_TYPE)
 
-    def _k(self, kind: str, key: str) -> str:
-        return f"{self._prefix}:{kind}:{key}"
+    def _k(self, kind: str, key: SessionKey | str) -> str:
+        """The Redis key; a session's is derived from ``SessionKey.storage_key`` only."""
+        name = key.storage_key if isinstance(key, SessionKey) else key
+        return f"{self._prefix}:{kind}:{name}"
 
-    async def load(self, key: str) -> Snapshot | None:
+    async def load(self, key: SessionKey) -> Snapshot | None:
         name = self._k("snap", key)
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -251,7 +255,12 @@ class RedisStore:
             if not _wrong_type(exc):
                 raise StoreError(f"redis load failed: {type(exc).__name__}") from exc
             await self._discard(
-                "snapshot", key, "wrong redis type", self._discard_wrong_type, [name], ["hash"]
+                "snapshot",
+                key.log_id,
+                "wrong redis type",
+                self._discard_wrong_type,
+                [name],
+                ["hash"],
             )
             return None
         except RedisError as exc:
@@ -265,7 +274,7 @@ class RedisStore:
         except _Unreadable as exc:
             await self._discard(
                 "snapshot",
-                key,
+                key.log_id,
                 str(exc),
                 self._discard_snapshot,
                 [name],
@@ -276,7 +285,7 @@ class RedisStore:
     async def _discard(
         self,
         kind: str,
-        key: str,
+        ident: str,
         reason: str,
         script: AsyncScript,
         keys: list[str],
@@ -296,14 +305,14 @@ class RedisStore:
         log.warning(
             "unreadable %s in redis for session=%s (%s); treated as absent and replaced%s",
             kind,
-            log_id(key),
+            ident,
             reason,
             extra,
         )
         self._last_log = now
         self._suppressed = 0
 
-    async def save(self, key: str, snapshot: Snapshot) -> bool:
+    async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
         try:
             done = await self._cas(
                 keys=[self._k("snap", key)],
@@ -313,13 +322,13 @@ class RedisStore:
             raise StoreError(f"redis save failed: {type(exc).__name__}") from exc
         return bool(done)
 
-    async def delete(self, key: str) -> bool:
+    async def delete(self, key: SessionKey) -> bool:
         try:
             return bool(await self._redis.delete(self._k("snap", key)))
         except RedisError as exc:
             raise StoreError(f"redis delete failed: {type(exc).__name__}") from exc
 
-    async def acquire(self, key: str, ttl_s: float) -> str | None:
+    async def acquire(self, key: SessionKey, ttl_s: float) -> str | None:
         token = secrets.token_hex(8)
         try:
             ok = await self._redis.set(self._k("lock", key), token, nx=True, px=int(ttl_s * 1000))
@@ -327,7 +336,7 @@ class RedisStore:
             raise StoreError(f"redis lock failed: {type(exc).__name__}") from exc
         return token if ok else None
 
-    async def release(self, key: str, token: str) -> None:
+    async def release(self, key: SessionKey, token: str) -> None:
         try:
             await self._delete_if_equal(keys=[self._k("lock", key)], args=[token])
         except RedisError as exc:
@@ -341,7 +350,12 @@ class RedisStore:
             if not _wrong_type(exc):
                 raise StoreError(f"redis window load failed: {type(exc).__name__}") from exc
             await self._discard(
-                "window", key, "wrong redis type", self._discard_wrong_type, [name], ["string"]
+                "window",
+                log_id(key),
+                "wrong redis type",
+                self._discard_wrong_type,
+                [name],
+                ["string"],
             )
             return None
         except RedisError as exc:
@@ -351,7 +365,7 @@ class RedisStore:
         tokens = _window_tokens(raw)
         if tokens is None:
             await self._discard(
-                "window", key, "not a token count", self._delete_if_equal, [name], [raw]
+                "window", log_id(key), "not a token count", self._delete_if_equal, [name], [raw]
             )
         return tokens
 
@@ -361,18 +375,21 @@ class RedisStore:
         except RedisError as exc:
             raise StoreError(f"redis window save failed: {type(exc).__name__}") from exc
 
-    async def list_sessions(self, limit: int) -> list[tuple[str, Snapshot]]:
+    async def list_sessions(self, limit: int) -> list[tuple[SessionKey, Snapshot]]:
         prefix = self._k("snap", "")
-        out: list[tuple[str, Snapshot]] = []
+        out: list[tuple[SessionKey, Snapshot]] = []
         try:
             async for name in self._redis.scan_iter(match=f"{prefix}*", count=500):
+                key = SessionKey.from_storage_key(name.decode()[len(prefix) :])
+                if key is None:
+                    continue  # not a session key we wrote
                 try:
                     raw = await self._redis.hget(name, "d")
                     snapshot = _decode(raw, self._cipher) if isinstance(raw, bytes) else None
                 except (ResponseError, _Unreadable, _NewerFormat):
                     continue  # a listing skips what a load would treat as absent
                 if snapshot is not None:
-                    out.append((name.decode()[len(prefix) :], snapshot))
+                    out.append((key, snapshot))
                 if len(out) >= limit:
                     break
         except RedisError as exc:

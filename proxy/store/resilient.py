@@ -26,9 +26,9 @@ from typing import TypeVar
 
 from proxy.errors import StoreError
 from proxy.metrics import Metrics
-from proxy.store import Snapshot, SnapshotStore
+from proxy.session import SessionKey
+from proxy.store import Snapshot, Store
 from proxy.store.memory import MemoryStore
-from proxy.store.redis import log_id
 
 log = logging.getLogger("proxy.store")
 
@@ -45,22 +45,24 @@ _LEASE_LIMIT = 10_000
 class _Lease:
     """A lock this replica holds in the remote store, and when it expires there."""
 
-    key: str
+    key: SessionKey
     expires: float
 
 
 class ResilientStore:
     def __init__(
         self,
-        remote: SnapshotStore,
+        remote: Store,
         local: MemoryStore,
         metrics: Metrics,
         *,
         release_backoff_s: Sequence[float] = RELEASE_BACKOFF_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.remote = remote
         self.local = local
         self._metrics = metrics
+        self._clock = clock
         self._down_until = 0.0
         self._last_log = -LOG_INTERVAL_S
         self._suppressed = 0
@@ -69,7 +71,7 @@ class ResilientStore:
         # Owner token -> lease, for locks taken in the remote store.
         self._leases: dict[str, _Lease] = {}
         # Session key -> owner token whose remote release is still owed.
-        self._owed: dict[str, str] = {}
+        self._owed: dict[SessionKey, str] = {}
         # Owner token -> the background task retrying its release.
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._last_release_log = -LOG_INTERVAL_S
@@ -77,7 +79,7 @@ class ResilientStore:
 
     @property
     def degraded(self) -> bool:
-        return time.monotonic() < self._down_until
+        return self._clock() < self._down_until
 
     async def _call(
         self, op: str, remote: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]]
@@ -94,7 +96,7 @@ class ResilientStore:
         return result
 
     def _failed(self, op: str, exc: StoreError) -> None:
-        now = time.monotonic()
+        now = self._clock()
         self._outage = True
         self._down_until = now + COOLDOWN_S
         self._metrics.store_errors.labels(operation=op).inc()
@@ -113,21 +115,21 @@ class ResilientStore:
         self._suppressed = 0
         self._last_log = -LOG_INTERVAL_S
 
-    async def load(self, key: str) -> Snapshot | None:
+    async def load(self, key: SessionKey) -> Snapshot | None:
         return await self._call("load", lambda: self.remote.load(key), lambda: self.local.load(key))
 
-    async def save(self, key: str, snapshot: Snapshot) -> bool:
+    async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
         return await self._call(
             "save", lambda: self.remote.save(key, snapshot), lambda: self.local.save(key, snapshot)
         )
 
-    async def delete(self, key: str) -> bool:
+    async def delete(self, key: SessionKey) -> bool:
         await self.local.delete(key)
         return await self._call(
             "delete", lambda: self.remote.delete(key), lambda: self.local.delete(key)
         )
 
-    async def acquire(self, key: str, ttl_s: float) -> str | None:
+    async def acquire(self, key: SessionKey, ttl_s: float) -> str | None:
         if not self.degraded and key in self._owed:
             # This replica's summary of the session is over; only its release was
             # late. Settle it now rather than wait for a lock nobody holds.
@@ -145,13 +147,13 @@ class ResilientStore:
                 return token
         return await self.local.acquire(key, ttl_s)
 
-    def _lease(self, key: str, token: str, ttl_s: float) -> None:
-        now = time.monotonic()
+    def _lease(self, key: SessionKey, token: str, ttl_s: float) -> None:
+        now = self._clock()
         if len(self._leases) >= _LEASE_LIMIT:
             self._leases = {t: lease for t, lease in self._leases.items() if lease.expires > now}
         self._leases[token] = _Lease(key, now + ttl_s)
 
-    async def release(self, key: str, token: str) -> None:
+    async def release(self, key: SessionKey, token: str) -> None:
         # The lock may have been taken on either side of an outage.
         await self.local.release(key, token)
         lease = self._leases.pop(token, None)
@@ -167,7 +169,7 @@ class ResilientStore:
         if not released:
             self._retry_release(key, token, lease.expires)
 
-    async def _release_remote(self, key: str, token: str) -> bool:
+    async def _release_remote(self, key: SessionKey, token: str) -> bool:
         """One attempt; True when the remote lock is gone (or was not ours any more)."""
         try:
             await self.remote.release(key, token)
@@ -183,16 +185,16 @@ class ResilientStore:
             self._recovered()
         return True
 
-    def _retry_release(self, key: str, token: str, expires: float) -> None:
+    def _retry_release(self, key: SessionKey, token: str, expires: float) -> None:
         task = asyncio.create_task(self._release_later(key, token, expires))
         self._retries[token] = task
         task.add_done_callback(lambda _: self._retries.pop(token, None))
 
-    async def _release_later(self, key: str, token: str, expires: float) -> None:
+    async def _release_later(self, key: SessionKey, token: str, expires: float) -> None:
         outcome = "gave_up"
         try:
             for pause in self._release_backoff_s:
-                if time.monotonic() + pause >= expires:
+                if self._clock() + pause >= expires:
                     outcome = "expired"  # the lock is gone by itself
                     break
                 await asyncio.sleep(pause)
@@ -212,8 +214,8 @@ class ResilientStore:
             self._metrics.lock_release_retries.labels(outcome=outcome).inc()
             self._log_release(key, outcome)
 
-    def _log_release(self, key: str, outcome: str) -> None:
-        now = time.monotonic()
+    def _log_release(self, key: SessionKey, outcome: str) -> None:
+        now = self._clock()
         if now - self._last_release_log < LOG_INTERVAL_S:
             self._release_suppressed += 1
             return
@@ -222,7 +224,7 @@ class ResilientStore:
             extra = f" ({self._release_suppressed} more since the last report)"
         log.warning(
             "summarization lock of session=%s: release failed, retried in the background: %s%s",
-            log_id(key),
+            key.log_id,
             outcome,
             extra,
         )
@@ -242,7 +244,7 @@ class ResilientStore:
             lambda: self.local.save_window(key, tokens, ttl_s),
         )
 
-    async def list_sessions(self, limit: int) -> list[tuple[str, Snapshot]]:
+    async def list_sessions(self, limit: int) -> list[tuple[SessionKey, Snapshot]]:
         return await self._call(
             "list_sessions",
             lambda: self.remote.list_sessions(limit),
