@@ -14,11 +14,12 @@ log = logging.getLogger("proxy")
 
 
 def _check_config(settings: Settings) -> None:
-    from proxy.encodings import load_encoders
-    from proxy.models import ModelTable
+    import asyncio
 
-    table = ModelTable(settings)
-    encoders = load_encoders(sorted(table.tokenizers()))
+    from proxy.assemble import load_models
+
+    # The model table and tokenizers, built as the server's lifespan builds them.
+    table, encoders = asyncio.run(load_models(settings))
     print(f"upstream: {settings.upstream.base_url}")
     print(f"store:    {settings.store.url}")
     c = settings.compaction

@@ -1,4 +1,4 @@
-"""The long-lived objects a request needs, built once in the app's lifespan."""
+"""The long-lived objects a request needs, built once per app by ``build_services``."""
 
 from __future__ import annotations
 
@@ -29,3 +29,10 @@ class Services:
     compactor: Compactor
     windows: LearnedWindows
     metrics: Metrics
+
+    async def aclose(self) -> None:
+        """Close what ``build_services`` opened: the store, then the upstream client."""
+        try:
+            await self.store.aclose()
+        finally:
+            await self.client.aclose()

@@ -31,10 +31,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from cachetools import LRUCache, TTLCache
 
+from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.models import ResolvedModel
 from proxy.store import SnapshotStore
@@ -54,24 +55,41 @@ _VOTED_MODELS = 1_000
 LOWERED_MARKER = "|!lowered"
 
 
+@dataclass(frozen=True, slots=True)
+class WindowPolicy:
+    """Where learned windows are kept and how readily a shared one is lowered."""
+
+    upstream: str  # windows are learned per upstream: part of every key
+    ttl_s: float
+    quorum: int = 2
+    interval_s: float = 600.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WindowPolicy:
+        c = settings.compaction
+        return cls(
+            upstream=settings.upstream.base_url,
+            ttl_s=c.learned_window_ttl_s,
+            quorum=c.learned_window_quorum,
+            interval_s=c.learned_window_interval_s,
+        )
+
+
 class LearnedWindows:
     def __init__(
         self,
         store: SnapshotStore,
-        upstream: str,
-        ttl_s: float,
+        policy: WindowPolicy,
         metrics: Metrics,
         *,
-        quorum: int = 2,
-        interval_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
-        self._upstream = upstream
-        self._ttl = ttl_s
+        self._upstream = policy.upstream
+        self._ttl = policy.ttl_s
         self._metrics = metrics
-        self._quorum = quorum
-        self._interval = interval_s
+        self._quorum = policy.quorum
+        self._interval = policy.interval_s
         self._clock = clock
         # Used only on the event loop: no lock, although LRU hits reorder the caches.
         self._local: TTLCache[str, int | None] = TTLCache(_LOCAL_LIMIT, _LOCAL_S, timer=clock)

@@ -12,7 +12,7 @@ from proxy.metrics import Metrics
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.store.memory import MemoryStore
-from proxy.windows import LearnedWindows
+from proxy.windows import LearnedWindows, WindowPolicy
 from tests.conftest import run_server
 from tests.test_compaction import FILLER, Chat, small_window_settings, stats
 
@@ -90,7 +90,8 @@ class CountingStore(MemoryStore):
 
 
 def learned_windows(store: CountingStore, clock: FakeClock) -> LearnedWindows:
-    return LearnedWindows(store, "up", 3600, Metrics.create(), quorum=2, interval_s=0, clock=clock)
+    policy = WindowPolicy("up", 3600, quorum=2, interval_s=0)
+    return LearnedWindows(store, policy, Metrics.create(), clock=clock)
 
 
 async def test_a_window_read_is_kept_five_seconds_then_read_again() -> None:

@@ -1,0 +1,70 @@
+"""The composition root: ``build_services(settings)`` builds every long-lived object.
+
+The app's lifespan and ``check-config`` both assemble through here, so what
+``check-config`` validates (the model table, the tokenizers) is built exactly
+as the server builds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+
+from proxy.calibrate import Calibration
+from proxy.compact import Compactor
+from proxy.config import Settings
+from proxy.encodings import Encoder, load_encoders
+from proxy.metrics import Metrics
+from proxy.models import ModelTable
+from proxy.schedule import Schedule
+from proxy.services import Services
+from proxy.store import build_store
+from proxy.tokens import TokenCounter
+from proxy.upstream import HeaderPolicy, UpstreamClient
+from proxy.windows import LearnedWindows, WindowPolicy
+
+
+async def load_models(settings: Settings) -> tuple[ModelTable, dict[str, Encoder]]:
+    """The model table and one encoder per tokenizer it names (``ConfigError`` if unknown)."""
+    models = ModelTable(settings)
+    # Tokenizer files load in a thread: seconds of CPU and disk, never on the loop.
+    encoders = await asyncio.to_thread(load_encoders, sorted(models.tokenizers()))
+    return models, encoders
+
+
+async def build_services(settings: Settings) -> Services:
+    """Everything a request needs, with metrics of its own; the caller must ``aclose`` it.
+
+    Must run inside the event loop that will serve (the upstream client binds to it).
+    If building fails half-way, whatever was already opened is closed again.
+    """
+    metrics = Metrics.create()
+    models, encoders = await load_models(settings)
+    counters = {name: TokenCounter(enc) for name, enc in encoders.items()}
+    async with AsyncExitStack() as opened:
+        client = UpstreamClient(settings)
+        opened.push_async_callback(client.aclose)
+        store = build_store(settings, metrics)
+        opened.push_async_callback(store.aclose)
+        services = Services(
+            settings=settings,
+            client=client,
+            headers=HeaderPolicy(settings),
+            models=models,
+            store=store,
+            counters=counters,
+            calibration=Calibration(),
+            schedule=Schedule(force_interval_s=settings.compaction.force_interval_s),
+            compactor=Compactor(
+                settings=settings,
+                store=store,
+                counters=counters,
+                client=client,
+                models=models,
+                metrics=metrics,
+            ),
+            windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics),
+            metrics=metrics,
+        )
+        opened.pop_all()  # built: from here on, closing is Services.aclose's
+    return services

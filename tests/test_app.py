@@ -1,0 +1,71 @@
+"""The composition root: build_services opens, aclose closes, a failed build leaks nothing."""
+
+from __future__ import annotations
+
+import gc
+
+import aiohttp
+import pytest
+from pydantic import SecretStr
+from starlette.testclient import TestClient
+
+from proxy.app import create_app
+from proxy.assemble import build_services, load_models
+from proxy.config import Settings
+from proxy.errors import ConfigError
+
+
+def _open_sessions() -> set[int]:
+    """Identities of the aiohttp sessions alive in this process and not yet closed."""
+    return {
+        id(o) for o in gc.get_objects() if isinstance(o, aiohttp.ClientSession) and not o.closed
+    }
+
+
+async def test_build_services_opens_one_upstream_client_and_aclose_closes_it() -> None:
+    before = _open_sessions()
+    services = await build_services(Settings())
+    assert len(_open_sessions() - before) == 1
+    await services.aclose()
+    assert not _open_sessions() - before
+
+
+async def test_a_store_that_fails_to_build_closes_the_upstream_client() -> None:
+    # Past validation (as a model_copy is): the store's own constructor refuses the key.
+    store = Settings().store.model_copy(
+        update={"url": "redis://127.0.0.1:9/0", "encryption_keys": [SecretStr("not-a-key")]}
+    )
+    broken = Settings().model_copy(update={"store": store})
+    before = _open_sessions()
+    with pytest.raises(ConfigError, match="encryption_keys"):
+        await build_services(broken)
+    assert not _open_sessions() - before
+
+
+async def test_each_build_has_metrics_of_its_own() -> None:
+    first, second = await build_services(Settings()), await build_services(Settings())
+    try:
+        assert first.metrics.registry is not second.metrics.registry
+        first.metrics.requests.labels(status="compacted").inc()
+        assert b'status="compacted"' not in second.metrics.exposition()
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_load_models_loads_one_encoder_per_tokenizer_the_table_names() -> None:
+    models, encoders = await load_models(Settings())
+    assert set(encoders) == set(models.tokenizers())
+
+
+def test_the_lifespan_serves_the_built_services_to_handlers() -> None:
+    with TestClient(create_app(Settings())) as client:
+        assert client.get("/readyz").json() == {"ready": True, "store": "ok"}
+        assert client.get("/metrics").status_code == 200
+
+
+def test_scoped_routes_refuse_a_request_without_a_credential() -> None:
+    settings = Settings(upstream={"api_key": "sk-upstream"})
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/sessions/abc").status_code == 401
+        assert client.get("/healthz").status_code == 200
