@@ -7,7 +7,6 @@ ProxyError                      -> OpenAI-shaped JSON error body
   MissingCredential     401     no caller key where server.require_client_key applies
   PayloadTooLarge       413     body over server.max_body_bytes
   NotFound              404     unknown session / route
-  TooManyRequests       429     too many scheduled compactions
   ClientDisconnected    499     the client went away before its answer (nothing is sent)
   StoreError                    the snapshot store failed (never reaches a client)
   SummaryError                  summarization failed (never reaches a client)
@@ -79,12 +78,6 @@ class NotFound(ProxyError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
-
-
-class TooManyRequests(ProxyError):
-    status = 429
-    type = "rate_limit_error"
-    code = "rate_limit_exceeded"
 
 
 class ClientDisconnected(ProxyError):

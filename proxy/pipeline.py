@@ -69,8 +69,7 @@ async def handle_chat(request: Request, services: Services) -> Response:
         outcome = Outcome("passthrough", None, 0, estimate, model.context_window, counted=False)
     else:  # 3-8. count, session, snapshot, plan, summarize, rebuild
         outcome = await compacted_view(services, turn, force=control == "force")
-    if outcome.messages is not None:
-        body = orjson.dumps({**chat, "messages": outcome.messages})
+    body = _outgoing_body(turn, outcome)
 
     url = upstream.upstream_url(settings.upstream.base_url, "chat/completions", b"")
     try:
@@ -162,9 +161,16 @@ async def recover_overflow(
         window = await learn_window(services, turn, first, verdict)
         model = replace(turn.model, context_window=window)
         outcome = await compacted_view(services, replace(turn, model=model), recover=True)
-        messages = outcome.messages if outcome.messages is not None else turn.chat["messages"]
-        second = Attempt(orjson.dumps({**turn.chat, "messages": messages}), outcome)
+        second = Attempt(_outgoing_body(turn, outcome), outcome)
     return await retry_once(services, verdict, second, headers, url)
+
+
+def _outgoing_body(turn: Turn, outcome: Outcome) -> bytes:
+    """The request for the upstream: the client's own bytes when the view is the history
+    as sent, else the request with the rebuilt messages."""
+    if outcome.messages is None:
+        return turn.body
+    return orjson.dumps({**turn.chat, "messages": outcome.messages})
 
 
 async def effective_model(services: Services, name: str, tenant: str) -> ResolvedModel:
