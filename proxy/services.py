@@ -10,7 +10,7 @@ from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.schedule import Schedule
-from proxy.store import SnapshotStore
+from proxy.store import Store
 from proxy.tokens import TokenCounter
 from proxy.upstream import HeaderPolicy, UpstreamClient
 from proxy.windows import LearnedWindows
@@ -22,7 +22,7 @@ class Services:
     client: UpstreamClient
     headers: HeaderPolicy
     models: ModelTable
-    store: SnapshotStore
+    store: Store
     counters: dict[str, TokenCounter]  # by tokenizer name
     calibration: Calibration
     schedule: Schedule

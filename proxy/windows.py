@@ -38,7 +38,7 @@ from cachetools import LRUCache, TTLCache
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.models import ResolvedModel
-from proxy.store import SnapshotStore
+from proxy.store import WindowStore
 
 log = logging.getLogger("proxy.windows")
 
@@ -78,7 +78,7 @@ class WindowPolicy:
 class LearnedWindows:
     def __init__(
         self,
-        store: SnapshotStore,
+        store: WindowStore,
         policy: WindowPolicy,
         metrics: Metrics,
         *,

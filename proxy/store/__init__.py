@@ -88,11 +88,6 @@ class Store(Snapshots, LockStore, WindowStore, Protocol):
     async def aclose(self) -> None: ...
 
 
-# The whole store under its former name, for callers not yet typed with the
-# narrow protocols above (services.py, windows.py).
-SnapshotStore = Store
-
-
 def build_store(settings: Settings, metrics: Metrics) -> Store:
     """``memory://`` in-process; ``redis://``, ``rediss://``, ``unix://`` shared and resilient."""
     from proxy.store.memory import MemoryStore
