@@ -42,6 +42,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+# HTTP clients a test helper opened (tests.test_compaction.Chat): closed after each
+# test, so their pooled sockets are not left for a later test's garbage collection.
+OPEN_CLIENTS: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_helper_clients() -> Iterator[None]:
+    yield
+    while OPEN_CLIENTS:
+        OPEN_CLIENTS.pop().close()
+
+
 @pytest.fixture(autouse=True)
 def _fast_tier_starts_no_server(request: pytest.FixtureRequest) -> Iterator[None]:
     global _servers_allowed

@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from proxy.rebuild import handoff_text
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from tests.conftest import proxy_settings, run_server
+from tests.conftest import OPEN_CLIENTS, proxy_settings, run_server
 
 WINDOW = 4096
 FILLER = "please keep careful notes about the project as we go along. " * 6
@@ -58,6 +58,7 @@ class Chat:
 
     def __post_init__(self) -> None:
         self.client = openai.OpenAI(base_url=f"{self.base}/v1", api_key=self.key, max_retries=0)
+        OPEN_CLIENTS.append(self.client)
 
     def send(self, **extra: Any) -> Any:
         headers = dict(self.headers)

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import proxy_settings
+from tests.conftest import OPEN_CLIENTS, proxy_settings
 
 CHAT = {
     "model": "sim-model",
@@ -21,7 +21,9 @@ CHAT = {
 
 
 def _sdk(base: str, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0, **kw)
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0, **kw)
+    OPEN_CLIENTS.append(client)
+    return client
 
 
 def test_non_streamed_reply_is_byte_identical_to_direct(proxy: str, simulator: str) -> None:

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from proxy.simulator.config import ERROR_FORMATS
-from tests.conftest import proxy_settings
+from tests.conftest import OPEN_CLIENTS, proxy_settings
 from tests.test_compaction import FILLER, Chat, chat_requests, stats
 
 REAL_WINDOW = 6144
@@ -61,6 +61,7 @@ def test_recovery_works_with_compaction_disabled(
 
 def test_output_budget_is_lowered_and_retried_once(proxy: str, sim_reset: str) -> None:
     client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="sk-test", max_retries=0)
+    OPEN_CLIENTS.append(client)
     raw = client.chat.completions.with_raw_response.create(
         model="sim-model",
         messages=[{"role": "user", "content": "hello"}],
@@ -77,6 +78,7 @@ def test_newest_message_alone_over_the_window_is_a_clear_error(
 ) -> None:
     url = start_proxy(wrong_window_settings(sim_reset))
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0)
+    OPEN_CLIENTS.append(client)
     huge = "word " * 9000  # ~9k tokens: more than the real 6k window on its own
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(

@@ -17,7 +17,7 @@ import redis
 from proxy.session import SessionKey
 from proxy.store import Snapshot
 from proxy.store.redis import RedisStore
-from tests.conftest import RedisServer
+from tests.conftest import OPEN_CLIENTS, RedisServer
 from tests.test_compaction import FILLER, WINDOW, Chat, stats
 
 pytestmark = pytest.mark.redis
@@ -45,6 +45,7 @@ class ReplicaChat(Chat):
         self.clients = [
             openai.OpenAI(base_url=f"{u}/v1", api_key=self.key, max_retries=0) for u in urls
         ]
+        OPEN_CLIENTS.extend(self.clients)
         self.turn = 0
 
     def send(self, **extra: Any) -> Any:
