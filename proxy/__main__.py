@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from proxy.config import Settings, load_settings
+from proxy.config import LoggingSettings, Settings, load_settings
 from proxy.errors import ConfigError
 
 log = logging.getLogger("proxy")
@@ -71,12 +71,11 @@ def _print_learned_windows(settings: Settings) -> None:
         print(f"  {model:<26} {tokens:>9}  ({scope}from {upstream})")
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(settings: LoggingSettings) -> None:
+    """JSON lines or text for the ``proxy`` loggers (``logging`` in the config)."""
+    from proxy.logs import configure_logging
+
+    configure_logging(settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,14 +95,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "simulate-upstream":
-            _setup_logging("info")
+            _setup_logging(LoggingSettings(format="text"))
             from proxy.simulator import load_simulator_config, serve_simulator
 
             serve_simulator(load_simulator_config(args.config), args.host, args.port)
             return 0
         settings = load_settings(getattr(args, "config", None))
         if args.command == "check-config":
-            _setup_logging("warning")
+            _setup_logging(LoggingSettings(format="text", level="warning"))
             _check_config(settings)
             return 0
         server = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
@@ -111,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = settings.model_copy(
                 update={"server": settings.server.model_copy(update=server)}
             )
-        _setup_logging(settings.server.log_level)
+        _setup_logging(settings.logging)
         from proxy.server import serve as serve_proxy
 
         serve_proxy(settings)

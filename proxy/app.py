@@ -9,6 +9,7 @@ from typing import TypedDict
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -18,6 +19,7 @@ from proxy.assemble import build_services
 from proxy.config import Settings
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, ProxyError
 from proxy.metrics import CONTENT_TYPE_LATEST
+from proxy.record import Recorder, RecordRequests, record_of
 from proxy.services import Services
 from proxy.session import has_credential
 
@@ -36,6 +38,7 @@ class State(TypedDict):
     """What the lifespan yields; Starlette copies it into each ``request.state``."""
 
     services: Services
+    recorder: Recorder  # what RecordRequests finishes each request with
 
 
 def services_of(request: Request) -> Services:
@@ -99,11 +102,13 @@ async def metrics(request: Request) -> Response:
 
 async def proxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProxyError)
+    record_of(request).error = exc.code
     if exc.status >= 500:
         cause = type(exc.__cause__).__name__ if exc.__cause__ else "-"
-        log.warning(
-            "%s %s -> %d %s (%s)", request.method, request.url.path, exc.status, exc.code, cause
-        )
+        # The route, not the path: /sessions/{id} paths hold a session header's value.
+        # The request's own line (same request_id) has the path where it is safe to log.
+        route = getattr(request.scope.get("route"), "name", "other")
+        log.warning("%s %s -> %d %s (%s)", request.method, route, exc.status, exc.code, cause)
     return Response(exc.body(), status_code=exc.status, media_type="application/json")
 
 
@@ -114,16 +119,18 @@ async def http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code != 404:
         error = InvalidRequest(f"{request.method} is not allowed on this URL.")
         error.status = exc.status_code
+    record_of(request).error = error.code
     return Response(error.body(), status_code=error.status, media_type="application/json")
 
 
+# Names are the ``route`` of metrics and request lines.
 ROUTES = [
-    Route("/v1/chat/completions", chat, methods=["POST"]),
-    Route("/v1/{path:path}", passthrough, methods=_ALL_METHODS),
-    Route("/sessions/{session_id}", get_session, methods=["GET"]),
-    Route("/sessions/{session_id}", delete_session, methods=["DELETE"]),
-    Route("/sessions/{session_id}/compact", compact_session, methods=["POST"]),
-    Route("/admin/sessions", list_sessions, methods=["GET"]),
+    Route("/v1/chat/completions", chat, methods=["POST"], name="chat"),
+    Route("/v1/{path:path}", passthrough, methods=_ALL_METHODS, name="passthrough"),
+    Route("/sessions/{session_id}", get_session, methods=["GET"], name="sessions"),
+    Route("/sessions/{session_id}", delete_session, methods=["DELETE"], name="sessions"),
+    Route("/sessions/{session_id}/compact", compact_session, methods=["POST"], name="sessions"),
+    Route("/admin/sessions", list_sessions, methods=["GET"], name="admin"),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
@@ -137,9 +144,14 @@ def create_app(settings: Settings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
         services = await build_services(settings)
         try:
-            yield {"services": services}
+            yield {"services": services, "recorder": Recorder(services.metrics, settings)}
         finally:
             await services.aclose()
 
     handlers = {ProxyError: proxy_error, HTTPException: http_error}
-    return Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers=handlers)
+    return Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers=handlers,
+        middleware=[Middleware(RecordRequests)],
+    )

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Literal, Protocol
 
 from proxy.budget import FRAME_TOKENS, Budget, summary_limit
 from proxy.config import Settings
@@ -44,6 +44,20 @@ log = logging.getLogger("proxy.compaction")
 
 _POLL_S = 0.05
 
+# What made a session compact: crossing the trigger ratio, X-Compaction: force, the
+# upstream rejecting the request as too long, or POST /sessions/{id}/compact.
+Trigger = Literal["threshold", "forced", "overflow_recovery", "scheduled"]
+
+
+def trigger_for(*, recover: bool, scheduled: bool, forced: bool) -> Trigger | None:
+    """What asks for a compaction now, whatever the threshold says (None: nothing);
+    a recovery first, since it compacts whatever else was asked."""
+    if recover:
+        return "overflow_recovery"
+    if scheduled:
+        return "scheduled"
+    return "forced" if forced else None
+
 
 class CompactionStore(Snapshots, LockStore, Protocol):
     """What compaction needs of a store: snapshots, and the lock around summarizing."""
@@ -57,7 +71,12 @@ class Job:
     key: SessionKey
     history: History
     budget: Budget
-    force: bool  # planned with force (X-Compaction: force, a schedule, or a recovery)
+    trigger: Trigger
+
+    @property
+    def force(self) -> bool:
+        """Planned with force: something asked for this compaction, not the threshold."""
+        return self.trigger != "threshold"
 
 
 @dataclass(slots=True)
@@ -76,20 +95,24 @@ class Compactor:
     async def compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Carry out ``plan`` (against ``loaded``), once per session at a time; log it."""
         started = time.monotonic()
+        job.turn.record.trigger = job.trigger
         outcome = await self._compact(job, loaded, plan)
-        self.metrics.compactions.labels(outcome=outcome.status).inc()
+        self.metrics.compactions.labels(trigger=job.trigger, outcome=outcome.status).inc()
         h = job.history
-        log.info(
-            "compaction session=%s outcome=%s tokens_before=%d tokens_after=%d version=%d "
-            "restored_identifiers=%d duration_ms=%d",
-            job.key.log_id,
-            outcome.status,
-            view_tokens(h.counts, h.messages, h.pinned, loaded.view(h.pinned), job.budget),
-            outcome.tokens,
-            outcome.version,
-            outcome.restored,
-            (time.monotonic() - started) * 1000,
-        )
+        previous = view_tokens(h.counts, h.messages, h.pinned, loaded.view(h.pinned), job.budget)
+        # Fields: JSON lines carry them as keys, text lines as key=value (proxy/logs.py).
+        fields = {
+            "session": job.key.log_id,
+            "trigger": job.trigger,
+            "outcome": outcome.status,
+            # Input tokens, as the request line counts them: the output reserve is not sent.
+            "tokens_before": previous - job.budget.reserve,
+            "tokens_after": outcome.tokens,
+            "version": outcome.version,
+            "restored_identifiers": outcome.restored,
+            "duration_ms": round((time.monotonic() - started) * 1000),
+        }
+        log.info("compaction", extra={"fields": fields})
         return outcome
 
     def _shown(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
@@ -138,9 +161,11 @@ class Compactor:
         previous = loaded.summary
         request = SummaryRequest.for_turn(turn, self.settings, self.models, self.client)
         span = h.messages[start:end]
+        started = time.perf_counter()
         try:
             made = await summarize(request, previous, span)
         except SummaryError as exc:
+            self._summarized(job, started, "failed")
             self.metrics.summary_failures.inc()
             if isinstance(exc, SummaryTruncated):
                 self.metrics.summaries_truncated.inc()
@@ -150,6 +175,7 @@ class Compactor:
             )
             role = self.settings.compaction.summary_role
             return trim_outcome(h, loaded, job.budget, role)
+        self._summarized(job, started, "ok")
         if made.length_retries:
             self.metrics.summary_length_retries.inc(made.length_retries)
         limit = summary_limit(turn.model, self.settings.compaction)
@@ -163,6 +189,11 @@ class Compactor:
         new = next_snapshot(loaded, kept.summary, plan, h, job.budget, turn.model.name)
         outcome = await self._saved(job, new, plan)
         return replace(outcome, restored=kept.restored)
+
+    def _summarized(self, job: Job, started: float, outcome: str) -> None:
+        elapsed = time.perf_counter() - started
+        self.metrics.summarization_duration.labels(outcome=outcome).observe(elapsed)
+        job.turn.record.summary_s = elapsed
 
     async def _saved(self, job: Job, new: Snapshot, plan: Plan) -> Outcome:
         """Write ``new`` (compare-and-swap) and show the history under it."""

@@ -161,6 +161,19 @@ class CompactionSettings(_Section):
         return self
 
 
+class LoggingSettings(_Section):
+    # json: one JSON object per line (a request's line carries its fields as keys);
+    # text: one human-readable line, the same fields as key=value.
+    format: Literal["json", "text"] = "json"
+    # The proxy's own loggers; other libraries log warnings and above whatever this says
+    # (their debug output is not ours to vouch for). uvicorn's own: server.log_level.
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    # Debugging a client's sessions: request lines also carry the raw session header
+    # value. Message content and credentials (API keys, the admin key) are never logged,
+    # whatever this says: no log call is ever handed them.
+    include_sensitive: bool = False
+
+
 class ModelSpec(_Section):
     match: str = "*"
     context_window: int = Field(gt=0)
@@ -198,6 +211,7 @@ class Settings(BaseSettings):
     store: StoreSettings = StoreSettings()
     session: SessionSettings = SessionSettings()
     compaction: CompactionSettings = CompactionSettings()
+    logging: LoggingSettings = LoggingSettings()
     models: list[ModelSpec] = []
     default_model: DefaultModelSpec = DefaultModelSpec()
 

@@ -1,13 +1,42 @@
-"""Prometheus metrics, on a registry of the app's own (several apps per test process)."""
+"""Prometheus metrics, on a registry of the app's own (several apps per test process).
+
+Series whose labels are a closed set are declared at start-up (``__post_init__``),
+so dashboards and alerts see zeros rather than no data before the first event.
+A request's own series (durations, tokens, streams) are observed in one place,
+``record.Recorder.finish``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+# A whole request or upstream call: model answers take from milliseconds to minutes.
+_CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+# What the proxy adds: sub-millisecond forwarding, up to a summary's seconds.
+_ADDED_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_TTFB_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80)
+_SUMMARY_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 120)
+# Redis calls time out after 250 ms.
+_STORE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
+
+# Closed label sets, declared at start-up.
+STORE_OPERATIONS = (
+    "load",
+    "save",
+    "delete",
+    "acquire",
+    "release",
+    "load_window",
+    "save_window",
+    "list_sessions",
+)
+TRIGGERS = ("threshold", "forced", "overflow_recovery", "scheduled")
+CHAT_STATUSES = ("passthrough", "snapshot", "compacted", "trimmed", "bypassed")
 
 
 @dataclass(slots=True)
@@ -26,6 +55,14 @@ class Metrics:
     identifiers_restored: Counter
     snapshots_unreadable: Counter
     lock_release_retries: Counter
+    request_duration: Histogram
+    upstream_duration: Histogram
+    added_latency: Histogram
+    stream_ttfb: Histogram
+    active_streams: Gauge
+    input_tokens: Counter
+    summarization_duration: Histogram
+    store_duration: Histogram
 
     @classmethod
     def create(cls) -> Metrics:
@@ -40,8 +77,10 @@ class Metrics:
             ),
             compactions=Counter(
                 "compaction_proxy_compactions",
-                "Compactions by outcome (compacted, trimmed)",
-                ["outcome"],
+                "Compactions by trigger (threshold, forced, overflow_recovery, scheduled) and "
+                "outcome (compacted; trimmed: the summary failed; snapshot: another request's "
+                "summary served)",
+                ["trigger", "outcome"],
                 registry=r,
             ),
             overflows=Counter(
@@ -107,11 +146,92 @@ class Metrics:
             lock_release_retries=Counter(
                 "compaction_proxy_lock_release_retries",
                 "Summarization locks whose release failed and was retried in the background, "
-                "by outcome (released, expired, cancelled)",
+                "by outcome (released, expired, cancelled, gave_up)",
                 ["outcome"],
                 registry=r,
             ),
+            request_duration=Histogram(
+                "compaction_proxy_request_duration_seconds",
+                "Requests from arrival to their response's last byte (a stream: its end, or "
+                "the client leaving), by route and HTTP status",
+                ["route", "status"],
+                buckets=_CALL_BUCKETS,
+                registry=r,
+            ),
+            upstream_duration=Histogram(
+                "compaction_proxy_upstream_duration_seconds",
+                "Time spent on a request's upstream calls, from sending to the answer's last "
+                "byte, by route and upstream status (none: no answer)",
+                ["route", "status"],
+                buckets=_CALL_BUCKETS,
+                registry=r,
+            ),
+            added_latency=Histogram(
+                "compaction_proxy_added_latency_seconds",
+                "Per forwarded request, its duration less its upstream time: what the proxy "
+                "added (parsing, counting, the store, summaries, relaying), by route",
+                ["route"],
+                buckets=_ADDED_BUCKETS,
+                registry=r,
+            ),
+            stream_ttfb=Histogram(
+                "compaction_proxy_stream_ttfb_seconds",
+                "Event streams: from the request's arrival to the first byte sent to the "
+                "client, by route",
+                ["route"],
+                buckets=_TTFB_BUCKETS,
+                registry=r,
+            ),
+            active_streams=Gauge(
+                "compaction_proxy_active_streams",
+                "Event streams being relayed to clients now",
+                registry=r,
+                multiprocess_mode="livesum",
+            ),
+            input_tokens=Counter(
+                "compaction_proxy_input_tokens",
+                "Chat input tokens, by stage: before (the history as the client sent it) and "
+                "after (what the proxy sent upstream); estimates for requests not counted",
+                ["stage"],
+                registry=r,
+            ),
+            summarization_duration=Histogram(
+                "compaction_proxy_summarization_duration_seconds",
+                "Summaries asked of the upstream, every chunk and retry included, by outcome "
+                "(ok, failed)",
+                ["outcome"],
+                buckets=_SUMMARY_BUCKETS,
+                registry=r,
+            ),
+            store_duration=Histogram(
+                "compaction_proxy_store_duration_seconds",
+                "Calls to the shared (Redis) store, failed ones included, by operation",
+                ["operation"],
+                buckets=_STORE_BUCKETS,
+                registry=r,
+            ),
         )
+
+    def __post_init__(self) -> None:
+        for status in CHAT_STATUSES:
+            self.requests.labels(status=status)
+        for trigger in TRIGGERS:
+            for outcome in ("compacted", "trimmed"):
+                self.compactions.labels(trigger=trigger, outcome=outcome)
+        for operation in STORE_OPERATIONS:
+            self.store_errors.labels(operation=operation)
+            self.store_duration.labels(operation=operation)
+        for stage in ("before", "after"):
+            self.input_tokens.labels(stage=stage)
+        for outcome in ("ok", "failed"):
+            self.summarization_duration.labels(outcome=outcome)
+        for scope in ("tenant", "shared"):
+            self.learned_windows.labels(scope=scope)
+        for kind in ("snapshot", "window"):
+            self.snapshots_unreadable.labels(kind=kind)
+        for outcome in ("released", "expired", "cancelled", "gave_up"):
+            self.lock_release_retries.labels(outcome=outcome)
+        self.client_disconnects.labels(phase="upstream")
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

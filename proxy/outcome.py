@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from proxy.models import ResolvedModel
+from proxy.record import Record
 from proxy.types import ChatMessage, ChatRequest
 
 Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed"]
@@ -25,6 +26,8 @@ class Turn:
     tenant: str
     session_header: str | None
     auth_headers: list[tuple[bytes, bytes]]
+    # What the request's line and metrics report (its id goes on summary calls too).
+    record: Record
 
 
 @dataclass(frozen=True, slots=True)

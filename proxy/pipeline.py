@@ -21,7 +21,7 @@ from starlette.responses import Response
 from proxy import upstream
 from proxy.budget import Budget
 from proxy.calibrate import find_prompt_tokens
-from proxy.compact import Job
+from proxy.compact import Job, trigger_for
 from proxy.count import count_history
 from proxy.disconnect import cancelled_on_disconnect
 from proxy.errors import ClientDisconnected
@@ -30,6 +30,7 @@ from proxy.outcome import Outcome, Turn
 from proxy.parse import parse_chat_request, read_body
 from proxy.plan import plan_compaction
 from proxy.rebuild import rebuild_outcome
+from proxy.record import record_of
 from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, lower_output, retry_once
 from proxy.schedule import scheduled
 from proxy.services import Services
@@ -44,6 +45,7 @@ _PARSE_INLINE_BYTES = 1024 * 1024
 
 async def handle_chat(request: Request, services: Services) -> Response:
     settings = services.settings
+    record = record_of(request)  # what the request's line and metrics report, at its end
     body = await read_body(request, settings.server.max_body_bytes)  # 1. parse
     if len(body) > _PARSE_INLINE_BYTES:  # tens of ms (seconds, if hostile) of orjson
         chat = await asyncio.to_thread(parse_chat_request, body, settings.server.max_messages)
@@ -60,7 +62,9 @@ async def handle_chat(request: Request, services: Services) -> Response:
         tenant=tenant,
         session_header=request.headers.get(settings.session.header),
         auth_headers=services.headers.auth_only(headers),
+        record=record,
     )
+    record.note_turn(turn)
 
     estimate = len(body) // 4
     if control == "off":
@@ -75,6 +79,7 @@ async def handle_chat(request: Request, services: Services) -> Response:
     try:
         # Until the answer's bytes flow, only this notices a client that gave up.
         async with cancelled_on_disconnect(request.receive):
+            record.sending(outcome)
             response = await services.client.send("POST", url, headers, body)  # 9.
             answer: upstream.UpstreamResponse | Response = response
             recover = control != "off" and settings.compaction.recover_overflow
@@ -84,7 +89,7 @@ async def handle_chat(request: Request, services: Services) -> Response:
                 answer, outcome = await recover_overflow(
                     services, turn, Attempt(body, outcome), response, headers, url
                 )
-            services.metrics.requests.labels(status=outcome.status).inc()
+            record.answered(answer.status_code, outcome)
             if isinstance(answer, upstream.UpstreamResponse):
                 ok = answer.status_code == 200
                 # 11. calibrate: the provider's own count of what we sent
@@ -119,16 +124,18 @@ async def compacted_view(
     counter = services.counters[model.tokenizer]
     history = await count_history(counter, chat, turn.body, c.pin_first_user)  # 5. count
     key = session_key(turn.tenant, turn.session_header, history.messages, history.digests)  # 3.
-    force = force and services.schedule.may_force(key)
+    turn.record.counted(key, history)
+    forced = force and services.schedule.may_force(key)
     budget = Budget.for_model(model, c, reserve, history.fixed)
     loaded = await load_snapshot(services.store, key, history)  # 4. snapshot
-    force = force or recover or scheduled(loaded.stored)
+    # What asks for a compaction now, whatever the threshold says; None: nothing does.
+    asked = trigger_for(recover=recover, scheduled=scheduled(loaded.stored), forced=forced)
     current = loaded.view(history.pinned)
     plan = plan_compaction(  # 6. plan
-        history.counts, history.messages, history.pinned, current, budget, force=force
+        history.counts, history.messages, history.pinned, current, budget, force=bool(asked)
     )
     if plan.action == "compact":  # 7-8. summarize under the session's lock, save, rebuild
-        job = Job(turn, key, history, budget, force)
+        job = Job(turn, key, history, budget, asked or "threshold")
         return await services.compactor.compact(job, loaded, plan)
     if plan.fits:  # 8. rebuild
         return rebuild_outcome(
@@ -152,6 +159,7 @@ async def recover_overflow(
     answer, verdict = await diagnose(response)
     if verdict is None:  # not ours to recover: relay the answer as the upstream wrote it
         return answer, first.outcome
+    turn.record.upstream_done()  # the error is read: what follows is the proxy's own time
     if verdict.kind == "output_budget":
         lowered = lower_output(first.body, verdict)
         if lowered is None:  # nothing we can change: the retry would fail the same way
@@ -162,6 +170,7 @@ async def recover_overflow(
         model = replace(turn.model, context_window=window)
         outcome = await compacted_view(services, replace(turn, model=model), recover=True)
         second = Attempt(_outgoing_body(turn, outcome), outcome)
+    turn.record.sending(second.outcome)
     return await retry_once(services, verdict, second, headers, url)
 
 
@@ -199,6 +208,7 @@ def _usage_watcher(
 
 async def handle_passthrough(request: Request, services: Services) -> Response:
     settings = services.settings
+    record = record_of(request)
     scope = request.scope
     url = upstream.passthrough_url(
         settings.upstream.base_url, scope["path"], scope.get("raw_path"), scope["query_string"]
@@ -215,7 +225,9 @@ async def handle_passthrough(request: Request, services: Services) -> Response:
         else:
             # Unknown or large (file uploads): stream the body through unbuffered.
             content = request.stream()
+        record.sending()
         response = await services.client.send(request.method, url, headers, content)
+        record.answered(response.status_code)
     except ClientDisconnect:  # gone mid-body (or cut for stalling): nobody to answer
         raise ClientDisconnected("The client closed the connection.") from None
     return await upstream.relay(response)

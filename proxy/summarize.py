@@ -115,7 +115,8 @@ class SummaryRequest:
         return cls(
             client=client,
             url=upstream.upstream_url(settings.upstream.base_url, "chat/completions", b""),
-            headers=turn.auth_headers,
+            # The request's id too: the upstream's logs tie the summary to the request.
+            headers=[*turn.auth_headers, (b"x-request-id", turn.record.request_id.encode())],
             model=c.summarizer_model or turn.chat["model"],
             max_tokens=max_tokens,
             timeout_s=c.summary_timeout_s,

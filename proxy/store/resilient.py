@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from proxy.errors import StoreError
-from proxy.metrics import Metrics
+from proxy.metrics import STORE_OPERATIONS, Metrics
 from proxy.session import SessionKey
 from proxy.store import Snapshot, Store
 from proxy.store.memory import MemoryStore
@@ -62,6 +62,7 @@ class ResilientStore:
         self.remote = remote
         self.local = local
         self._metrics = metrics
+        self._latency = {op: metrics.store_duration.labels(operation=op) for op in STORE_OPERATIONS}
         self._clock = clock
         self._down_until = 0.0
         self._last_log = -LOG_INTERVAL_S
@@ -87,13 +88,21 @@ class ResilientStore:
         if self.degraded:
             return await local()
         try:
-            result = await remote()
+            result = await self._timed(op, remote())
         except StoreError as exc:
             self._failed(op, exc)
             return await local()
         if self._outage:
             self._recovered()
         return result
+
+    async def _timed(self, op: str, call: Awaitable[T]) -> T:
+        """A remote call, its duration observed (failures and timeouts included)."""
+        started = time.perf_counter()
+        try:
+            return await call
+        finally:
+            self._latency[op].observe(time.perf_counter() - started)
 
     def _failed(self, op: str, exc: StoreError) -> None:
         now = self._clock()
@@ -136,7 +145,7 @@ class ResilientStore:
             await self._release_remote(key, self._owed[key])
         if not self.degraded:
             try:
-                token = await self.remote.acquire(key, ttl_s)
+                token = await self._timed("acquire", self.remote.acquire(key, ttl_s))
             except StoreError as exc:
                 self._failed("acquire", exc)
             else:
@@ -172,7 +181,7 @@ class ResilientStore:
     async def _release_remote(self, key: SessionKey, token: str) -> bool:
         """One attempt; True when the remote lock is gone (or was not ours any more)."""
         try:
-            await self.remote.release(key, token)
+            await self._timed("release", self.remote.release(key, token))
         except StoreError as exc:
             self._failed("release", exc)
             return False
@@ -199,7 +208,7 @@ class ResilientStore:
                     break
                 await asyncio.sleep(pause)
                 try:
-                    await self.remote.release(key, token)
+                    await self._timed("release", self.remote.release(key, token))
                 except StoreError:
                     continue  # the outage is already counted and logged by the first failure
                 outcome = "released"

@@ -1,0 +1,203 @@
+"""Issue 10: the Grafana dashboard the chart ships queries only series the proxy exports.
+
+Every PromQL expression in the dashboard (panels and template variables) is taken
+apart into the metric names and label names it uses; each name must be a series
+a live proxy exports after traffic, and each label one those series carry.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.metrics import Metrics
+from tests.conftest import proxy_settings
+from tests.test_metrics import client, long_history
+
+DASHBOARD = Path(__file__).parent.parent / "helm/compaction-proxy/dashboards/compaction-proxy.json"
+# Labels Prometheus adds when it scrapes, not the proxy.
+TARGET_LABELS = frozenset({"job", "instance"})
+# What the issue asks the dashboard to show, by the series that show it.
+REQUIRED = frozenset(
+    {
+        "compaction_proxy_request_duration_seconds_count",
+        "compaction_proxy_upstream_duration_seconds_count",
+        "compaction_proxy_added_latency_seconds_bucket",
+        "compaction_proxy_stream_ttfb_seconds_bucket",
+        "compaction_proxy_active_streams",
+        "compaction_proxy_compactions_total",
+        "compaction_proxy_input_tokens_total",
+        "compaction_proxy_summarization_duration_seconds_bucket",
+        "compaction_proxy_upstream_overflows_total",
+        "compaction_proxy_learned_windows_total",
+        "compaction_proxy_store_errors_total",
+        "compaction_proxy_store_duration_seconds_bucket",
+    }
+)
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_RANGE = re.compile(r"\[[^\]]*\]")
+_MATCHERS = re.compile(r"\{([^}]*)\}")
+_MATCHER_LABEL = re.compile(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+_VARIABLE = re.compile(r"\$\{[^}]*\}|\$\w+")
+_IDENTIFIER = re.compile(r"(?<![\w.])([A-Za-z_:][\w:]*)(\s*\()?")
+_KEYWORDS = frozenset({"by", "without", "on", "ignoring", "bool", "and", "or", "unless", "offset"})
+_LABEL_VALUES = re.compile(r"^\s*label_values\((.*),\s*(\w+)\s*\)\s*$")
+
+
+def referenced(expr: str) -> tuple[set[str], set[str]]:
+    """The metric names and the label names a PromQL expression (or a Grafana
+    ``label_values(selector, label)`` query) refers to."""
+    wanted_labels: set[str] = set()
+    found = _LABEL_VALUES.match(expr)
+    if found:
+        expr = found.group(1)
+        wanted_labels.add(found.group(2))
+    # Matchers first: their values are strings, which are blanked next.
+    for matchers in _MATCHERS.findall(expr):
+        wanted_labels.update(_MATCHER_LABEL.findall(_STRING.sub('""', matchers)))
+    text = _MATCHERS.sub(" ", _STRING.sub('""', expr))
+    text = _RANGE.sub(" ", text)
+    for grouping in _GROUPING.findall(text):
+        wanted_labels.update(re.findall(r"[A-Za-z_]\w*", grouping))
+    text = _VARIABLE.sub(" ", _GROUPING.sub(" ", text))
+    names = {
+        name
+        for name, call in _IDENTIFIER.findall(text)
+        if not call and name not in _KEYWORDS and not name.startswith("group_")
+    }
+    return names, wanted_labels
+
+
+@pytest.mark.parametrize(
+    ("expr", "names", "labels"),
+    [
+        ("up", {"up"}, set()),
+        (
+            'histogram_quantile(0.99, sum by (le, route) (rate(x_bucket{job=~"$job", a="b{c}"}'
+            "[$__rate_interval])))",
+            {"x_bucket"},
+            {"le", "route", "job", "a"},
+        ),
+        ("1 - sum(rate(a_total[5m])) / sum(rate(b_total[5m]))", {"a_total", "b_total"}, set()),
+        ('min by (model) (g{x!="1"}) > bool 0', {"g"}, {"model", "x"}),
+        ('label_values(c_total{job=~"$job"}, instance)', {"c_total"}, {"job", "instance"}),
+    ],
+)
+def test_expressions_are_taken_apart_into_metrics_and_labels(
+    expr: str, names: set[str], labels: set[str]
+) -> None:
+    assert referenced(expr) == (names, labels)
+
+
+def dashboard() -> dict[str, Any]:
+    loaded: dict[str, Any] = orjson.loads(DASHBOARD.read_bytes())
+    return loaded
+
+
+def panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in board["panels"]:
+        yield panel
+        yield from panel.get("panels", [])  # collapsed rows hold theirs
+
+
+def expressions(board: dict[str, Any]) -> list[str]:
+    exprs = [t["expr"] for p in panels(board) for t in p.get("targets", [])]
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            query = variable["query"]
+            exprs.append(query["query"] if isinstance(query, dict) else query)
+    return exprs
+
+
+def test_the_dashboard_takes_its_datasource_from_a_variable() -> None:
+    """Loadable by Grafana's sidecar as is: no import-time inputs, no fixed datasource."""
+    board = dashboard()
+    assert "__inputs" not in board
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    uids = {p["datasource"]["uid"] for p in panels(board) if p["type"] != "row"}
+    uids |= {t["datasource"]["uid"] for p in panels(board) for t in p.get("targets", [])}
+    assert uids == {"${datasource}"}
+    ids = [p["id"] for p in panels(board)]
+    assert len(ids) == len(set(ids))
+
+
+def exported(url: str) -> dict[str, set[str]]:
+    """Every series name /metrics exports, with the labels its samples carry."""
+    series: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            series.setdefault(sample.name, set()).update(sample.labels)
+    return series
+
+
+def traffic(url: str) -> None:
+    """A compaction, a stream, an overflow recovery that teaches a shared window, a
+    passthrough call: every kind of event the dashboard shows."""
+    sdk = client(url)
+    compacted = sdk.chat.completions.with_raw_response.create(
+        model="sim-small", messages=long_history(50), extra_headers={"X-Session-Id": "board"}
+    )
+    assert compacted.headers["x-compaction-status"] == "compacted"
+    stream = sdk.chat.completions.create(
+        model="sim-small", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    with stream:
+        assert sum(1 for _ in stream) > 1
+    recovered = sdk.chat.completions.with_raw_response.create(
+        model="sim-big",
+        messages=long_history(50),
+        extra_headers={"X-Session-Id": "recovered", "X-Sim-Context-Window": "3000"},
+    )
+    assert recovered.headers["x-compaction-status"] == "compacted"
+    assert httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sk"}).is_success
+
+
+@pytest.fixture
+def scraped(sim_reset: str, start_proxy: Callable[..., str]) -> dict[str, set[str]]:
+    settings = proxy_settings(
+        sim_reset,
+        models=[
+            {"match": "sim-small", "context_window": 4096, "max_output_tokens": 256},
+            {"match": "sim-big", "context_window": 32768, "max_output_tokens": 256},
+        ],
+        compaction={"summary_max_tokens": 400, "learned_window_quorum": 1},
+    )
+    url = start_proxy(settings)
+    traffic(url)
+    return exported(url)
+
+
+def test_every_series_the_dashboard_queries_is_exported(scraped: dict[str, set[str]]) -> None:
+    used: set[str] = set()
+    for expr in expressions(dashboard()):
+        names, labels = referenced(expr)
+        assert names, f"no metric in {expr!r}"
+        missing = names - scraped.keys()
+        assert not missing, f"{expr!r} queries {missing}, which the proxy does not export"
+        carried = set().union(*(scraped[name] for name in names)) | TARGET_LABELS
+        assert labels <= carried, f"{expr!r} uses labels {labels - carried} its series lack"
+        used |= names
+    assert not REQUIRED - used, f"the dashboard does not show {REQUIRED - used}"
+
+
+def test_every_family_a_fresh_proxy_declares_is_on_the_dashboard() -> None:
+    """Nothing the proxy measures is left off the dashboard: a new metric needs a panel."""
+    declared = {
+        family.name
+        for family in Metrics.create().registry.collect()
+        if not family.name.startswith(("python_", "process_"))
+    }
+    used = set().union(*(referenced(e)[0] for e in expressions(dashboard())))
+    shown = {re.sub(r"(_total|_bucket|_count|_sum)$", "", name) for name in used}
+    assert declared - shown == set()
