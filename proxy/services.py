@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from proxy.calibrate import Calibration
 from proxy.compact import Compactor
 from proxy.config import Settings
+from proxy.headers import HeaderPolicy
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.schedule import Schedule
 from proxy.store import Store
 from proxy.tokens import TokenCounter
-from proxy.upstream import HeaderPolicy, UpstreamClient
+from proxy.upstream import UpstreamClient
 from proxy.windows import LearnedWindows
 
 

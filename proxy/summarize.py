@@ -31,6 +31,7 @@ from proxy.models import ModelTable
 from proxy.outcome import Turn
 from proxy.overflow import classify_error
 from proxy.types import ChatMessage
+from proxy.urls import upstream_url
 
 PURPOSE_HEADER = (b"x-compaction-purpose", b"summarize")
 
@@ -114,7 +115,7 @@ class SummaryRequest:
         room = max(window - max_tokens - 2 * FRAME_TOKENS - 600, 256)
         return cls(
             client=client,
-            url=upstream.upstream_url(settings.upstream.base_url, "chat/completions", b""),
+            url=upstream_url(settings.upstream.base_url, "chat/completions", b""),
             headers=turn.auth_headers,
             model=c.summarizer_model or turn.chat["model"],
             max_tokens=max_tokens,
