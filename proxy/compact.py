@@ -34,8 +34,9 @@ from proxy.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey
 from proxy.snapshots import Loaded, load_snapshot, next_snapshot
 from proxy.store import LockStore, Snapshot, Snapshots
-from proxy.summarize import SummaryRequest, span_text, summarize
+from proxy.summarize import SummaryRequest, summarize
 from proxy.tokens import TokenCounter
+from proxy.transcript import span_text
 from proxy.trim import trim_outcome
 from proxy.types import ChatMessage
 from proxy.upstream import UpstreamClient
