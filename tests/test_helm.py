@@ -20,16 +20,19 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import kubernetes_validate
 import pytest
 import yaml
 from cryptography.fernet import Fernet
 
 from proxy.config import Settings, load_settings
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "compaction-proxy"
@@ -384,6 +387,59 @@ def test_rendered_config_loads_with_the_proxy(
 
 
 @pytest.mark.e2e
+def test_the_containers_command_starts_the_proxy_and_answers_its_probes(
+    helm: Helm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Deployment's command line, run here on loopback with the rendered config."""
+    docs = helm.render(sets={"secrets.adminKey": "planted-admin"})
+    container = _container(docs)
+    config = tmp_path / "config.yaml"
+    config.write_text(_config(docs), encoding="utf-8")
+    env = _pod_env(container, {"rel-compaction-proxy": {"admin-key": "planted-admin"}})
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    port = free_port()
+    mount = {"/etc/compaction-proxy/config.yaml": str(config), "0.0.0.0": "127.0.0.1"}
+    args = [mount.get(a, a) for a in container["args"]]
+    args[args.index("--port") + 1] = str(port)
+    assert container["command"] == ["compaction-proxy"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while not _answers(f"{base}/healthz"):
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.1)
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            path = container[probe]["httpGet"]["path"]
+            assert httpx.get(f"{base}{path}", timeout=5).status_code == 200, probe
+        # The admin key arrived through the Secret's environment variable.
+        auth = {"Authorization": "Bearer planted-admin"}
+        assert httpx.get(f"{base}/admin/sessions", headers=auth, timeout=5).status_code == 200
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stderr:
+            process.stderr.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("sets", "grace"),
     [
@@ -403,6 +459,23 @@ def test_termination_grace_covers_the_proxys_drain(
     assert has_prestop == (sets.get("preStopSleepSeconds") != 0)
 
 
+def _chart_copy(tmp_path: Path) -> Path:
+    """The chart without its dashboards, plus a ConfigMap holding what NOTES.txt prints."""
+    chart = tmp_path / "compaction-proxy"
+    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("dashboards"))
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ include "compaction-proxy.notes" . | toJson }}}\n',
+        encoding="utf-8",
+    )
+    return chart
+
+
+def _notes(docs: list[dict[str, Any]]) -> str:
+    notes: str = _one(docs, "ConfigMap", "notes")["data"]["notes"]
+    return notes
+
+
 def _dashboards(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [d for d in docs if d["metadata"]["name"].endswith("-dashboards")]
 
@@ -410,8 +483,7 @@ def _dashboards(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.e2e
 def test_dashboard_configmap_carries_each_chart_dashboard(helm: Helm, tmp_path: Path) -> None:
     """Whatever dashboards/*.json the chart ships lands in a ConfigMap the sidecar finds."""
-    chart = tmp_path / "compaction-proxy"
-    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("dashboards"))
+    chart = _chart_copy(tmp_path)
     assert not _dashboards(helm.render(chart=chart))
 
     (chart / "dashboards").mkdir()
@@ -432,6 +504,23 @@ def test_dashboard_configmap_carries_each_chart_dashboard(helm: Helm, tmp_path: 
     assert cm["metadata"]["labels"]["team"] == "llm"
     assert "grafana_dashboard" not in cm["metadata"]["labels"]
     assert not _dashboards(helm.render(sets={"dashboards.enabled": False}, chart=chart))
+
+
+@pytest.mark.e2e
+def test_notes_say_where_the_proxy_is_and_what_its_store_shares(helm: Helm, tmp_path: Path) -> None:
+    chart = _chart_copy(tmp_path)
+    notes = _notes(helm.render(chart=chart))
+    assert "http://rel-compaction-proxy.llm.svc:8080/v1" in notes
+    assert "memory:// store is per pod" in notes
+    assert "Grafana" not in notes  # no dashboard in this copy
+
+    (chart / "dashboards").mkdir()
+    (chart / "dashboards" / "one.json").write_text("{}", encoding="utf-8")
+    notes = _notes(helm.render(FULL, chart=chart))
+    assert "external Redis (URL from Secret redis-credentials)" in notes
+    assert "per pod" not in notes
+    assert "Grafana: ConfigMap rel-compaction-proxy-dashboards" in notes
+    assert 'grafana_dashboard="1"' in notes
 
 
 @pytest.mark.e2e
