@@ -13,14 +13,14 @@ from proxy.models import ModelTable
 from proxy.schedule import Schedule
 from proxy.store import Store
 from proxy.tokens import TokenCounter
-from proxy.upstream import UpstreamClient
+from proxy.upstream import Upstream
 from proxy.windows import LearnedWindows
 
 
 @dataclass(slots=True)
 class Services:
     settings: Settings
-    client: UpstreamClient
+    client: Upstream
     headers: HeaderPolicy
     models: ModelTable
     store: Store

@@ -82,7 +82,7 @@ class Summary:
 class SummaryRequest:
     """Everything the summarizer needs that does not change per chunk."""
 
-    client: upstream.UpstreamClient
+    client: upstream.Upstream
     url: str
     headers: list[tuple[bytes, bytes]]
     model: str
@@ -94,7 +94,7 @@ class SummaryRequest:
 
     @classmethod
     def for_turn(
-        cls, turn: Turn, settings: Settings, models: ModelTable, client: upstream.UpstreamClient
+        cls, turn: Turn, settings: Settings, models: ModelTable, client: upstream.Upstream
     ) -> SummaryRequest:
         """The summary call for ``turn``'s session, sized for the summarizer's window."""
         c = settings.compaction

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
@@ -56,6 +57,21 @@ def _translated(exc: BaseException, *, body: bool) -> UpstreamError:
     if timed_out:
         return UpstreamTimeout("The upstream did not answer in time.")
     return UpstreamUnavailable("The upstream could not be reached.")
+
+
+class Upstream(Protocol):
+    """The upstream seam: what requests and the summarizer need of ``UpstreamClient``
+    (tests put an in-process fake behind it, ``tests/fakes.py``)."""
+
+    async def send(
+        self,
+        method: str,
+        url: str | URL,
+        headers: list[tuple[bytes, bytes]],
+        content: bytes | AsyncIterator[bytes] | None,
+    ) -> UpstreamResponse: ...
+
+    async def aclose(self) -> None: ...
 
 
 class UpstreamClient:
