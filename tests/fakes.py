@@ -37,6 +37,7 @@ from proxy.compact import Compactor
 from proxy.config import Settings
 from proxy.encodings import EstimateEncoder
 from proxy.errors import UpstreamError
+from proxy.headers import HeaderPolicy
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.outcome import Turn
@@ -48,7 +49,6 @@ from proxy.store.memory import MemoryStore
 from proxy.summarize import PURPOSE_HEADER
 from proxy.tokens import TokenCounter
 from proxy.types import ChatMessage
-from proxy.headers import HeaderPolicy
 from proxy.upstream import UpstreamResponse
 from proxy.windows import LearnedWindows, WindowPolicy
 
