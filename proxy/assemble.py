@@ -14,13 +14,14 @@ from proxy.calibrate import Calibration
 from proxy.compact import Compactor
 from proxy.config import Settings
 from proxy.encodings import Encoder, load_encoders
+from proxy.headers import HeaderPolicy
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.schedule import Schedule
 from proxy.services import Services
 from proxy.store import build_store
 from proxy.tokens import TokenCounter
-from proxy.upstream import HeaderPolicy, UpstreamClient
+from proxy.upstream import UpstreamClient
 from proxy.windows import LearnedWindows, WindowPolicy
 
 

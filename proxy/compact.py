@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
@@ -34,11 +34,12 @@ from proxy.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey
 from proxy.snapshots import Loaded, load_snapshot, next_snapshot
 from proxy.store import LockStore, Snapshot, Snapshots
-from proxy.summarize import SummaryRequest, span_text, summarize
+from proxy.summarize import SummaryRequest, summarize
 from proxy.tokens import TokenCounter
+from proxy.transcript import span_text
 from proxy.trim import trim_outcome
 from proxy.types import ChatMessage
-from proxy.upstream import UpstreamClient
+from proxy.upstream import Upstream
 
 log = logging.getLogger("proxy.compaction")
 
@@ -86,15 +87,18 @@ class Compactor:
     settings: Settings
     store: CompactionStore
     counters: dict[str, TokenCounter]
-    client: UpstreamClient  # summaries are asked of the upstream through it
+    client: Upstream  # summaries are asked of the upstream through it
     models: ModelTable
     metrics: Metrics
     # Sessions whose summarization lock outlived a full wait: until when not to wait again.
     stalled_locks: OrderedDict[SessionKey, float] = field(default_factory=OrderedDict)
+    # Waiting runs on these: tests pass a fake clock and let time pass without sleeping.
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     async def compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Carry out ``plan`` (against ``loaded``), once per session at a time; log it."""
-        started = time.monotonic()
+        started = self.clock()
         job.turn.record.trigger = job.trigger
         outcome = await self._compact(job, loaded, plan)
         self.metrics.compactions.labels(trigger=job.trigger, outcome=outcome.status).inc()
@@ -110,7 +114,7 @@ class Compactor:
             "tokens_after": outcome.tokens,
             "version": outcome.version,
             "restored_identifiers": outcome.restored,
-            "duration_ms": round((time.monotonic() - started) * 1000),
+            "duration_ms": round((self.clock() - started) * 1000),
         }
         log.info("compaction", extra={"fields": fields})
         return outcome
@@ -210,13 +214,13 @@ class Compactor:
         """Another request is summarizing this session: wait (bounded), then use its result."""
         key = job.key
         before = loaded.version
-        now = time.monotonic()
+        now = self.clock()
         # A wait on this lock already ran out: its holder is likely gone (a replica that
         # died mid-summary), so later turns do not wait it out again until it expires.
         stalled = self.stalled_locks.get(key, 0.0) > now
         deadline = now + (0 if stalled else self.settings.compaction.wait_for_summary_s)
-        while time.monotonic() < deadline:
-            await asyncio.sleep(_POLL_S)
+        while self.clock() < deadline:
+            await self.sleep(_POLL_S)
             fresh = await load_snapshot(self.store, job.key, job.history)
             if fresh.stored is not None and fresh.version > before:
                 loaded = fresh
@@ -230,7 +234,7 @@ class Compactor:
         else:
             if not stalled:
                 lock_ttl = self.settings.compaction.summary_timeout_s + 5
-                self.stalled_locks[key] = time.monotonic() + lock_ttl
+                self.stalled_locks[key] = self.clock() + lock_ttl
                 if len(self.stalled_locks) > TRACKED_LIMIT:
                     self.stalled_locks.popitem(last=False)
                 log.warning(

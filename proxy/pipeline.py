@@ -32,12 +32,14 @@ from proxy.plan import plan_compaction
 from proxy.rebuild import rebuild_outcome
 from proxy.record import record_of
 from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, lower_output, retry_once
+from proxy.relay import relay
 from proxy.schedule import scheduled
 from proxy.services import Services
 from proxy.session import session_key, tenant_from_headers
 from proxy.snapshots import load_snapshot
 from proxy.tokens import bounded_by, output_reserve
 from proxy.trim import trim_outcome
+from proxy.urls import passthrough_url, upstream_url
 
 # Bodies above this are parsed in a worker thread, so the loop keeps serving others.
 _PARSE_INLINE_BYTES = 1024 * 1024
@@ -75,7 +77,7 @@ async def handle_chat(request: Request, services: Services) -> Response:
         outcome = await compacted_view(services, turn, force=control == "force")
     body = _outgoing_body(turn, outcome)
 
-    url = upstream.upstream_url(settings.upstream.base_url, "chat/completions", b"")
+    url = upstream_url(settings.upstream.base_url, "chat/completions", b"")
     try:
         # Until the answer's bytes flow, only this notices a client that gave up.
         async with cancelled_on_disconnect(request.receive):
@@ -94,7 +96,7 @@ async def handle_chat(request: Request, services: Services) -> Response:
                 ok = answer.status_code == 200
                 # 11. calibrate: the provider's own count of what we sent
                 watch = _usage_watcher(services, tenant, model.name, outcome) if ok else None
-                return await upstream.relay(answer, outcome.headers(), watch)
+                return await relay(answer, outcome.headers(), watch)
     except ClientDisconnected:
         services.metrics.client_disconnects.labels(phase="upstream").inc()
         raise
@@ -210,7 +212,7 @@ async def handle_passthrough(request: Request, services: Services) -> Response:
     settings = services.settings
     record = record_of(request)
     scope = request.scope
-    url = upstream.passthrough_url(
+    url = passthrough_url(
         settings.upstream.base_url, scope["path"], scope.get("raw_path"), scope["query_string"]
     )
     headers = services.headers.outgoing(request.headers.raw)
@@ -230,4 +232,4 @@ async def handle_passthrough(request: Request, services: Services) -> Response:
         record.answered(response.status_code)
     except ClientDisconnect:  # gone mid-body (or cut for stalling): nobody to answer
         raise ClientDisconnected("The client closed the connection.") from None
-    return await upstream.relay(response)
+    return await relay(response)

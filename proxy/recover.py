@@ -24,6 +24,7 @@ from starlette.responses import Response
 from proxy import upstream
 from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow, classify_error, echoed, request_text
+from proxy.relay import buffered, relay
 from proxy.services import Services
 from proxy.tokens import output_reserve
 
@@ -62,8 +63,8 @@ async def diagnose(
     else:
         raw, rest = await _read_error(response)
         if rest is not None:  # too big to be an error we can act on: relay it whole
-            return await upstream.relay(response, started=(raw, rest)), None
-        original = upstream.buffered(response, raw)
+            return await relay(response, started=(raw, rest)), None
+        original = buffered(response, raw)
         verdict = classify_error(response.status_code, response.headers, raw)
     return original, (None if verdict.kind == "other" else verdict)
 
@@ -116,7 +117,7 @@ async def _stream_error(
         await response.aclose()
         raise
     await response.aclose()
-    return error, upstream.buffered(response, head)
+    return error, buffered(response, head)
 
 
 def _first_event(head: bytes) -> bytes | None:

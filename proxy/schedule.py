@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from cachetools import LRUCache
@@ -36,10 +37,11 @@ class Schedule:
     # Header sessions this replica scheduled: their next request skips the far-below
     # fast path. Only a hint, bounded; the schedule itself lives in the snapshot.
     hints: OrderedDict[SessionKey, None] = field(default_factory=OrderedDict)
+    clock: Callable[[], float] = time.monotonic  # for the rate limit; tests pass a fake one
 
     def may_force(self, key: SessionKey) -> bool:
         """Whether ``X-Compaction: force`` takes effect for ``key`` now (and note it if so)."""
-        now = time.monotonic()
+        now = self.clock()
         last = self.last_forced.get(key)
         if last is not None and now - last < self.force_interval_s:
             return False

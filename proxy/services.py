@@ -7,19 +7,20 @@ from dataclasses import dataclass
 from proxy.calibrate import Calibration
 from proxy.compact import Compactor
 from proxy.config import Settings
+from proxy.headers import HeaderPolicy
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.schedule import Schedule
 from proxy.store import Store
 from proxy.tokens import TokenCounter
-from proxy.upstream import HeaderPolicy, UpstreamClient
+from proxy.upstream import Upstream
 from proxy.windows import LearnedWindows
 
 
 @dataclass(slots=True)
 class Services:
     settings: Settings
-    client: UpstreamClient
+    client: Upstream
     headers: HeaderPolicy
     models: ModelTable
     store: Store

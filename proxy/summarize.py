@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -30,7 +29,9 @@ from proxy.errors import SummaryError, SummaryTruncated, UpstreamError
 from proxy.models import ModelTable
 from proxy.outcome import Turn
 from proxy.overflow import classify_error
+from proxy.transcript import chunk_transcript, render_transcript
 from proxy.types import ChatMessage
+from proxy.urls import upstream_url
 
 PURPOSE_HEADER = (b"x-compaction-purpose", b"summarize")
 
@@ -67,9 +68,6 @@ TERSER = (
     "Critical values exactly."
 )
 
-_ARG_CHARS = 300
-_RESULT_CHARS = 800
-
 
 @dataclass(frozen=True, slots=True)
 class Summary:
@@ -84,7 +82,7 @@ class Summary:
 class SummaryRequest:
     """Everything the summarizer needs that does not change per chunk."""
 
-    client: upstream.UpstreamClient
+    client: upstream.Upstream
     url: str
     headers: list[tuple[bytes, bytes]]
     model: str
@@ -96,7 +94,7 @@ class SummaryRequest:
 
     @classmethod
     def for_turn(
-        cls, turn: Turn, settings: Settings, models: ModelTable, client: upstream.UpstreamClient
+        cls, turn: Turn, settings: Settings, models: ModelTable, client: upstream.Upstream
     ) -> SummaryRequest:
         """The summary call for ``turn``'s session, sized for the summarizer's window."""
         c = settings.compaction
@@ -114,7 +112,7 @@ class SummaryRequest:
         room = max(window - max_tokens - 2 * FRAME_TOKENS - 600, 256)
         return cls(
             client=client,
-            url=upstream.upstream_url(settings.upstream.base_url, "chat/completions", b""),
+            url=upstream_url(settings.upstream.base_url, "chat/completions", b""),
             # The request's id too: the upstream's logs tie the summary to the request.
             headers=[*turn.auth_headers, (b"x-request-id", turn.record.request_id.encode())],
             model=c.summarizer_model or turn.chat["model"],
@@ -122,83 +120,6 @@ class SummaryRequest:
             timeout_s=c.summary_timeout_s,
             max_chunk_chars=room * 3,
         )
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                if part.get("type") == "text":
-                    parts.append(str(part.get("text", "")))
-                elif part.get("type") == "image_url":
-                    parts.append("[image]")
-        return "\n".join(parts)
-    return ""
-
-
-def _brief(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}… [{len(text) - limit} more chars]"
-
-
-def render_transcript(messages: Sequence[ChatMessage]) -> list[str]:
-    """One entry per message; tool outputs shortened, tool calls as name(args)."""
-    names: dict[str, str] = {}
-    lines: list[str] = []
-    for m in messages:
-        role = m.get("role", "?")
-        text = _text(m.get("content"))
-        if role == "tool":
-            name = names.get(str(m.get("tool_call_id", "")), "tool")
-            lines.append(f"[tool result: {name}] {_brief(text, _RESULT_CHARS)}")
-            continue
-        entry = f"[{role}] {text}" if text else f"[{role}]"
-        for call in m.get("tool_calls") or ():
-            fn = call.get("function") or {}
-            names[str(call.get("id", ""))] = str(fn.get("name", "tool"))
-            args = _brief(str(fn.get("arguments", "")), _ARG_CHARS)
-            entry += f"\n[{role} calls {fn.get('name', 'tool')}({args})]"
-        lines.append(entry)
-    return lines
-
-
-def span_text(messages: Sequence[ChatMessage]) -> str:
-    """Everything a span says, whole (tool outputs and call arguments included), for the
-    identifier check: the transcript the summarizer sees shortens those."""
-    parts: list[str] = []
-    for m in messages:
-        parts.append(_text(m.get("content")))
-        for call in m.get("tool_calls") or ():
-            fn = call.get("function") or {}
-            parts.append(f"{fn.get('name', '')} {fn.get('arguments', '')}")
-    return "\n".join(parts)
-
-
-def _chunks(lines: list[str], max_chars: int) -> list[list[str]]:
-    chunks: list[list[str]] = [[]]
-    size = 0
-    for line in _split_long(lines, max_chars):
-        if chunks[-1] and size + len(line) > max_chars:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(line)
-        size += len(line) + 1
-    return chunks
-
-
-def _split_long(lines: list[str], max_chars: int) -> list[str]:
-    """A message longer than a chunk continues over several, losing nothing."""
-    out: list[str] = []
-    for line in lines:
-        if len(line) <= max_chars:
-            out.append(line)
-            continue
-        step = max(max_chars - 40, 1)
-        parts = [line[i : i + step] for i in range(0, len(line), step)]
-        out.extend(p if i == 0 else f"[continued] {p}" for i, p in enumerate(parts))
-    return out
 
 
 def _user_prompt(previous: str, lines: list[str]) -> str:
@@ -220,7 +141,7 @@ async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessa
     text, retries, calls = previous, 0, 0
     try:
         async with asyncio.timeout(req.timeout_s):
-            for chunk in _chunks(render_transcript(span), req.max_chunk_chars):
+            for chunk in chunk_transcript(render_transcript(span), req.max_chunk_chars):
                 prompt = _user_prompt(text, chunk)
                 answer = await _call(req, prompt, req.max_tokens)
                 calls += 1

@@ -1,4 +1,4 @@
-"""summarize.py: the transcript the summarizer reads, and chunked summarization.
+"""transcript.py and summarize.py: the transcript the summarizer reads, and chunked summarization.
 
 The end-to-end test runs the real proxy against a simulator whose summarizer
 model has a 1500-token window it enforces with real overflow errors, so a
@@ -18,7 +18,8 @@ import pytest
 from proxy.config import Settings
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from proxy.summarize import SummaryRequest, render_transcript, summarize
+from proxy.summarize import SummaryRequest, summarize
+from proxy.transcript import render_transcript
 from proxy.types import ChatMessage
 from proxy.upstream import UpstreamClient
 from tests.conftest import run_server

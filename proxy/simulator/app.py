@@ -31,10 +31,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy.encodings import load_encoders
-from proxy.simulator.completion import completion_body, completion_chunks
+from proxy.simulator.completion import Completion, completion_body, completion_chunks
 from proxy.simulator.config import ModelProfile, SimulatorConfig, resolve_model
 from proxy.simulator.counting import PromptCounter
 from proxy.simulator.errors import (
+    ErrorInfo,
     SimError,
     max_tokens_error,
     openai_error,
@@ -44,7 +45,7 @@ from proxy.simulator.errors import (
 from proxy.simulator.non_chat import embeddings_body, legacy_completion_body, models_body
 from proxy.simulator.overrides import Overrides, read_overrides
 from proxy.simulator.recorder import Counter, Recorder
-from proxy.simulator.replies import Reply, build_reply
+from proxy.simulator.replies import Voice, build_reply
 from proxy.simulator.stream import sse_events
 from proxy.simulator.validate import (
     check_alternation,
@@ -157,42 +158,30 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
         summarize=summarize,
         seed=seed,
         budget=max(budget, 0),
-        reply_tokens=sim.config.reply_tokens,
-        encoder=counter.encoder,
-        summary_style=profile.summary_style,
-        summary_forgets=profile.summary_forgets,
+        voice=Voice(
+            counter.encoder, sim.config.reply_tokens, profile.summary_style, profile.summary_forgets
+        ),
     )
     if summarize:
         sim.recorder.bump("summaries")
-    completion_id = f"chatcmpl-{seed.hex()[:24]}"
+    completion = Completion(f"chatcmpl-{seed.hex()[:24]}", profile.name, reply, prompt.total)
     if body.get("stream") is True:
-        return _stream(sim, overrides, body, completion_id, profile, reply, prompt.total)
+        return _stream(sim, overrides, body, completion)
     latency = sim.config.latency_ms if overrides.latency_ms is None else overrides.latency_ms
     if latency > 0 and await _abandoned_during(request, latency):
         sim.recorder.bump("calls_abandoned")
         return Response(status_code=499)  # nobody reads it: the client has gone
-    return _json(completion_body(completion_id, profile.name, reply, prompt.total))
+    return _json(completion_body(completion))
 
 
 def _stream(
-    sim: Simulator,
-    overrides: Overrides,
-    body: dict[str, Any],
-    completion_id: str,
-    profile: ModelProfile,
-    reply: Reply,
-    prompt_tokens: int,
+    sim: Simulator, overrides: Overrides, body: dict[str, Any], completion: Completion
 ) -> Response:
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     settings = sim.config.stream
     chunks = completion_chunks(
-        completion_id,
-        profile.name,
-        reply,
-        prompt_tokens,
-        chunk_chars=settings.chunk_chars,
-        include_usage=include_usage,
+        completion, chunk_chars=settings.chunk_chars, include_usage=include_usage
     )
     first = overrides.first_byte_delay_ms
     delay = overrides.chunk_delay_ms
@@ -293,7 +282,7 @@ def _observability_routes(sim: Simulator) -> list[Route]:
 async def _unknown_route(request: Request, exc: Exception) -> Response:
     # api.openai.com's answer for a path or method it does not serve.
     status = exc.status_code if isinstance(exc, HTTPException) else 404
-    err = openai_error(status, f"Invalid URL ({request.method} {request.url.path})")
+    err = openai_error(status, ErrorInfo(f"Invalid URL ({request.method} {request.url.path})"))
     return _error_response(err)
 
 

@@ -6,6 +6,7 @@ answer; tests and benchmark diffs rely on that.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.simulator.replies import Reply
@@ -21,9 +22,18 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def completion_body(
-    completion_id: str, model: str, reply: Reply, prompt_tokens: int
-) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One answer to a chat request: the reply, and what its wire shapes carry with it."""
+
+    id: str
+    model: str
+    reply: Reply
+    prompt_tokens: int
+
+
+def completion_body(completion: Completion) -> dict[str, Any]:
+    reply = completion.reply
     message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
     if reply.tool_calls:
         message["tool_calls"] = [
@@ -35,10 +45,10 @@ def completion_body(
             for call in reply.tool_calls
         ]
     return {
-        "id": completion_id,
+        "id": completion.id,
         "object": "chat.completion",
         "created": CREATED,
-        "model": model,
+        "model": completion.model,
         "choices": [
             {
                 "index": 0,
@@ -47,7 +57,7 @@ def completion_body(
                 "finish_reason": reply.finish_reason,
             }
         ],
-        "usage": usage(prompt_tokens, reply.completion_tokens),
+        "usage": usage(completion.prompt_tokens, reply.completion_tokens),
     }
 
 
@@ -56,21 +66,16 @@ def _pieces(text: str, size: int) -> list[str]:
 
 
 def completion_chunks(
-    completion_id: str,
-    model: str,
-    reply: Reply,
-    prompt_tokens: int,
-    *,
-    chunk_chars: int,
-    include_usage: bool,
+    completion: Completion, *, chunk_chars: int, include_usage: bool
 ) -> list[dict[str, Any]]:
-    """The chunk sequence OpenAI streams for ``reply`` (without the ``[DONE]`` line).
+    """The chunk sequence OpenAI streams for ``completion`` (without the ``[DONE]`` line).
 
     Role first, then content in ``chunk_chars`` pieces, or per tool call one
     delta with id, type and name followed by its arguments in pieces; then the
     finish reason; then, if asked, a usage chunk with no choices. With
     ``include_usage`` every other chunk carries ``"usage": null``, as OpenAI's do.
     """
+    completion_id, model, reply = completion.id, completion.model, completion.reply
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -110,7 +115,7 @@ def completion_chunks(
                 "created": CREATED,
                 "model": model,
                 "choices": [],
-                "usage": usage(prompt_tokens, reply.completion_tokens),
+                "usage": usage(completion.prompt_tokens, reply.completion_tokens),
             }
         )
     return chunks

@@ -8,6 +8,7 @@ proxy's overflow detection is tested against what servers really send.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
@@ -39,25 +40,32 @@ class SimError(Exception):
         self.headers = headers or {}
 
 
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """What OpenAI says inside ``{"error": ...}``; the HTTP answer around it is separate."""
+
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+
 def openai_error(
     status: int,
-    message: str,
+    info: ErrorInfo,
     *,
-    type: str = "invalid_request_error",
-    param: str | None = None,
-    code: str | None = None,
     kind: ErrorKind = "request",
     headers: dict[str, str] | None = None,
 ) -> SimError:
     """OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
-    return SimError(status, orjson.dumps(body), kind=kind, headers=headers)
+    error = {"message": info.message, "type": info.type, "param": info.param, "code": info.code}
+    return SimError(status, orjson.dumps({"error": error}), kind=kind, headers=headers)
 
 
 def invalid_request(
     message: str, *, param: str | None = None, code: str | None = None, kind: ErrorKind = "request"
 ) -> SimError:
-    return openai_error(400, message, param=param, code=code, kind=kind)
+    return openai_error(400, ErrorInfo(message, param=param, code=code), kind=kind)
 
 
 def template_error(message: str) -> SimError:
@@ -232,26 +240,32 @@ def simulated_failure(status: int, model: str) -> SimError:
     if status == 401:
         return openai_error(
             401,
-            "Incorrect API key provided: sk-test. You can find your API key at "
-            "https://platform.openai.com/account/api-keys.",
-            code="invalid_api_key",
+            ErrorInfo(
+                "Incorrect API key provided: sk-test. You can find your API key at "
+                "https://platform.openai.com/account/api-keys.",
+                code="invalid_api_key",
+            ),
             kind="failure",
         )
     if status == 404:
         return openai_error(
             404,
-            f"The model `{model}` does not exist or you do not have access to it.",
-            code="model_not_found",
+            ErrorInfo(
+                f"The model `{model}` does not exist or you do not have access to it.",
+                code="model_not_found",
+            ),
             kind="failure",
         )
     if status == 429:
         return openai_error(
             429,
-            f"Rate limit reached for {model} in organization org-simulator on tokens per min "
-            "(TPM): Limit 30000, Used 30000, Requested 1000. Please try again in 1s. Visit "
-            "https://platform.openai.com/account/rate-limits to learn more.",
-            type="tokens",
-            code="rate_limit_exceeded",
+            ErrorInfo(
+                f"Rate limit reached for {model} in organization org-simulator on tokens per "
+                "min (TPM): Limit 30000, Used 30000, Requested 1000. Please try again in 1s. "
+                "Visit https://platform.openai.com/account/rate-limits to learn more.",
+                type="tokens",
+                code="rate_limit_exceeded",
+            ),
             kind="failure",
             headers={"Retry-After": "1"},
         )
@@ -269,15 +283,20 @@ def simulated_failure(status: int, model: str) -> SimError:
     if status == 503:
         return openai_error(
             503,
-            "The engine is currently overloaded, please try again later",
-            type="server_error",
+            ErrorInfo(
+                "The engine is currently overloaded, please try again later", type="server_error"
+            ),
             kind="failure",
         )
     if status >= 500:
         return openai_error(
             status,
-            "The server had an error while processing your request. Sorry about that!",
-            type="server_error",
+            ErrorInfo(
+                "The server had an error while processing your request. Sorry about that!",
+                type="server_error",
+            ),
             kind="failure",
         )
-    return openai_error(status, f"Simulated failure with status {status}.", kind="failure")
+    return openai_error(
+        status, ErrorInfo(f"Simulated failure with status {status}."), kind="failure"
+    )

@@ -67,6 +67,17 @@ class ToolCallOut:
 
 
 @dataclass(frozen=True, slots=True)
+class Voice:
+    """How a model writes: the tokenizer its lengths count in, its usual reply length
+    (``reply_tokens``) and how it summarizes (``summary_style``, ``summary_forgets``)."""
+
+    encoder: Encoder
+    reply_tokens: int
+    summary_style: SummaryStyle = "ideal"
+    summary_forgets: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Reply:
     content: str | None
     tool_calls: tuple[ToolCallOut, ...]
@@ -119,22 +130,15 @@ def _text_reply(text: str, budget: int, encoder: Encoder) -> Reply:
     return Reply(content, (), "length" if cut else "stop", encoder.count(content))
 
 
-def _summary(
-    messages: list[dict[str, Any]],
-    seed: bytes,
-    budget: int,
-    reply_tokens: int,
-    encoder: Encoder,
-    style: SummaryStyle = "ideal",
-    forgets: int = 0,
-) -> Reply:
+def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Voice) -> Reply:
+    encoder = voice.encoder
     facts = collect_facts(messages)
     keys = sorted(facts)
-    if forgets:
-        keys = [k for i, k in enumerate(keys) if (i + 1) % forgets]
+    if voice.summary_forgets:
+        keys = [k for i, k in enumerate(keys) if (i + 1) % voice.summary_forgets]
     fact_lines = [f"FACT {key}={facts[key]}" for key in keys]
     header = f"SUMMARY of {len(messages)} messages, {len(keys)} facts carried forward."
-    if style == "realistic":
+    if voice.summary_style == "realistic":
         prompt = text_of(messages[-1].get("content"))
         # About a word of prose per 40 characters summarized; a quarter of the budget
         # when asked to be terse.
@@ -143,7 +147,7 @@ def _summary(
         content, cut = fit_words("", words, budget, encoder)
         return Reply(content, (), "length" if cut else "stop", encoder.count(content))
     head = "\n".join([header, *fact_lines]) + "\nContext:"
-    content, _ = fit_words(head, filler_words(seed, reply_tokens), budget, encoder)
+    content, _ = fit_words(head, filler_words(seed, voice.reply_tokens), budget, encoder)
     # Cutting filler is not a truncated summary: the facts are all there.
     return Reply(content, (), "stop", encoder.count(content))
 
@@ -170,16 +174,12 @@ def build_reply(
     summarize: bool,
     seed: bytes,
     budget: int,
-    reply_tokens: int,
-    encoder: Encoder,
-    summary_style: SummaryStyle = "ideal",
-    summary_forgets: int = 0,
+    voice: Voice,
 ) -> Reply:
     """The reply to a validated chat request; ``seed`` is a digest of the request."""
     if summarize:
-        return _summary(
-            messages, seed, budget, reply_tokens, encoder, summary_style, summary_forgets
-        )
+        return _summary(messages, seed, budget, voice)
+    encoder = voice.encoder
     last = messages[-1]
     role = last["role"]
     if role in ("tool", "function"):
@@ -203,7 +203,7 @@ def build_reply(
             answer = " ".join(f"{key}={facts.get(key, 'UNKNOWN')}" for key in keys)
             return _text_reply(answer, budget, encoder)
     # "ok:" costs two tokens; the words one each.
-    words = filler_words(seed, max(reply_tokens - 2, 1))
+    words = filler_words(seed, max(voice.reply_tokens - 2, 1))
     content, cut = fit_words("ok:", words, budget, encoder)
     if encoder.count(content) > budget:  # a budget below even "ok:"
         return _text_reply("ok:", budget, encoder)

@@ -10,10 +10,8 @@ a window's key is the plain string it was saved under):
 {prefix}:win:{key}    string learned window in tokens, PX = ttl
 ```
 
-With ``store.encryption_keys`` the snapshot JSON is encrypted (Fernet:
-AES-128-CBC with HMAC-SHA256, from the ``cryptography`` package) before it
-leaves the process; summaries carry user data. Snapshots written before
-encryption was turned on are still read.
+How a snapshot becomes those bytes, encrypted or not, is ``codec.py``; the
+scripts that make each read-compare-write atomic are ``lua.py``.
 
 Snapshots expire after ``store.ttl_s`` without use; every load refreshes the
 TTL. Writes are compare-and-swap in one Lua script: version N is written only
@@ -39,166 +37,32 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import fields
 from hashlib import blake2b
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import orjson
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
-from proxy.errors import ConfigError, StoreError
+from proxy.errors import StoreError
 from proxy.session import SessionKey
-from proxy.store import Snapshot
+from proxy.store import Snapshot, lua
+from proxy.store.codec import (
+    NewerFormat,
+    SnapshotCipher,
+    Unreadable,
+    decode_snapshot,
+    decode_stored,
+    encode_snapshot,
+    window_tokens,
+)
 
 if TYPE_CHECKING:
     from proxy.metrics import Metrics
 
 log = logging.getLogger("proxy.store")
 
-FORMAT_VERSION = 1
 _LOG_INTERVAL_S = 30.0
-# What each Snapshot field may hold once decoded (bool is an int to Python, never to us).
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    f.name: {"int": (int,), "str": (str,), "float": (int, float)}.get(str(f.type), (object,))
-    for f in fields(Snapshot)
-}
-
-# KEYS[1] snapshot hash; ARGV: new version, payload, ttl ms
-_CAS = """
-local current = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
-if current ~= tonumber(ARGV[1]) - 1 then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'v', ARGV[1], 'd', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-
-# KEYS[1] lock or window; ARGV[1] the value it must still hold (owner token, value read)
-_DELETE_IF_EQUAL = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-# KEYS[1] snapshot hash; ARGV: the v and d fields read ('' when absent). A valid
-# snapshot written since the read changed them, and survives.
-_DISCARD_SNAPSHOT = """
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
-  return 0
-end
-local v = redis.call('HGET', KEYS[1], 'v') or ''
-local d = redis.call('HGET', KEYS[1], 'd') or ''
-if v == ARGV[1] and d == ARGV[2] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-# KEYS[1]; ARGV[1] the Redis type the key must hold. Our own writes always
-# create that type, so anything else is foreign and safe to remove.
-_DISCARD_WRONG_TYPE = """
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'none' and kind ~= ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-
-class _Unreadable(Exception):
-    """Stored bytes that are no snapshot this release can use; ``args[0]`` says why."""
-
-
-class _NewerFormat(Exception):
-    """A snapshot written by a newer release: not ours to use, not ours to delete."""
-
-
-class SnapshotCipher:
-    """Fernet encryption for snapshot payloads; the first key encrypts, all decrypt."""
-
-    def __init__(self, keys: Sequence[str]) -> None:
-        try:
-            from cryptography.fernet import Fernet, InvalidToken, MultiFernet
-        except ImportError as exc:
-            raise ConfigError(
-                "store.encryption_keys needs the encryption extra: "
-                "pip install 'compaction-proxy[encryption]'"
-            ) from exc
-        try:
-            self._fernet = MultiFernet([Fernet(k.encode()) for k in keys])
-        except ValueError as exc:
-            raise ConfigError(
-                "store.encryption_keys: each key must be a Fernet key (Fernet.generate_key())"
-            ) from exc
-        self._invalid = InvalidToken
-
-    def encrypt(self, data: bytes) -> bytes:
-        return self._fernet.encrypt(data)
-
-    def decrypt(self, token: bytes) -> bytes:
-        try:
-            return self._fernet.decrypt(token)
-        except self._invalid as exc:  # wrong key, or tampered with
-            raise StoreError("redis snapshot cannot be decrypted (wrong key?)") from exc
-
-
-def _encode(snapshot: Snapshot, cipher: SnapshotCipher | None) -> bytes:
-    data = {f.name: getattr(snapshot, f.name) for f in fields(Snapshot)}
-    data["fv"] = FORMAT_VERSION
-    payload = orjson.dumps(data)
-    return cipher.encrypt(payload) if cipher is not None else payload
-
-
-def _decode(raw: bytes, cipher: SnapshotCipher | None) -> Snapshot:
-    """The snapshot in ``raw``; raises ``_Unreadable`` or ``_NewerFormat``."""
-    try:
-        if cipher is not None and not raw.startswith(b"{"):  # plain JSON predates encryption
-            raw = cipher.decrypt(raw)
-        data: Any = orjson.loads(raw)
-    except StoreError as exc:
-        raise _Unreadable("cannot be decrypted") from exc
-    except orjson.JSONDecodeError as exc:
-        # Without keys, an encrypted snapshot is just bytes that are not JSON.
-        raise _Unreadable("not JSON" if cipher else "not JSON (encrypted?)") from exc
-    if not isinstance(data, dict):
-        raise _Unreadable("not a JSON object")
-    fv = data.pop("fv", None)
-    if type(fv) is int and fv > FORMAT_VERSION:
-        raise _NewerFormat
-    if fv != FORMAT_VERSION:
-        raise _Unreadable("older format")
-    for name, value in data.items():
-        allowed = _FIELD_TYPES.get(name)
-        if allowed is None or type(value) is bool or not isinstance(value, allowed):
-            raise _Unreadable("unexpected fields")
-    try:
-        return Snapshot(**data)
-    except TypeError as exc:  # a required field is missing
-        raise _Unreadable("missing fields") from exc
-
-
-def _decode_stored(
-    version: bytes | None, raw: bytes | None, cipher: SnapshotCipher | None
-) -> Snapshot:
-    if raw is None:
-        raise _Unreadable("no data")
-    snapshot = _decode(raw, cipher)
-    # The compare-and-swap reads ``v``: a mismatch would block every later write.
-    if version is None or version != str(snapshot.version).encode():
-        raise _Unreadable("version field does not match")
-    return snapshot
-
-
-def _window_tokens(raw: bytes | str) -> int | None:
-    try:
-        tokens = int(raw)
-    except ValueError:
-        return None
-    return tokens if tokens > 0 else None
 
 
 def _wrong_type(exc: ResponseError) -> bool:
@@ -234,10 +98,10 @@ class RedisStore:
             health_check_interval=30,
             retry_on_timeout=False,
         )
-        self._cas = self._redis.register_script(_CAS)
-        self._delete_if_equal = self._redis.register_script(_DELETE_IF_EQUAL)
-        self._discard_snapshot = self._redis.register_script(_DISCARD_SNAPSHOT)
-        self._discard_wrong_type = self._redis.register_script(_DISCARD_WRONG_TYPE)
+        self._cas = self._redis.register_script(lua.CAS)
+        self._delete_if_equal = self._redis.register_script(lua.DELETE_IF_EQUAL)
+        self._discard_snapshot = self._redis.register_script(lua.DISCARD_SNAPSHOT)
+        self._discard_wrong_type = self._redis.register_script(lua.DISCARD_WRONG_TYPE)
 
     def _k(self, kind: str, key: SessionKey | str) -> str:
         """The Redis key; a session's is derived from ``SessionKey.storage_key`` only."""
@@ -268,10 +132,10 @@ class RedisStore:
         if version is None and raw is None:
             return None
         try:
-            return _decode_stored(version, raw, self._cipher)
-        except _NewerFormat:
+            return decode_stored(version, raw, self._cipher)
+        except NewerFormat:
             return None  # a newer release's, mid-rollout: it stays for the replicas that read it
-        except _Unreadable as exc:
+        except Unreadable as exc:
             await self._discard(
                 "snapshot",
                 key.log_id,
@@ -316,7 +180,7 @@ class RedisStore:
         try:
             done = await self._cas(
                 keys=[self._k("snap", key)],
-                args=[snapshot.version, _encode(snapshot, self._cipher), self._ttl_ms],
+                args=[snapshot.version, encode_snapshot(snapshot, self._cipher), self._ttl_ms],
             )
         except RedisError as exc:
             raise StoreError(f"redis save failed: {type(exc).__name__}") from exc
@@ -362,7 +226,7 @@ class RedisStore:
             raise StoreError(f"redis window load failed: {type(exc).__name__}") from exc
         if raw is None:
             return None
-        tokens = _window_tokens(raw)
+        tokens = window_tokens(raw)
         if tokens is None:
             await self._discard(
                 "window", log_id(key), "not a token count", self._delete_if_equal, [name], [raw]
@@ -385,8 +249,10 @@ class RedisStore:
                     continue  # not a session key we wrote
                 try:
                     raw = await self._redis.hget(name, "d")
-                    snapshot = _decode(raw, self._cipher) if isinstance(raw, bytes) else None
-                except (ResponseError, _Unreadable, _NewerFormat):
+                    snapshot = (
+                        decode_snapshot(raw, self._cipher) if isinstance(raw, bytes) else None
+                    )
+                except (ResponseError, Unreadable, NewerFormat):
                     continue  # a listing skips what a load would treat as absent
                 if snapshot is not None:
                     out.append((key, snapshot))
@@ -406,7 +272,7 @@ class RedisStore:
                     raw = await self._redis.get(name)
                 except ResponseError:
                     continue  # not a window we wrote
-                tokens = _window_tokens(raw) if raw is not None else None
+                tokens = window_tokens(raw) if raw is not None else None
                 if tokens is not None:
                     out[name.decode()[len(prefix) :]] = tokens
         except RedisError as exc:

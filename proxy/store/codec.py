@@ -1,0 +1,121 @@
+"""How ``RedisStore`` turns a snapshot into bytes and back.
+
+A stored snapshot is orjson with a format version (``fv``). With
+``store.encryption_keys`` the JSON is encrypted (Fernet: AES-128-CBC with
+HMAC-SHA256, from the ``cryptography`` package) before it leaves the process;
+summaries carry user data. Snapshots written before encryption was turned on
+are still read. Decoding checks every field's type, so a value this release
+cannot use raises ``Unreadable`` rather than reaching the pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
+
+import orjson
+
+from proxy.errors import ConfigError, StoreError
+from proxy.store import Snapshot
+
+FORMAT_VERSION = 1
+# What each Snapshot field may hold once decoded (bool is an int to Python, never to us).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    f.name: {"int": (int,), "str": (str,), "float": (int, float)}.get(str(f.type), (object,))
+    for f in fields(Snapshot)
+}
+
+
+class Unreadable(Exception):
+    """Stored bytes that are no snapshot this release can use; ``args[0]`` says why."""
+
+
+class NewerFormat(Exception):
+    """A snapshot written by a newer release: not ours to use, not ours to delete."""
+
+
+class SnapshotCipher:
+    """Fernet encryption for snapshot payloads; the first key encrypts, all decrypt."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        try:
+            from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+        except ImportError as exc:
+            raise ConfigError(
+                "store.encryption_keys needs the encryption extra: "
+                "pip install 'compaction-proxy[encryption]'"
+            ) from exc
+        try:
+            self._fernet = MultiFernet([Fernet(k.encode()) for k in keys])
+        except ValueError as exc:
+            raise ConfigError(
+                "store.encryption_keys: each key must be a Fernet key (Fernet.generate_key())"
+            ) from exc
+        self._invalid = InvalidToken
+
+    def encrypt(self, data: bytes) -> bytes:
+        return self._fernet.encrypt(data)
+
+    def decrypt(self, token: bytes) -> bytes:
+        try:
+            return self._fernet.decrypt(token)
+        except self._invalid as exc:  # wrong key, or tampered with
+            raise StoreError("redis snapshot cannot be decrypted (wrong key?)") from exc
+
+
+def encode_snapshot(snapshot: Snapshot, cipher: SnapshotCipher | None) -> bytes:
+    data = {f.name: getattr(snapshot, f.name) for f in fields(Snapshot)}
+    data["fv"] = FORMAT_VERSION
+    payload = orjson.dumps(data)
+    return cipher.encrypt(payload) if cipher is not None else payload
+
+
+def decode_snapshot(raw: bytes, cipher: SnapshotCipher | None) -> Snapshot:
+    """The snapshot in ``raw``; raises ``Unreadable`` or ``NewerFormat``."""
+    try:
+        if cipher is not None and not raw.startswith(b"{"):  # plain JSON predates encryption
+            raw = cipher.decrypt(raw)
+        data: Any = orjson.loads(raw)
+    except StoreError as exc:
+        raise Unreadable("cannot be decrypted") from exc
+    except orjson.JSONDecodeError as exc:
+        # Without keys, an encrypted snapshot is just bytes that are not JSON.
+        raise Unreadable("not JSON" if cipher else "not JSON (encrypted?)") from exc
+    if not isinstance(data, dict):
+        raise Unreadable("not a JSON object")
+    fv = data.pop("fv", None)
+    if type(fv) is int and fv > FORMAT_VERSION:
+        raise NewerFormat
+    if fv != FORMAT_VERSION:
+        raise Unreadable("older format")
+    for name, value in data.items():
+        allowed = _FIELD_TYPES.get(name)
+        if allowed is None or type(value) is bool or not isinstance(value, allowed):
+            raise Unreadable("unexpected fields")
+    try:
+        return Snapshot(**data)
+    except TypeError as exc:  # a required field is missing
+        raise Unreadable("missing fields") from exc
+
+
+def decode_stored(
+    version: bytes | None, raw: bytes | None, cipher: SnapshotCipher | None
+) -> Snapshot:
+    """The snapshot in a stored hash's ``v`` and ``d`` fields (None when absent)."""
+    if raw is None:
+        raise Unreadable("no data")
+    snapshot = decode_snapshot(raw, cipher)
+    # The compare-and-swap reads ``v``: a mismatch would block every later write.
+    if version is None or version != str(snapshot.version).encode():
+        raise Unreadable("version field does not match")
+    return snapshot
+
+
+def window_tokens(raw: bytes | str) -> int | None:
+    """A stored learned window; None if it is not a positive token count."""
+    try:
+        tokens = int(raw)
+    except ValueError:
+        return None
+    return tokens if tokens > 0 else None
