@@ -21,7 +21,9 @@ from proxy.metrics import Metrics
 from tests.conftest import proxy_settings
 from tests.test_metrics import client, long_history
 
-DASHBOARD = Path(__file__).parent.parent / "helm/compaction-proxy/dashboards/compaction-proxy.json"
+ROOT = Path(__file__).parent.parent
+DASHBOARD = ROOT / "helm/compaction-proxy/dashboards/compaction-proxy.json"
+README = ROOT / "README.md"
 # Labels Prometheus adds when it scrapes, not the proxy.
 TARGET_LABELS = frozenset({"job", "instance"})
 # What the issue asks the dashboard to show, by the series that show it.
@@ -178,7 +180,22 @@ def scraped(sim_reset: str, start_proxy: Callable[..., str]) -> dict[str, set[st
     return exported(url)
 
 
+def readme_alerts() -> list[str]:
+    """The PromQL of the README's alerts table (Deploy on Kubernetes)."""
+    text = README.read_text(encoding="utf-8")
+    table = text[text.index("**Alerts**") :].split("\n## ", 1)[0]
+    return re.findall(r"^\| [^|]+ \| `([^`]+)`", table, re.MULTILINE)
+
+
 def test_every_series_the_dashboard_queries_is_exported(scraped: dict[str, set[str]]) -> None:
+    """And every series the alerts the README recommends query."""
+    alerts = readme_alerts()
+    assert len(alerts) >= 5
+    for expr in alerts:
+        names, labels = referenced(expr)
+        assert names, expr
+        assert not names - scraped.keys(), f"README alert {expr!r}"
+        assert labels <= set().union(*(scraped[name] for name in names)), expr
     used: set[str] = set()
     for expr in expressions(dashboard()):
         names, labels = referenced(expr)
