@@ -28,7 +28,7 @@ from prometheus_client import Histogram
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.logs import REQUEST_ID
+from proxy.logs import ACCESS, REQUEST_ID, write_request_line
 from proxy.metrics import CHAT_STATUSES, Metrics
 from proxy.session import SessionKey, session_from_header
 
@@ -143,7 +143,6 @@ class Recorder:
     def __init__(self, metrics: Metrics, settings: Settings) -> None:
         self.metrics = metrics
         self._include_sensitive = settings.logging.include_sensitive
-        self._log = logging.getLogger("proxy.access")
         self._durations: dict[tuple[str, int], Histogram] = {}
         self._upstream: dict[tuple[str, int], Histogram] = {}
         self._added: dict[str, Histogram] = {}
@@ -178,8 +177,8 @@ class Recorder:
             before = rec.tokens_before
             self._before.inc(outcome.tokens if before is None else before)
             self._after.inc(outcome.tokens)
-        if self._log.isEnabledFor(logging.INFO):
-            self._log.info("request", extra={"fields": self._fields(rec, total)})
+        if ACCESS.isEnabledFor(logging.INFO):
+            write_request_line(self._fields(rec, total))
 
     def _fields(self, rec: Record, total: float) -> dict[str, Any]:
         """The line's fields: hashed ids, never content, credentials or header values."""

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import openai
@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from proxy import logs
 from proxy.config import LoggingSettings
-from proxy.logs import REQUEST_ID, configure_logging
+from proxy.logs import REQUEST_ID, configure_logging, write_request_line
 from proxy.record import request_id_from
 from tests.conftest import OPEN_CLIENTS, free_port, proxy_settings, run_server
 from tests.test_compaction import WINDOW, small_window_settings, upstream_requests
@@ -131,6 +131,34 @@ def test_text_lines_quote_values_that_would_break_the_line(
     logging.getLogger("proxy.test").warning("request", extra={"fields": fields})
     (line,) = _flushed(buffer)
     assert line.endswith(' request path="/v1/a b\\nFAKE LINE" route=passthrough')
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_request_lines_are_written_as_the_configured_format_writes_any_line(
+    captured: Callable[[LoggingSettings], io.StringIO], fmt: Literal["json", "text"]
+) -> None:
+    """Request lines skip the logging call (one per request) but look the same."""
+    buffer = captured(LoggingSettings(format=fmt))
+    fields = {"request_id": "r-1", "route": "chat", "path": "/v1/a b"}
+    write_request_line(fields)
+    logs.ACCESS.info("request", extra={"fields": fields})
+    direct, logged = _flushed(buffer)
+    if fmt == "json":
+        assert {**orjson.loads(direct), "ts": ""} == {**orjson.loads(logged), "ts": ""}
+    else:  # the same but for the time
+        assert direct.split(" ", 2)[2] == logged.split(" ", 2)[2]
+        assert direct.endswith(
+            ' INFO proxy.access request request_id=r-1 route=chat path="/v1/a b"'
+        )
+
+
+def test_request_lines_go_through_logging_when_it_was_not_configured_here(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="proxy.access"):
+        write_request_line({"request_id": "r-2"})
+    (record,) = caplog.records
+    assert record.__dict__["fields"] == {"request_id": "r-2"}
 
 
 def test_the_level_applies_to_the_proxy_and_other_libraries_stay_at_warnings(
