@@ -1,26 +1,21 @@
 """One record per request: what it did, observed in metrics and logged as one line at its end.
 
 ``RecordRequests`` wraps the routes (ASGI middleware). For each request it opens a
-``Record`` with the request's id: the client's ``X-Request-Id`` when that is a short
-token of plain characters, else a new one. The id is put on the request's own
-headers, so it is forwarded upstream like any other header (summaries asked for the
-request carry it too), and on the response. The steps fill in what they learn: the
+``Record`` under the request's id (``request_id.py``: the client's, or a new one),
+which it puts on the request's own headers, so it is forwarded upstream like any
+other header (summaries asked for the request carry it too), and on the response.
+The steps fill in what they learn: the
 pipeline the model, the compaction outcome and the tokens, the upstream timing.
 When the response has ended (a stream: after its last byte, or when its client
 left) ``Recorder.finish`` observes the request's metrics and writes its line: the
 one place that does either.
-
-The response's ``X-Request-Id`` is always the proxy's: an upstream's own id on a
-relayed answer is renamed ``X-Upstream-Request-Id`` (and logged as such).
 Health, readiness and metrics scrapes are not recorded.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
-from secrets import token_hex
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.logs import ACCESS, REQUEST_ID, write_request_line
 from proxy.metrics import CHAT_STATUSES, Metrics
+from proxy.request_id import HEADER, new_request_id, request_id_from, response_headers
 from proxy.session import SessionKey, session_from_header
 
 if TYPE_CHECKING:
@@ -37,10 +33,6 @@ if TYPE_CHECKING:
     from proxy.count import History
     from proxy.outcome import Outcome, Turn
 
-_HEADER = b"x-request-id"
-_UPSTREAM_HEADER = b"x-upstream-request-id"
-# What a client's id may be: bounded, and nothing that could break a log line or a header.
-_VALID_ID = re.compile(rb"[A-Za-z0-9._:+=/@-]{1,128}")
 _UNRECORDED = frozenset({"/healthz", "/readyz", "/metrics"})
 _SCOPE_KEY = "proxy.record"
 # Answered with no response at all (the client left, or shutdown cut it): nginx's code.
@@ -117,20 +109,8 @@ def record_of(request: Request) -> Record:
     """The request's record (a fresh one, never logged, outside ``RecordRequests``)."""
     record: Record | None = request.scope.get(_SCOPE_KEY)
     if record is None:
-        record = Record(token_hex(16), perf_counter())
+        record = Record(new_request_id(), perf_counter())
     return record
-
-
-def request_id_from(headers: list[tuple[bytes, bytes]]) -> tuple[str, list[tuple[bytes, bytes]]]:
-    """The request's id, and its headers carrying exactly that id once."""
-    given = [value for name, value in headers if name == _HEADER]
-    if len(given) == 1 and _VALID_ID.fullmatch(given[0]):
-        return given[0].decode("ascii"), headers
-    valid = [value for value in given if _VALID_ID.fullmatch(value)]
-    request_id = valid[0].decode("ascii") if valid else token_hex(16)
-    kept = [header for header in headers if header[0] != _HEADER]
-    kept.append((_HEADER, request_id.encode("ascii")))
-    return request_id, kept
 
 
 class Recorder:
@@ -256,12 +236,16 @@ class RecordRequests:
         request_id, scope["headers"] = request_id_from(scope["headers"])
         rec = Record(request_id, perf_counter(), scope["method"], scope["path"])
         scope[_SCOPE_KEY] = rec
-        own = (_HEADER, request_id.encode("ascii"))
+        own = (HEADER, request_id.encode("ascii"))
 
         async def send_recorded(message: Message) -> None:
             if message["type"] == "http.response.start":
                 rec.status = message["status"]
-                message["headers"] = _response_headers(rec, message.get("headers", ()), own)
+                headers, upstream_id, rec.event_stream = response_headers(
+                    message.get("headers", ()), own
+                )
+                message["headers"] = headers
+                rec.upstream_request_id = upstream_id
                 if rec.event_stream:
                     recorder.metrics.active_streams.inc()
             elif message["type"] == "http.response.body":
@@ -284,24 +268,3 @@ class RecordRequests:
             rec.route = getattr(route, "name", None) or "other"
             recorder.finish(rec)
             REQUEST_ID.reset(token)
-
-
-def _response_headers(
-    rec: Record, headers: Any, own: tuple[bytes, bytes]
-) -> list[tuple[bytes, bytes]]:
-    """``headers`` with our request id; notes whether the response is an event stream."""
-    out = []
-    for name, value in headers:
-        if len(name) == 12:  # both names below are 12 bytes: most headers skip the lower()
-            lowered = name.lower()
-            if lowered == _HEADER:
-                if value != own[1]:  # the upstream's own id (an echo of ours is dropped)
-                    out.append((_UPSTREAM_HEADER, value))
-                    if _VALID_ID.fullmatch(value):
-                        rec.upstream_request_id = value.decode("ascii")
-                continue
-            if lowered == b"content-type" and value[:17].lower() == b"text/event-stream":
-                rec.event_stream = True
-        out.append((name, value))
-    out.append(own)
-    return out
