@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 
+from proxy.logs import TextFormatter
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from tests.conftest import run_server
@@ -107,11 +108,11 @@ SESSION_ID = "customer-4411-private-thread"
 
 
 def log_text(caplog: pytest.LogCaptureFixture) -> list[str]:
-    """What the servers logged: messages, raw arguments and tracebacks.
+    """What the servers logged: messages with their fields, raw arguments and tracebacks.
 
     Records from this thread are the test's own HTTP clients, not the proxy's.
     """
-    formatter = logging.Formatter()
+    formatter = TextFormatter()  # as the proxy writes text lines: fields as key=value
     out = []
     for record in caplog.records:
         if record.thread == threading.get_ident():
