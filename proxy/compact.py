@@ -59,6 +59,8 @@ class Job:
     history: History
     budget: Budget
     force: bool  # planned with force (X-Compaction: force, a schedule, or a recovery)
+    # Pre-compaction after an answer (precompact.py): nobody waits for it, nor does it wait.
+    background: bool = False
 
 
 @dataclass(slots=True)
@@ -82,11 +84,37 @@ class Compactor:
         started = self.clock()
         outcome = await self._compact(job, loaded, plan)
         self.metrics.compactions.labels(outcome=outcome.status).inc()
+        if outcome.status == "compacted":
+            self.metrics.compactions_by_trigger.labels(trigger="inline").inc()
+        self._log(job, loaded, outcome, started)
+        return outcome
+
+    async def try_compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome | None:
+        """``compact`` for a background job, which nobody waits for: None at once when
+        another request holds the session's lock. The caller counts the outcome."""
+        started = self.clock()
+        start, end = plan.summarize
+        if start == end:
+            outcome = await self._compact(job, loaded, plan)  # elision only: no lock
+        else:
+            token = await self.store.acquire(job.key, self._lock_ttl)
+            if token is None:
+                return None
+            outcome = await self._locked(job, loaded, plan, token)
+        self._log(job, loaded, outcome, started)
+        return outcome
+
+    @property
+    def _lock_ttl(self) -> float:
+        return self.settings.compaction.summary_timeout_s + 5
+
+    def _log(self, job: Job, loaded: Loaded, outcome: Outcome, started: float) -> None:
         h = job.history
         log.info(
-            "compaction session=%s outcome=%s tokens_before=%d tokens_after=%d version=%d "
-            "restored_identifiers=%d duration_ms=%d",
+            "compaction session=%s trigger=%s outcome=%s tokens_before=%d tokens_after=%d "
+            "version=%d restored_identifiers=%d duration_ms=%d",
             job.key.log_id,
+            "background" if job.background else "inline",
             outcome.status,
             view_tokens(h.counts, h.messages, h.pinned, loaded.view(h.pinned), job.budget),
             outcome.tokens,
@@ -94,7 +122,6 @@ class Compactor:
             outcome.restored,
             (self.clock() - started) * 1000,
         )
-        return outcome
 
     def _shown(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """``plan.view`` under ``loaded``'s summary, trimmed if it does not fit."""
@@ -113,11 +140,14 @@ class Compactor:
             )
             return await self._saved(job, new, plan)
 
-        key = job.key
-        lock_ttl = self.settings.compaction.summary_timeout_s + 5
-        token = await self.store.acquire(key, lock_ttl)
+        token = await self.store.acquire(job.key, self._lock_ttl)
         if token is None:
             return await self._wait_for_other(job, loaded)
+        return await self._locked(job, loaded, plan, token)
+
+    async def _locked(self, job: Job, loaded: Loaded, plan: Plan, token: str) -> Outcome:
+        """Summarize under the session's lock (``token``), re-planning first if another
+        request compacted since ``loaded``; release the lock."""
         try:
             fresh = await load_snapshot(self.store, job.key, job.history)
             if fresh.version != loaded.version:
@@ -133,7 +163,7 @@ class Compactor:
                     return self._shown(job, loaded, plan)
             return await self._summarize(job, loaded, plan)
         finally:
-            await self.store.release(key, token)
+            await self.store.release(job.key, token)
 
     async def _summarize(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Fold ``plan.summarize`` into the summary and save it; the caller holds the lock."""
@@ -142,6 +172,8 @@ class Compactor:
         previous = loaded.summary
         request = SummaryRequest.for_turn(turn, self.settings, self.models, self.client)
         span = h.messages[start:end]
+        if not job.background:
+            self.metrics.summary_waits.labels(kind="summarized").inc()
         try:
             made = await summarize(request, previous, span)
         except SummaryError as exc:
@@ -187,6 +219,8 @@ class Compactor:
         # A wait on this lock already ran out: its holder is likely gone (a replica that
         # died mid-summary), so later turns do not wait it out again until it expires.
         stalled = self.stalled_locks.get(key, 0.0) > now
+        if not stalled:
+            self.metrics.summary_waits.labels(kind="waited").inc()
         deadline = now + (0 if stalled else self.settings.compaction.wait_for_summary_s)
         while self.clock() < deadline:
             await self.sleep(_POLL_S)
@@ -202,7 +236,7 @@ class Compactor:
                 break
         else:
             if not stalled:
-                lock_ttl = self.settings.compaction.summary_timeout_s + 5
+                lock_ttl = self._lock_ttl
                 self.stalled_locks[key] = self.clock() + lock_ttl
                 if len(self.stalled_locks) > TRACKED_LIMIT:
                     self.stalled_locks.popitem(last=False)

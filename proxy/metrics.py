@@ -26,6 +26,11 @@ class Metrics:
     identifiers_restored: Counter
     snapshots_unreadable: Counter
     lock_release_retries: Counter
+    # Background pre-compaction (precompact.py).
+    compactions_by_trigger: Counter
+    precompactions: Counter
+    precompactions_running: Gauge
+    summary_waits: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -40,7 +45,8 @@ class Metrics:
             ),
             compactions=Counter(
                 "compaction_proxy_compactions",
-                "Compactions by outcome (compacted, trimmed)",
+                "Compactions by outcome (compacted, trimmed); a background one (pre-compaction) "
+                "counts only when it compacted",
                 ["outcome"],
                 registry=r,
             ),
@@ -109,6 +115,33 @@ class Metrics:
                 "Summarization locks whose release failed and was retried in the background, "
                 "by outcome (released, expired, cancelled)",
                 ["outcome"],
+                registry=r,
+            ),
+            compactions_by_trigger=Counter(
+                "compaction_proxy_compactions_by_trigger",
+                "Compactions that wrote a new snapshot, by trigger (inline: in a request's "
+                "path; background: pre-compaction after an answer)",
+                ["trigger"],
+                registry=r,
+            ),
+            precompactions=Counter(
+                "compaction_proxy_precompactions",
+                "Background pre-compactions by outcome (compacted; covered: a newer snapshot "
+                "already did; unchanged: nothing to fold in; failed; cancelled; skipped_running, "
+                "skipped_backoff, skipped_cap, skipped_locked)",
+                ["outcome"],
+                registry=r,
+            ),
+            precompactions_running=Gauge(
+                "compaction_proxy_precompactions_running",
+                "Background pre-compactions running now",
+                registry=r,
+            ),
+            summary_waits=Counter(
+                "compaction_proxy_inline_summary_waits",
+                "Chat requests that waited on a summary in their own path, by kind "
+                "(summarized: called the summarizer; waited: for another request's summary)",
+                ["kind"],
                 registry=r,
             ),
         )

@@ -6,6 +6,7 @@ upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Wi
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,6 +41,8 @@ class Outcome:
     counted: bool = True
     # Identifiers the new summary had lost and the proxy put back (identifiers.py).
     restored: int = 0
+    # To start once the answer has gone out: background pre-compaction (precompact.py).
+    after: Callable[[], Awaitable[None]] | None = None
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         return [

@@ -29,6 +29,7 @@ from proxy.models import ResolvedModel
 from proxy.outcome import Outcome, Turn
 from proxy.parse import parse_chat_request, read_body
 from proxy.plan import plan_compaction
+from proxy.precompact import run_after
 from proxy.rebuild import rebuild_outcome
 from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, lower_output, retry_once
 from proxy.relay import relay
@@ -91,7 +92,10 @@ async def handle_chat(request: Request, services: Services) -> Response:
                 ok = answer.status_code == 200
                 # 11. calibrate: the provider's own count of what we sent
                 watch = _usage_watcher(services, tenant, model.name, outcome) if ok else None
-                return await relay(answer, outcome.headers(), watch)
+                relayed = await relay(answer, outcome.headers(), watch)
+                if ok and outcome.after is not None:  # 12. pre-compact, once the answer is out
+                    run_after(relayed, outcome.after)
+                return relayed
     except ClientDisconnected:
         services.metrics.client_disconnects.labels(phase="upstream").inc()
         raise
@@ -110,10 +114,10 @@ async def compacted_view(
     chat, model = turn.chat, turn.model
     window = model.context_window
     reserve = output_reserve(chat, model.max_output_tokens)
-    # Far below the trigger: no store round trip, no counting.
-    far_below = bounded_by(
-        turn.body, len(chat["messages"]), int(window * c.trigger_ratio) - reserve
-    )
+    # Far below the trigger (and the pre-compaction threshold): no store round trip,
+    # no counting.
+    soonest = c.precompact_ratio or c.trigger_ratio
+    far_below = bounded_by(turn.body, len(chat["messages"]), int(window * soonest) - reserve)
     hinted = services.schedule.take_hint(turn.tenant, turn.session_header)
     if far_below and not (force or recover or hinted):
         return Outcome("passthrough", None, 0, len(turn.body) // 4, window, counted=False)
@@ -133,9 +137,12 @@ async def compacted_view(
         job = Job(turn, key, history, budget, force)
         return await services.compactor.compact(job, loaded, plan)
     if plan.fits:  # 8. rebuild
-        return rebuild_outcome(
+        outcome = rebuild_outcome(
             history, plan.view, loaded.summary, loaded.version, budget, c.summary_role
         )
+        # Past the soft threshold: compact in the background once the answer is out.
+        after = services.precompactor.offer(turn, key, history, budget, plan.tokens)
+        return outcome if after is None else replace(outcome, after=after)
     # Nothing worth summarizing, yet over the window: trim what we can.
     return trim_outcome(history, loaded, budget, c.summary_role)
 
