@@ -2,9 +2,10 @@
 
 ``handle_chat`` is the table of contents for ``POST /v1/chat/completions``:
 parse, model, ``compacted_view`` (count, session, snapshot, plan, summarize
-under the session's lock, rebuild), forward, ``recover_overflow``, and the
-usage watcher that calibrates our counts. Each step is one call into the module
-named for it (DESIGN.md numbers them). ``handle_passthrough`` relays every
+under the session's lock, rebuild), forward, ``recover_overflow``, the usage
+watcher that calibrates our counts and, past the soft threshold, a background
+compaction once the answer is out (precompact.py). Each step is one call into
+the module named for it (DESIGN.md numbers them). ``handle_passthrough`` relays every
 other ``/v1/*`` call untouched.
 """
 
