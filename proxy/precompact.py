@@ -10,8 +10,10 @@ its view compacted already and does not wait for a summary.
 
 It plans as an inline compaction would with the window scaled by
 ``precompact_ratio / trigger_ratio``: over ``precompact_ratio``, down to
-``target_ratio`` scaled alike. So the summarizer runs about as often as inline, only
-earlier, and the verbatim tail keeps the same proportions of the (smaller) budget.
+``target_ratio`` scaled alike (0.6 -> 0.375 with the defaults), so each compaction
+still folds in a sizeable span: a third more summaries than inline (0.8 -> 0.5),
+where compacting down to ``target_ratio`` itself would take three times as many,
+each one a change of the prefix the provider caches.
 
 Bounded: at most ``precompact_concurrency`` runs at once in the process (more are
 skipped), one per session, and a session whose run failed or found nothing to do
