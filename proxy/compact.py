@@ -91,7 +91,8 @@ class Compactor:
 
     async def try_compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome | None:
         """``compact`` for a background job, which nobody waits for: None at once when
-        another request holds the session's lock. The caller counts the outcome."""
+        another request holds the session's lock. A failed summary raises its
+        ``SummaryError`` (nothing to trim for). The caller counts the outcome."""
         started = self.clock()
         start, end = plan.summarize
         if start == end:
@@ -181,6 +182,8 @@ class Compactor:
             if isinstance(exc, SummaryTruncated):
                 self.metrics.summaries_truncated.inc()
                 self.metrics.summary_length_retries.inc(exc.length_retries)
+            if job.background:
+                raise  # no turn to serve a fallback to: the precompactor counts it
             log.warning(
                 "session=%s summarization failed (%s); trimming instead", job.key.log_id, exc
             )

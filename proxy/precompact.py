@@ -39,6 +39,7 @@ from proxy.budget import Budget
 from proxy.compact import Compactor, Job
 from proxy.config import CompactionSettings
 from proxy.count import History
+from proxy.errors import SummaryError
 from proxy.metrics import Metrics
 from proxy.outcome import Turn
 from proxy.plan import plan_compaction, view_tokens
@@ -146,6 +147,9 @@ class Precompactor:
         """The run's outcome; raises nothing but ``CancelledError``."""
         try:
             return await self._compact(job)
+        except SummaryError as exc:  # its message names the failure, never content
+            log.warning("session=%s background summary failed (%s)", job.key.log_id, exc)
+            return "failed"
         # A background task has no caller to raise to: whatever went wrong is logged
         # (its type only: no content) and counted, and the session compacts inline later.
         except Exception as exc:
@@ -167,10 +171,8 @@ class Precompactor:
         outcome = await self.compactor.try_compact(job, loaded, plan)
         if outcome is None:
             return "skipped_locked"
-        if outcome.status == "trimmed":  # the summarizer failed (logged and counted)
-            return "failed"
         if outcome.status != "compacted":
-            return "unchanged"
+            return "covered"  # another compaction landed between our plan and the lock
         self.metrics.compactions.labels(outcome="compacted").inc()
         self.metrics.compactions_by_trigger.labels(trigger="background").inc()
         return "compacted"

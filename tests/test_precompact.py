@@ -81,9 +81,11 @@ def test_precompaction_can_be_switched_off() -> None:
     assert Settings(compaction={"precompact_ratio": 0}).compaction.precompact_ratio == 0
 
 
-async def _services(**compaction: Any) -> Services:
+async def _services(upstream: str = "http://127.0.0.1:9/v1", **compaction: Any) -> Services:
+    """Nothing listens on the discard port: a summary call there fails at once."""
     model = {"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": 256}
-    return await build_services(Settings(models=[model], compaction=compaction))
+    settings = Settings(upstream={"base_url": upstream}, models=[model], compaction=compaction)
+    return await build_services(settings)
 
 
 def _conversation(turns: int, newest: str = "and now?") -> list[Any]:
@@ -172,6 +174,42 @@ async def test_a_turn_offered_before_the_last_compaction_finds_it_covered_withou
         assert _outcomes(services) == {"covered": 1}
         assert pre.skip_reason(job.key) is None
         assert (await services.store.load(job.key)) == landed
+    finally:
+        await services.aclose()
+
+
+async def test_a_session_whose_lock_is_held_is_skipped_at_once() -> None:
+    services = await _services(wait_for_summary_s=30)
+    try:
+        pre = services.precompactor
+        job = await _job(services, "busy", _conversation(40))
+        holder = await services.store.acquire(job.key, 60)
+        assert holder is not None
+        started = time.monotonic()
+        await pre.start(job)
+        await asyncio.gather(*pre.running.values())
+        assert time.monotonic() - started < 1  # not the 30 s an inline turn would wait
+        assert _outcomes(services) == {"skipped_locked": 1}
+        assert pre.skip_reason(job.key) is None  # the next turn may try again
+        assert await services.store.acquire(job.key, 60) is None  # still the holder's
+        assert await services.store.load(job.key) is None
+    finally:
+        await services.aclose()
+
+
+async def test_a_failed_background_summary_is_counted_and_backs_off() -> None:
+    services = await _services()
+    try:
+        pre = services.precompactor
+        job = await _job(services, "unlucky", _conversation(40))
+        await pre.start(job)
+        await asyncio.gather(*pre.running.values())
+        assert _outcomes(services) == {"failed": 1}
+        registry = services.metrics.registry
+        assert registry.get_sample_value("compaction_proxy_summary_failures_total") == 1
+        assert pre.skip_reason(job.key) == "skipped_backoff"
+        assert await services.store.load(job.key) is None
+        assert await services.store.acquire(job.key, 1) is not None  # released
     finally:
         await services.aclose()
 
