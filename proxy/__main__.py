@@ -114,8 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _setup_logging(settings.server.log_level)
         from proxy.server import serve as serve_proxy
 
-        serve_proxy(settings)
-        return 0
+        return serve_proxy(settings)
     except ConfigError as exc:
         print(f"compaction-proxy: {exc.message}", file=sys.stderr)
         return 2

@@ -62,9 +62,16 @@ class ServerSettings(_Section):
     # (time the proxy itself is not reading does not count): a byte every few seconds
     # never stalls, yet would hold a connection for ever. 0: no minimum.
     min_body_rate_bytes_s: int = Field(256, ge=0)
-    # On SIGTERM: stop accepting, let requests in flight finish for at most this long,
-    # then close what is left (streams included).
+    # On SIGTERM /readyz answers 503 at once, but the proxy keeps accepting for
+    # drain_delay_s, so a load balancer (Kubernetes endpoints) stops routing here
+    # before connections are refused; then it stops accepting and lets requests in
+    # flight finish for at most shutdown_timeout_s, and ends what is left (streams
+    # included).
+    drain_delay_s: float = Field(0.0, ge=0)
     shutdown_timeout_s: float = Field(30.0, ge=0)
+    # Worker processes sharing the port. Each has its own memory:// store: beyond one,
+    # use Redis so every worker sees every session.
+    workers: int = Field(1, ge=1)
 
 
 class UpstreamSettings(_Section):

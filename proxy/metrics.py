@@ -1,13 +1,36 @@
-"""Prometheus metrics, on a registry of the app's own (several apps per test process)."""
+"""Prometheus metrics, on a registry of the app's own (several apps per test process).
+
+With several worker processes (``server.workers``), each worker calls
+``enable_multiprocess(directory)`` before building its app: its metrics then
+live in files there, and ``/metrics``, whichever worker serves it, shows the
+sum over every worker (prometheus-client's multiprocess mode). Gauges need a
+``multiprocess_mode`` saying how workers' values combine.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess"]
+
+
+class _Multiprocess:
+    directory: str | None = None  # set once per worker process, before any metric exists
+
+
+def enable_multiprocess(directory: str) -> None:
+    """Make this process's metrics, from now on, shared through ``directory``."""
+    # prometheus-client picks its value class when first imported, from the
+    # environment; a worker sets both explicitly. The files are named from the
+    # environment variable, so it is set too.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]  # untyped
+    _Multiprocess.directory = directory
 
 
 @dataclass(slots=True)
@@ -31,6 +54,7 @@ class Metrics:
     precompactions: Counter
     precompactions_running: Gauge
     summary_waits: Counter
+    requests_cut_at_shutdown: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -72,6 +96,8 @@ class Metrics:
                 "Context windows learned from upstream overflow errors, shared by all callers",
                 ["model"],
                 registry=r,
+                # Across workers: the window each last learned (the same one, with Redis).
+                multiprocess_mode="livemostrecent",
             ),
             summaries_truncated=Counter(
                 "compaction_proxy_summaries_truncated",
@@ -135,6 +161,7 @@ class Metrics:
             precompactions_running=Gauge(
                 "compaction_proxy_precompactions_running",
                 "Background pre-compactions running now",
+                multiprocess_mode="livesum",
                 registry=r,
             ),
             summary_waits=Counter(
@@ -144,7 +171,19 @@ class Metrics:
                 ["kind"],
                 registry=r,
             ),
+            requests_cut_at_shutdown=Counter(
+                "compaction_proxy_requests_cut_at_shutdown",
+                "Requests (streams included) still running at the shutdown deadline "
+                "(server.shutdown_timeout_s), ended unfinished",
+                registry=r,
+            ),
         )
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        directory = _Multiprocess.directory
+        if directory is None:
+            return generate_latest(self.registry)
+        # Every worker's files, read at each scrape (dead workers' counters included).
+        merged = CollectorRegistry(auto_describe=True)
+        MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]  # untyped
+        return generate_latest(merged)
