@@ -9,8 +9,8 @@ single process does. The supervisor:
   removes it on exit; it marks each worker that exits as dead there (gauges of
   the ``live*`` modes then drop its values);
 - starts a replacement for a worker that dies while serving, and stops
-  everything (exit 1) if a worker fails to start (uvicorn's exit status 3:
-  the app's start-up failed, and would again);
+  everything if a worker fails to start (uvicorn's exit status 3, which the
+  supervisor exits with too: the app's start-up failed, and would again);
 - on SIGTERM or SIGINT closes its copy of the socket and sends SIGTERM to every
   worker, which drain as proxy.shutdown describes (the socket closes, refusing
   connections, once the last worker stops accepting); it waits for them for
@@ -99,7 +99,8 @@ class _Supervisor:
                     os.read(wake_read, 512)
                 healthy = self.stopping or self._replace_exited()
             status = self._stop_all()
-            return status if healthy else 1
+            # A worker that cannot start: exit as one process would (uvicorn's status 3).
+            return status if healthy else _STARTUP_FAILURE
         finally:
             signal.set_wakeup_fd(previous_wakeup)
             for sig, handler in previous.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,11 @@ import yaml
 
 from tests.conftest import free_port
 
+# tiktoken caches under the temporary directory by default: the same cache as ours,
+# whatever TMPDIR the process gets.
+_TIKTOKEN_CACHE = os.environ.get("TIKTOKEN_CACHE_DIR") or os.path.join(
+    tempfile.gettempdir(), "data-gym-cache"
+)
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello"}]}
 
 
@@ -57,7 +63,7 @@ def serve_process(tmp_path: Path, config: dict[str, Any]) -> Iterator[Served]:
             [*cmd, "--host", "127.0.0.1", "--port", str(port)],
             stdout=subprocess.DEVNULL,
             stderr=log,
-            env={**os.environ, "TMPDIR": str(tmp)},
+            env={**os.environ, "TMPDIR": str(tmp), "TIKTOKEN_CACHE_DIR": _TIKTOKEN_CACHE},
         )
     served = Served(f"http://127.0.0.1:{port}", process, log_path, tmp)
     try:
