@@ -79,6 +79,7 @@ class GracefulServer(uvicorn.Server):
         self.shutdown_timeout_s = limits.shutdown_timeout_s
         self.parent_pid = parent_pid
         self._stop_accepting_at: float | None = None
+        self._announced = False
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -108,12 +109,15 @@ class GracefulServer(uvicorn.Server):
         """Fail readiness now; stop accepting once the drain delay has passed."""
         self.drain.draining = True
         self._stop_accepting_at = time.monotonic() + self.drain_delay_s
-        log.info(
-            "stopping: /readyz now answers 503; new connections accepted for %.1f s more",
-            self.drain_delay_s,
-        )
 
     async def on_tick(self, counter: int) -> bool:
+        # Logged here rather than in the signal handler, which may interrupt a log call.
+        if self.drain.draining and not self._announced and not self.should_exit:
+            self._announced = True
+            log.info(
+                "stopping: /readyz now answers 503; new connections accepted for %.1f s more",
+                self.drain_delay_s,
+            )
         if self._stop_accepting_at is not None and time.monotonic() >= self._stop_accepting_at:
             self.should_exit = True
         elif (
