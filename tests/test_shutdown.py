@@ -43,7 +43,7 @@ def test_sigterm_lets_a_slow_stream_finish_and_refuses_new_connections(
     with serve_process(tmp_path, config) as served:
         stream = SlowStream(served.url, chunk_delay_ms=300).start()
         served.process.send_signal(signal.SIGTERM)
-        wait_until_refused(served.url, timeout=2)
+        wait_until_refused(served.url, timeout=4)
         assert stream.running(), "refused only once the stream had ended"
         stream.join(timeout=_CHUNKS * 0.3 + 10)
         _complete(stream)
@@ -72,7 +72,7 @@ def test_readyz_fails_at_once_while_connections_are_accepted_for_the_drain_delay
         assert ready.json() == {"ready": False, "draining": True}
         # ...while new connections are still served, until the drain delay has passed.
         assert httpx.get(f"{served.url}/healthz").status_code == 200
-        wait_until_refused(served.url, timeout=3)
+        wait_until_refused(served.url, timeout=5)
         assert time.monotonic() - signalled >= 1.5
         assert stream.running()
         stream.join(timeout=_CHUNKS * 0.4 + 10)
@@ -90,8 +90,9 @@ def test_a_stream_longer_than_the_grace_period_is_cut_and_the_process_exits(
         signalled = time.monotonic()
         served.process.send_signal(signal.SIGTERM)
         assert served.wait(timeout=10) == 0
-        # The deadline (1 s), the cancelled request's clean-up, the store and client closing.
-        assert time.monotonic() - signalled < 5
+        # The deadline (1 s), the cancelled request's clean-up (at most 2 s), the store and
+        # the client closing; a loaded machine's slack.
+        assert time.monotonic() - signalled < 8
         stream.join(timeout=5)
         log = served.log()
     assert isinstance(stream.error, httpx.RemoteProtocolError)  # the body ended unfinished
