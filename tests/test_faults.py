@@ -1,0 +1,488 @@
+"""Issue 13: the fault suite. The proxy must not be the thing that fails, leaks or loses.
+
+A real proxy under uvicorn (proxy.server's protocol), httpx and the official
+openai SDK as clients, and as upstream ``tests/faulty_upstream.py``: raw asyncio
+that resets, stalls, answers garbage. Redis faults use a real redis-server and the
+simulator. After every case: the client got the upstream's answer or an
+OpenAI-shaped error within a bound; the upstream holds no exchange open (every
+connection the proxy gave up on was closed); the proxy runs no task beyond its
+idle ones and holds no summarization lock; ``/healthz`` answers; the newest user
+message reached the upstream.
+
+Where each fault the issue lists is covered ([case] of ``test_upstream_faults`` unless
+a test is named; other files by module name):
+
+| fault | covered by |
+| --- | --- |
+| connection refused | [refused]; test_forwarding |
+| reset before headers | [reset-before-headers(-stream)]; test_upstream_client |
+| reset mid-stream | [reset-mid-stream]; test_upstream_client (one warning) |
+| never answers: the timeout fires | [never-answers(-stream)]; test_passthrough_headers |
+| slow headers, under the timeout | [slow-headers] |
+| stalls mid-body or mid-stream | [stall-mid-body], [stall-mid-stream] |
+| non-HTTP garbage | [garbage] |
+| 200 with invalid JSON | [invalid-json]; test_summarizer_faults[invalid-json] |
+| SSE ending without [DONE] | [stream-without-done]; test_the_sdk_reads_a_stream_... |
+| SSE error event after chunks | [error-event-after-chunks]; test_stream_overflow (first) |
+| 5xx storm | test_a_5xx_storm_is_relayed_answer_for_answer |
+| 429 with Retry-After | test_a_429_reaches_the_sdk_with_its_retry_after |
+| summarizer fails or times out | test_summarizer_faults (7 faults x json/stream) |
+| Redis killed, restarted | test_redis_faults: test_redis_killed_mid_summary_...; test_redis |
+| Redis paused: SIGSTOP | test_redis_faults: test_a_lock_release_lost_to_a_redis_stall_... |
+| Redis paused: CLIENT PAUSE | test_redis_faults: test_redis_client_pause_mid_conversation_... |
+| Redis flushed | test_redis_faults: test_redis_flushed_mid_conversation_... |
+| Redis password the proxy lacks | test_redis_faults: test_redis_password_the_proxy_lacks_... |
+| client leaves before the answer | test_client_leaves_before_the_answer; test_disconnect |
+| client leaves mid-stream | test_client_leaves_mid_stream_...; test_forwarding |
+| client leaves mid-summary | test_client_leaves_during_summarization; test_disconnect |
+| client stalls or leaves mid-body | test_client_limits |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from proxy.app import create_app
+from proxy.session import session_from_header, tenant_from_headers
+from tests.conftest import OPEN_CLIENTS, free_port, proxy_settings, run_proxy
+from tests.faulty_upstream import (
+    DONE,
+    Behaviour,
+    FaultyUpstream,
+    answer,
+    chunk_event,
+    completion,
+    gated,
+    hang,
+    partial,
+    stream,
+)
+
+pytestmark = pytest.mark.e2e
+
+KEY = "sk-fault-tenant"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+MODEL = "m-4k"
+READ_TIMEOUT_S = 2.0  # upstream.timeout_s: a read that waits longer fails
+SUMMARY_TIMEOUT_S = 1.0
+# The longest any case may take to answer: the upstream timeout, and slack for 2 cores.
+BOUND_S = READ_TIMEOUT_S + 3.0
+FILLER = "please keep careful notes about the project as we go along. " * 6  # ~100 tokens
+HISTORY = 26  # turns of FILLER: over the 4k window, so a failed summary means trimming
+
+
+def fault_settings(upstream: str, **extra: Any) -> Any:
+    return proxy_settings(
+        upstream,
+        upstream={"timeout_s": READ_TIMEOUT_S, "total_timeout_s": 4 * READ_TIMEOUT_S},
+        models=[{"match": MODEL, "context_window": 4096, "max_output_tokens": 256}],
+        compaction={
+            "summary_max_tokens": 400,
+            "summary_timeout_s": SUMMARY_TIMEOUT_S,
+            "wait_for_summary_s": 2.0,
+        },
+        **extra,
+    )
+
+
+def introspected(app: Any) -> Any:
+    """The proxy's app plus ``GET /_test/state?session=``: the tasks its loop runs
+    (this request's own not counted) and whether the session's summarization lock
+    is free, probed through the store's own API."""
+
+    async def state(scope: Any, receive: Any, send: Any) -> None:
+        services = scope["state"]["services"]
+        request = Request(scope, receive)
+        tasks = len(asyncio.all_tasks()) - 1
+        locked = None
+        if "session" in request.query_params:
+            key = session_from_header(
+                tenant_from_headers({"authorization": AUTH["Authorization"]}),
+                request.query_params["session"],
+            )
+            token = await services.store.acquire(key, 0.01)
+            locked = token is None
+            if token is not None:
+                await services.store.release(key, token)
+        await JSONResponse({"tasks": tasks, "locked": locked})(scope, receive, send)
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/_test/state":
+            await state(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
+    return wrapped
+
+
+@dataclass
+class Proxy:
+    url: str
+    idle_tasks: int
+
+    def state(self, session: str | None = None) -> dict[str, Any]:
+        params = {"session": session} if session else {}
+        result: dict[str, Any] = httpx.get(f"{self.url}/_test/state", params=params).json()
+        return result
+
+    def settled_tasks(self, within_s: float = 5.0) -> int:
+        """The proxy's task count, polled until it is back to idle or time runs out."""
+        deadline = time.monotonic() + within_s
+        while (tasks := self.state()["tasks"]) > self.idle_tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return int(tasks)
+
+    def metric(self, name: str, labels: str = "") -> float:
+        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+            if line.startswith(f"compaction_proxy_{name}_total{labels} "):
+                return float(line.split()[-1])
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FaultyUpstream]:
+    with FaultyUpstream() as up:
+        yield up
+
+
+@contextmanager
+def start(settings: Any) -> Iterator[Proxy]:
+    with run_proxy(settings, introspected(create_app(settings))) as url:
+        yield Proxy(url, httpx.get(f"{url}/_test/state").json()["tasks"])
+
+
+@pytest.fixture(scope="module")
+def proxy(upstream: FaultyUpstream) -> Iterator[Proxy]:
+    with start(fault_settings(upstream.url)) as running:
+        yield running
+    # The proxy is gone: its pooled upstream connections must have gone with it.
+    deadline = time.monotonic() + 5
+    while upstream.open and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert upstream.open == 0, "the proxy left upstream connections open after shutdown"
+
+
+@pytest.fixture
+def up(upstream: FaultyUpstream) -> Iterator[FaultyUpstream]:
+    """The module's upstream, answering normally again after each test."""
+    upstream.seen.clear()
+    yield upstream
+    upstream.release()
+    upstream.open_gate(False)
+    upstream.chat, upstream.summary = answer(), answer(body=completion("## Active task\nnone"))
+
+
+def assert_clean(proxy: Proxy, upstream: FaultyUpstream, session: str | None = None) -> None:
+    """Nothing left behind: no exchange open upstream, no task, no lock; still serving."""
+    assert upstream.settled(), f"{upstream.busy} upstream exchanges still open"
+    assert proxy.settled_tasks() == proxy.idle_tasks, "tasks leaked"
+    if session is not None:
+        assert proxy.state(session)["locked"] is False, "the session's lock is still held"
+    assert httpx.get(f"{proxy.url}/healthz", timeout=5).json() == {"status": "ok"}
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = orjson.loads(response.content)["error"]
+    assert set(error) >= {"message", "type", "param", "code"}, error
+    assert error["code"] == code, error
+
+
+def chat_body(text: str, *, stream: bool = False, history: int = 0) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    for turn in range(history):
+        messages.append({"role": "user", "content": f"Turn {turn}: {FILLER}"})
+        messages.append({"role": "assistant", "content": f"Noted {turn}. {FILLER}"})
+    messages.append({"role": "user", "content": text})
+    return {"model": MODEL, "messages": messages, "stream": stream}
+
+
+def post(proxy: Proxy, body: dict[str, Any], session: str, timeout: float = 30) -> httpx.Response:
+    headers = {**AUTH, "X-Session-Id": session}
+    return httpx.post(
+        f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=timeout
+    )
+
+
+# --- the upstream misbehaves ------------------------------------------------------------
+
+EVENTS = (chunk_event("Hel"), chunk_event("lo"))
+ERROR_EVENT = b'data: {"error": {"message": "model overloaded", "type": "server_error"}}\n\n'
+_JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 200\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One way the upstream answers a chat, and what the client must get for it."""
+
+    behaviour: Callable[[], Behaviour] | None  # None: nothing listens on the port
+    stream: bool
+    status: int
+    code: str | None = None  # the proxy's own error; None: the upstream's answer relayed
+    relayed: bytes | None = None  # the body the client gets, byte for byte
+    slow: bool = False  # answered only when the upstream read timeout fires
+
+
+FAULTS = {
+    "refused": Fault(None, False, 502, "upstream_unavailable"),
+    "reset-before-headers": Fault(
+        lambda: partial(b"", b"", then="reset"), False, 502, "upstream_unavailable"
+    ),
+    "reset-before-headers-stream": Fault(
+        lambda: partial(b"", b"", then="reset"), True, 502, "upstream_unavailable"
+    ),
+    "closed-before-headers": Fault(
+        lambda: partial(b"", b"", then="close"), False, 502, "upstream_unavailable"
+    ),
+    "garbage": Fault(
+        lambda: partial(b"\x00\x16\x03 SSH-2.0 not http\r\n\r\n", b"", then="close"),
+        False,
+        502,
+        "upstream_unavailable",
+    ),
+    "never-answers": Fault(hang, False, 504, "upstream_timeout", slow=True),
+    "never-answers-stream": Fault(hang, True, 504, "upstream_timeout", slow=True),
+    "slow-headers": Fault(lambda: answer(delay_s=0.5), False, 200, relayed=completion()),
+    "stall-mid-body": Fault(
+        lambda: partial(_JSON_HEAD, b'{"id": ', then="hold"),
+        False,
+        504,
+        "upstream_timeout",
+        slow=True,
+    ),
+    "reset-mid-body": Fault(
+        lambda: partial(_JSON_HEAD, b'{"id": ', then="reset"), False, 502, "upstream_unavailable"
+    ),
+    "invalid-json": Fault(
+        lambda: answer(body=b'{"choices": [tru'), False, 200, relayed=b'{"choices": [tru'
+    ),
+    "stream-without-done": Fault(lambda: stream(*EVENTS), True, 200, relayed=b"".join(EVENTS)),
+    "error-event-after-chunks": Fault(
+        lambda: stream(*EVENTS, ERROR_EVENT, DONE),
+        True,
+        200,
+        relayed=b"".join((*EVENTS, ERROR_EVENT, DONE)),
+    ),
+    "reset-mid-stream": Fault(
+        lambda: stream(*EVENTS, then="reset"), True, 200, relayed=b"".join(EVENTS)
+    ),
+    "stall-mid-stream": Fault(
+        lambda: stream(*EVENTS, then="hold"), True, 200, relayed=b"".join(EVENTS), slow=True
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_upstream_faults(proxy: Proxy, up: FaultyUpstream, name: str) -> None:
+    fault = FAULTS[name]
+    with ExitStack() as stack:
+        target = proxy
+        if fault.behaviour is None:  # nothing listens there: a proxy of its own
+            target = stack.enter_context(start(fault_settings(f"http://127.0.0.1:{free_port()}")))
+        else:
+            up.chat = fault.behaviour()
+        marker = f"newest message of {name}"
+        started = time.monotonic()
+        response = post(target, chat_body(marker, stream=fault.stream), name)
+        took = time.monotonic() - started
+        assert took < BOUND_S, f"answered after {took:.1f} s"
+        if not fault.slow:
+            assert took < 1.5, f"answered after {took:.1f} s without waiting for a timeout"
+        if fault.code is not None:
+            assert_openai_error(response, fault.status, fault.code)
+        else:
+            assert response.status_code == fault.status, response.text
+            assert response.content == fault.relayed
+            assert response.headers["x-compaction-status"] == "passthrough"
+        if fault.behaviour is not None:
+            assert up.requests()[-1].messages[-1]["content"] == marker
+        assert_clean(target, up, name)
+
+
+def test_a_5xx_storm_is_relayed_answer_for_answer(proxy: Proxy, up: FaultyUpstream) -> None:
+    """Concurrent requests, every one failed by the upstream: each client gets its own
+    answer exactly as sent, and the proxy is left as it was."""
+    bodies = {
+        500: b'{"error": {"message": "internal", "type": "server_error"}}',
+        502: b"<html><body>Bad gateway</body></html>",
+        503: b'{"error": {"message": "overloaded", "type": "server_error"}}',
+        504: b"upstream request timeout",
+    }
+
+    async def storm(upstream: FaultyUpstream, ex: Any) -> None:
+        status = int(ex.seen.messages[-1]["content"].split()[-1])
+        await answer(status, bodies[status], {"content-type": "text/plain"})(upstream, ex)
+
+    up.chat = storm
+    statuses = [500, 502, 503, 504] * 10
+
+    def one(i: int) -> tuple[int, httpx.Response]:
+        status = statuses[i]
+        return status, post(proxy, chat_body(f"storm {status}"), f"storm-{i}")
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(len(statuses))))
+    for status, response in results:
+        assert response.status_code == status
+        assert response.content == bodies[status]
+    assert len(up.requests()) == len(statuses)  # none retried, none lost
+    assert_clean(proxy, up)
+
+
+def test_a_429_reaches_the_sdk_with_its_retry_after(proxy: Proxy, up: FaultyUpstream) -> None:
+    error = {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}
+    body = orjson.dumps({"error": error})
+    headers = {"retry-after": "7", "x-ratelimit-remaining-requests": "0"}
+    up.chat = answer(429, body, headers)
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=0)
+    OPEN_CLIENTS.append(client)
+    with pytest.raises(openai.RateLimitError) as raised:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert raised.value.response.headers["retry-after"] == "7"
+    assert raised.value.response.headers["x-ratelimit-remaining-requests"] == "0"
+    assert raised.value.code == "rate_limit_exceeded"
+    assert len(up.requests()) == 1  # the proxy does not retry a rate limit itself
+    assert_clean(proxy, up)
+
+
+def test_the_sdk_reads_a_stream_that_ends_without_done(proxy: Proxy, up: FaultyUpstream) -> None:
+    up.chat = stream(*EVENTS)
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=0)
+    OPEN_CLIENTS.append(client)
+    chunks = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello"
+    assert_clean(proxy, up)
+
+
+# --- the summarizer misbehaves ----------------------------------------------------------
+
+SUMMARY_FAULTS: dict[str, Callable[[], Behaviour]] = {
+    "http-500": lambda: answer(500, b'{"error": {"message": "boom"}}'),
+    "reset-before-headers": lambda: partial(b"", b"", then="reset"),
+    "garbage": lambda: partial(b"NOT HTTP AT ALL\r\n\r\n", b"", then="close"),
+    "invalid-json": lambda: answer(body=b"{not json"),
+    "no-content": lambda: answer(body=b'{"choices": [{"message": {"content": null}}]}'),
+    "reset-mid-body": lambda: partial(_JSON_HEAD, b'{"choices": ', then="reset"),
+    "never-answers": hang,
+}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("name", list(SUMMARY_FAULTS))
+def test_summarizer_faults(proxy: Proxy, up: FaultyUpstream, name: str, streamed: bool) -> None:
+    """A turn whose compaction fails still gets its answer (trimmed), within the summary
+    timeout; nothing is stored, nothing stays locked, and the next turn compacts."""
+    session = f"summary-{name}-{streamed}"
+    up.summary = SUMMARY_FAULTS[name]()
+    up.chat = stream(*EVENTS, DONE) if streamed else answer()
+    failures = proxy.metric("summary_failures")
+    started = time.monotonic()
+    response = post(
+        proxy, chat_body("the newest question", stream=streamed, history=HISTORY), session
+    )
+    took = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    assert took < SUMMARY_TIMEOUT_S + 2.0, took
+    assert response.headers["x-compaction-status"] == "trimmed"
+    assert up.requests(summaries=True), "no summary was asked for"
+    assert up.requests()[-1].messages[-1]["content"] == "the newest question"
+    assert proxy.metric("summary_failures") == failures + 1
+    assert_clean(proxy, up, session)
+    sessions = httpx.get(f"{proxy.url}/sessions/{session}", headers=AUTH)
+    assert sessions.status_code == 404, sessions.text  # no half-made snapshot
+
+    up.summary = answer(body=completion("## Active task\nkeep going"))
+    response = post(proxy, chat_body("and again", stream=streamed, history=HISTORY), session)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-compaction-status"] == "compacted"
+    assert httpx.get(f"{proxy.url}/sessions/{session}", headers=AUTH).json()["version"] == 1
+    assert_clean(proxy, up, session)
+
+
+# --- the client leaves ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+def test_client_leaves_before_the_answer(proxy: Proxy, up: FaultyUpstream, streamed: bool) -> None:
+    """The upstream is still thinking: the proxy hangs up on it at once."""
+    up.chat = hang()
+    before = proxy.metric("client_disconnects", '{phase="upstream"}')
+    hung_up = up.hung_up_on
+    with pytest.raises(httpx.ReadTimeout):
+        post(proxy, chat_body("anyone?", stream=streamed), "leaves-early", timeout=0.5)
+    assert up.settled(within_s=1.0), "the proxy kept waiting for an answer nobody wants"
+    assert up.hung_up_on == hung_up + 1
+    assert proxy.metric("client_disconnects", '{phase="upstream"}') == before + 1
+    assert_clean(proxy, up)
+
+
+def test_client_leaves_mid_stream_and_the_upstream_is_hung_up_on(
+    proxy: Proxy, up: FaultyUpstream
+) -> None:
+    up.chat = stream(*EVENTS, then="hold")
+    hung_up = up.hung_up_on
+    with httpx.stream(
+        "POST",
+        f"{proxy.url}/v1/chat/completions",
+        json=chat_body("stream to me", stream=True),
+        headers=AUTH,
+        timeout=10,
+    ) as response:
+        assert response.status_code == 200
+        assert next(response.iter_raw()).startswith(b"data: ")
+    assert up.settled(within_s=1.0), "the upstream stream outlived its client"
+    assert up.hung_up_on == hung_up + 1
+    assert_clean(proxy, up)
+
+
+@pytest.mark.parametrize(
+    ("summary", "version"),
+    [(lambda: gated(answer(body=completion("## Active task\nslow"))), 1), (hang, None)],
+    ids=["summary-finishes", "summary-times-out"],
+)
+def test_client_leaves_during_summarization(
+    proxy: Proxy,
+    up: FaultyUpstream,
+    summary: Callable[[], Behaviour],
+    version: int | None,
+) -> None:
+    """A summary under way finishes (or times out) for the session's next turn; the
+    lock is freed either way and the next turn does not wait."""
+    session = f"leaves-summary-{version}"
+    up.summary = summary()
+    with pytest.raises(httpx.ReadTimeout):
+        post(proxy, chat_body("summarize first", history=HISTORY), session, timeout=0.3)
+    assert up.requests(summaries=True), "the client left before the summary was asked for"
+    up.open_gate()
+    deadline = time.monotonic() + SUMMARY_TIMEOUT_S + 3
+    while up.busy and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert_clean(proxy, up, session)
+    stored = httpx.get(f"{proxy.url}/sessions/{session}", headers=AUTH)
+    if version is None:
+        assert stored.status_code == 404
+    else:
+        assert stored.json()["version"] == version
+    up.summary = answer(body=completion("## Active task\nnext"))
+    started = time.monotonic()
+    response = post(proxy, chat_body("next turn", history=HISTORY), session)
+    assert response.status_code == 200, response.text
+    assert time.monotonic() - started < 1.5
+    assert response.headers["x-compaction-status"] == ("snapshot" if version else "compacted")
+    assert up.requests()[-1].messages[-1]["content"] == "next turn"
