@@ -44,6 +44,9 @@ from proxy.upstream import Upstream
 log = logging.getLogger("proxy.compaction")
 
 _POLL_S = 0.05
+# A summary counted at more than this many times its budget is not kept: no model that
+# honours max_tokens writes it, whatever the difference between tokenizers.
+_MAX_OVERRUN = 2
 
 
 class CompactionStore(Snapshots, LockStore, Protocol):
@@ -197,6 +200,17 @@ class Compactor:
             self.metrics.identifiers_restored.inc(kept.restored)
         counter = self.counters[turn.model.tokenizer]
         summary_tokens = await count_text(counter, handoff_text(kept.summary))
+        if summary_tokens > _MAX_OVERRUN * limit:
+            # The summarizer ignored max_tokens. Kept, such a summary could overflow the
+            # window, and would be over the trigger again, and summarized, every turn.
+            self.metrics.summary_failures.inc()
+            log.warning(
+                "session=%s summary of %d tokens is far over its budget of %d; trimming instead",
+                job.key.log_id,
+                summary_tokens,
+                limit,
+            )
+            return trim_outcome(h, loaded, job.budget, self.settings.compaction.summary_role)
         view = replace(plan.view, summary_tokens=summary_tokens + FRAME_TOKENS)
         plan = replace(plan, view=view)
         new = next_snapshot(loaded, kept.summary, plan, h, job.budget, turn.model.name)

@@ -19,14 +19,17 @@ a test is named; other files by module name):
 | reset mid-stream | [reset-mid-stream]; test_upstream_client (one warning) |
 | never answers: the timeout fires | [never-answers(-stream)]; test_passthrough_headers |
 | slow headers, under the timeout | [slow-headers] |
-| stalls mid-body or mid-stream | [stall-mid-body], [stall-mid-stream] |
-| non-HTTP garbage | [garbage] |
+| stalls mid-body or mid-stream | [stall-mid-body], [stall-before-first-event], [stall-mid-stream] |
+| non-HTTP garbage | [garbage], [huge-header], [bad-chunk-framing] |
+| a status no client can be given | [invalid-status-999], [switching-protocols] (101) |
 | 200 with invalid JSON | [invalid-json]; test_summarizer_faults[invalid-json] |
 | SSE ending without [DONE] | [stream-without-done]; test_the_sdk_reads_a_stream_... |
 | SSE error event after chunks | [error-event-after-chunks]; test_stream_overflow (first) |
 | 5xx storm | test_a_5xx_storm_is_relayed_answer_for_answer |
 | 429 with Retry-After | test_a_429_reaches_the_sdk_with_its_retry_after |
-| summarizer fails or times out | test_summarizer_faults (7 faults x json/stream) |
+| summarizer fails or times out | test_summarizer_faults (8 faults x json/stream) |
+| summarizer ignores max_tokens | test_a_summary_far_over_its_budget_is_not_kept |
+| the same faults on other routes | test_upstream_faults_on_other_endpoints |
 | Redis killed, restarted | test_redis_faults: test_redis_killed_mid_summary_...; test_redis |
 | Redis paused: SIGSTOP | test_redis_faults: test_a_lock_release_lost_to_a_redis_stall_... |
 | Redis paused: CLIENT PAUSE | test_redis_faults: test_redis_client_pause_mid_conversation_... |
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -229,7 +232,7 @@ _JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-leng
 class Fault:
     """One way the upstream answers a chat, and what the client must get for it."""
 
-    behaviour: Callable[[], Behaviour] | None  # None: nothing listens on the port
+    behaviour: Behaviour | None  # None: nothing listens on the port
     stream: bool
     status: int
     code: str | None = None  # the proxy's own error; None: the upstream's answer relayed
@@ -237,53 +240,68 @@ class Fault:
     slow: bool = False  # answered only when the upstream read timeout fires
 
 
+def refused(behaviour: Behaviour | None, *, stream: bool = False) -> Fault:
+    return Fault(behaviour, stream, 502, "upstream_unavailable")
+
+
+def timed_out(behaviour: Behaviour, *, stream: bool = False) -> Fault:
+    return Fault(behaviour, stream, 504, "upstream_timeout", slow=True)
+
+
+def relayed(
+    behaviour: Behaviour, body: bytes, *, stream: bool = False, slow: bool = False
+) -> Fault:
+    return Fault(behaviour, stream, 200, relayed=body, slow=slow)
+
+
+_SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+_SWITCHING = (
+    b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n"
+)
+_HUGE_HEADER = b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 100_000 + b"\r\ncontent-length: 2\r\n\r\n"
 FAULTS = {
-    "refused": Fault(None, False, 502, "upstream_unavailable"),
-    "reset-before-headers": Fault(
-        lambda: partial(b"", b"", then="reset"), False, 502, "upstream_unavailable"
+    "refused": refused(None),
+    "reset-before-headers": refused(partial(b"", b"", then="reset")),
+    "reset-before-headers-stream": refused(partial(b"", b"", then="reset"), stream=True),
+    "closed-before-headers": refused(partial(b"", b"", then="close")),
+    "garbage": refused(partial(b"\x00\x16\x03 SSH-2.0 not http\r\n\r\n", b"", then="close")),
+    "huge-header": refused(partial(_HUGE_HEADER, b"{}", then="close")),
+    "invalid-status-999": refused(
+        partial(b"HTTP/1.1 999 Odd\r\ncontent-length: 2\r\n\r\n", b"{}", then="close")
     ),
-    "reset-before-headers-stream": Fault(
-        lambda: partial(b"", b"", then="reset"), True, 502, "upstream_unavailable"
+    "switching-protocols": refused(partial(_SWITCHING, b"", then="hold")),
+    "never-answers": timed_out(hang()),
+    "never-answers-stream": timed_out(hang(), stream=True),
+    "slow-headers": relayed(answer(delay_s=0.5), completion()),
+    "stall-mid-body": timed_out(partial(_JSON_HEAD, b'{"id": ', then="hold")),
+    "reset-mid-body": refused(partial(_JSON_HEAD, b'{"id": ', then="reset")),
+    "closed-mid-body": refused(partial(_JSON_HEAD, b'{"id": ', then="close")),
+    "invalid-json": relayed(answer(body=b'{"choices": [tru'), b'{"choices": [tru'),
+    "stall-before-first-event": timed_out(partial(_SSE_HEAD, b"", then="hold"), stream=True),
+    "bad-chunk-framing": refused(partial(_SSE_HEAD, b"zz\r\nxx\r\n", then="close"), stream=True),
+    "stream-without-done": relayed(stream(*EVENTS), b"".join(EVENTS), stream=True),
+    "error-event-after-chunks": relayed(
+        stream(*EVENTS, ERROR_EVENT, DONE), b"".join((*EVENTS, ERROR_EVENT, DONE)), stream=True
     ),
-    "closed-before-headers": Fault(
-        lambda: partial(b"", b"", then="close"), False, 502, "upstream_unavailable"
-    ),
-    "garbage": Fault(
-        lambda: partial(b"\x00\x16\x03 SSH-2.0 not http\r\n\r\n", b"", then="close"),
-        False,
-        502,
-        "upstream_unavailable",
-    ),
-    "never-answers": Fault(hang, False, 504, "upstream_timeout", slow=True),
-    "never-answers-stream": Fault(hang, True, 504, "upstream_timeout", slow=True),
-    "slow-headers": Fault(lambda: answer(delay_s=0.5), False, 200, relayed=completion()),
-    "stall-mid-body": Fault(
-        lambda: partial(_JSON_HEAD, b'{"id": ', then="hold"),
-        False,
-        504,
-        "upstream_timeout",
-        slow=True,
-    ),
-    "reset-mid-body": Fault(
-        lambda: partial(_JSON_HEAD, b'{"id": ', then="reset"), False, 502, "upstream_unavailable"
-    ),
-    "invalid-json": Fault(
-        lambda: answer(body=b'{"choices": [tru'), False, 200, relayed=b'{"choices": [tru'
-    ),
-    "stream-without-done": Fault(lambda: stream(*EVENTS), True, 200, relayed=b"".join(EVENTS)),
-    "error-event-after-chunks": Fault(
-        lambda: stream(*EVENTS, ERROR_EVENT, DONE),
-        True,
-        200,
-        relayed=b"".join((*EVENTS, ERROR_EVENT, DONE)),
-    ),
-    "reset-mid-stream": Fault(
-        lambda: stream(*EVENTS, then="reset"), True, 200, relayed=b"".join(EVENTS)
-    ),
-    "stall-mid-stream": Fault(
-        lambda: stream(*EVENTS, then="hold"), True, 200, relayed=b"".join(EVENTS), slow=True
+    "reset-mid-stream": relayed(stream(*EVENTS, then="reset"), b"".join(EVENTS), stream=True),
+    "stall-mid-stream": relayed(
+        stream(*EVENTS, then="hold"), b"".join(EVENTS), stream=True, slow=True
     ),
 }
+
+
+def assert_answered(response: httpx.Response, took: float, fault: Fault) -> None:
+    """Within the bound, with the upstream's answer or the proxy's error for ``fault``."""
+    assert took < BOUND_S, f"answered after {took:.1f} s"
+    if not fault.slow:
+        assert took < 1.5, f"answered after {took:.1f} s without waiting for a timeout"
+    if fault.code is not None:
+        assert_openai_error(response, fault.status, fault.code)
+    else:
+        assert response.status_code == fault.status, response.text
+        assert response.content == fault.relayed
 
 
 @pytest.mark.parametrize("name", list(FAULTS))
@@ -294,23 +312,33 @@ def test_upstream_faults(proxy: Proxy, up: FaultyUpstream, name: str) -> None:
         if fault.behaviour is None:  # nothing listens there: a proxy of its own
             target = stack.enter_context(start(fault_settings(f"http://127.0.0.1:{free_port()}")))
         else:
-            up.chat = fault.behaviour()
+            up.chat = fault.behaviour
         marker = f"newest message of {name}"
         started = time.monotonic()
         response = post(target, chat_body(marker, stream=fault.stream), name)
-        took = time.monotonic() - started
-        assert took < BOUND_S, f"answered after {took:.1f} s"
-        if not fault.slow:
-            assert took < 1.5, f"answered after {took:.1f} s without waiting for a timeout"
-        if fault.code is not None:
-            assert_openai_error(response, fault.status, fault.code)
-        else:
-            assert response.status_code == fault.status, response.text
-            assert response.content == fault.relayed
+        assert_answered(response, time.monotonic() - started, fault)
+        if fault.code is None:
             assert response.headers["x-compaction-status"] == "passthrough"
         if fault.behaviour is not None:
             assert up.requests()[-1].messages[-1]["content"] == marker
         assert_clean(target, up, name)
+
+
+# Other endpoints are relayed by another path (no parsing, no recovery): the same faults,
+# but for a stream's first event (a chat peeks at it for an overflow; these relay at once).
+PASSTHROUGH = [n for n in FAULTS if n not in ("refused", "stall-before-first-event")]
+
+
+@pytest.mark.parametrize("name", PASSTHROUGH)
+def test_upstream_faults_on_other_endpoints(proxy: Proxy, up: FaultyUpstream, name: str) -> None:
+    fault = FAULTS[name]
+    assert fault.behaviour is not None
+    up.chat = fault.behaviour
+    started = time.monotonic()
+    response = httpx.post(f"{proxy.url}/v1/embeddings", json={"input": name}, timeout=30)
+    assert_answered(response, time.monotonic() - started, fault)
+    assert up.requests()[-1].path == "/v1/embeddings"
+    assert_clean(proxy, up)
 
 
 def test_a_5xx_storm_is_relayed_answer_for_answer(proxy: Proxy, up: FaultyUpstream) -> None:
@@ -372,14 +400,15 @@ def test_the_sdk_reads_a_stream_that_ends_without_done(proxy: Proxy, up: FaultyU
 
 # --- the summarizer misbehaves ----------------------------------------------------------
 
-SUMMARY_FAULTS: dict[str, Callable[[], Behaviour]] = {
-    "http-500": lambda: answer(500, b'{"error": {"message": "boom"}}'),
-    "reset-before-headers": lambda: partial(b"", b"", then="reset"),
-    "garbage": lambda: partial(b"NOT HTTP AT ALL\r\n\r\n", b"", then="close"),
-    "invalid-json": lambda: answer(body=b"{not json"),
-    "no-content": lambda: answer(body=b'{"choices": [{"message": {"content": null}}]}'),
-    "reset-mid-body": lambda: partial(_JSON_HEAD, b'{"choices": ', then="reset"),
-    "never-answers": hang,
+SUMMARY_FAULTS: dict[str, Behaviour] = {
+    "http-500": answer(500, b'{"error": {"message": "boom"}}'),
+    "reset-before-headers": partial(b"", b"", then="reset"),
+    "garbage": partial(b"NOT HTTP AT ALL\r\n\r\n", b"", then="close"),
+    "switching-protocols": partial(_SWITCHING, b"", then="hold"),
+    "invalid-json": answer(body=b"{not json"),
+    "no-content": answer(body=b'{"choices": [{"message": {"content": null}}]}'),
+    "reset-mid-body": partial(_JSON_HEAD, b'{"choices": ', then="reset"),
+    "never-answers": hang(),
 }
 
 
@@ -389,7 +418,7 @@ def test_summarizer_faults(proxy: Proxy, up: FaultyUpstream, name: str, streamed
     """A turn whose compaction fails still gets its answer (trimmed), within the summary
     timeout; nothing is stored, nothing stays locked, and the next turn compacts."""
     session = f"summary-{name}-{streamed}"
-    up.summary = SUMMARY_FAULTS[name]()
+    up.summary = SUMMARY_FAULTS[name]
     up.chat = stream(*EVENTS, DONE) if streamed else answer()
     failures = proxy.metric("summary_failures")
     started = time.monotonic()
@@ -412,6 +441,31 @@ def test_summarizer_faults(proxy: Proxy, up: FaultyUpstream, name: str, streamed
     assert response.status_code == 200, response.text
     assert response.headers["x-compaction-status"] == "compacted"
     assert httpx.get(f"{proxy.url}/sessions/{session}", headers=AUTH).json()["version"] == 1
+    assert_clean(proxy, up, session)
+
+
+@pytest.mark.parametrize(
+    ("words", "status"),
+    [(20_000, "trimmed"), (2_000, "trimmed"), (600, "compacted")],
+    ids=["50x-its-budget", "5x-its-budget", "1.5x-its-budget"],
+)
+def test_a_summary_far_over_its_budget_is_not_kept(
+    proxy: Proxy, up: FaultyUpstream, words: int, status: str
+) -> None:
+    """A summarizer that ignores max_tokens (400 here): kept, its summary would overflow
+    the window or be summarized again every turn. Within twice the budget it is kept
+    (tokenizers differ); beyond, the turn is trimmed to fit and nothing is stored."""
+    session = f"long-summary-{words}"
+    up.summary = answer(body=completion("word " * words))
+    failures = proxy.metric("summary_failures")
+    response = post(proxy, chat_body("the newest question", history=HISTORY), session)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-compaction-status"] == status
+    assert int(response.headers["x-context-tokens"]) <= 4096
+    assert up.requests()[-1].messages[-1]["content"] == "the newest question"
+    stored = httpx.get(f"{proxy.url}/sessions/{session}", headers=AUTH)
+    assert stored.status_code == (200 if status == "compacted" else 404)
+    assert proxy.metric("summary_failures") == failures + (status == "trimmed")
     assert_clean(proxy, up, session)
 
 
@@ -453,19 +507,19 @@ def test_client_leaves_mid_stream_and_the_upstream_is_hung_up_on(
 
 @pytest.mark.parametrize(
     ("summary", "version"),
-    [(lambda: gated(answer(body=completion("## Active task\nslow"))), 1), (hang, None)],
+    [(gated(answer(body=completion("## Active task\nslow"))), 1), (hang(), None)],
     ids=["summary-finishes", "summary-times-out"],
 )
 def test_client_leaves_during_summarization(
     proxy: Proxy,
     up: FaultyUpstream,
-    summary: Callable[[], Behaviour],
+    summary: Behaviour,
     version: int | None,
 ) -> None:
     """A summary under way finishes (or times out) for the session's next turn; the
     lock is freed either way and the next turn does not wait."""
     session = f"leaves-summary-{version}"
-    up.summary = summary()
+    up.summary = summary
     with pytest.raises(httpx.ReadTimeout):
         post(proxy, chat_body("summarize first", history=HISTORY), session, timeout=0.3)
     assert up.requests(summaries=True), "the client left before the summary was asked for"
