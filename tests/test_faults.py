@@ -38,6 +38,7 @@ a test is named; other files by module name):
 | client leaves before the answer | test_client_leaves_before_the_answer; test_disconnect |
 | client leaves mid-stream | test_client_leaves_mid_stream_...; test_forwarding |
 | client leaves mid-summary | test_client_leaves_during_summarization; test_disconnect |
+| client leaves mid-recovery | test_client_leaves_during_overflow_recovery |
 | client stalls or leaves mid-body | test_client_limits |
 """
 
@@ -205,13 +206,15 @@ def assert_openai_error(response: httpx.Response, status: int, code: str) -> Non
     assert error["code"] == code, error
 
 
-def chat_body(text: str, *, stream: bool = False, history: int = 0) -> dict[str, Any]:
+def chat_body(
+    text: str, *, stream: bool = False, history: int = 0, model: str = MODEL
+) -> dict[str, Any]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
     for turn in range(history):
         messages.append({"role": "user", "content": f"Turn {turn}: {FILLER}"})
         messages.append({"role": "assistant", "content": f"Noted {turn}. {FILLER}"})
     messages.append({"role": "user", "content": text})
-    return {"model": MODEL, "messages": messages, "stream": stream}
+    return {"model": model, "messages": messages, "stream": stream}
 
 
 def post(proxy: Proxy, body: dict[str, Any], session: str, timeout: float = 30) -> httpx.Response:
@@ -325,8 +328,15 @@ def test_upstream_faults(proxy: Proxy, up: FaultyUpstream, name: str) -> None:
 
 
 # Other endpoints are relayed by another path (no parsing, no recovery): the same faults,
-# but for a stream's first event (a chat peeks at it for an overflow; these relay at once).
-PASSTHROUGH = [n for n in FAULTS if n not in ("refused", "stall-before-first-event")]
+# but for a stream's first event (a chat peeks at it for an overflow; these relay at once)
+# and those whose chat variants differ only in the request's "stream" flag.
+_CHAT_ONLY = {
+    "refused",
+    "stall-before-first-event",
+    "reset-before-headers-stream",
+    "never-answers-stream",
+}
+PASSTHROUGH = [n for n in FAULTS if n not in _CHAT_ONLY]
 
 
 @pytest.mark.parametrize("name", PASSTHROUGH)
@@ -539,4 +549,42 @@ def test_client_leaves_during_summarization(
     assert response.status_code == 200, response.text
     assert time.monotonic() - started < 1.5
     assert response.headers["x-compaction-status"] == ("snapshot" if version else "compacted")
+    assert up.requests()[-1].messages[-1]["content"] == "next turn"
+
+
+OVERFLOW = orjson.dumps(
+    {
+        "error": {
+            "message": "This model's maximum context length is 3000 tokens. However, your "
+            "messages resulted in 3500 tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+)
+
+
+def test_client_leaves_during_overflow_recovery(proxy: Proxy, up: FaultyUpstream) -> None:
+    """The upstream said "too long" and the proxy is compacting harder when the client
+    leaves: the recovery is abandoned with it (nothing half-stored, the lock freed), and
+    the session's next turn recovers by itself. (A model of its own: the window learned
+    from the error stays with it, not with the other tests' model.)"""
+    session, model = "leaves-recovery", "m-recovery"
+    calls = [0]
+
+    async def too_long_once(upstream: FaultyUpstream, ex: Any) -> None:
+        calls[0] += 1
+        await answer(*((400, OVERFLOW) if calls[0] == 1 else ()))(upstream, ex)
+
+    up.chat = too_long_once
+    up.summary = gated(answer(body=completion("## Active task\nrecovered")))
+    with pytest.raises(httpx.ReadTimeout):
+        post(proxy, chat_body("too long?", history=12, model=model), session, timeout=0.5)
+    assert len(up.requests(summaries=True)) == 1, "the recovery never began"
+    up.open_gate()
+    assert_clean(proxy, up, session)
+    response = post(proxy, chat_body("next turn", history=12, model=model), session)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-compaction-status"] == "compacted"
     assert up.requests()[-1].messages[-1]["content"] == "next turn"
