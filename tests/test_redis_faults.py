@@ -507,7 +507,7 @@ def test_redis_flushed_mid_conversation_and_mid_summary_is_compacted_again(
     assert metric(url, "compaction_proxy_store_errors") == 0  # a flush is no outage
 
 
-def test_redis_client_pause_mid_conversation_is_waited_out_once_per_call(
+def test_redis_client_pause_mid_conversation_does_not_hold_up_turns(
     sim_reset: str,
     redis_server: RedisServer,
     raw_redis: redis.Redis,
@@ -517,8 +517,8 @@ def test_redis_client_pause_mid_conversation_is_waited_out_once_per_call(
     history = long_history("pause")
     assert chat(url, "pause", history).headers["x-compaction-status"] == "compacted"
 
-    raw_redis.client_pause(2000, all=True)  # every client, the proxy's included, waits
-    paused_until = time.monotonic() + 2.0
+    raw_redis.client_pause(3000, all=True)  # every client, the proxy's included, waits
+    paused_until = time.monotonic() + 3.0
     statuses = turns(url, sim_reset, "pause", history, 3)
     assert time.monotonic() < paused_until, "the turns were slower than the pause itself"
     assert metric(url, "compaction_proxy_store_errors") >= 1
