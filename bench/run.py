@@ -96,6 +96,15 @@ SCENARIOS = (
         session="bench-warm-100k",
         targets=("proxy-compacting", "proxy-compacting-redis"),
     ),
+    # saturation_c64 again, for one worker against two (dedicated: the rest would repeat it).
+    Scenario(
+        "workers_c64",
+        "chat 8 KB, c=64, workers",
+        "throughput",
+        "chat20",
+        64,
+        targets=(BASELINE, "passthrough-aiohttp", "proxy", "proxy-2-workers"),
+    ),
 )
 COMPARISONS = (
     Comparison(
@@ -110,6 +119,16 @@ COMPARISONS = (
         "proxy-compacting-redis",
         "warm_c1",
         "proxy-compacting",
+    ),
+    Comparison(
+        "workers: 2 / 1 at saturation", "workers_c64", "proxy-2-workers", "workers_c64", "proxy"
+    ),
+    Comparison(
+        "workers: 2 / pt-aiohttp at saturation",
+        "workers_c64",
+        "proxy-2-workers",
+        "workers_c64",
+        "passthrough-aiohttp",
     ),
 )
 # The figures each kind reports, each also as a ratio to the baseline.

@@ -42,6 +42,7 @@ class Target:
     note: str = ""
     context_window: int = FORWARDING_WINDOW  # proxy: default_model.context_window
     store: StoreKind = "memory"  # proxy: store.url is memory:// or a Redis the Fleet starts
+    workers: int = 1  # proxy: server.workers
     # Measured only by the scenarios that name it in ``Scenario.targets``.
     dedicated: bool = False
 
@@ -67,6 +68,13 @@ TARGETS = (
         store="redis",
         dedicated=True,
     ),
+    Target(
+        "proxy-2-workers",
+        "proxy",
+        note="the proxy with server.workers: 2 (one port, two processes)",
+        workers=2,
+        dedicated=True,
+    ),
 )
 DEFAULT_TARGETS = (
     "direct",
@@ -76,6 +84,7 @@ DEFAULT_TARGETS = (
     "proxy",
     "proxy-compacting",
     "proxy-compacting-redis",
+    "proxy-2-workers",
 )
 BASELINE = "passthrough-httpx"
 
@@ -125,6 +134,8 @@ def _proxy_config(path: Path, upstream_port: int, target: Target, store_url: str
         f"  context_window: {target.context_window}",
         "  max_output_tokens: 4096",
     ]
+    if target.workers > 1:
+        lines += ["server:", f"  workers: {target.workers}"]
     path.write_text("\n".join(lines) + "\n")
     return path
 

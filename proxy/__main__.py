@@ -113,8 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _setup_logging(settings.logging)
         from proxy.server import serve as serve_proxy
 
-        serve_proxy(settings)
-        return 0
+        return serve_proxy(settings)
     except ConfigError as exc:
         print(f"compaction-proxy: {exc.message}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ from proxy.metrics import CONTENT_TYPE_LATEST
 from proxy.record import Recorder, RecordRequests, record_of
 from proxy.services import Services
 from proxy.session import has_credential
+from proxy.shutdown import Drain
 
 log = logging.getLogger("proxy.app")
 
@@ -38,6 +39,7 @@ class State(TypedDict):
     """What the lifespan yields; Starlette copies it into each ``request.state``."""
 
     services: Services
+    drain: Drain
     recorder: Recorder  # what RecordRequests finishes each request with
 
 
@@ -89,6 +91,9 @@ async def readyz(request: Request) -> Response:
     services: Services | None = getattr(request.state, "services", None)
     if services is None:
         return JSONResponse({"ready": False, "store": "unknown"}, status_code=503)
+    if request.state.drain.draining:
+        # Stopping (SIGTERM): out of rotation at once, while requests in flight finish.
+        return JSONResponse({"ready": False, "draining": True}, status_code=503)
     store_ok = await services.store.ping()
     ready = store_ok or not services.settings.server.ready_requires_store
     body = {"ready": ready, "store": "ok" if store_ok else "unreachable"}
@@ -137,14 +142,21 @@ ROUTES = [
 ]
 
 
-def create_app(settings: Settings) -> Starlette:
-    """The proxy as an ASGI app; its services open and close with its lifespan."""
+def create_app(settings: Settings, drain: Drain | None = None) -> Starlette:
+    """The proxy as an ASGI app; its services open and close with its lifespan.
+
+    ``drain``: shared with the server that runs the app (proxy.shutdown), which sets it
+    when told to stop; the app then fails readiness and hands it its metrics.
+    """
+    drain = Drain() if drain is None else drain
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
         services = await build_services(settings)
+        drain.metrics = services.metrics
         try:
-            yield {"services": services, "recorder": Recorder(services.metrics, settings)}
+            recorder = Recorder(services.metrics, settings)
+            yield {"services": services, "drain": drain, "recorder": recorder}
         finally:
             await services.aclose()
 

@@ -17,6 +17,7 @@ from proxy.encodings import Encoder, load_encoders
 from proxy.headers import HeaderPolicy
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
+from proxy.precompact import Precompactor
 from proxy.schedule import Schedule
 from proxy.services import Services
 from proxy.store import build_store
@@ -47,6 +48,14 @@ async def build_services(settings: Settings) -> Services:
         opened.push_async_callback(client.aclose)
         store = build_store(settings, metrics)
         opened.push_async_callback(store.aclose)
+        compactor = Compactor(
+            settings=settings,
+            store=store,
+            counters=counters,
+            client=client,
+            models=models,
+            metrics=metrics,
+        )
         services = Services(
             settings=settings,
             client=client,
@@ -56,14 +65,8 @@ async def build_services(settings: Settings) -> Services:
             counters=counters,
             calibration=Calibration(),
             schedule=Schedule(force_interval_s=settings.compaction.force_interval_s),
-            compactor=Compactor(
-                settings=settings,
-                store=store,
-                counters=counters,
-                client=client,
-                models=models,
-                metrics=metrics,
-            ),
+            compactor=compactor,
+            precompactor=Precompactor(settings.compaction, compactor, metrics),
             windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics),
             metrics=metrics,
         )

@@ -44,10 +44,14 @@ from proxy.upstream import Upstream
 log = logging.getLogger("proxy.compaction")
 
 _POLL_S = 0.05
+# A summary counted at more than this many times its budget is not kept: no model that
+# honours max_tokens writes it, whatever the difference between tokenizers.
+_MAX_OVERRUN = 2
 
 # What made a session compact: crossing the trigger ratio, X-Compaction: force, the
-# upstream rejecting the request as too long, or POST /sessions/{id}/compact.
-Trigger = Literal["threshold", "forced", "overflow_recovery", "scheduled"]
+# upstream rejecting the request as too long, POST /sessions/{id}/compact, or crossing
+# the pre-compaction ratio (in the background, after an answer: precompact.py).
+Trigger = Literal["threshold", "forced", "overflow_recovery", "scheduled", "precompact"]
 
 
 def trigger_for(*, recover: bool, scheduled: bool, forced: bool) -> Trigger | None:
@@ -73,11 +77,13 @@ class Job:
     history: History
     budget: Budget
     trigger: Trigger
+    # Pre-compaction after an answer (precompact.py): nobody waits for it, nor does it wait.
+    background: bool = False
 
     @property
     def force(self) -> bool:
-        """Planned with force: something asked for this compaction, not the threshold."""
-        return self.trigger != "threshold"
+        """Planned with force: something asked for this compaction, not a ratio."""
+        return self.trigger not in ("threshold", "precompact")
 
 
 @dataclass(slots=True)
@@ -102,6 +108,32 @@ class Compactor:
         job.turn.record.trigger = job.trigger
         outcome = await self._compact(job, loaded, plan)
         self.metrics.compactions.labels(trigger=job.trigger, outcome=outcome.status).inc()
+        if outcome.status == "compacted":
+            self.metrics.compactions_by_trigger.labels(trigger="inline").inc()
+        self._log(job, loaded, outcome, started)
+        return outcome
+
+    async def try_compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome | None:
+        """``compact`` for a background job, which nobody waits for: None at once when
+        another request holds the session's lock. A failed summary raises its
+        ``SummaryError`` (nothing to trim for). The caller counts the outcome."""
+        started = self.clock()
+        start, end = plan.summarize
+        if start == end:
+            outcome = await self._compact(job, loaded, plan)  # elision only: no lock
+        else:
+            token = await self.store.acquire(job.key, self._lock_ttl)
+            if token is None:
+                return None
+            outcome = await self._locked(job, loaded, plan, token)
+        self._log(job, loaded, outcome, started)
+        return outcome
+
+    @property
+    def _lock_ttl(self) -> float:
+        return self.settings.compaction.summary_timeout_s + 5
+
+    def _log(self, job: Job, loaded: Loaded, outcome: Outcome, started: float) -> None:
         h = job.history
         previous = view_tokens(h.counts, h.messages, h.pinned, loaded.view(h.pinned), job.budget)
         # Fields: JSON lines carry them as keys, text lines as key=value (proxy/logs.py).
@@ -117,7 +149,6 @@ class Compactor:
             "duration_ms": round((self.clock() - started) * 1000),
         }
         log.info("compaction", extra={"fields": fields})
-        return outcome
 
     def _shown(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """``plan.view`` under ``loaded``'s summary, trimmed if it does not fit."""
@@ -136,11 +167,14 @@ class Compactor:
             )
             return await self._saved(job, new, plan)
 
-        key = job.key
-        lock_ttl = self.settings.compaction.summary_timeout_s + 5
-        token = await self.store.acquire(key, lock_ttl)
+        token = await self.store.acquire(job.key, self._lock_ttl)
         if token is None:
             return await self._wait_for_other(job, loaded)
+        return await self._locked(job, loaded, plan, token)
+
+    async def _locked(self, job: Job, loaded: Loaded, plan: Plan, token: str) -> Outcome:
+        """Summarize under the session's lock (``token``), re-planning first if another
+        request compacted since ``loaded``; release the lock."""
         try:
             fresh = await load_snapshot(self.store, job.key, job.history)
             if fresh.version != loaded.version:
@@ -156,7 +190,7 @@ class Compactor:
                     return self._shown(job, loaded, plan)
             return await self._summarize(job, loaded, plan)
         finally:
-            await self.store.release(key, token)
+            await self.store.release(job.key, token)
 
     async def _summarize(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Fold ``plan.summarize`` into the summary and save it; the caller holds the lock."""
@@ -166,6 +200,8 @@ class Compactor:
         request = SummaryRequest.for_turn(turn, self.settings, self.models, self.client)
         span = h.messages[start:end]
         started = time.perf_counter()
+        if not job.background:
+            self.metrics.summary_waits.labels(kind="summarized").inc()
         try:
             made = await summarize(request, previous, span)
         except SummaryError as exc:
@@ -174,6 +210,8 @@ class Compactor:
             if isinstance(exc, SummaryTruncated):
                 self.metrics.summaries_truncated.inc()
                 self.metrics.summary_length_retries.inc(exc.length_retries)
+            if job.background:
+                raise  # no turn to serve a fallback to: the precompactor counts it
             log.warning(
                 "session=%s summarization failed (%s); trimming instead", job.key.log_id, exc
             )
@@ -188,6 +226,17 @@ class Compactor:
             self.metrics.identifiers_restored.inc(kept.restored)
         counter = self.counters[turn.model.tokenizer]
         summary_tokens = await count_text(counter, handoff_text(kept.summary))
+        if summary_tokens > _MAX_OVERRUN * limit:
+            # The summarizer ignored max_tokens. Kept, such a summary could overflow the
+            # window, and would be over the trigger again, and summarized, every turn.
+            self.metrics.summary_failures.inc()
+            log.warning(
+                "session=%s summary of %d tokens is far over its budget of %d; trimming instead",
+                job.key.log_id,
+                summary_tokens,
+                limit,
+            )
+            return trim_outcome(h, loaded, job.budget, self.settings.compaction.summary_role)
         view = replace(plan.view, summary_tokens=summary_tokens + FRAME_TOKENS)
         plan = replace(plan, view=view)
         new = next_snapshot(loaded, kept.summary, plan, h, job.budget, turn.model.name)
@@ -218,6 +267,8 @@ class Compactor:
         # A wait on this lock already ran out: its holder is likely gone (a replica that
         # died mid-summary), so later turns do not wait it out again until it expires.
         stalled = self.stalled_locks.get(key, 0.0) > now
+        if not stalled:
+            self.metrics.summary_waits.labels(kind="waited").inc()
         deadline = now + (0 if stalled else self.settings.compaction.wait_for_summary_s)
         while self.clock() < deadline:
             await self.sleep(_POLL_S)
@@ -233,7 +284,7 @@ class Compactor:
                 break
         else:
             if not stalled:
-                lock_ttl = self.settings.compaction.summary_timeout_s + 5
+                lock_ttl = self._lock_ttl
                 self.stalled_locks[key] = self.clock() + lock_ttl
                 if len(self.stalled_locks) > TRACKED_LIMIT:
                     self.stalled_locks.popitem(last=False)

@@ -62,9 +62,16 @@ class ServerSettings(_Section):
     # (time the proxy itself is not reading does not count): a byte every few seconds
     # never stalls, yet would hold a connection for ever. 0: no minimum.
     min_body_rate_bytes_s: int = Field(256, ge=0)
-    # On SIGTERM: stop accepting, let requests in flight finish for at most this long,
-    # then close what is left (streams included).
+    # On SIGTERM /readyz answers 503 at once, but the proxy keeps accepting for
+    # drain_delay_s, so a load balancer (Kubernetes endpoints) stops routing here
+    # before connections are refused; then it stops accepting and lets requests in
+    # flight finish for at most shutdown_timeout_s, and ends what is left (streams
+    # included).
+    drain_delay_s: float = Field(0.0, ge=0)
     shutdown_timeout_s: float = Field(30.0, ge=0)
+    # Worker processes sharing the port. Each has its own memory:// store: beyond one,
+    # use Redis so every worker sees every session.
+    workers: int = Field(1, ge=1)
 
 
 class UpstreamSettings(_Section):
@@ -143,6 +150,17 @@ class CompactionSettings(_Section):
     elide_min_tokens: int = Field(400, ge=1)
     # Concurrent requests of a session wait this long for a running summary.
     wait_for_summary_s: float = Field(30.0, ge=0)
+    # Background pre-compaction (precompact.py): once a turn's view passes this share
+    # of the window (below trigger_ratio), its session is compacted after the answer
+    # is out, so the turn that would cross the trigger finds a snapshot ready. It
+    # compacts down to target_ratio scaled by precompact_ratio / trigger_ratio: an
+    # inline compaction's proportions, earlier. None or 0: off.
+    precompact_ratio: float | None = Field(0.6, ge=0, lt=1)
+    # At most this many background summaries at once per process; more are skipped.
+    precompact_concurrency: int = Field(2, ge=1)
+    # A session whose background run failed or found nothing to do is not tried again
+    # in the background for this long (its turns still compact inline at the trigger).
+    precompact_retry_s: float = Field(60.0, ge=0)
     force_interval_s: float = Field(30.0, ge=0)
     # Overflow recovery is the last line of defence: on even with enabled: false.
     recover_overflow: bool = True
@@ -158,6 +176,8 @@ class CompactionSettings(_Section):
     def _check_ratios(self) -> CompactionSettings:
         if self.target_ratio >= self.trigger_ratio:
             raise ValueError("target_ratio must be below trigger_ratio (hysteresis)")
+        if self.precompact_ratio and self.precompact_ratio >= self.trigger_ratio:
+            raise ValueError("precompact_ratio must be below trigger_ratio (or null: off)")
         return self
 
 

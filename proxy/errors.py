@@ -6,6 +6,7 @@ ProxyError                      -> OpenAI-shaped JSON error body
   InvalidRequest        400     the client's request cannot be handled
   MissingCredential     401     no caller key where server.require_client_key applies
   PayloadTooLarge       413     body over server.max_body_bytes
+  UnsupportedEncoding   415     a chat body with a Content-Encoding (gzip, br...)
   NotFound              404     unknown session / route
   ClientDisconnected    499     the client went away before its answer (nothing is sent)
   StoreError                    the snapshot store failed (never reaches a client)
@@ -72,6 +73,12 @@ class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UnsupportedEncoding(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
 
 
 class NotFound(ProxyError):

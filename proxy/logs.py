@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
+import os
 import sys
 import threading
 import time
@@ -117,11 +119,21 @@ class _Writer:
     """The thread that writes log lines: every ``_FLUSH_S`` it writes whatever was queued
     in one call. Logging a line only appends it to a deque: no lock, no signal to this
     thread (a QueueListener is woken for every line, and each wake-up costs the event
-    loop a hand-over of the GIL). A line reaches stderr at most ``_FLUSH_S`` late."""
+    loop a hand-over of the GIL). A line reaches stderr at most ``_FLUSH_S`` late.
+
+    A thread does not survive ``fork``: the thread stops before one (writing what is
+    queued, so no thread crosses it: proxy.workers forks its workers from a process
+    without threads) and starts again after it, in the parent and in the child.
+    """
 
     def __init__(self, stream: IO[str]) -> None:
         self._lines: deque[str] = deque()
         self._stream = stream
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.start()
+
+    def start(self) -> None:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
         self._thread.start()
@@ -145,8 +157,10 @@ class _Writer:
 
     def stop(self) -> None:
         """Write what is queued, then end the thread."""
-        self._stopping.set()
-        self._thread.join(timeout=5)
+        if self._thread is not None:
+            self._stopping.set()
+            self._thread.join(timeout=5)
+            self._thread = None
 
 
 class _Enqueue(logging.Handler):
@@ -194,6 +208,27 @@ def write_request_line(fields: dict[str, Any]) -> None:
     writer.put(lines.request_line(fields))
 
 
+def _before_fork() -> None:
+    if _writer is not None:
+        _writer.stop()
+
+
+def _after_fork() -> None:
+    if _writer is not None:
+        _writer.start()
+
+
+def _finalize_in_worker(_: object) -> None:
+    # A multiprocessing worker (proxy.workers) ends through os._exit, which skips atexit;
+    # its finalizers still run, and this one writes what is queued. (Registered once the
+    # worker has started: multiprocessing clears the finalizers it forked with.)
+    multiprocessing.util.Finalize(None, _stop_writer, exitpriority=0)
+
+
+class _Hooks:
+    registered = False  # os.register_at_fork has no way to unregister: once per process
+
+
 def configure_logging(settings: LoggingSettings, stream: IO[str] | None = None) -> None:
     """Route every log line through ``settings.format`` to ``stream`` (stderr)."""
     global _writer, _lines
@@ -201,6 +236,12 @@ def configure_logging(settings: LoggingSettings, stream: IO[str] | None = None) 
     _writer = _Writer(sys.stderr if stream is None else stream)
     atexit.unregister(_stop_writer)  # once, however often this runs
     atexit.register(_stop_writer)
+    if not _Hooks.registered:
+        os.register_at_fork(
+            before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork
+        )
+        multiprocessing.util.register_after_fork(_Hooks, _finalize_in_worker)
+        _Hooks.registered = True
     handler = _Enqueue(_writer)
     formatter = JsonFormatter() if settings.format == "json" else TextFormatter()
     handler.setFormatter(formatter)

@@ -4,16 +4,46 @@ Series whose labels are a closed set are declared at start-up (``__post_init__``
 so dashboards and alerts see zeros rather than no data before the first event.
 A request's own series (durations, tokens, streams) are observed in one place,
 ``record.Recorder.finish``.
+
+With several worker processes (``server.workers``), each worker calls
+``enable_multiprocess(directory)`` before building its app: its metrics then
+live in files there, and ``/metrics``, whichever worker serves it, shows the
+sum over every worker (prometheus-client's multiprocess mode). Gauges need a
+``multiprocess_mode`` saying how workers' values combine.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    values,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess"]
+
+
+class _Multiprocess:
+    directory: str | None = None  # set once per worker process, before any metric exists
+
+
+def enable_multiprocess(directory: str) -> None:
+    """Make this process's metrics, from now on, shared through ``directory``."""
+    # prometheus-client picks its value class when first imported, from the
+    # environment; a worker sets both explicitly. The files are named from the
+    # environment variable, so it is set too.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]  # untyped
+    _Multiprocess.directory = directory
+
 
 # A whole request or upstream call: model answers take from milliseconds to minutes.
 _CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
@@ -35,8 +65,19 @@ STORE_OPERATIONS = (
     "save_window",
     "list_sessions",
 )
-TRIGGERS = ("threshold", "forced", "overflow_recovery", "scheduled")
+TRIGGERS = ("threshold", "forced", "overflow_recovery", "scheduled", "precompact")
 CHAT_STATUSES = ("passthrough", "snapshot", "compacted", "trimmed", "bypassed")
+PRECOMPACTION_OUTCOMES = (
+    "compacted",
+    "covered",
+    "unchanged",
+    "failed",
+    "cancelled",
+    "skipped_running",
+    "skipped_backoff",
+    "skipped_cap",
+    "skipped_locked",
+)
 
 
 @dataclass(slots=True)
@@ -63,6 +104,12 @@ class Metrics:
     input_tokens: Counter
     summarization_duration: Histogram
     store_duration: Histogram
+    # Background pre-compaction (precompact.py).
+    compactions_by_trigger: Counter
+    precompactions: Counter
+    precompactions_running: Gauge
+    summary_waits: Counter
+    requests_cut_at_shutdown: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -77,9 +124,10 @@ class Metrics:
             ),
             compactions=Counter(
                 "compaction_proxy_compactions",
-                "Compactions by trigger (threshold, forced, overflow_recovery, scheduled) and "
-                "outcome (compacted; trimmed: the summary failed; snapshot: another request's "
-                "summary served)",
+                "Compactions by trigger (threshold, forced, overflow_recovery, scheduled; "
+                "precompact: in the background after an answer, counted only when it "
+                "compacted) and outcome (compacted; trimmed: the summary failed; snapshot: "
+                "another request's summary served)",
                 ["trigger", "outcome"],
                 registry=r,
             ),
@@ -105,6 +153,8 @@ class Metrics:
                 "Context windows learned from upstream overflow errors, shared by all callers",
                 ["model"],
                 registry=r,
+                # Across workers: the window each last learned (the same one, with Redis).
+                multiprocess_mode="livemostrecent",
             ),
             summaries_truncated=Counter(
                 "compaction_proxy_summaries_truncated",
@@ -210,6 +260,40 @@ class Metrics:
                 buckets=_STORE_BUCKETS,
                 registry=r,
             ),
+            compactions_by_trigger=Counter(
+                "compaction_proxy_compactions_by_trigger",
+                "Compactions that wrote a new snapshot, by trigger (inline: in a request's "
+                "path; background: pre-compaction after an answer)",
+                ["trigger"],
+                registry=r,
+            ),
+            precompactions=Counter(
+                "compaction_proxy_precompactions",
+                "Background pre-compactions by outcome (compacted; covered: a newer snapshot "
+                "already did; unchanged: nothing to fold in; failed; cancelled; skipped_running, "
+                "skipped_backoff, skipped_cap, skipped_locked)",
+                ["outcome"],
+                registry=r,
+            ),
+            precompactions_running=Gauge(
+                "compaction_proxy_precompactions_running",
+                "Background pre-compactions running now",
+                multiprocess_mode="livesum",
+                registry=r,
+            ),
+            summary_waits=Counter(
+                "compaction_proxy_inline_summary_waits",
+                "Chat requests that waited on a summary in their own path, by kind "
+                "(summarized: called the summarizer; waited: for another request's summary)",
+                ["kind"],
+                registry=r,
+            ),
+            requests_cut_at_shutdown=Counter(
+                "compaction_proxy_requests_cut_at_shutdown",
+                "Requests (streams included) still running at the shutdown deadline "
+                "(server.shutdown_timeout_s), ended unfinished",
+                registry=r,
+            ),
         )
 
     def __post_init__(self) -> None:
@@ -232,6 +316,18 @@ class Metrics:
         for outcome in ("released", "expired", "cancelled", "gave_up"):
             self.lock_release_retries.labels(outcome=outcome)
         self.client_disconnects.labels(phase="upstream")
+        for outcome in PRECOMPACTION_OUTCOMES:
+            self.precompactions.labels(outcome=outcome)
+        for where in ("inline", "background"):
+            self.compactions_by_trigger.labels(trigger=where)
+        for kind in ("summarized", "waited"):
+            self.summary_waits.labels(kind=kind)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        directory = _Multiprocess.directory
+        if directory is None:
+            return generate_latest(self.registry)
+        # Every worker's files, read at each scrape (dead workers' counters included).
+        merged = CollectorRegistry(auto_describe=True)
+        MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]  # untyped
+        return generate_latest(merged)

@@ -6,7 +6,8 @@ upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Literal
 
 from proxy.models import ResolvedModel
@@ -26,8 +27,9 @@ class Turn:
     tenant: str
     session_header: str | None
     auth_headers: list[tuple[bytes, bytes]]
-    # What the request's line and metrics report (its id goes on summary calls too).
-    record: Record
+    # What the request's line and metrics report (its id goes on summary calls too);
+    # the pipeline passes the request's own, a Turn built elsewhere gets a detached one.
+    record: Record = field(default_factory=Record.detached)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,8 @@ class Outcome:
     counted: bool = True
     # Identifiers the new summary had lost and the proxy put back (identifiers.py).
     restored: int = 0
+    # To start once the answer has gone out: background pre-compaction (precompact.py).
+    after: Callable[[], Awaitable[None]] | None = None
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         return [

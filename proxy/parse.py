@@ -18,13 +18,24 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 
 from proxy.config import ServerSettings
-from proxy.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge
+from proxy.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge, UnsupportedEncoding
 from proxy.types import ChatRequest
 
 _DEFAULT_MAX_MESSAGES: int = ServerSettings.model_fields["max_messages"].default
 
 
 async def read_body(request: Request, limit: int) -> bytes:
+    """The chat body, read whole and bounded by ``limit``. A compressed body is refused,
+    not decoded: the proxy reads the JSON and may send a rewritten body upstream, where
+    the client's Content-Encoding header would then lie; the official SDKs never
+    compress, and inflating is memory and CPU a hostile body could make unbounded."""
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise UnsupportedEncoding(
+            f"Content-Encoding {encoding[:40]!r} is not supported on this endpoint; "
+            "send the JSON body uncompressed.",
+            param="content-encoding",
+        )
     declared = request.headers.get("content-length", "")
     # isdigit() alone accepts '²', which int() rejects.
     if declared.isascii() and declared.isdigit() and int(declared) > limit:

@@ -2,9 +2,10 @@
 
 ``handle_chat`` is the table of contents for ``POST /v1/chat/completions``:
 parse, model, ``compacted_view`` (count, session, snapshot, plan, summarize
-under the session's lock, rebuild), forward, ``recover_overflow``, and the
-usage watcher that calibrates our counts. Each step is one call into the module
-named for it (DESIGN.md numbers them). ``handle_passthrough`` relays every
+under the session's lock, rebuild), forward, ``recover_overflow``, the usage
+watcher that calibrates our counts and, past the soft threshold, a background
+compaction once the answer is out (precompact.py). Each step is one call into
+the module named for it (DESIGN.md numbers them). ``handle_passthrough`` relays every
 other ``/v1/*`` call untouched.
 """
 
@@ -29,6 +30,7 @@ from proxy.models import ResolvedModel
 from proxy.outcome import Outcome, Turn
 from proxy.parse import parse_chat_request, read_body
 from proxy.plan import plan_compaction
+from proxy.precompact import run_after
 from proxy.rebuild import rebuild_outcome
 from proxy.record import record_of
 from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, lower_output, retry_once
@@ -96,7 +98,10 @@ async def handle_chat(request: Request, services: Services) -> Response:
                 ok = answer.status_code == 200
                 # 11. calibrate: the provider's own count of what we sent
                 watch = _usage_watcher(services, tenant, model.name, outcome) if ok else None
-                return await relay(answer, outcome.headers(), watch)
+                relayed = await relay(answer, outcome.headers(), watch)
+                if ok and outcome.after is not None:  # 12. pre-compact, once the answer is out
+                    run_after(relayed, outcome.after)
+                return relayed
     except ClientDisconnected:
         services.metrics.client_disconnects.labels(phase="upstream").inc()
         raise
@@ -115,10 +120,10 @@ async def compacted_view(
     chat, model = turn.chat, turn.model
     window = model.context_window
     reserve = output_reserve(chat, model.max_output_tokens)
-    # Far below the trigger: no store round trip, no counting.
-    far_below = bounded_by(
-        turn.body, len(chat["messages"]), int(window * c.trigger_ratio) - reserve
-    )
+    # Far below the trigger (and the pre-compaction threshold): no store round trip,
+    # no counting.
+    soonest = c.precompact_ratio or c.trigger_ratio
+    far_below = bounded_by(turn.body, len(chat["messages"]), int(window * soonest) - reserve)
     hinted = services.schedule.take_hint(turn.tenant, turn.session_header)
     if far_below and not (force or recover or hinted):
         return Outcome("passthrough", None, 0, len(turn.body) // 4, window, counted=False)
@@ -140,9 +145,12 @@ async def compacted_view(
         job = Job(turn, key, history, budget, asked or "threshold")
         return await services.compactor.compact(job, loaded, plan)
     if plan.fits:  # 8. rebuild
-        return rebuild_outcome(
+        outcome = rebuild_outcome(
             history, plan.view, loaded.summary, loaded.version, budget, c.summary_role
         )
+        # Past the soft threshold: compact in the background once the answer is out.
+        after = services.precompactor.offer(turn, key, history, budget, plan.tokens)
+        return outcome if after is None else replace(outcome, after=after)
     # Nothing worth summarizing, yet over the window: trim what we can.
     return trim_outcome(history, loaded, budget, c.summary_role)
 

@@ -71,6 +71,11 @@ class Record:
     ttfb_s: float | None = None
     completed: bool = False
 
+    @classmethod
+    def detached(cls) -> Record:
+        """A record no middleware finishes: never observed, never logged."""
+        return cls(new_request_id(), perf_counter())
+
     def note_turn(self, turn: Turn) -> None:
         """A chat request's model, tenant and session header."""
         self.model = turn.model.name
@@ -108,9 +113,7 @@ class Record:
 def record_of(request: Request) -> Record:
     """The request's record (a fresh one, never logged, outside ``RecordRequests``)."""
     record: Record | None = request.scope.get(_SCOPE_KEY)
-    if record is None:
-        record = Record(new_request_id(), perf_counter())
-    return record
+    return Record.detached() if record is None else record
 
 
 class Recorder:

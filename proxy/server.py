@@ -1,10 +1,11 @@
 """Running the app under uvicorn, with limits on slow and hostile clients.
 
-``uvicorn_config(settings)`` is what ``compaction-proxy serve`` runs and what
-the tests serve: uvloop when installed, no access log, a graceful-shutdown
-deadline (``server.shutdown_timeout_s``, after which uvicorn cancels the
-requests still running, streams included, and the process exits), and an
-HTTP protocol that bounds each client:
+``serve(settings)`` is ``compaction-proxy serve``: one process, or with
+``server.workers`` > 1 a supervisor and that many workers (proxy.workers);
+each serving process stops gracefully on SIGTERM (proxy.shutdown).
+``uvicorn_config(settings)`` is what each one runs and what the tests serve:
+uvloop when installed, no access log, and an HTTP protocol that bounds each
+client:
 
 - the request line and headers must total at most ``server.max_header_bytes``
   (else 431 and close) and arrive within ``server.header_timeout_s`` of the
@@ -29,6 +30,7 @@ import uvicorn
 
 from proxy.config import ServerSettings, Settings
 from proxy.errors import InvalidRequest
+from proxy.shutdown import Drain, GracefulServer
 
 log = logging.getLogger("proxy.server")
 
@@ -72,15 +74,32 @@ def uvicorn_config(
         # Never an access log: it costs throughput and would log every request's path.
         access_log=False,
         lifespan="on",
-        # Typed int, but only ever handed to asyncio.wait_for.
+        # Typed int, but only ever handed to asyncio.wait_for (GracefulServer has its own).
         timeout_graceful_shutdown=server.shutdown_timeout_s,  # type: ignore[arg-type]
         **options,
     )
 
 
-def serve(settings: Settings) -> None:
-    """Run until SIGINT/SIGTERM, then drain for at most ``shutdown_timeout_s``."""
-    uvicorn.Server(uvicorn_config(settings)).run()
+def serve(settings: Settings) -> int:
+    """Run until SIGINT/SIGTERM, then drain (proxy.shutdown); the exit status."""
+    if settings.server.workers > 1:
+        from proxy.workers import run_workers
+
+        return run_workers(settings)
+    serve_process(settings)
+    return 0
+
+
+def serve_process(
+    settings: Settings, sockets: list[Any] | None = None, parent_pid: int | None = None
+) -> None:
+    """One serving process: on ``settings.server``'s address, or on ``sockets`` already
+    bound (a worker, whose supervisor is ``parent_pid``)."""
+    from proxy.app import create_app
+
+    drain = Drain()
+    config = uvicorn_config(settings, create_app(settings, drain))
+    GracefulServer(config, drain, settings.server, parent_pid).run(sockets=sockets)
 
 
 def limited_protocol(limits: ServerSettings) -> type[asyncio.Protocol]:

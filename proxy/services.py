@@ -10,6 +10,7 @@ from proxy.config import Settings
 from proxy.headers import HeaderPolicy
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
+from proxy.precompact import Precompactor
 from proxy.schedule import Schedule
 from proxy.store import Store
 from proxy.tokens import TokenCounter
@@ -28,12 +29,15 @@ class Services:
     calibration: Calibration
     schedule: Schedule
     compactor: Compactor
+    precompactor: Precompactor
     windows: LearnedWindows
     metrics: Metrics
 
     async def aclose(self) -> None:
-        """Close what ``build_services`` opened: the store, then the upstream client."""
+        """Close what ``build_services`` opened: background compactions (they use both),
+        the store, then the upstream client."""
         try:
+            await self.precompactor.aclose()
             await self.store.aclose()
         finally:
             await self.client.aclose()

@@ -132,6 +132,11 @@ class UpstreamClient:
             )
         except _CLIENT_ERRORS as exc:
             raise _translated(exc, body=False) from exc
+        if not 200 <= response.status <= 599:
+            # A 101 (aiohttp returns it as final) or 600-999 (RFC 9110 defines 100-599):
+            # no answer a client could be given; the ASGI server fails on the status line.
+            response.close()
+            raise UpstreamUnavailable("The upstream answered with an invalid HTTP status.")
         return UpstreamResponse(response)
 
     async def aclose(self) -> None:

@@ -91,11 +91,12 @@ def run_server(app: Any) -> Iterator[str]:
 
 
 @contextmanager
-def run_proxy(settings: Any) -> Iterator[str]:
-    """Serve the proxy as production does (proxy.server's protocol and limits)."""
+def run_proxy(settings: Any, app: Any = None) -> Iterator[str]:
+    """Serve the proxy as production does (proxy.server's protocol and limits);
+    ``app``: the proxy's app wrapped by the test (default: ``create_app(settings)``)."""
     from proxy.server import uvicorn_config
 
-    config = uvicorn_config(settings, host="127.0.0.1", port=0, log_level="warning")
+    config = uvicorn_config(settings, app, host="127.0.0.1", port=0, log_level="warning")
     with _run_config(config) as url:
         yield url
 
@@ -180,10 +181,11 @@ def free_port() -> int:
 class RedisServer:
     """A real redis-server on loopback that a test may stop and start again."""
 
-    def __init__(self, binary: str) -> None:
+    def __init__(self, binary: str, password: str = "") -> None:
         self.binary = binary
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password  # requirepass: clients must AUTH with it
         self.process: Any = None
 
     def start(self) -> None:
@@ -193,12 +195,14 @@ class RedisServer:
         import redis
 
         args = ["--bind", "127.0.0.1", "--port", str(self.port), "--save", ""]
+        if self.password:
+            args += ["--requirepass", self.password]
         self.process = subprocess.Popen(
             [self.binary, *args, "--appendonly", "no", "--protected-mode", "yes"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis.from_url(self.url, socket_timeout=0.5)
+        client = redis.Redis.from_url(self.url, socket_timeout=0.5, password=self.password or None)
         deadline = time.monotonic() + 10
         while True:
             try:

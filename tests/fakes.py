@@ -42,6 +42,7 @@ from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.outcome import Turn
 from proxy.pipeline import effective_model
+from proxy.precompact import Precompactor
 from proxy.record import Record
 from proxy.schedule import Schedule
 from proxy.services import Services
@@ -319,6 +320,7 @@ def make_services(
         compactor=compactor,
         windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics, clock=clock),
         metrics=metrics,
+        precompactor=Precompactor(settings.compaction, compactor, metrics, clock=clock),
     )
 
 

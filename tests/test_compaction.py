@@ -33,10 +33,12 @@ TOOLS = [
 
 
 def small_window_settings(sim: str, **compaction: Any) -> Any:
+    """The 4k model. Compactions happen inline (the turn that crosses the trigger shows
+    ``compacted``) unless ``precompact_ratio`` turns background pre-compaction on."""
     return proxy_settings(
         sim,
         models=[{"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": 256}],
-        compaction={"summary_max_tokens": 400, **compaction},
+        compaction={"summary_max_tokens": 400, "precompact_ratio": None, **compaction},
     )
 
 
@@ -350,6 +352,7 @@ def test_default_summary_budget_keeps_a_verbatim_tail_in_a_small_window(
         proxy_settings(
             sim_reset,
             models=[{"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": 512}],
+            compaction={"precompact_ratio": None},  # inline: the compacting turn says so
         )
     )
     chat = Chat(url, session="tail")

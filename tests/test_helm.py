@@ -447,6 +447,7 @@ def _answers(url: str) -> bool:
         ({"config.server.shutdown_timeout_s": 45.5}, 5 + 46 + 5),
         ({"config.server.shutdown_timeout_s": 0, "preStopSleepSeconds": 0}, 0 + 0 + 5),
         ({"terminationGraceMarginSeconds": 20, "preStopSleepSeconds": 10}, 10 + 30 + 20),
+        ({"config.server.drain_delay_s": 2.5}, 5 + 3 + 30 + 5),
     ],
 )
 def test_termination_grace_covers_the_proxys_drain(

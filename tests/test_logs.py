@@ -31,6 +31,7 @@ from proxy.config import LoggingSettings
 from proxy.logs import REQUEST_ID, configure_logging, write_request_line
 from proxy.request_id import request_id_from
 from tests.conftest import OPEN_CLIENTS, free_port, proxy_settings, run_server
+from tests.processes import CHAT, SlowStream, serve_process
 from tests.test_compaction import WINDOW, small_window_settings, upstream_requests
 from tests.test_metrics import long_history
 
@@ -168,6 +169,32 @@ def test_the_level_applies_to_the_proxy_and_other_libraries_stay_at_warnings(
     logging.getLogger("proxy.test").debug("ours")
     logging.getLogger("some.library").info("theirs")
     assert [orjson.loads(line)["msg"] for line in _flushed(buffer)] == ["ours"]
+
+
+_FORKED_WORKER = """
+import logging, multiprocessing
+from proxy.config import LoggingSettings
+from proxy.logs import configure_logging
+
+def leave():
+    logging.getLogger("proxy.test").warning("last words")  # then the process ends at once
+
+configure_logging(LoggingSettings(format="text"))
+worker = multiprocessing.get_context("fork").Process(target=leave)
+worker.start()
+worker.join(10)
+assert worker.exitcode == 0
+"""
+
+
+@pytest.mark.e2e
+def test_a_forked_worker_writes_its_last_line_before_it_exits() -> None:
+    """A multiprocessing worker leaves through os._exit (no atexit): its lines still out."""
+    run = subprocess.run(
+        [sys.executable, "-c", _FORKED_WORKER], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert "last words" in run.stderr
 
 
 # --- request ids end to end ------------------------------------------------------------
@@ -410,3 +437,25 @@ def test_include_sensitive_adds_the_session_header_and_nothing_else(
     for line in lines:
         for secret in (API_KEY, CONTENT, ADMIN_KEY, WRONG_ADMIN_KEY):
             assert secret not in line
+
+
+def test_every_worker_writes_its_request_lines_up_to_its_exit(
+    sim_reset: str, tmp_path: Path
+) -> None:
+    """Workers are forked from the process that set up logging: each writes its own lines,
+    the last ones too (a stream that ends during the drain, just before the worker exits)."""
+    config = {"upstream": {"base_url": f"{sim_reset}/v1"}, "server": {"workers": 2}}
+    with serve_process(tmp_path, config) as served:
+        assert len(served.children()) == 2
+        for i in range(12):  # fresh connections: the kernel spreads them over both workers
+            headers = {"X-Request-Id": f"w-{i}"}
+            assert httpx.post(f"{served.url}/v1/chat/completions", json=CHAT, headers=headers)
+        stream = SlowStream(served.url, chunk_delay_ms=200).start()
+        served.process.terminate()
+        stream.join(timeout=30)
+        assert served.wait(timeout=30) == 0
+    assert stream.error is None
+    lines = [orjson.loads(x) for x in served.log().splitlines() if x.startswith("{")]
+    requests = [line for line in lines if line["logger"] == "proxy.access"]
+    assert {r["request_id"] for r in requests} >= {f"w-{i}" for i in range(12)}
+    assert [r.get("stream") for r in requests].count(True) == 1

@@ -34,7 +34,7 @@ def replica_config(sim: str, redis_url: str) -> dict[str, Any]:
         "upstream": {"base_url": f"{sim}/v1"},
         "store": {"url": redis_url},
         "models": [{"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": 256}],
-        "compaction": {"summary_max_tokens": 400},
+        "compaction": {"summary_max_tokens": 400, "precompact_ratio": None},
     }
 
 

@@ -431,3 +431,185 @@ def test_unreadable_snapshots_are_replaced_per_session_while_others_are_served_f
         stored = raw_redis.hget(f"cp:snap:{storage_key(session)}", "d")
         assert stored is not None
         assert orjson.loads(Fernet(key.encode()).decrypt(stored))["version"] == 1
+
+
+# Issue 13: Redis flushed, paused, killed or locked away mid-conversation. Every turn is
+# answered, its newest message reaches the upstream, no lock is left behind, and what
+# Redis holds afterwards is a snapshot this release reads.
+
+
+def newest_forwarded(sim: str) -> str:
+    """The last user message of the last chat the proxy forwarded (not a summary call)."""
+    chats = [
+        r
+        for r in httpx.get(f"{sim}/_sim/requests").json()
+        if r["headers"].get("x-compaction-purpose") != "summarize"
+    ]
+    return str(chats[-1]["body"]["messages"][-1]["content"])
+
+
+def assert_readable_snapshot(client: redis.Redis, session: str) -> int:
+    """The session's snapshot in Redis decodes; its version."""
+    from proxy.store.codec import decode_stored
+
+    stored = client.hmget(f"cp:snap:{storage_key(session)}", ["v", "d"])
+    snapshot = decode_stored(stored[0], stored[1], None)
+    assert snapshot is not None
+    return snapshot.version
+
+
+def turns(url: str, sim: str, session: str, history: list[dict[str, Any]], n: int) -> list[str]:
+    """``n`` more turns, each answered within FAST_TURN_S with its newest message forwarded;
+    their X-Compaction-Status values."""
+    statuses = []
+    for i in range(n):
+        next_turn(history, f"{session}-{i}")
+        started = time.monotonic()
+        r = chat(url, session, history)
+        took = time.monotonic() - started
+        assert r.status_code == 200, r.text
+        assert took < FAST_TURN_S, f"turn {i} took {took:.1f} s"
+        assert newest_forwarded(sim) == history[-1]["content"]
+        statuses.append(r.headers["x-compaction-status"])
+    return statuses
+
+
+def test_redis_flushed_mid_conversation_and_mid_summary_is_compacted_again(
+    slow_summaries: str,
+    redis_server: RedisServer,
+    raw_redis: redis.Redis,
+    start_proxy: Callable[..., str],
+) -> None:
+    url = start_proxy(settings(slow_summaries, redis_server.url))
+    history = long_history("flush")
+    assert chat(url, "flush", history).headers["x-compaction-status"] == "compacted"
+    assert assert_readable_snapshot(raw_redis, "flush") == 1
+
+    raw_redis.flushall()  # between turns: the session starts over from its history
+    history = long_history("flush")  # over the trigger again, so the next turn compacts
+    first: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: first.append(chat(url, "flush", history)))
+    worker.start()
+    deadline = time.monotonic() + 20
+    while not raw_redis.keys("cp:lock:*"):  # and again while that turn summarizes
+        assert time.monotonic() < deadline, "the summarization never took its lock"
+        time.sleep(0.005)
+    raw_redis.flushall()
+    worker.join(timeout=60)
+    assert first, "the turn never finished"
+    assert first[0].status_code == 200, first[0].text
+    assert first[0].headers["x-compaction-status"] == "compacted"
+    assert newest_forwarded(slow_summaries) == history[-1]["content"]
+
+    assert set(turns(url, slow_summaries, "flush", history, 3)) <= {"snapshot", "compacted"}
+    assert raw_redis.keys("cp:lock:*") == []
+    assert assert_readable_snapshot(raw_redis, "flush") >= 1
+    assert metric(url, "compaction_proxy_store_errors") == 0  # a flush is no outage
+
+
+def test_redis_client_pause_mid_conversation_does_not_hold_up_turns(
+    sim_reset: str,
+    redis_server: RedisServer,
+    raw_redis: redis.Redis,
+    start_proxy: Callable[..., str],
+) -> None:
+    url = start_proxy(settings(sim_reset, redis_server.url))
+    history = long_history("pause")
+    assert chat(url, "pause", history).headers["x-compaction-status"] == "compacted"
+
+    raw_redis.client_pause(3000, all=True)  # every client, the proxy's included, waits
+    paused_until = time.monotonic() + 3.0
+    statuses = turns(url, sim_reset, "pause", history, 3)
+    assert time.monotonic() < paused_until, "the turns were slower than the pause itself"
+    assert metric(url, "compaction_proxy_store_errors") >= 1
+    assert set(statuses) <= {"snapshot", "compacted"}  # local state kept the summary
+
+    time.sleep(max(0.0, paused_until - time.monotonic()) + 2.5)  # pause over, cool-down too
+    turns(url, sim_reset, "pause", history, 2)
+    assert httpx.get(f"{url}/readyz").json()["store"] == "ok"
+    assert raw_redis.keys("cp:lock:*") == []
+    assert assert_readable_snapshot(raw_redis, "pause") >= 1
+
+
+def test_redis_killed_mid_summary_then_restarted_empty(
+    slow_summaries: str,
+    redis_server: RedisServer,
+    start_proxy: Callable[..., str],
+) -> None:
+    url = start_proxy(settings(slow_summaries, redis_server.url))
+    watcher = redis.Redis.from_url(redis_server.url, socket_timeout=5)
+    history = long_history("killed")
+    first: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: first.append(chat(url, "killed", history)))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not watcher.keys("cp:lock:*"):
+            assert time.monotonic() < deadline, "the summarization never took its lock"
+            time.sleep(0.005)
+    finally:
+        watcher.close()
+    redis_server.stop()  # SIGKILL while the lock is held and the summary is being written
+    worker.join(timeout=60)
+    assert first, "the turn never finished"
+    assert first[0].status_code == 200, first[0].text
+    assert first[0].headers["x-compaction-status"] == "compacted"  # from local state
+    assert newest_forwarded(slow_summaries) == history[-1]["content"]
+    turns(url, slow_summaries, "killed", history, 2)  # Redis down: still served
+    assert httpx.get(f"{url}/readyz").json()["store"] == "unreachable"
+
+    redis_server.start()  # same port, nothing in it
+    time.sleep(2.5)  # the replica's cool-down
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
+    try:
+        # Until the session is compacted into the new Redis (long turns: the 4k window
+        # fills again within a few).
+        deadline = time.monotonic() + 60
+        while not client.keys("cp:snap:*"):
+            assert time.monotonic() < deadline, "compaction never reached Redis again"
+            history.append({"role": "assistant", "content": "ok"})
+            history.append({"role": "user", "content": f"more: {FILLER}"})
+            r = chat(url, "killed", history)
+            assert r.status_code == 200, r.text
+        assert client.keys("cp:lock:*") == []
+        assert assert_readable_snapshot(client, "killed") >= 1
+    finally:
+        client.close()
+    assert httpx.get(f"{url}/readyz").json()["store"] == "ok"
+
+
+@pytest.fixture
+def redis_with_password() -> Iterator[RedisServer]:
+    from tests.conftest import _redis_binary
+
+    server = RedisServer(_redis_binary(), password="the-proxy-does-not-know-it")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_redis_password_the_proxy_lacks_degrades_instead_of_failing(
+    sim_reset: str, redis_with_password: RedisServer, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(settings(sim_reset, redis_with_password.url))  # no password in it
+    history = long_history("noauth")
+    r = chat(url, "noauth", history)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-compaction-status"] == "compacted"  # from local state
+    assert newest_forwarded(sim_reset) == history[-1]["content"]
+    assert set(turns(url, sim_reset, "noauth", history, 2)) <= {"snapshot", "compacted"}
+    assert httpx.get(f"{url}/readyz").json() == {"ready": True, "store": "unreachable"}
+    assert metric(url, "compaction_proxy_store_errors") >= 1
+    # With the password the same store works: it was the missing password, nothing else.
+    password = redis_with_password.password
+    authed = redis_with_password.url.replace("redis://", f"redis://:{password}@")
+    url = start_proxy(settings(sim_reset, authed))
+    assert chat(url, "authed", long_history("authed")).status_code == 200
+    client = redis.Redis.from_url(authed, socket_timeout=5)
+    try:
+        assert assert_readable_snapshot(client, "authed") == 1
+    finally:
+        client.close()
+    assert httpx.get(f"{url}/readyz").json()["store"] == "ok"

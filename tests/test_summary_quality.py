@@ -38,7 +38,7 @@ def settings(sim: str, **compaction: Any) -> Any:
     return proxy_settings(
         sim,
         models=[{"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": RESERVE}],
-        compaction=compaction,
+        compaction={"precompact_ratio": None, **compaction},  # inline: turns say compacted
     )
 
 

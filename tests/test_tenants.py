@@ -172,7 +172,7 @@ def test_keyless_callers_no_longer_share_a_session(
             sim_reset,
             upstream={"api_key": "sk-proxy-own"},
             models=[{"match": "sim-4k", "context_window": 4096, "max_output_tokens": 256}],
-            compaction={"summary_max_tokens": 400},
+            compaction={"summary_max_tokens": 400, "precompact_ratio": None},
         )
     )
     chat = Chat(url, key="owner-key", session="s1")

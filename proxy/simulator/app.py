@@ -9,7 +9,7 @@ A chat request goes through these steps, in order (``_answer_chat``):
 4. reject ``max_tokens`` above the model's output limit;
 5. count prompt tokens and reject an overflow in the model's error format;
 6. build the deterministic reply (``replies.py``) and send it as JSON, after
-   ``latency_ms``, or as SSE with the stream delays.
+   ``latency_ms`` (a summary: ``summary_latency_ms``), or as SSE with the stream delays.
 
 Encoders load once, here; nothing on the request path reads files.
 """
@@ -167,7 +167,11 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
     completion = Completion(f"chatcmpl-{seed.hex()[:24]}", profile.name, reply, prompt.total)
     if body.get("stream") is True:
         return _stream(sim, overrides, body, completion)
-    latency = sim.config.latency_ms if overrides.latency_ms is None else overrides.latency_ms
+    latency = sim.config.latency_ms
+    if summarize and sim.config.summary_latency_ms is not None:
+        latency = sim.config.summary_latency_ms
+    if overrides.latency_ms is not None:
+        latency = overrides.latency_ms
     if latency > 0 and await _abandoned_during(request, latency):
         sim.recorder.bump("calls_abandoned")
         return Response(status_code=499)  # nobody reads it: the client has gone

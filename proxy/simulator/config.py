@@ -10,6 +10,7 @@ Every key is optional::
     stream: {chunk_chars: 16, delay_ms: 0, first_byte_delay_ms: 0}
     reply_tokens: 24
     latency_ms: 0
+    summary_latency_ms: null # summaries (X-Compaction-Purpose: summarize); null: latency_ms
     recording: {max_requests: 10000, max_bytes: 134217728}   # for GET /_sim/requests
 
 A model rule may override ``tokenizer``, ``error_format`` and ``strict_alternation``.
@@ -78,6 +79,8 @@ class SimulatorConfig(_Section):
     stream: StreamConfig = StreamConfig()
     reply_tokens: int = Field(default=24, gt=0)
     latency_ms: float = Field(default=0, ge=0)
+    # A summarizer slower (or faster) than the chat model; None: latency_ms.
+    summary_latency_ms: float | None = Field(default=None, ge=0)
     recording: RecordingConfig = RecordingConfig()
 
     def tokenizers(self) -> list[str]:

@@ -135,13 +135,17 @@ app.kubernetes.io/component: redis
 {{- toYaml $cfg }}
 {{- end }}
 
-{{/* terminationGracePeriodSeconds: preStop sleep + the proxy's drain time (rounded up) + a margin. */}}
+{{/* terminationGracePeriodSeconds: preStop sleep + the proxy's drain delay and drain time (rounded up) + a margin. */}}
 {{- define "compaction-proxy.terminationGracePeriodSeconds" -}}
 {{- $drain := 30 }}{{/* the proxy's default when the key is left out */}}
 {{- if hasKey .Values.config.server "shutdown_timeout_s" }}
 {{- $drain = .Values.config.server.shutdown_timeout_s | ceil | int }}
 {{- end }}
-{{- add (int .Values.preStopSleepSeconds) $drain (int .Values.terminationGraceMarginSeconds) }}
+{{- $delay := 0 }}
+{{- if hasKey .Values.config.server "drain_delay_s" }}
+{{- $delay = .Values.config.server.drain_delay_s | ceil | int }}
+{{- end }}
+{{- add (int .Values.preStopSleepSeconds) $delay $drain (int .Values.terminationGraceMarginSeconds) }}
 {{- end }}
 
 {{/* The proxy container's environment: the keys and the Redis URL from Secrets (the config references them), then extraEnv. */}}
