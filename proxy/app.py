@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy import admin_api, pipeline, sessions_api
+from proxy import admin_api, pipeline, responses, sessions_api
 from proxy.assemble import build_services
 from proxy.config import Settings
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, ProxyError
@@ -58,6 +58,10 @@ def _scoped(request: Request) -> Services:
 
 async def chat(request: Request) -> Response:
     return await pipeline.handle_chat(request, _scoped(request))
+
+
+async def responses_create(request: Request) -> Response:
+    return await responses.handle_responses(request, _scoped(request))
 
 
 async def passthrough(request: Request) -> Response:
@@ -124,6 +128,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]),
+    Route("/v1/responses", responses_create, methods=["POST"]),
     Route("/v1/{path:path}", passthrough, methods=_ALL_METHODS),
     Route("/sessions/{session_id}", get_session, methods=["GET"]),
     Route("/sessions/{session_id}", delete_session, methods=["DELETE"]),
