@@ -223,5 +223,5 @@ def test_the_view_as_sent_goes_upstream_as_the_clients_bytes() -> None:
 
     body = b'{"model": "m",  "input": "hi"}'
     data = orjson.loads(body)
-    turn = Turn(chat_view(data), body, None, "t", None, [])  # type: ignore[arg-type]
+    turn = Turn(chat_view(data), body, None, "t", None, [])
     assert outgoing_body(turn, data, Outcome("passthrough", None, 0, 1, 10)) is body
