@@ -11,7 +11,8 @@ A chat request goes through these steps, in order (``_answer_chat``):
 6. build the deterministic reply (``replies.py``) and send it as JSON, after
    ``latency_ms`` (a summary: ``summary_latency_ms``), or as SSE with the stream delays.
 
-Encoders load once, here; nothing on the request path reads files.
+``/v1/responses`` follows the same steps with the Responses API's shapes
+(responses.py). Encoders load once, here; nothing on the request path reads files.
 """
 
 from __future__ import annotations
