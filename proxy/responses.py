@@ -57,10 +57,10 @@ async def handle_responses(request: Request, services: Services) -> Response:
     settings = services.settings
     body = await read_body(request, settings.server.max_body_bytes)
     limit = settings.server.max_messages
-    if len(body) > _PARSE_INLINE_BYTES:
-        data = await asyncio.to_thread(parse_responses_request, body, limit)
+    if len(body) > _PARSE_INLINE_BYTES:  # parsing and mapping: not on the event loop
+        data, chat = await asyncio.to_thread(_read, body, limit)
     else:
-        data = parse_responses_request(body, limit)
+        data, chat = _read(body, limit)
     tenant = tenant_from_headers(request.headers)
     model = await effective_model(services, data["model"], tenant)
     headers = services.headers.outgoing(request.headers.raw, inspect=True)
@@ -72,7 +72,7 @@ async def handle_responses(request: Request, services: Services) -> Response:
         return await _forward(services, request, Attempt(body, bypassed), headers, url)
     session = request.headers.get(settings.session.header) or data.get("prompt_cache_key")
     turn = Turn(
-        chat=chat_view(data),
+        chat=chat,
         body=body,
         model=model,
         tenant=tenant,
@@ -84,8 +84,14 @@ async def handle_responses(request: Request, services: Services) -> Response:
     else:  # the chat pipeline's steps 3-8 over the items' messages
         outcome = await compacted_view(services, turn, force=control == "force")
     first = Attempt(outgoing_body(turn, data, outcome), outcome)
-    recover = settings.compaction.recover_overflow
+    # Nothing to compact harder without a message (an empty input: the upstream's 400).
+    recover = settings.compaction.recover_overflow and bool(turn.chat["messages"])
     return await _forward(services, request, first, headers, url, (turn, data) if recover else None)
+
+
+def _read(body: bytes, max_items: int) -> tuple[dict[str, Any], ChatRequest]:
+    data = parse_responses_request(body, max_items)
+    return data, chat_view(data)
 
 
 def parse_responses_request(body: bytes, max_items: int) -> dict[str, Any]:

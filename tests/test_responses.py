@@ -50,6 +50,7 @@ class Agent:
     session: str | None = "agent"
     stream: bool = False
     headers: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # more request fields
     items: list[dict[str, Any]] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
     last: httpx.Headers | None = None
@@ -71,6 +72,7 @@ class Agent:
             "include": ["reasoning.encrypted_content"],
             "store": False,
             "extra_headers": headers,
+            **self.extra,
             **extra,
         }
         if self.stream:
@@ -249,3 +251,14 @@ def test_a_too_large_max_output_tokens_is_lowered_once(proxy8k: str, sim_reset: 
     assert answer.status_code == 200
     sent = chat_requests(sim_reset)
     assert [r["body"]["max_output_tokens"] for r in sent] == [100_000, 200]
+
+
+def test_prompt_cache_key_names_the_session_without_a_header(proxy8k: str, sim_reset: str) -> None:
+    agent = Agent(proxy8k, session=None, extra={"prompt_cache_key": "pck-7"})
+    agent.turn("FACT color=green")
+    for turn in range(16):
+        agent.turn(f"Step {turn}. CALL 2")
+    assert agent.statuses["compacted"] >= 1
+    session = httpx.get(f"{proxy8k}/sessions/pck-7", headers={"Authorization": "Bearer sk-a"})
+    assert session.status_code == 200
+    assert "color=green" in session.json()["summary"]
