@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy import admin_api, pipeline, sessions_api
+from proxy import admin_api, pipeline, responses, sessions_api
 from proxy.assemble import build_services
 from proxy.config import Settings
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, ProxyError
@@ -61,6 +61,10 @@ def _scoped(request: Request) -> Services:
 
 async def chat(request: Request) -> Response:
     return await pipeline.handle_chat(request, _scoped(request))
+
+
+async def responses_create(request: Request) -> Response:
+    return await responses.handle_responses(request, _scoped(request))
 
 
 async def passthrough(request: Request) -> Response:
@@ -131,6 +135,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 # Names are the ``route`` of metrics and request lines.
 ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"], name="chat"),
+    Route("/v1/responses", responses_create, methods=["POST"], name="responses"),
     Route("/v1/{path:path}", passthrough, methods=_ALL_METHODS, name="passthrough"),
     Route("/sessions/{session_id}", get_session, methods=["GET"], name="sessions"),
     Route("/sessions/{session_id}", delete_session, methods=["DELETE"], name="sessions"),

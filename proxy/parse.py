@@ -59,18 +59,7 @@ def _too_large(limit: int) -> PayloadTooLarge:
 
 
 def parse_chat_request(body: bytes, max_messages: int = _DEFAULT_MAX_MESSAGES) -> ChatRequest:
-    try:
-        data: Any = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(
-            f"We could not parse the JSON body of your request: {exc.msg} "
-            f"(line {exc.lineno}, column {exc.colno}).",
-            code="invalid_json",
-        ) from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
-    if not isinstance(data.get("model"), str) or not data["model"]:
-        raise InvalidRequest("You must provide a model parameter.", param="model")
+    data = load_request(body)
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest(
@@ -83,11 +72,28 @@ def parse_chat_request(body: bytes, max_messages: int = _DEFAULT_MAX_MESSAGES) -
         )
     for i, message in enumerate(messages):
         _check_message(i, message)
-    _check_depth(data)
+    check_depth(data)
     return cast(ChatRequest, data)
 
 
-def _check_depth(data: dict[str, Any]) -> None:
+def load_request(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object with a ``model`` string, or the client's 400."""
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request: {exc.msg} "
+            f"(line {exc.lineno}, column {exc.colno}).",
+            code="invalid_json",
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    if not isinstance(data.get("model"), str) or not data["model"]:
+        raise InvalidRequest("You must provide a model parameter.", param="model")
+    return data
+
+
+def check_depth(data: dict[str, Any]) -> None:
     """orjson reads deeper nesting than it writes (254 levels); what we may write back
     must be writable. Writing it once is the check: in C, about a tenth of the parse."""
     try:

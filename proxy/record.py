@@ -76,11 +76,15 @@ class Record:
         """A record no middleware finishes: never observed, never logged."""
         return cls(new_request_id(), perf_counter())
 
+    def note_request(self, model: str, tenant: str, *, stream: bool) -> None:
+        """A chat (or Responses) request's model and tenant, and whether it streams."""
+        self.model = model
+        self.tenant = tenant
+        self.stream = stream
+
     def note_turn(self, turn: Turn) -> None:
-        """A chat request's model, tenant and session header."""
-        self.model = turn.model.name
-        self.stream = bool(turn.chat.get("stream"))
-        self.tenant = turn.tenant
+        """A chat (or Responses) request's model, tenant and session header."""
+        self.note_request(turn.model.name, turn.tenant, stream=bool(turn.chat.get("stream")))
         self.session_header = turn.session_header
 
     def counted(self, session: SessionKey, history: History) -> None:

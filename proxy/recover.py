@@ -37,6 +37,7 @@ _MAX_ERROR_BYTES = 256 * 1024
 # Aim below the stated limit: counts differ between tokenizers and providers.
 _MARGIN = 0.95
 _INLINE_DECODE_BYTES = 256 * 1024
+_PREAMBLE = (b"response.created", b"response.in_progress", b"response.queued")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +123,24 @@ async def _stream_error(
 
 def _first_event(head: bytes) -> bytes | None:
     """The stream's first complete event that is not only comments (some servers send
-    ``: PROCESSING`` keep-alives before anything else), or None if none is complete yet."""
+    ``: PROCESSING`` keep-alives before anything else) nor a Responses API lifecycle
+    event, or None if none is complete yet."""
     events = head.replace(b"\r\n", b"\n").split(b"\n\n")
     for event in events[:-1]:  # the last piece has no blank line after it yet
         lines = [line for line in event.split(b"\n") if line and not line.startswith(b":")]
-        if lines:
+        if lines and not _is_preamble(lines):
             return b"\n".join(lines)
     return None
+
+
+def _is_preamble(lines: list[bytes]) -> bool:
+    """A Responses stream opens with ``response.created`` (and ``in_progress``), which
+    carry no output: an overflow comes after them, as ``response.failed``."""
+    for line in lines:
+        if line.startswith(b"event:"):
+            return line[6:].strip() in _PREAMBLE
+    data = next((line[5:].strip() for line in lines if line.startswith(b"data:")), b"")
+    return any(data.startswith(b'{"type":"' + kind + b'"') for kind in _PREAMBLE)
 
 
 def _error_event(head: bytes) -> bytes | None:
@@ -151,6 +163,8 @@ def _error_event(head: bytes) -> bytes | None:
     except orjson.JSONDecodeError:
         return None
     if isinstance(parsed, dict) and "error" in parsed and "choices" not in parsed:
+        return payload
+    if isinstance(parsed, dict) and parsed.get("type") in ("error", "response.failed"):
         return payload
     return None
 

@@ -96,6 +96,7 @@ def test_a_threshold_compaction_moves_its_series(
     assert added >= summarized > 0
     total = value(s, "compaction_proxy_request_duration_seconds_sum", **chat)
     upstream = value(s, "compaction_proxy_upstream_duration_seconds_sum", **chat)
+    assert upstream > 0
     assert added == pytest.approx(total - upstream)
 
 
@@ -189,6 +190,36 @@ def test_a_client_that_leaves_mid_stream_ends_its_stream(
     s = wait_for(url, "compaction_proxy_active_streams", 0)
     assert value(s, "compaction_proxy_active_streams") == 0
     assert value(s, "compaction_proxy_request_duration_seconds_count", route="chat") == 1
+
+
+def test_a_responses_request_is_recorded_under_its_route(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(small_window_settings(sim_reset))
+    items: list[dict[str, Any]] = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: {FILLER}"}
+        for i in range(10)
+    ]
+    items.append({"role": "user", "content": "and now?"})
+    raw = client(url).responses.with_raw_response.create(
+        model="sim-4k",
+        input=items,  # plain dicts, as a client sends them
+        store=False,
+        extra_headers={"X-Compaction": "force", "X-Session-Id": "r", "X-Request-Id": "resp-1"},
+    )
+    assert raw.headers["x-compaction-status"] == "compacted"
+    assert raw.headers["x-request-id"] == "resp-1"
+    s = scrape(url)
+    ok = {"route": "responses", "status": "200"}
+    assert value(s, "compaction_proxy_request_duration_seconds_count", **ok) == 1
+    assert value(s, "compaction_proxy_upstream_duration_seconds_count", **ok) == 1
+    assert value(s, "compaction_proxy_upstream_duration_seconds_sum", **ok) > 0
+    assert value(s, "compaction_proxy_compactions_total", trigger="forced") == 1
+    assert value(s, "compaction_proxy_chat_requests_total", status="compacted") == 1
+    before = value(s, "compaction_proxy_input_tokens_total", stage="before")
+    assert before > value(s, "compaction_proxy_input_tokens_total", stage="after") > 0
+    forwarded = httpx.get(f"{sim_reset}/_sim/requests").json()
+    assert {r["headers"]["x-request-id"] for r in forwarded} == {"resp-1"}
 
 
 def test_passthrough_and_unknown_routes_are_timed_and_probes_are_not(

@@ -11,7 +11,8 @@ A chat request goes through these steps, in order (``_answer_chat``):
 6. build the deterministic reply (``replies.py``) and send it as JSON, after
    ``latency_ms`` (a summary: ``summary_latency_ms``), or as SSE with the stream delays.
 
-Encoders load once, here; nothing on the request path reads files.
+``/v1/responses`` follows the same steps with the Responses API's shapes
+(responses.py). Encoders load once, here; nothing on the request path reads files.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from proxy.simulator.non_chat import embeddings_body, legacy_completion_body, mo
 from proxy.simulator.overrides import Overrides, read_overrides
 from proxy.simulator.recorder import Counter, Recorder
 from proxy.simulator.replies import Voice, build_reply
+from proxy.simulator.responses import StoredResponses, responses_route
 from proxy.simulator.stream import sse_events
 from proxy.simulator.validate import (
     check_alternation,
@@ -71,6 +73,7 @@ class Simulator:
         encoders = load_encoders(config.tokenizers())
         self.counters = {name: PromptCounter(enc) for name, enc in encoders.items()}
         self.recorder = Recorder(config.recording.max_requests, config.recording.max_bytes)
+        self.responses = StoredResponses()  # for previous_response_id
         # Bounded: clients may invent model names. Event loop only, so no lock.
         self._profiles: LRUCache[str, ModelProfile] = LRUCache(_PROFILE_CACHE_LIMIT)
 
@@ -295,6 +298,7 @@ def create_simulator_app(config: SimulatorConfig) -> Starlette:
     sim = Simulator(config)
     routes = [
         Route("/v1/chat/completions", _chat_route(sim), methods=["POST"]),
+        Route("/v1/responses", responses_route(sim), methods=["POST"]),
         *_non_chat_routes(sim),
         *_observability_routes(sim),
     ]

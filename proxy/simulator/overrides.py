@@ -13,7 +13,9 @@ request and the simulator sees them:
 ``X-Sim-Chunk-Delay-Ms``        delay between SSE chunks
 ``X-Sim-Fail``                  answer this HTTP status with a realistic error body
 ``X-Sim-Errors-In-Stream``      1/true: a streamed request's overflow comes as a 200 event
-                                stream whose first event is the error (as some servers do)
+                                stream whose first event is the error (as some servers do);
+                                on /v1/responses, as ``response.failed`` after the
+                                stream's ``response.created`` and ``response.in_progress``
 """
 
 from __future__ import annotations

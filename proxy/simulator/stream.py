@@ -17,8 +17,11 @@ async def sse_events(
     first_byte_delay_s: float,
     delay_s: float,
     on_abandoned: Callable[[], None] = lambda: None,
+    named: bool = False,
 ) -> AsyncIterator[bytes]:
-    """One ``data:`` event per chunk, then ``[DONE]``.
+    """One ``data:`` event per chunk, then ``[DONE]``; ``named`` (the Responses API):
+    each event also carries an ``event:`` line with its chunk's ``type``, and no
+    ``[DONE]`` follows.
 
     Each event is yielded separately, so Starlette sends (and the client sees)
     one body frame per chunk; with a delay the pauses are real.
@@ -30,10 +33,12 @@ async def sse_events(
         for i, chunk in enumerate(chunks):
             if i and delay_s > 0:
                 await asyncio.sleep(delay_s)
-            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-        if delay_s > 0:
-            await asyncio.sleep(delay_s)
-        yield DONE
+            head = f"event: {chunk['type']}\n".encode() if named else b""
+            yield head + b"data: " + orjson.dumps(chunk) + b"\n\n"
+        if not named:
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            yield DONE
         finished = True
     finally:
         # The client (the proxy, in tests) went away mid-stream: tests assert

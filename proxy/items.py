@@ -1,0 +1,168 @@
+"""Responses API input items <-> the chat messages the compaction steps plan over.
+
+The planner, counter, summarizer and rebuilder work on chat messages, and a
+Responses request's ``input`` items map onto them group for group:
+
+* a ``message`` item from the user, system or developer is one message of that role;
+* a run of the model's own items (``reasoning``, an assistant ``message``,
+  ``function_call``, ``custom_tool_call``, any other ``*_call``) is one assistant
+  message, calls as ``tool_calls``: a reasoning item stays with the call or
+  message it precedes, since no cut falls inside a message;
+* a ``function_call_output`` or ``custom_tool_call_output`` is one ``tool`` message
+  (a result: never a group start, so it stays with its call, and it may be elided);
+* any other ``*_output`` item joins the message before it.
+
+Each message carries the items it stands for under ``_items`` (a key the counter,
+the summarizer and the identifier check never read, and that the digests hash, so a
+snapshot applies only while those exact items come first). ``to_items`` turns the
+rebuilt messages back into input: the client's items verbatim (the same objects,
+encrypted reasoning included, never altered), the handoff summary as input
+messages, and an elided output as its item with the placeholder for ``output``.
+
+Parts the model reads but no text shows (encrypted reasoning, images in files,
+hosted tool calls) are counted as their JSON, so the estimate errs high.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from proxy.types import ChatMessage, ToolCall
+
+Item = dict[str, Any]
+
+_CALL_TYPES = ("function_call", "custom_tool_call")
+# Outputs that stand alone as tool results, and whose output the proxy may elide.
+RESULT_TYPES = ("function_call_output", "custom_tool_call_output")
+_PEOPLE = ("user", "system", "developer")
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+
+
+class ItemMessage(ChatMessage, total=False):
+    """A chat message standing for ``_items`` of a Responses request's input."""
+
+    _items: list[Item]
+
+
+def to_messages(instructions: object, items: Sequence[Item]) -> list[ChatMessage]:
+    """The chat messages ``items`` (after ``instructions``, if any) plan as.
+
+    ``instructions`` become a leading system message (pinned, never summarised) that
+    stands for no item: they stay in the request's own field.
+    """
+    out: list[ItemMessage] = []
+    if isinstance(instructions, str) and instructions:
+        out.append(ItemMessage(role="system", content=instructions, _items=[]))
+    elif instructions:
+        out.append(ItemMessage(role="system", content=[_opaque(instructions)], _items=[]))
+    names: dict[str, str] = {}
+    run: ItemMessage | None = None  # the model's items since the last other message
+    for item in items:
+        kind = item.get("type", "message")
+        role = item.get("role")
+        if kind == "message" and role in _PEOPLE:
+            run = None
+            out.append(
+                ItemMessage(role=str(role), content=_content(item.get("content")), _items=[item])
+            )
+        elif kind in RESULT_TYPES:
+            run = None
+            out.append(_result(item, names))
+        elif isinstance(kind, str) and kind.endswith("_output") and out:
+            _attach(out[-1], item)
+        else:
+            if run is None:
+                run = ItemMessage(role="assistant", content=[], _items=[])
+                out.append(run)
+            _add_to_run(run, item, names)
+    return cast(list[ChatMessage], out)
+
+
+def to_items(messages: Sequence[ChatMessage]) -> list[Item]:
+    """The input items for rebuilt ``messages``: each client item verbatim (an elided
+    result with its placeholder as ``output``), each message the proxy wrote as an
+    input message of its role."""
+    out: list[Item] = []
+    for message in messages:
+        items = cast(ItemMessage, message).get("_items")
+        if items is None:  # the handoff, its acknowledgement, a trim marker
+            out.append(
+                {"type": "message", "role": message["role"], "content": message.get("content")}
+            )
+            continue
+        content = message.get("content")
+        for item in items:
+            placeholder = (
+                message["role"] == "tool"
+                and item.get("type") in RESULT_TYPES
+                and isinstance(content, str)
+                and content != item.get("output")
+            )
+            out.append({**item, "output": content} if placeholder else item)
+    return out
+
+
+def _result(item: Item, names: dict[str, str]) -> ItemMessage:
+    call_id = str(item.get("call_id", ""))
+    message = ItemMessage(
+        role="tool", tool_call_id=call_id, content=_content(item.get("output")), _items=[item]
+    )
+    if call_id in names:  # the elision placeholder names the tool
+        message["name"] = names[call_id]
+    return message
+
+
+def _add_to_run(run: ItemMessage, item: Item, names: dict[str, str]) -> None:
+    run["_items"].append(item)
+    parts = cast(list[dict[str, Any]], run["content"])
+    kind = item.get("type", "message")
+    if kind == "message":
+        content = _content(item.get("content"))
+        parts.extend([{"type": "text", "text": content}] if isinstance(content, str) else content)
+    elif kind in _CALL_TYPES:
+        name, call_id = str(item.get("name", "")), str(item.get("call_id", ""))
+        arguments = item.get("arguments" if kind == "function_call" else "input", "")
+        names[call_id] = name
+        call = ToolCall(
+            id=call_id, type="function", function={"name": name, "arguments": str(arguments)}
+        )
+        run.setdefault("tool_calls", []).append(call)
+    else:  # reasoning, hosted tool calls, references, anything newer
+        parts.append(_opaque(item))
+
+
+def _attach(message: ItemMessage, item: Item) -> None:
+    """An output that belongs to whatever came before it (a computer or shell call)."""
+    message["_items"].append(item)
+    content = message.get("content")
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    message["content"] = [*(content or []), _opaque(item)]
+
+
+def _content(content: object) -> str | list[dict[str, Any]]:
+    """Message or output content as chat content: text parts as text, images as images,
+    everything else counted as its JSON."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return [] if content is None else [_opaque(content)]
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            parts.append({"type": "refusal", "refusal": part["refusal"]})
+        elif kind == "input_image":
+            parts.append({"type": "image_url", "image_url": {"detail": part.get("detail", "auto")}})
+        else:
+            parts.append(_opaque(part))
+    return parts
+
+
+def _opaque(value: object) -> dict[str, Any]:
+    # A content part of a type no counter knows is counted as its JSON, and neither the
+    # transcript nor the identifier check reads it.
+    return {"type": "item", "item": value}

@@ -1,0 +1,247 @@
+"""``POST /v1/responses``: the chat pipeline's steps for the Responses API.
+
+A stateless request (its whole conversation in ``input``) is compacted like a
+chat: its items plan as chat messages (items.py), so counting, the session,
+the snapshot, the plan, the summary (asked of the upstream's chat completions)
+and the rebuild are the chat pipeline's own (``pipeline.compacted_view``);
+the rebuilt view goes back upstream as input items: ``instructions`` untouched,
+the handoff summary as input messages, the rest of the client's items verbatim.
+
+A request that chains on ``previous_response_id`` (or names a ``conversation``)
+has its history at the provider, out of the proxy's sight: it is forwarded
+untouched, ``X-Compaction-Status: bypassed``. So is any request under
+``X-Compaction: off``.
+
+Overflow recovery is step 10 of the chat pipeline with Responses' shapes: a
+400 ``context_length_exceeded``, or a stream whose first event after its
+lifecycle preamble is ``response.failed`` with a context error (recover.py),
+compacts harder against the learned window and retries once; a too-large
+``max_output_tokens`` is lowered instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, cast
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy import upstream
+from proxy.disconnect import cancelled_on_disconnect
+from proxy.errors import ClientDisconnected, InvalidRequest
+from proxy.items import Item, to_items, to_messages
+from proxy.outcome import Outcome, Turn
+from proxy.overflow import Overflow
+from proxy.parse import check_depth, load_request, read_body
+from proxy.pipeline import compacted_view, effective_model
+from proxy.precompact import run_after
+from proxy.record import record_of
+from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, retry_once
+from proxy.relay import relay
+from proxy.services import Services
+from proxy.session import tenant_from_headers
+from proxy.types import ChatRequest
+from proxy.urls import upstream_url
+
+_PARSE_INLINE_BYTES = 1024 * 1024
+_INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d{1,9})')
+# Fields that put the conversation at the provider, beyond what the request shows.
+_CHAINED = ("previous_response_id", "conversation")
+
+
+async def handle_responses(request: Request, services: Services) -> Response:
+    settings = services.settings
+    record = record_of(request)  # what the request's line and metrics report, at its end
+    body = await read_body(request, settings.server.max_body_bytes)
+    limit = settings.server.max_messages
+    if len(body) > _PARSE_INLINE_BYTES:  # parsing and mapping: not on the event loop
+        data, chat = await asyncio.to_thread(_read, body, limit)
+    else:
+        data, chat = _read(body, limit)
+    tenant = tenant_from_headers(request.headers)
+    model = await effective_model(services, data["model"], tenant)
+    record.note_request(model.name, tenant, stream=data.get("stream") is True)
+    headers = services.headers.outgoing(request.headers.raw, inspect=True)
+    control = request.headers.get("x-compaction", "").strip().lower()
+    url = upstream_url(settings.upstream.base_url, "responses", b"")
+    estimate = len(body) // 4
+    if control == "off" or any(data.get(key) for key in _CHAINED):
+        bypassed = Outcome("bypassed", None, 0, estimate, model.context_window, counted=False)
+        return await _forward(services, request, Attempt(body, bypassed), headers, url)
+    session = request.headers.get(settings.session.header) or data.get("prompt_cache_key")
+    turn = Turn(
+        chat=chat,
+        body=body,
+        model=model,
+        tenant=tenant,
+        session_header=session if isinstance(session, str) else None,
+        auth_headers=services.headers.auth_only(headers),
+        record=record,
+    )
+    record.note_turn(turn)
+    if not settings.compaction.enabled or not turn.chat["messages"]:
+        outcome = Outcome("passthrough", None, 0, estimate, model.context_window, counted=False)
+    else:  # the chat pipeline's steps 3-8 over the items' messages
+        outcome = await compacted_view(services, turn, force=control == "force")
+    first = Attempt(outgoing_body(turn, data, outcome), outcome)
+    # Nothing to compact harder without a message (an empty input: the upstream's 400).
+    recover = settings.compaction.recover_overflow and bool(turn.chat["messages"])
+    return await _forward(services, request, first, headers, url, (turn, data) if recover else None)
+
+
+def _read(body: bytes, max_items: int) -> tuple[dict[str, Any], ChatRequest]:
+    data = parse_responses_request(body, max_items)
+    return data, chat_view(data)
+
+
+def parse_responses_request(body: bytes, max_items: int) -> dict[str, Any]:
+    """The request as a JSON object; ``input``, when a list, of at most ``max_items``
+    objects. What the items hold is the upstream's to judge (items.py reads it
+    defensively)."""
+    data = load_request(body)
+    items = data.get("input")
+    if isinstance(items, list):
+        if len(items) > max_items:
+            raise InvalidRequest(
+                f"'input' has {len(items)} items; this proxy accepts at most {max_items}.",
+                param="input",
+            )
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise InvalidRequest(f"input[{i}] must be an object.", param=f"input[{i}]")
+    check_depth(data)
+    return data
+
+
+def chat_view(data: dict[str, Any]) -> ChatRequest:
+    """The request as the chat steps read it: the items as messages, and the fields
+    that size it (tools, the output format, the output budget)."""
+    raw = data.get("input")
+    items: list[Item] = []
+    if isinstance(raw, str):
+        items = [{"type": "message", "role": "user", "content": raw}]
+    elif isinstance(raw, list):
+        items = raw
+    chat: dict[str, Any] = {
+        "model": data["model"],
+        "messages": to_messages(data.get("instructions"), items) if items else [],
+    }
+    if data.get("stream") is True:
+        chat["stream"] = True
+    budget = data.get("max_output_tokens")
+    if isinstance(budget, int) and not isinstance(budget, bool):
+        chat["max_tokens"] = budget
+    if isinstance(data.get("tools"), list):
+        chat["tools"] = data["tools"]
+    text = data.get("text")
+    if isinstance(text, dict) and isinstance(text.get("format"), dict):
+        chat["response_format"] = text["format"]
+    return cast(ChatRequest, chat)
+
+
+def outgoing_body(turn: Turn, data: dict[str, Any], outcome: Outcome) -> bytes:
+    """The client's own bytes when the view is the history as sent, else the request
+    with the rebuilt view as its ``input``."""
+    if outcome.messages is None:
+        return turn.body
+    return orjson.dumps({**data, "input": to_items(outcome.messages)})
+
+
+async def _forward(
+    services: Services,
+    request: Request,
+    first: Attempt,
+    headers: list[tuple[bytes, bytes]],
+    url: str,
+    recoverable: tuple[Turn, dict[str, Any]] | None = None,
+) -> Response:
+    """Send ``first`` upstream (step 9), recover an overflow when ``recoverable`` names
+    the turn (step 10), and relay the answer with the view's headers."""
+    body, outcome = first.body, first.outcome
+    record = record_of(request)
+    try:
+        async with cancelled_on_disconnect(request.receive):
+            record.sending(outcome)
+            response = await services.client.send("POST", url, headers, body)
+            answer: upstream.UpstreamResponse | Response = response
+            status = response.status_code
+            stream = recoverable is not None and recoverable[0].chat.get("stream") is True
+            if recoverable is not None and (status in RECOVERABLE or (status == 200 and stream)):
+                answer, outcome = await _recover(
+                    services, recoverable, first, response, (headers, url)
+                )
+            record.answered(answer.status_code, outcome)
+            if isinstance(answer, upstream.UpstreamResponse):
+                ok = answer.status_code == 200
+                watch = _usage_watcher(services, recoverable, outcome) if ok else None
+                relayed = await relay(answer, outcome.headers(), watch)
+                if ok and outcome.after is not None:  # pre-compact, once the answer is out
+                    run_after(relayed, outcome.after)
+                return relayed
+    except ClientDisconnected:
+        services.metrics.client_disconnects.labels(phase="upstream").inc()
+        raise
+    answer.raw_headers.extend(outcome.headers())  # an error answer, already read
+    return answer
+
+
+async def _recover(
+    services: Services,
+    request: tuple[Turn, dict[str, Any]],
+    first: Attempt,
+    response: upstream.UpstreamResponse,
+    target: tuple[list[tuple[bytes, bytes]], str],
+) -> tuple[upstream.UpstreamResponse | Response, Outcome]:
+    """``pipeline.recover_overflow`` for a Responses request: diagnose, learn (or lower
+    ``max_output_tokens``), compact again, retry once."""
+    turn, data = request
+    answer, verdict = await diagnose(response)
+    if verdict is None:
+        return answer, first.outcome
+    turn.record.upstream_done()  # the error is read: what follows is the proxy's own time
+    if verdict.kind == "output_budget":
+        lowered = _lower_output(first.body, verdict)
+        if lowered is None:
+            return answer, first.outcome
+        second = Attempt(lowered, first.outcome)
+    else:
+        window = await learn_window(services, turn, first, verdict)
+        model = replace(turn.model, context_window=window)
+        outcome = await compacted_view(services, replace(turn, model=model), recover=True)
+        second = Attempt(outgoing_body(turn, data, outcome), outcome)
+    headers, url = target
+    turn.record.sending(second.outcome)
+    return await retry_once(services, verdict, second, headers, url)
+
+
+def _lower_output(body: bytes, verdict: Overflow) -> bytes | None:
+    """The body with ``max_output_tokens`` lowered to what the model allows; None if
+    that changes nothing."""
+    data = orjson.loads(body)
+    current = data.get("max_output_tokens")
+    current = current if isinstance(current, int) and not isinstance(current, bool) else 0
+    allowed = verdict.limit or current // 2
+    if allowed <= 0 or (current and allowed >= current):
+        return None
+    return orjson.dumps({**data, "max_output_tokens": allowed})
+
+
+def _usage_watcher(
+    services: Services, recoverable: tuple[Turn, dict[str, Any]] | None, outcome: Outcome
+) -> Callable[[bytes], None] | None:
+    """Feed the provider's ``usage.input_tokens`` back into our estimates (calibrate.py)."""
+    if not outcome.counted or recoverable is None:
+        return None
+    calibration, turn = services.calibration, recoverable[0]
+    tenant, model = turn.tenant, turn.model.name
+
+    def watch(chunk: bytes) -> None:
+        if b"input_tokens" in chunk and (m := _INPUT_TOKENS.search(chunk)):
+            calibration.observe(tenant, model, outcome.tokens, int(m.group(1)))
+
+    return watch

@@ -1,0 +1,231 @@
+"""``POST /v1/responses``: the simulator's Responses API, on the chat rules.
+
+A request goes through the chat handler's steps with Responses' shapes:
+
+1. parse the JSON body and record it (``/_sim/requests``); ``X-Sim-Fail`` answers;
+2. the conversation: a stored response's items (``previous_response_id``), then
+   ``input`` (a string is one user message); checked as OpenAI checks items (items.py);
+3. reject ``max_output_tokens`` above the model's output limit;
+4. count the prompt (``instructions``, the items as chat messages, reasoning passed
+   back, tool definitions) and reject an overflow: OpenAI's Responses wording
+   (``context_length_exceeded``, no limit stated) or the model's other error format;
+   with ``X-Sim-Errors-In-Stream`` a streamed request gets it as ``response.failed``;
+5. the reply rules of replies.py (tools given in Responses' flat shape), with a
+   reasoning item first when the request sets ``reasoning``;
+6. answer as a ``response`` object or as its event stream, and keep the items
+   (unless ``store`` is false) for a later ``previous_response_id``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from cachetools import LRUCache
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from proxy.simulator.errors import (
+    SimError,
+    invalid_request,
+    overflow_error,
+    simulated_failure,
+)
+from proxy.simulator.items import chat_messages, check_items, reasoning_tokens
+from proxy.simulator.overrides import read_overrides
+from proxy.simulator.recorder import Counter
+from proxy.simulator.replies import Voice, build_reply
+from proxy.simulator.response_events import (
+    Answer,
+    failed_events,
+    response_events,
+    response_object,
+)
+from proxy.simulator.stream import sse_events
+from proxy.simulator.validate import parse_json_object
+
+if TYPE_CHECKING:
+    from proxy.simulator.app import Simulator
+
+# api.openai.com's words for a Responses input over the window; it states no limit.
+CONTEXT_EXCEEDED = (
+    "Your input exceeds the context window of this model. Please adjust your input and try again."
+)
+_STORED_LIMIT = 1024
+_COUNTED: dict[str, Counter] = {
+    "structure": "rejected_structure",
+    "overflow": "overflows",
+    "failure": "failures",
+}
+
+
+class StoredResponses:
+    """Conversations of recent responses (input and output items), for chaining."""
+
+    def __init__(self) -> None:
+        self._items: LRUCache[str, list[dict[str, Any]]] = LRUCache(_STORED_LIMIT)
+
+    def get(self, response_id: str) -> list[dict[str, Any]]:
+        found = self._items.get(response_id)
+        if found is None:
+            raise invalid_request(
+                f"Previous response with id '{response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        return found
+
+    def put(self, response_id: str, items: list[dict[str, Any]]) -> None:
+        self._items[response_id] = items
+
+
+def responses_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:
+    async def responses(request: Request) -> Response:
+        sim.recorder.bump("requests")
+        body: dict[str, Any] = {}
+        try:
+            raw = await request.body()
+            body = parse_json_object(raw)
+            sim.recorder.record(request.headers, raw)
+            return await _answer(sim, request, body)
+        except SimError as err:
+            if err.kind in _COUNTED:
+                sim.recorder.bump(_COUNTED[err.kind])
+            if err.kind == "overflow" and body.get("stream") is True and _in_stream(request):
+                events = failed_events(body, "context_length_exceeded", CONTEXT_EXCEEDED)
+                return _stream(events, sim)
+            return Response(err.body, err.status, headers=err.headers, media_type=err.content_type)
+
+    return responses
+
+
+def _in_stream(request: Request) -> bool:
+    try:
+        return bool(read_overrides(request.headers).errors_in_stream)
+    except SimError:
+        return False
+
+
+async def _answer(sim: Simulator, request: Request, body: dict[str, Any]) -> Response:
+    overrides = read_overrides(request.headers)
+    model = body.get("model")
+    if overrides.fail is not None:
+        raise simulated_failure(overrides.fail, str(model or ""))
+    if not isinstance(model, str) or not model:
+        raise invalid_request(
+            "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
+        )
+    items = check_items(_conversation(sim, body))
+    profile = overrides.apply(sim.profile(model))
+    asked = _max_output(body)
+    if asked is not None and asked > profile.max_output_tokens:
+        raise invalid_request(
+            f"Invalid 'max_output_tokens': integer above maximum value. Expected a value <= "
+            f"{profile.max_output_tokens}, but got {asked} instead.",
+            param="max_output_tokens",
+            code="integer_above_max_value",
+        )
+    counter = sim.counter(profile)
+    messages = chat_messages(body.get("instructions"), items)
+    tools = body.get("tools") or []
+    prompt = counter.prompt({"messages": messages, "tools": tools})
+    total = int((prompt.total + reasoning_tokens(items, counter)) * profile.token_scale)
+    window = profile.context_window
+    if total + (asked or 0) > window:
+        if profile.error_format == "openai":
+            raise SimError(400, _context_exceeded(), kind="overflow")
+        raise overflow_error(
+            profile.error_format, window=window, prompt=total, tools=prompt.tools, requested=asked
+        )
+    summarize = request.headers.get("x-compaction-purpose", "").lower() == "summarize"
+    seed = hashlib.blake2b(
+        orjson.dumps((model, body.get("instructions"), items, tools, summarize)), digest_size=16
+    ).digest()
+    reply = build_reply(
+        {"tools": [_chat_tool(t) for t in tools if isinstance(t, dict)]},
+        messages or [{"role": "user", "content": ""}],
+        summarize=summarize,
+        seed=seed,
+        budget=max(min(asked or profile.max_output_tokens, window - total), 0),
+        voice=Voice(counter.encoder, sim.config.reply_tokens, profile.summary_style),
+    )
+    if summarize:
+        sim.recorder.bump("summaries")
+    thinks = isinstance(body.get("reasoning"), dict)
+    reasoning = f"Thinking about {len(items)} items." if thinks else None
+    answer = Answer(seed.hex()[:24], profile.name, reply, total, reasoning)
+    response = response_object(answer, body)
+    if body.get("store") is not False:
+        sim.responses.put(response["id"], [*items, *response["output"]])
+    if body.get("stream") is True:
+        return _stream(response_events(response, sim.config.stream.chunk_chars), sim)
+    return Response(orjson.dumps(response), media_type="application/json")
+
+
+def _conversation(sim: Simulator, body: dict[str, Any]) -> list[Any]:
+    raw = body.get("input")
+    items: list[Any] = [{"type": "message", "role": "user", "content": raw}]
+    if isinstance(raw, list):
+        items = raw
+    elif not isinstance(raw, str):
+        raise invalid_request(
+            "Invalid type for 'input': expected a string or an array of input items.",
+            param="input",
+            code="invalid_type",
+        )
+    previous = body.get("previous_response_id")
+    if isinstance(previous, str) and previous:
+        items = [*sim.responses.get(previous), *items]
+    if not items:
+        raise invalid_request(
+            "Invalid 'input': empty array. Expected an array with minimum length 1.",
+            param="input",
+            code="empty_array",
+        )
+    return items
+
+
+def _max_output(body: dict[str, Any]) -> int | None:
+    value = body.get("max_output_tokens")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise invalid_request(
+            "Invalid 'max_output_tokens': expected a positive integer.",
+            param="max_output_tokens",
+            code="invalid_type",
+        )
+    return value
+
+
+def _context_exceeded() -> bytes:
+    error = {
+        "message": CONTEXT_EXCEEDED,
+        "type": "invalid_request_error",
+        "param": "input",
+        "code": "context_length_exceeded",
+    }
+    return orjson.dumps({"error": error})
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A Responses tool (flat: type, name, parameters) as the chat rules read one."""
+    if tool.get("type") == "function" and "function" not in tool:
+        return {"type": "function", "function": {"name": tool.get("name")}}
+    return tool
+
+
+def _stream(events: list[dict[str, Any]], sim: Simulator) -> Response:
+    settings = sim.config.stream
+    chunks = sse_events(
+        events,
+        first_byte_delay_s=settings.first_byte_delay_ms / 1000,
+        delay_s=settings.delay_ms / 1000,
+        on_abandoned=lambda: sim.recorder.bump("streams_abandoned"),
+        named=True,
+    )
+    return StreamingResponse(
+        chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
