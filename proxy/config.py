@@ -128,6 +128,13 @@ class StoreSettings(_Section):
 
 class SessionSettings(_Section):
     header: str = "X-Session-Id"
+    # Body fields that name the session when the header does not, after the
+    # request's prompt_cache_key (always honoured). Off by default: "user" often names
+    # a person, whose conversations are not one session.
+    body_fields: list[Literal["metadata.session_id", "user"]] = []
+    # Snapshots kept per header-less (derived) session id: conversations that open
+    # identically (a fixed kickoff at temperature 0) each keep their own.
+    derived_slots: int = Field(4, ge=1, le=32)
 
 
 class CompactionSettings(_Section):

@@ -37,8 +37,8 @@ from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, lower_ou
 from proxy.relay import relay
 from proxy.schedule import scheduled
 from proxy.services import Services
-from proxy.session import session_key, tenant_from_headers
-from proxy.snapshots import load_snapshot
+from proxy.session import session_key, session_name, tenant_from_headers
+from proxy.snapshots import load_session
 from proxy.tokens import bounded_by, output_reserve
 from proxy.trim import trim_outcome
 from proxy.urls import passthrough_url, upstream_url
@@ -64,7 +64,9 @@ async def handle_chat(request: Request, services: Services) -> Response:
         body=body,
         model=model,
         tenant=tenant,
-        session_header=request.headers.get(settings.session.header),
+        session_header=session_name(
+            request.headers.get(settings.session.header), chat, settings.session.body_fields
+        ),
         auth_headers=services.headers.auth_only(headers),
         record=record,
     )
@@ -131,10 +133,11 @@ async def compacted_view(
     counter = services.counters[model.tokenizer]
     history = await count_history(counter, chat, turn.body, c.pin_first_user)  # 5. count
     key = session_key(turn.tenant, turn.session_header, history.messages, history.digests)  # 3.
+    slots = services.settings.session.derived_slots
+    key, loaded = await load_session(services.store, key, history, slots)  # 4. snapshot
     turn.record.counted(key, history)
     forced = force and services.schedule.may_force(key)
     budget = Budget.for_model(model, c, reserve, history.fixed)
-    loaded = await load_snapshot(services.store, key, history)  # 4. snapshot
     # What asks for a compaction now, whatever the threshold says; None: nothing does.
     asked = trigger_for(recover=recover, scheduled=scheduled(loaded.stored), forced=forced)
     current = loaded.view(history.pinned)

@@ -44,7 +44,7 @@ from proxy.record import record_of
 from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, retry_once
 from proxy.relay import relay
 from proxy.services import Services
-from proxy.session import tenant_from_headers
+from proxy.session import session_name, tenant_from_headers
 from proxy.types import ChatRequest
 from proxy.urls import upstream_url
 
@@ -73,13 +73,14 @@ async def handle_responses(request: Request, services: Services) -> Response:
     if control == "off" or any(data.get(key) for key in _CHAINED):
         bypassed = Outcome("bypassed", None, 0, estimate, model.context_window, counted=False)
         return await _forward(services, request, Attempt(body, bypassed), headers, url)
-    session = request.headers.get(settings.session.header) or data.get("prompt_cache_key")
+    fields = settings.session.body_fields
+    session = session_name(request.headers.get(settings.session.header), data, fields)
     turn = Turn(
         chat=chat,
         body=body,
         model=model,
         tenant=tenant,
-        session_header=session if isinstance(session, str) else None,
+        session_header=session,
         auth_headers=services.headers.auth_only(headers),
         record=record,
     )

@@ -6,6 +6,13 @@ invariant 6). With no session header, the id is derived from the
 conversation's opening messages (system prompt, first user message and the
 first reply), so unmodified clients still get compaction while two
 conversations that merely share a system prompt get different sessions.
+Conversations whose openings are identical too (a temperature-0 agent with a
+fixed kickoff) share the derived id but not a snapshot: the id names a few
+slots (``derived_slots``) and each conversation uses the one whose snapshot it
+still starts with (snapshots.py).
+
+Clients that cannot set headers name the session in the body instead:
+``prompt_cache_key`` (both APIs), and the fields ``session.body_fields`` lists.
 """
 
 from __future__ import annotations
@@ -96,6 +103,32 @@ def session_from_history(
     for d in digests[: lead + _DERIVE_FROM]:
         h.update(d)
     return SessionKey(tenant, h.hexdigest(), "derived")
+
+
+def session_name(
+    header: str | None, body: Mapping[str, object], fields: Sequence[str]
+) -> str | None:
+    """The session the client names: the header, else ``prompt_cache_key``, else the
+    first of ``fields`` (``user``, or ``metadata.session_id``) the body sets."""
+    if header:
+        return header
+    for path in ("prompt_cache_key", *fields):
+        value: object = body
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def derived_slots(key: SessionKey, count: int) -> list[SessionKey]:
+    """The keys under which conversations sharing ``key``'s derived id keep their own
+    snapshots: ``key`` itself first, so a session's snapshot stays where it was."""
+    if key.source != "derived":
+        return [key]
+    return [key] + [
+        SessionKey(key.tenant, f"{key.session}-{i}", key.source) for i in range(1, count)
+    ]
 
 
 def session_key(

@@ -9,6 +9,7 @@ this history may use. ``next_snapshot`` is the one that replaces it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from proxy.budget import Budget
 from proxy.count import History
 from proxy.digest import prefix_hash
 from proxy.plan import Plan, View
-from proxy.session import SessionKey
+from proxy.session import SessionKey, derived_slots
 from proxy.store import Snapshot, Snapshots
 
 log = logging.getLogger("proxy.compaction")
@@ -67,6 +68,27 @@ async def load_snapshot(store: Snapshots, key: SessionKey, history: History) -> 
             stored.version,
         )
     return Loaded(stored, valid)
+
+
+async def load_session(
+    store: Snapshots, key: SessionKey, history: History, slots: int
+) -> tuple[SessionKey, Loaded]:
+    """Where ``history``'s snapshot lives, and the snapshot. A header-named session has
+    one place; a derived one (``key``) has ``slots``, shared by every conversation that
+    opens alike: the one whose snapshot this history starts with, else an empty one,
+    else the least recently updated (a conversation long gone, most likely)."""
+    keys = derived_slots(key, slots)
+    if len(keys) == 1:
+        return key, await load_snapshot(store, key, history)
+    stored = await asyncio.gather(*(store.load(k) for k in keys))
+    for k, snapshot in zip(keys, stored, strict=True):
+        if (valid := valid_snapshot(snapshot, history)) is not None:
+            return k, Loaded(snapshot, valid)
+    if None in stored:
+        return keys[stored.index(None)], Loaded(None, None)
+    oldest = min(range(len(keys)), key=lambda i: stored[i].updated_at)  # type: ignore[union-attr]
+    log.info("session=%s no snapshot matches the history; re-planning", key.log_id)
+    return keys[oldest], Loaded(stored[oldest], None)
 
 
 def view_of(snapshot: Snapshot | None, pinned: int) -> View:

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from pydantic import SecretStr
 
+from proxy.config import SessionSettings
 from proxy.rebuild import handoff_text
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
@@ -233,6 +234,56 @@ def test_headerless_conversations_sharing_a_system_prompt_stay_apart(
     assert second.say("RECALL who") == "who=second"
     assert first.statuses["compacted"] >= 1
     assert second.statuses["compacted"] >= 1
+
+
+def test_headerless_conversations_with_identical_openings_keep_their_own_snapshots(
+    proxy4k: str, sim_reset: str
+) -> None:
+    # A temperature-0 agent with a fixed kickoff: same system prompt, same first message,
+    # so the same first reply; the two runs part only at turn 2.
+    first, second = Chat(proxy4k), Chat(proxy4k)
+    assert first.say("Start the nightly job.") == second.say("Start the nightly job.")
+    first.say(f"FACT who=first {FILLER}")
+    second.say(f"FACT who=second {FILLER}")
+    for turn in range(45):
+        first.say(f"Turn {turn}: {FILLER}")
+        second.say(f"Turn {turn}: {FILLER}")
+    assert first.say("RECALL who") == "who=first"
+    assert second.say("RECALL who") == "who=second"
+    for chat in (first, second):
+        assert chat.statuses["compacted"] >= 2
+        # Sharing one snapshot, each would find the other's and summarize every turn.
+        assert chat.statuses["snapshot"] > chat.statuses["compacted"] * 3
+    assert stats(sim_reset)["summaries"] <= 20
+
+
+def test_prompt_cache_key_and_configured_body_fields_name_the_session(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    settings = small_window_settings(sim_reset)
+    fields = ["metadata.session_id", "user"]
+    proxy = start_proxy(
+        settings.model_copy(update={"session": SessionSettings(body_fields=fields)})
+    )
+    named = {
+        "by-cache-key": {"prompt_cache_key": "by-cache-key", "user": "someone"},
+        "by-metadata": {"metadata": {"session_id": "by-metadata"}, "user": "someone"},
+        "by-user": {"user": "by-user"},
+    }
+    for name, body in named.items():
+        chat = Chat(proxy)
+        chat.history[0]["content"] = f"You are assistant {name}."  # apart if derived
+        for turn in range(30):
+            chat.history.append({"role": "user", "content": f"Turn {turn}: {FILLER}"})
+            chat.history.append(
+                {"role": "assistant", "content": chat.send(extra_body=body).content}
+            )
+        assert chat.statuses["compacted"] >= 1
+        found = httpx.get(
+            f"{proxy}/sessions/{name}", headers={"Authorization": "Bearer sk-tenant-a"}
+        )
+        assert found.status_code == 200, name
+        assert found.json()["version"] >= 1
 
 
 def test_compaction_off_and_force_headers(proxy4k: str, sim_reset: str) -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from proxy.digest import message_digests
-from proxy.session import SessionKey, session_from_header, session_from_history, tenant_of
+from proxy.session import (
+    SessionKey,
+    session_from_header,
+    session_from_history,
+    session_name,
+    tenant_of,
+)
 from proxy.types import ChatMessage
 
 SYSTEM: ChatMessage = {"role": "system", "content": "You are a helpful assistant."}
@@ -169,3 +175,17 @@ def test_a_storage_key_parses_back_to_its_session_key() -> None:
 @pytest.mark.parametrize("value", ["", "a:b", "t:x:s", "t:h:", ":h:s", "t:h:s:extra"])
 def test_strings_no_session_key_makes_do_not_parse(value: str) -> None:
     assert SessionKey.from_storage_key(value) is None
+
+
+def test_the_header_names_the_session_before_any_body_field() -> None:
+    body = {"prompt_cache_key": "pck", "user": "u", "metadata": {"session_id": "m"}}
+    fields = ["metadata.session_id", "user"]
+    assert session_name("hdr", body, fields) == "hdr"
+    assert session_name(None, body, fields) == "pck"
+    assert session_name("", {**body, "prompt_cache_key": ""}, fields) == "m"
+    assert session_name(None, {"user": "u", "metadata": {"session_id": 3}}, fields) == "u"
+    assert session_name(None, {"user": "u", "metadata": "x"}, ["metadata.session_id"]) is None
+
+
+def test_body_fields_other_than_prompt_cache_key_need_configuring() -> None:
+    assert session_name(None, {"user": "u", "metadata": {"session_id": "m"}}, []) is None

@@ -17,8 +17,15 @@ from proxy.models import ResolvedModel
 from proxy.plan import Plan, View
 from proxy.rebuild import omitted_marker
 from proxy.schedule import Schedule, scheduled
-from proxy.session import session_from_header
-from proxy.snapshots import Loaded, load_snapshot, next_snapshot, valid_snapshot, view_of
+from proxy.session import derived_slots, session_from_header, session_from_history
+from proxy.snapshots import (
+    Loaded,
+    load_session,
+    load_snapshot,
+    next_snapshot,
+    valid_snapshot,
+    view_of,
+)
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.trim import trim_outcome
@@ -241,3 +248,45 @@ def test_a_newest_message_too_large_for_the_window_is_refused() -> None:
     budget = Budget(window=1000, reserve=0, fixed=0, trigger=800, target=500, summary_allowance=0)
     with pytest.raises(ContextTooLarge):
         trim_outcome(h, Loaded(None, None), budget, "user")
+
+
+async def test_conversations_that_open_alike_each_find_their_own_snapshot() -> None:
+    store = MemoryStore(ttl_s=60)
+    first, second = convo("s u a u a u a u"), convo("s u a u a u a u")
+    second[3] = {"role": "user", "content": "the second run parts here"}
+    key = session_from_history("t", first, digests_and_sizes(first)[0])
+    assert key == session_from_history("t", second, digests_and_sizes(second)[0])
+
+    slot_a, loaded = await load_session(store, key, history(first), slots=3)
+    assert (slot_a, loaded.stored) == (key, None)  # the first slot is the derived key itself
+    assert await store.save(slot_a, snapshot_of(history(first), covered=5, version=1))
+    slot_b, loaded = await load_session(store, key, history(second), slots=3)
+    assert slot_b != slot_a
+    assert loaded.stored is None  # a free slot, not the first run's snapshot to replace
+    assert await store.save(slot_b, snapshot_of(history(second), covered=5, version=1))
+
+    for messages, slot in ((first, slot_a), (second, slot_b)):
+        found, loaded = await load_session(store, key, history(messages), slots=3)
+        assert found == slot
+        assert loaded.valid is not None
+
+
+async def test_with_every_slot_taken_the_least_recently_updated_is_replaced() -> None:
+    store = MemoryStore(ttl_s=60)
+    h = history(BASE)
+    key = session_from_history("t", BASE, h.digests)
+    slots = derived_slots(key, 3)
+    other = history(convo("d u a u a u a u"))  # another conversation's snapshots
+    for age, slot in zip((300.0, 100.0, 200.0), slots, strict=True):
+        assert await store.save(slot, snapshot_of(other, covered=2, version=1, updated_at=age))
+    found, loaded = await load_session(store, key, h, slots=3)
+    assert found == slots[1]
+    assert loaded.valid is None
+    assert loaded.version == 1  # what the compare-and-swap replaces
+
+
+async def test_a_named_session_has_exactly_one_place() -> None:
+    key = session_from_header("t", "named")
+    assert derived_slots(key, 8) == [key]
+    found, loaded = await load_session(MemoryStore(ttl_s=60), key, history(BASE), slots=8)
+    assert (found, loaded.stored) == (key, None)
