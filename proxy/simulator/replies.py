@@ -24,6 +24,9 @@ Rules, first match wins:
 5. Otherwise ``ok:`` and about ``reply_tokens`` filler words picked by a hash
    of the request.
 
+A text reply to a request with a JSON ``response_format`` comes as JSON
+valid against its schema, carrying the text (structured.py).
+
 Text replies longer than the budget are cut word by word and end with
 ``finish_reason: "length"``.
 """
@@ -39,6 +42,7 @@ import orjson
 from proxy.encodings import Encoder
 from proxy.simulator.config import SummaryStyle
 from proxy.simulator.counting import text_of
+from proxy.simulator.structured import structured_text
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
@@ -176,9 +180,22 @@ def build_reply(
     budget: int,
     voice: Voice,
 ) -> Reply:
-    """The reply to a validated chat request; ``seed`` is a digest of the request."""
+    """The reply to a validated chat request; ``seed`` is a digest of the request.
+    Asked for JSON (``response_format``), a text reply comes as JSON carrying it."""
     if summarize:
         return _summary(messages, seed, budget, voice)
+    reply = _reply(body, messages, seed, budget, voice)
+    if reply.content is None:
+        return reply
+    structured = structured_text(body.get("response_format"), reply.content)
+    if structured is None:
+        return reply
+    return Reply(structured, (), "stop", voice.encoder.count(structured))
+
+
+def _reply(
+    body: dict[str, Any], messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Voice
+) -> Reply:
     encoder = voice.encoder
     last = messages[-1]
     role = last["role"]
