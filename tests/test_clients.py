@@ -9,8 +9,11 @@ checked on every answer; elsewhere ``GET /sessions/{id}`` shows the compactions.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -235,4 +238,49 @@ async def test_agents_sdk_on_chat_completions(proxy4k: str, sim_reset: str) -> N
         await client.close()
     assert result.final_output == "code=k7q2"
     assert statuses["compacted"] >= 2, statuses
+    check_upstream(sim_reset)
+
+
+NODE_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "node"
+
+
+def _openai_node() -> Path:
+    """The npm package ``openai``, installed once into .cache/node (gitignored). No node
+    or npm is a failure, not a skip: CI installs them (scripts/test)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    assert node, "node is needed for the openai-node test (scripts/test installs it)"
+    assert npm, "npm is needed for the openai-node test (scripts/test installs it)"
+    if not (NODE_CACHE / "node_modules" / "openai" / "package.json").exists():
+        subprocess.run(
+            [npm, "install", "--prefix", str(NODE_CACHE), "--no-audit", "--no-fund", "openai@6"],
+            check=True,
+            timeout=300,
+            capture_output=True,
+        )
+    return NODE_CACHE / "node_modules"
+
+
+def test_openai_node(proxy4k: str, sim_reset: str) -> None:
+    modules = _openai_node()
+    script = Path(__file__).parent / "clients" / "openai_node.mjs"
+    # Node resolves an .mjs import from the script's folders upwards; NODE_PATH is for
+    # CommonJS only, so the script runs from a copy beside the installed package.
+    runner = modules.parent / script.name
+    shutil.copyfile(script, runner)
+    done = subprocess.run(
+        ["node", str(runner), proxy4k, FILLER.strip()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["recall"] == "code=k7q2"
+    assert result["statuses"].get("compacted", 0) >= 2, result["statuses"]
+    assert set(result["statuses"]) <= {"passthrough", "snapshot", "compacted"}
+    assert result["windows"] == ["4096"]
+    # Turns 9, 14, 24 and 29 call the tool unstreamed (the streamed ones read text).
+    assert result["toolArgs"] == [{"step": 1}] * 4
+    assert result["afterTools"] == ["observed 1 tool results"] * 4
     check_upstream(sim_reset)
