@@ -25,6 +25,7 @@ many releases.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -80,6 +81,14 @@ class GracefulServer(uvicorn.Server):
         self.parent_pid = parent_pid
         self._stop_accepting_at: float | None = None
         self._announced = False
+
+    async def startup(self, sockets: list[socket] | None = None) -> None:
+        await super().startup(sockets)
+        # What start-up built (tokenizer tables, the model table, the app) lives as long
+        # as the process: out of the collector's sight, a full collection under load
+        # stops the loop for about 2 ms instead of about 20 ms (measured at saturation).
+        gc.collect()
+        gc.freeze()
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
