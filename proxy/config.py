@@ -99,6 +99,9 @@ class StoreSettings(_Section):
     # The embedded (memory://) store keeps at most this many sessions, least recently
     # used dropped first; each holds one summary (a few KB).
     max_sessions: int = Field(100_000, gt=0)
+    # ...and at most this many of one tenant's, its own least recently used dropped
+    # first: one caller cannot push the others' sessions out.
+    max_sessions_per_tenant: int = Field(10_000, gt=0)
     # Fernet keys (`Fernet.generate_key()`); snapshots in Redis are encrypted with
     # the first and readable with any, so keys can be rotated. Needs the
     # `encryption` extra. Empty: stored as plain JSON.

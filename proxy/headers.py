@@ -82,4 +82,11 @@ class HeaderPolicy:
 
 
 def response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in response.raw_headers if k.lower() not in _HOP_BY_HOP_RAW]
+    raw = response.raw_headers
+    drop = _HOP_BY_HOP_RAW
+    # RFC 9110 7.6.1, as for requests: what the upstream's Connection header names
+    # was for the proxy's hop only, never the client's.
+    options = [v for k, v in raw if k.lower() == b"connection"]
+    if options:
+        drop = drop | {t.strip().lower() for v in options for t in v.split(b",")}
+    return [(k, v) for k, v in raw if k.lower() not in drop]

@@ -13,7 +13,12 @@ client:
   dropped;
 - a request body may stall at most ``server.body_timeout_s`` between reads, and
   once it has taken that long must average ``server.min_body_rate_bytes_s``;
-  the connection is then dropped and the app's body read ends as a disconnect.
+  the connection is then dropped and the app's body read ends as a disconnect;
+- the proxy speaks HTTP/1.1 only (no WebSocket protocol: a connection handed to
+  one left these limits behind, held for minutes by one unanswerable request).
+  A request asking to ``Upgrade`` is answered as plain HTTP (RFC 9110 7.8) and its
+  connection closed after it, since the parser reads nothing more on it; one that
+  also declares a body gets a 400, as the parser would not deliver that body.
 
 Timeouts are checked by one periodic tick per server over its open
 connections rather than a timer per request or per chunk: on the request path
@@ -74,6 +79,7 @@ def uvicorn_config(
         # Never an access log: it costs throughput and would log every request's path.
         access_log=False,
         lifespan="on",
+        ws="none",
         # Typed int, but only ever handed to asyncio.wait_for (GracefulServer has its own).
         timeout_graceful_shutdown=server.shutdown_timeout_s,  # type: ignore[arg-type]
         **options,
@@ -192,10 +198,8 @@ class _LimitsMixin:
         try:
             me.parser.feed_data(data)
         except self.parser_upgrade:
-            if me._should_upgrade():
-                me.handle_websocket_upgrade()
-            else:
-                me._unsupported_upgrade_warning()
+            # An Upgrade request, answered as plain HTTP (on_headers_complete); the
+            # parser reads no more of this connection, which closes after the answer.
             return
         except self.parser_error:
             if not me.transport.is_closing():
@@ -232,16 +236,29 @@ class _LimitsMixin:
 
     def _head_too_large(self) -> None:
         self._reject_head()
-        raise _HeadTooLarge  # stops the parser: nothing of this request reaches the app
+        raise _Refused  # stops the parser: nothing of this request reaches the app
 
     def on_headers_complete(self) -> None:
         me: Any = self
+        upgrade = me.parser.should_upgrade()
+        if upgrade and any(
+            name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0")
+            for name, value in me.headers
+        ):
+            # The parser ends an Upgrade request at its head: its body would reach the
+            # app empty and what follows would never be read.
+            self._phase = _IDLE
+            error = InvalidRequest("Upgrade is not supported.", code="invalid_http")
+            self._answer_and_close(b"400 Bad Request", error)
+            raise _Refused  # stops the parser: nothing of this request reaches the app
         self._phase = _BODY
         self._progress = True
         self._body_bytes = 0
         self._reading_s = 0.0
         self._last_tick = me.loop.time()
         super().on_headers_complete()  # type: ignore[misc]
+        if upgrade:
+            me.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE
@@ -303,5 +320,5 @@ class _LimitsMixin:
         me.transport.close()
 
 
-class _HeadTooLarge(Exception):
-    pass
+class _Refused(Exception):
+    """Raised in a parser callback: the request was answered (refused); parse no more."""

@@ -351,6 +351,89 @@ async def test_build_store_honours_store_max_sessions() -> None:
     await store.aclose()
 
 
+async def test_one_tenant_cannot_push_out_another_tenants_sessions() -> None:
+    """Past its own cap a tenant's least recently used session goes, not anyone else's."""
+    store = MemoryStore(ttl_s=LONG_TTL, max_sessions=4, max_per_tenant=2)
+    victim = key("kept", tenant="tenant-b")
+    assert await store.save(victim, snap(1))
+    flood = [key(f"flood-{i}") for i in range(20)]
+    for i, k in enumerate(flood):
+        assert await store.save(k, snap(1))
+        if i == 10:
+            assert await store.load(flood[3]) is None  # long gone
+    assert await store.load(victim) is not None
+    assert {k for k, _ in await store.list_sessions(10)} == {victim, *flood[-2:]}
+
+
+async def test_a_tenant_at_its_cap_drops_its_own_least_recently_used() -> None:
+    store = MemoryStore(ttl_s=LONG_TTL, max_sessions=100, max_per_tenant=2)
+    a, b, c = key("a"), key("b"), key("c")
+    assert await store.save(a, snap(1))
+    assert await store.save(b, snap(1))
+    assert await store.load(a) is not None  # b is now this tenant's least recently used
+    assert await store.save(c, snap(1))
+    assert await store.load(b) is None
+    assert await store.load(a) is not None
+    assert await store.save(a, snap(2))  # a new version of a stored session drops nothing
+    assert await store.load(c) is not None
+
+
+async def test_expired_and_deleted_sessions_free_their_tenants_places() -> None:
+    clock = FakeClock()
+    store = MemoryStore(ttl_s=SHORT_TTL, max_sessions=100, max_per_tenant=2, clock=clock)
+    assert await store.save(key("old-1"), snap(1))
+    assert await store.save(key("old-2"), snap(1))
+    clock.now += SHORT_TTL * 3
+    assert await store.save(key("new-1"), snap(1))
+    assert await store.save(key("new-2"), snap(1))
+    assert await store.delete(key("new-2"))
+    assert await store.save(key("new-3"), snap(1))
+    assert await store.load(key("new-1")) is not None  # room was made, not taken from it
+    assert await store.load(key("new-3")) is not None
+    # Private state on purpose: no tenant index outlives its sessions.
+    assert list(store._tenants) == ["tenant-a"]
+    assert list(store._tenants["tenant-a"]) == [key("new-1"), key("new-3")]
+
+
+async def test_memory_store_holds_max_sessions_summaries_and_no_more() -> None:
+    """The bound the README states: ``max_sessions`` x (summary + under 1 KB), however
+    many sessions come and go."""
+    import tracemalloc
+
+    summary_bytes, limit = 16_000, 500
+    store = MemoryStore(ttl_s=LONG_TTL, max_sessions=limit, max_per_tenant=limit)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        held = []
+        for i in range(4 * limit):
+            # Tenant and session ids as the proxy makes them: 32 hex digits each.
+            k = key(f"{i:032x}", tenant=f"{i % 40:032x}")
+            assert await store.save(k, snap(1, summary=f"{i} " + "x" * summary_bytes))
+            if (i + 1) % limit == 0:
+                held.append(tracemalloc.get_traced_memory()[0] - base)
+    finally:
+        tracemalloc.stop()
+    assert len(store._data) == limit
+    assert max(held) < limit * (summary_bytes + 1024)
+    assert held[-1] < held[0] * 1.05  # flat once full
+
+
+async def test_build_store_honours_store_max_sessions_per_tenant() -> None:
+    from proxy.config import Settings
+    from proxy.metrics import Metrics
+    from proxy.store import build_store
+
+    settings = Settings(store={"max_sessions": 10, "max_sessions_per_tenant": 2})
+    store = build_store(settings, Metrics.create())
+    for name in ("a", "b", "c"):
+        assert await store.save(key(name), snap(1))
+    assert await store.save(key("d", tenant="tenant-b"), snap(1))
+    held = {k for k, _ in await store.list_sessions(10)}
+    assert held == {key("b"), key("c"), key("d", tenant="tenant-b")}
+    await store.aclose()
+
+
 # ResilientStore only: the cool-down after a failure runs on the injected clock.
 
 

@@ -93,7 +93,11 @@ def build_store(settings: Settings, metrics: Metrics) -> Store:
     from proxy.store.memory import MemoryStore
 
     url = settings.store.url
-    local = MemoryStore(ttl_s=settings.store.ttl_s, max_sessions=settings.store.max_sessions)
+    local = MemoryStore(
+        ttl_s=settings.store.ttl_s,
+        max_sessions=settings.store.max_sessions,
+        max_per_tenant=settings.store.max_sessions_per_tenant,
+    )
     if url.startswith("memory://"):
         return local
     from proxy.store.redis import RedisStore

@@ -5,6 +5,11 @@ deadline is pushed back), so what has expired sits at the front and is popped
 from there on every write: amortised O(1), and memory stays bounded by what is
 live. ``OrderedDict`` because popping the front of a plain dict leaves holes
 that every later ``next(iter(...))`` scans past.
+
+Sessions are bounded twice: ``max_sessions`` in all, and ``max_per_tenant`` for
+any one tenant, whose own least recently used session goes when it would pass
+it. Without the second bound one caller creating sessions would push every other
+tenant's snapshots out of a shared store.
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
 
 
-def _drop_expired(entries: OrderedDict[_K, tuple[float, _V]], now: float) -> None:
+def _drop_expired(
+    entries: OrderedDict[_K, tuple[float, _V]],
+    now: float,
+    dropped: Callable[[_K], None] | None = None,
+) -> None:
     # Entries with a shorter TTL than the front one wait behind it: at most one
     # longest TTL's worth of writes, never an unbounded backlog.
     while entries:
@@ -30,6 +39,8 @@ def _drop_expired(entries: OrderedDict[_K, tuple[float, _V]], now: float) -> Non
         if entries[key][0] >= now:
             return
         del entries[key]
+        if dropped is not None:
+            dropped(key)
 
 
 class MemoryStore:
@@ -38,12 +49,16 @@ class MemoryStore:
         ttl_s: float,
         max_sessions: int = 100_000,
         *,
+        max_per_tenant: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ttl = ttl_s
         self._max = max_sessions
+        self._max_per_tenant = max_sessions if max_per_tenant is None else max_per_tenant
         self._clock = clock
         self._data: OrderedDict[SessionKey, tuple[float, Snapshot]] = OrderedDict()
+        # Each tenant's sessions, least recently used first (the order of _data, per tenant).
+        self._tenants: dict[str, OrderedDict[SessionKey, None]] = {}
         self._locks: OrderedDict[SessionKey, tuple[float, str]] = OrderedDict()
         self._windows: OrderedDict[str, tuple[float, int]] = OrderedDict()
 
@@ -54,12 +69,13 @@ class MemoryStore:
         expires, snapshot = entry
         now = self._clock()
         if expires < now:
-            del self._data[key]
+            self._forget(key)
             return None
         # Refreshed on use, like Redis; moved to the end so the front stays the
         # soonest to expire and the least recently used.
         self._data[key] = (now + self._ttl, snapshot)
         self._data.move_to_end(key)
+        self._tenants[key.tenant].move_to_end(key)
         return snapshot
 
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
@@ -67,15 +83,34 @@ class MemoryStore:
         if (current.version if current else 0) != snapshot.version - 1:
             return False
         now = self._clock()
-        _drop_expired(self._data, now)
-        if key not in self._data and len(self._data) >= self._max:
-            self._data.popitem(last=False)  # bounded memory: least recently used goes
+        _drop_expired(self._data, now, self._unindex)
+        if key not in self._data:
+            own = self._tenants.get(key.tenant)
+            if own is not None and len(own) >= self._max_per_tenant:
+                self._forget(next(iter(own)))  # the tenant's own least recently used goes
+            elif len(self._data) >= self._max:
+                self._forget(next(iter(self._data)))  # bounded memory: least recently used
         self._data[key] = (now + self._ttl, snapshot)
         self._data.move_to_end(key)
+        self._tenants.setdefault(key.tenant, OrderedDict())[key] = None
+        self._tenants[key.tenant].move_to_end(key)
         return True
 
     async def delete(self, key: SessionKey) -> bool:
-        return self._data.pop(key, None) is not None
+        if key not in self._data:
+            return False
+        self._forget(key)
+        return True
+
+    def _forget(self, key: SessionKey) -> None:
+        del self._data[key]
+        self._unindex(key)
+
+    def _unindex(self, key: SessionKey) -> None:
+        own = self._tenants[key.tenant]
+        del own[key]
+        if not own:
+            del self._tenants[key.tenant]
 
     async def acquire(self, key: SessionKey, ttl_s: float) -> str | None:
         now = self._clock()
@@ -117,5 +152,6 @@ class MemoryStore:
 
     async def aclose(self) -> None:
         self._data.clear()
+        self._tenants.clear()
         self._locks.clear()
         self._windows.clear()
