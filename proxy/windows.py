@@ -144,7 +144,8 @@ class LearnedWindows:
         ttl = self._ttl if stated is not None else TENANT_TTL_S
         await self._write(self._key(model, tenant), tokens, ttl)
         self._metrics.learned_windows.labels(scope="tenant").inc()
-        log.warning("learned context window for model %s (one tenant): %d tokens", model, tokens)
+        # %r: the name is the client's text; a newline in it must not start a forged line.
+        log.warning("learned context window for model %r (one tenant): %d tokens", model, tokens)
         return tokens
 
     async def _report(self, model: str, tenant: str, tokens: int, configured: int) -> None:
@@ -173,7 +174,7 @@ class LearnedWindows:
         self._metrics.learned_window.labels(model=model).set(lowered)
         self._metrics.learned_windows.labels(scope="shared").inc()
         log.warning(
-            "learned context window for model %s (all callers, %d tenants agree): %d tokens",
+            "learned context window for model %r (all callers, %d tenants agree): %d tokens",
             model,
             agreeing,
             lowered,

@@ -35,8 +35,8 @@ unless another is named; ``[x]`` is a parametrized case):
 |   | a_body_shorter_than_its_length_is_never_forwarded |
 | Set-Cookie never replayed across tenants | the_upstream_client_keeps_no_cookie_jar (code), |
 |   | upstream_cookies_never_reach_another_tenant; test_forwarding |
-| logs: no content, keys, session values | debug_logs_carry_no_secrets (all stderr, DEBUG); |
-|   | test_single_flight (compaction lines) |
+| logs: no content, keys, session values | debug_logs_carry_no_secrets (all stderr, DEBUG, |
+|   | no forged lines); test_single_flight (compaction lines) |
 | per-tenant bound: sessions | one_tenant_cannot_evict_another_tenants_sessions; |
 |   | test_store_contract (MemoryStore, build_store) |
 | per-tenant bound: scheduled compactions | one_tenants_schedules_do_not_block_another_tenants |
@@ -772,7 +772,8 @@ def test_debug_logs_carry_no_secrets(debug_proxy: tuple[str, Path, Any], sim_res
     compact (inline and in the background), streams, a client that leaves mid-stream,
     overflow recovery, upstream errors, the sessions and admin APIs, refused keys, bad
     bodies, unparsable HTTP and oversized headers, each carrying planted secrets: not one
-    holds message content, a key (or its last 8 characters) or a session header value."""
+    holds message content, a key (or its last 8 characters) or a session header value, and
+    no client text starts a line of its own."""
     url, stderr, process = debug_proxy
     s = LOG_SECRETS
     keyed = {"Authorization": f"Bearer {s['key']}", "X-Session-Id": s["session"]}
@@ -815,10 +816,14 @@ def test_debug_logs_carry_no_secrets(debug_proxy: tuple[str, Path, Any], sim_res
             json={"model": "sim-4k", "messages": [{"role": s["content"], "content": 1}]},
             headers=keyed,
         )
+        # A model name is the client's text, and is logged with a learned window.
         client.post(
             "/v1/chat/completions",
-            json={"model": s["content"], "messages": history},
-            headers=keyed,
+            json={
+                "model": "sim-4k\n2026-01-01 00:00:00,000 ERROR forged line",
+                "messages": history,
+            },
+            headers={**keyed, "X-Sim-Context-Window": "900"},
         )
     raws = [
         head("GET", "/v1/models", f"X-Bad\x01: {s['key']}"),
@@ -849,6 +854,8 @@ def test_debug_logs_carry_no_secrets(debug_proxy: tuple[str, Path, Any], sim_res
     lines = stderr.read_text(errors="replace").splitlines()
     assert any("compaction session=" in line for line in lines), "the proxy logged its work"
     assert any("retrying once" in line for line in lines), "the overflow was recovered"
+    assert any("learned context window for model" in line for line in lines)
+    assert not any(line.startswith("2026-01-01") for line in lines), "a client forged a log line"
     for line in lines:
         for what, secret in s.items():
             assert secret not in line, f"{what} in a log line: {line}"
