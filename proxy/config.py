@@ -58,6 +58,11 @@ class ServerSettings(_Section):
     header_timeout_s: float = Field(10.0, gt=0)
     max_header_bytes: int = Field(64 * 1024, ge=1024)
     body_timeout_s: float = Field(60.0, gt=0)
+    # An idle client connection is closed after this. Longer than what clients and load
+    # balancers keep idle connections for (httpx 5 s, aiohttp 15 s, AWS ALB 60 s), so
+    # they close first: a server that closes first races their next request on it,
+    # which fails (a 502 at a load balancer).
+    keepalive_timeout_s: int = Field(75, gt=0)
     # ...and, once it has been arriving for body_timeout_s, must average at least this
     # (time the proxy itself is not reading does not count): a byte every few seconds
     # never stalls, yet would hold a connection for ever. 0: no minimum.
@@ -84,6 +89,10 @@ class UpstreamSettings(_Section):
     # included: an upstream dripping a byte per timeout_s cannot hold a request for ever.
     total_timeout_s: float = Field(1800.0, gt=0)
     max_connections: int = Field(1000, gt=0)
+    # A pooled upstream connection idle this long is closed rather than reused. Below
+    # the upstream's own idle timeout (5 s in uvicorn, so vLLM and SGLang, and in
+    # llama.cpp's server), or a request sent as the upstream closes it fails with a 502.
+    keepalive_timeout_s: float = Field(4.0, gt=0)
 
     @model_validator(mode="after")
     def _check_url(self) -> UpstreamSettings:

@@ -80,6 +80,7 @@ def uvicorn_config(
         access_log=False,
         lifespan="on",
         ws="none",
+        timeout_keep_alive=server.keepalive_timeout_s,
         # Typed int, but only ever handed to asyncio.wait_for (GracefulServer has its own).
         timeout_graceful_shutdown=server.shutdown_timeout_s,  # type: ignore[arg-type]
         **options,

@@ -85,7 +85,9 @@ class UpstreamClient:
 
     def __init__(self, settings: Settings) -> None:
         up = settings.upstream
-        connector = aiohttp.TCPConnector(limit=up.max_connections, keepalive_timeout=60)
+        connector = aiohttp.TCPConnector(
+            limit=up.max_connections, keepalive_timeout=up.keepalive_timeout_s
+        )
         # aiohttp's total runs from send until the connection is released, so it also
         # bounds reading a streamed body, not just the wait for headers.
         timeout = aiohttp.ClientTimeout(

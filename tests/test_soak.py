@@ -1,0 +1,106 @@
+"""Issue 13: the soak, short, in CI; ``python bench/soak.py`` runs it long (bench/README.md).
+
+``tests/soaking.py`` starts the simulator, a redis-server and the proxy as processes
+and plays many conversations at once through the proxy, every other turn streamed,
+compaction firing again and again; it checks what the long run checks (its docstring
+lists the invariants): no failed request, no lost message, no duplicate summary, a
+version that never goes back, RSS that levels off. Then the two faults the first long
+runs found, each with a regression test:
+
+- Idle client connections were closed after 5 s (uvicorn's default): a client, or a
+  load balancer, whose own idle timeout is 5 s or longer (httpx 5 s, aiohttp 15 s, AWS
+  ALB 60 s) sometimes sent its next request as the proxy closed the connection, and
+  that request failed. ``server.keepalive_timeout_s`` (75 s) now outlasts them.
+- The upstream pool kept idle connections 60 s, longer than many upstreams do (5 s in
+  uvicorn, so vLLM and SGLang, and in llama.cpp's server): a turn sent as the upstream
+  closed its connection got a 502. ``upstream.keepalive_timeout_s`` (4 s) now closes
+  them first.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import _redis_binary, proxy_settings, run_proxy
+from tests.faulty_upstream import Behaviour, Exchange, FaultyUpstream, answer
+from tests.soaking import Config, Fleet, idle_connections, soak
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def test_a_short_soak_keeps_every_invariant(store: str, tmp_path: Path) -> None:
+    if store == "redis":
+        _redis_binary()  # skips (or in CI fails) without redis-server, as the Redis tests do
+    config = Config(
+        sessions=20, turns=16, waves=2, words=250, store=store, rss_every_s=0.2, seconds=50
+    )
+    report = soak(config, tmp_path)
+    assert report.problems() == []
+    assert report.turns_done == 640
+    assert report.streamed == 320
+    assert report.statuses["compacted"] > 0
+    assert report.sessions_compacted == 40
+    assert report.summaries >= 40
+
+
+def test_idle_connections_do_not_stop_others_being_served(tmp_path: Path) -> None:
+    """500 connections that send part of a request head, or nothing, held while 100
+    requests are timed."""
+    with Fleet("memory", tmp_path) as fleet:
+        idle = idle_connections(fleet.url, count=500, requests=100)
+        assert httpx.get(f"{fleet.url}/healthz").status_code == 200
+    assert idle.problems() == []
+    assert idle.held_ms[1] < 1000, idle
+
+
+def test_an_idle_client_connection_outlasts_common_client_idle_timeouts(sim_reset: str) -> None:
+    """Found by the soak: reused after 6 s idle, the connection still serves."""
+    with run_proxy(proxy_settings(sim_reset)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            time.sleep(6)
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+def closes_when_idle(idle_s: float) -> Behaviour:
+    """Answer, unless the request came on a connection idle for more than ``idle_s``:
+    then hang up without an answer, as an upstream does whose idle timeout fired just
+    as the request arrived (on a busy proxy, often: it learns of the close too late)."""
+    last: dict[int, float] = {}
+    reply = answer()
+
+    async def run(upstream: FaultyUpstream, ex: Exchange) -> None:
+        connection = id(ex.writer)
+        if connection in last and time.monotonic() - last[connection] > idle_s:
+            ex.close()
+            return
+        await reply(upstream, ex)
+        last[connection] = time.monotonic()
+
+    return run
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
+def test_upstream_connections_idle_too_long_are_not_reused(path: str) -> None:
+    """Found by the soak: a turn sent on a pooled connection the upstream was closing got
+    a 502 (aiohttp retries such a failure only for idempotent methods)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with FaultyUpstream() as upstream:
+        upstream.chat = closes_when_idle(1.0)
+        settings = proxy_settings(upstream.url, upstream={"keepalive_timeout_s": 0.5})
+        with run_proxy(settings) as url:
+            statuses = []
+            for pause in (0.0, 1.2, 0.0, 1.5):
+                time.sleep(pause)
+                statuses.append(httpx.post(f"{url}{path}", json=body).status_code)
+    assert statuses == [200, 200, 200, 200]
