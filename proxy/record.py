@@ -39,6 +39,24 @@ _SCOPE_KEY = "proxy.record"
 _NO_RESPONSE = 499
 
 
+# OpenAI's API resources: a passthrough line names one of these, or "other". The rest of
+# a path is the caller's (file ids, names, anything a client puts there), logged only
+# with logging.include_sensitive.
+_RESOURCES = frozenset(
+    "assistants audio batches chat completions containers conversations embeddings evals "  # noqa: SIM905
+    "files fine_tuning images models moderations realtime responses threads uploads "
+    "vector_stores".split()
+)
+
+
+def api_resource(path: str) -> str:
+    """``/v1/files/file-abc/content`` -> ``/v1/files/…``; an unknown resource -> ``other``."""
+    parts = path.split("/", 3)
+    if len(parts) < 3 or parts[1] != "v1" or parts[2] not in _RESOURCES:
+        return "other"
+    return f"/v1/{parts[2]}" + ("/…" if len(parts) > 3 else "")
+
+
 @dataclass(slots=True)
 class Record:
     """What one request did, filled in as it goes; finished once, by the middleware."""
@@ -177,7 +195,7 @@ class Recorder:
             "duration_ms": round(total * 1000, 2),
         }
         if rec.route == "passthrough":  # other paths can hold a session id
-            fields["path"] = rec.path
+            fields["path"] = rec.path if self._include_sensitive else api_resource(rec.path)
         if rec.error is not None:
             fields["error"] = rec.error
         if rec.upstream_status is not None:

@@ -29,6 +29,7 @@ from starlette.routing import Route
 from proxy import logs
 from proxy.config import LoggingSettings
 from proxy.logs import REQUEST_ID, configure_logging, write_request_line
+from proxy.record import api_resource
 from proxy.request_id import request_id_from
 from tests.conftest import OPEN_CLIENTS, free_port, proxy_settings, run_server
 from tests.processes import CHAT, SlowStream, serve_process
@@ -459,3 +460,17 @@ def test_every_worker_writes_its_request_lines_up_to_its_exit(
     requests = [line for line in lines if line["logger"] == "proxy.access"]
     assert {r["request_id"] for r in requests} >= {f"w-{i}" for i in range(12)}
     assert [r.get("stream") for r in requests].count(True) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "logged"),
+    [
+        ("/v1/files/file-abc/content", "/v1/files/…"),
+        ("/v1/embeddings", "/v1/embeddings"),
+        ("/v1/secret-value/..", "other"),
+        ("/v2/models", "other"),
+        ("/", "other"),
+    ],
+)
+def test_a_passthrough_line_names_the_resource_not_the_callers_path(path: str, logged: str) -> None:
+    assert api_resource(path) == logged

@@ -523,7 +523,7 @@ HOP_RESPONSE = {
     "upgrade": "h2c",
     "trailer": "X-Checksum",
     "te": "trailers",
-    "x-request-id": "req-1",  # end to end: must arrive (the control)
+    "x-request-id": "req-1",  # end to end: arrives as X-Upstream-Request-Id (the control)
 }
 
 
@@ -543,7 +543,7 @@ def test_hop_by_hop_response_headers_stop_at_the_proxy(
     received = {name.lower() for name, _ in r.headers.multi_items()}
     hop = {name for name in HOP_RESPONSE if name != "x-request-id"}
     assert not received & hop, received & hop
-    assert r.headers["x-request-id"] == "req-1"
+    assert r.headers["x-upstream-request-id"] == "req-1"
 
 
 @pytest.mark.parametrize(
@@ -852,7 +852,10 @@ def test_debug_logs_carry_no_secrets(debug_proxy: tuple[str, Path, Any], sim_res
     assert process.wait(timeout=30) == 0
 
     lines = stderr.read_text(errors="replace").splitlines()
-    assert any("compaction session=" in line for line in lines), "the proxy logged its work"
+    # JSON lines (the default): the compaction line carries its fields as keys.
+    assert any('"msg":"compaction"' in line and '"session"' in line for line in lines), (
+        "the proxy logged its work"
+    )
     assert any("retrying once" in line for line in lines), "the overflow was recovered"
     assert any("learned context window for model" in line for line in lines)
     assert not any(line.startswith("2026-01-01") for line in lines), "a client forged a log line"
