@@ -79,6 +79,7 @@ def _print_idle(idle: IdleReport) -> None:
 def _summary(report: Report, idle: IdleReport) -> dict[str, Any]:
     out = asdict(report)
     out.pop("latencies_ms")
+    out["statuses"] = dict(report.statuses)  # orjson writes no dict subclass
     ordered = sorted(report.latencies_ms) or [0.0]
     out["p50_ms"] = statistics.median(ordered)
     out["p99_ms"] = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]

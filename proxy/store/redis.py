@@ -63,6 +63,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("proxy.store")
 
 _LOG_INTERVAL_S = 30.0
+# Connections to Redis per process, and how long a call waits for one when all are busy
+# (each call holds one for a millisecond or so, at most its socket timeout).
+_POOL_SIZE = 100
+_POOL_WAIT_S = 2.0
 
 
 def _wrong_type(exc: ResponseError) -> bool:
@@ -91,13 +95,19 @@ class RedisStore:
         self._cipher = SnapshotCipher(encryption_keys) if encryption_keys else None
         self._ttl_ms = max(int(ttl_s * 1000), 1)
         self._prefix = prefix
-        self._redis: aioredis.Redis = aioredis.Redis.from_url(
+        # Blocking: a call that finds every connection busy waits for one. The default
+        # pool fails it at once, and a burst of turns would take this replica off Redis
+        # (ResilientStore) with nothing wrong with Redis.
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=_POOL_SIZE,
+            timeout=_POOL_WAIT_S,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             health_check_interval=30,
             retry_on_timeout=False,
         )
+        self._redis: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self._cas = self._redis.register_script(lua.CAS)
         self._delete_if_equal = self._redis.register_script(lua.DELETE_IF_EQUAL)
         self._discard_snapshot = self._redis.register_script(lua.DISCARD_SNAPSHOT)
@@ -286,4 +296,4 @@ class RedisStore:
             return False
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        await self._redis.aclose(close_connection_pool=True)  # the pool is ours, not its
