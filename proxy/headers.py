@@ -33,6 +33,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 _HOP_BY_HOP_RAW = frozenset(h.encode() for h in HOP_BY_HOP)
+# The proxy's server writes its own Date and Server on every response; the upstream's
+# copies would make two of each (RFC 9110 allows one Date; clients read the first).
+_RESPONSE_DROP = _HOP_BY_HOP_RAW | {b"date", b"server"}
 CONTROL_HEADERS = frozenset({"x-compaction"})
 # The proxy's own header family (x-compaction-purpose marks its summarizer calls):
 # a client's copy must never reach the upstream looking like the proxy's.
@@ -83,7 +86,7 @@ class HeaderPolicy:
 
 def response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
     raw = response.raw_headers
-    drop = _HOP_BY_HOP_RAW
+    drop = _RESPONSE_DROP
     # RFC 9110 7.6.1, as for requests: what the upstream's Connection header names
     # was for the proxy's hop only, never the client's.
     options = [v for k, v in raw if k.lower() == b"connection"]

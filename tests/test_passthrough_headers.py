@@ -85,6 +85,20 @@ def test_clients_compaction_headers_are_not_forwarded(
     assert not [name for name in seen if name.startswith("x-compaction")]
 
 
+@pytest.mark.parametrize(
+    ("method", "path"), [("GET", "/v1/models"), ("POST", "/v1/chat/completions")]
+)
+def test_a_relayed_response_has_one_date_and_one_server_header(
+    recorded: tuple[str, _Upstream], method: str, path: str
+) -> None:
+    """The upstream (uvicorn here, as the proxy) sends its own Date and Server."""
+    proxy, _ = recorded
+    r = httpx.request(method, f"{proxy}{path}", json=CHAT if method == "POST" else None)
+    assert r.status_code == 200
+    assert len(r.headers.get_list("date")) == 1
+    assert len(r.headers.get_list("server")) == 1
+
+
 @pytest.mark.parametrize("method", ["GET", "HEAD", "DELETE", "OPTIONS"])
 def test_bodiless_requests_go_upstream_without_a_body(
     recorded: tuple[str, _Upstream], method: str
