@@ -18,6 +18,26 @@ from typing import Any
 
 import pytest
 import uvicorn
+from hypothesis import settings
+
+# Property tests run a fifth of their examples by default (the fast tier, a developer's
+# loop); the whole suite (`scripts/test` without arguments, so CI) passes
+# --hypothesis-profile=thorough for all of them. Test modules read the loaded profile
+# through examples() when they are imported, after pytest_configure has chosen it.
+settings.register_profile("fast", max_examples=20)
+settings.register_profile("thorough", max_examples=100)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Not at import: test modules import this file again as tests.conftest.
+    if not config.getoption("--hypothesis-profile"):
+        settings.load_profile("fast")
+
+
+def examples(thorough: int) -> int:
+    """How many examples a property runs: ``thorough`` under the thorough profile."""
+    return max(10, thorough * settings.default.max_examples // 100)
+
 
 # Fixtures that start servers: any test that uses them, directly or not, is e2e.
 _SERVER_FIXTURES = frozenset(

@@ -9,15 +9,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from agents import (
-    Agent,
-    ModelSettings,
-    OpenAIResponsesModel,
-    RunConfig,
-    Runner,
-    function_tool,
-    set_tracing_disabled,
-)
 from openai.types.shared import Reasoning
 
 from tests.test_compaction import chat_requests, stats
@@ -26,7 +17,6 @@ from tests.test_responses import check_items, settings
 TURNS = 60
 
 
-@function_tool
 def read_file(step: int) -> str:
     """Read the file for a step of the task."""
     return f"step {step}: " + "line of file content\n" * 60
@@ -40,6 +30,18 @@ def statuses() -> Counter[str]:
 async def test_an_agent_runs_60_turns_with_tools_in_an_8k_window_and_recalls_turn_1(
     sim_reset: str, start_proxy: Callable[..., str], statuses: Counter[str]
 ) -> None:
+    # Imported here: the SDK takes ~2 s to import, which the fast tier's collection
+    # would pay for nothing.
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        RunConfig,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
     url = start_proxy(settings(sim_reset))
     set_tracing_disabled(True)
 
@@ -59,7 +61,7 @@ async def test_an_agent_runs_60_turns_with_tools_in_an_8k_window_and_recalls_tur
         instructions="You work through the task step by step.",
         model=OpenAIResponsesModel(model="sim-8k", openai_client=client),
         model_settings=ModelSettings(reasoning=Reasoning(effort="low")),
-        tools=[read_file],
+        tools=[function_tool(read_file)],
     )
     run = RunConfig(tracing_disabled=True)
     history: list[Any] = []

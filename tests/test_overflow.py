@@ -20,6 +20,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from proxy.overflow import Overflow, OverflowKind, Provider, classify_error
+from tests.conftest import examples
 
 CASES: list[dict[str, Any]] = json.loads(
     (Path(__file__).parent / "fixtures" / "overflow" / "cases.json").read_text(encoding="utf-8")
@@ -187,7 +188,7 @@ JSON_VALUES = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(status=STATUSES, headers=HEADERS, body=st.binary(max_size=4096))
 def test_never_raises_on_arbitrary_bytes(status: int, headers: dict[str, str], body: bytes) -> None:
     verdict = classify_error(status, headers, body)
@@ -195,14 +196,14 @@ def test_never_raises_on_arbitrary_bytes(status: int, headers: dict[str, str], b
     assert verdict.provider in PROVIDERS
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(status=STATUSES, document=JSON_VALUES)
 def test_never_raises_on_arbitrary_json(status: int, document: object) -> None:
     verdict = classify_error(status, {}, json.dumps(document).encode())
     assert verdict.kind in KINDS
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     case=st.sampled_from(CASES),
     cut=st.integers(min_value=0),
@@ -215,7 +216,7 @@ def test_never_raises_on_damaged_real_answers(case: dict[str, Any], cut: int, ju
     assert verdict.kind in KINDS
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(body=st.binary(max_size=2048))
 def test_413_is_overflow_unless_it_names_a_rate_limit(body: bytes) -> None:
     lowered = body.lower()

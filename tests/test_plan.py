@@ -27,11 +27,15 @@ from proxy.plan import (
 )
 from proxy.trim import trim_plan
 from proxy.types import ChatMessage
+from tests.conftest import examples
 from tests.conversations import convo
 
 T = TypeVar("T")
 PROPERTY = settings(
-    max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(250),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 
 

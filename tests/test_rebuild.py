@@ -26,10 +26,14 @@ from proxy.rebuild import (
 from proxy.simulator.errors import SimError
 from proxy.simulator.validate import check_alternation, check_tool_pairing
 from proxy.types import ChatMessage, ToolCall
+from tests.conftest import examples
 from tests.conversations import convo
 
 PROPERTY = settings(
-    max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(300),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 SUMMARY = "Active task: ship the proxy. Critical values: port 8080."
 

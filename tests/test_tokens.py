@@ -23,10 +23,14 @@ from proxy.digest import digests_and_sizes, message_digests
 from proxy.encodings import Encoder, EstimateEncoder, TiktokenEncoder, load_encoder
 from proxy.tokens import REPLY_PRIMING, TokenCounter, bounded_by, output_reserve, upper_bound
 from proxy.types import ChatMessage, ChatRequest
+from tests.conftest import examples
 
 ENCODER = load_encoder("cl100k_base")
 PROPERTY = settings(
-    max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(150),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 
 
