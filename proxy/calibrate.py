@@ -1,6 +1,7 @@
 """Correct token estimates with the provider's own count (the truth).
 
-Responses report ``usage.prompt_tokens``. Comparing it with what the proxy
+Answers report ``usage.prompt_tokens`` (``usage.input_tokens`` in the Responses
+API). Comparing it with what the proxy
 counted for the same request gives, per model, how far our tokenizer is off
 (a different vocabulary, hidden template tokens). Planning then scales the
 window down by that factor when we under-count; over-counting only makes
@@ -24,6 +25,7 @@ from cachetools import LRUCache
 from proxy.models import ResolvedModel
 
 _USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,9})')
+_INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d{1,9})')
 _ALPHA = 0.2  # weight of a new observation in the moving average
 _CLAMP = (0.5, 2.0)
 # Below this many tokens fixed overheads dominate and the ratio means little.
@@ -35,6 +37,14 @@ def find_prompt_tokens(chunk: bytes) -> int | None:
     if b"prompt_tokens" not in chunk:
         return None
     m = _USAGE.search(chunk)
+    return int(m.group(1)) if m else None
+
+
+def find_input_tokens(chunk: bytes) -> int | None:
+    """``find_prompt_tokens`` for a Responses API answer."""
+    if b"input_tokens" not in chunk:
+        return None
+    m = _INPUT_TOKENS.search(chunk)
     return int(m.group(1)) if m else None
 
 

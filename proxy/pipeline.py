@@ -2,18 +2,20 @@
 
 ``handle_chat`` is the table of contents for ``POST /v1/chat/completions``:
 parse, model, ``compacted_view`` (count, session, snapshot, plan, summarize
-under the session's lock, rebuild), forward, ``recover_overflow``, the usage
-watcher that calibrates our counts and, past the soft threshold, a background
-compaction once the answer is out (precompact.py). Each step is one call into
-the module named for it (DESIGN.md numbers them). ``handle_passthrough`` relays every
-other ``/v1/*`` call untouched.
+under the session's lock, rebuild), then ``forward``: send, ``recover_overflow``,
+the usage watcher that calibrates our counts and, past the soft threshold, a
+background compaction once the answer is out (precompact.py). Each step is one
+call into the module named for it (DESIGN.md numbers them). ``POST /v1/responses``
+(responses.py) runs the same steps with its API's shapes, given as a ``Route``.
+``handle_passthrough`` relays every other ``/v1/*`` call untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -28,6 +30,7 @@ from proxy.disconnect import cancelled_on_disconnect
 from proxy.errors import ClientDisconnected
 from proxy.models import ResolvedModel
 from proxy.outcome import Outcome, Turn
+from proxy.overflow import Overflow
 from proxy.parse import parse_chat_request, read_body
 from proxy.plan import plan_compaction
 from proxy.precompact import run_after
@@ -79,36 +82,11 @@ async def handle_chat(request: Request, services: Services) -> Response:
         outcome = Outcome("passthrough", None, 0, estimate, model.context_window, counted=False)
     else:  # 3-8. count, session, snapshot, plan, summarize, rebuild
         outcome = await compacted_view(services, turn, force=control == "force")
-    body = _outgoing_body(turn, outcome)
-
     url = upstream_url(settings.upstream.base_url, "chat/completions", b"")
-    try:
-        # Until the answer's bytes flow, only this notices a client that gave up.
-        async with cancelled_on_disconnect(request.receive):
-            record.sending(outcome)
-            response = await services.client.send("POST", url, headers, body)  # 9.
-            answer: upstream.UpstreamResponse | Response = response
-            recover = control != "off" and settings.compaction.recover_overflow
-            status = response.status_code
-            # 10. overflow: an error answer, or a stream that opens with one: retry once
-            if recover and (status in RECOVERABLE or (status == 200 and chat.get("stream"))):
-                answer, outcome = await recover_overflow(
-                    services, turn, Attempt(body, outcome), response, headers, url
-                )
-            record.answered(answer.status_code, outcome)
-            if isinstance(answer, upstream.UpstreamResponse):
-                ok = answer.status_code == 200
-                # 11. calibrate: the provider's own count of what we sent
-                watch = _usage_watcher(services, tenant, model.name, outcome) if ok else None
-                relayed = await relay(answer, outcome.headers(), watch)
-                if ok and outcome.after is not None:  # 12. pre-compact, once the answer is out
-                    run_after(relayed, outcome.after)
-                return relayed
-    except ClientDisconnected:
-        services.metrics.client_disconnects.labels(phase="upstream").inc()
-        raise
-    answer.raw_headers.extend(outcome.headers())  # an error answer, already read
-    return answer
+    route = Route(url, headers, partial(_outgoing_body, turn), lower_output, find_prompt_tokens)
+    first = Attempt(route.body_for(outcome), outcome)
+    recover = control != "off" and settings.compaction.recover_overflow
+    return await forward(services, request, route, first, turn, recover=recover)  # 9-12.
 
 
 async def compacted_view(
@@ -158,13 +136,68 @@ async def compacted_view(
     return trim_outcome(history, loaded, budget, c.summary_role)
 
 
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one request goes upstream and the shapes of its API (chat completions, or
+    Responses in responses.py) that steps 9-11 need: how a view becomes the request
+    body, how a too-large output budget is lowered, where an answer states the
+    prompt's tokens."""
+
+    url: str
+    headers: list[tuple[bytes, bytes]]
+    body_for: Callable[[Outcome], bytes]
+    lower_output: Callable[[bytes, Overflow], bytes | None]
+    prompt_tokens: Callable[[bytes], int | None]
+
+
+async def forward(
+    services: Services,
+    request: Request,
+    route: Route,
+    first: Attempt,
+    turn: Turn | None,
+    *,
+    recover: bool,
+) -> Response:
+    """Steps 9-12: send ``first``; when ``recover`` and the upstream rejects it as too
+    long, compact ``turn`` harder and retry once; relay the answer with its view's
+    headers, calibrating on ``turn``'s usage, and pre-compact once the answer is out.
+    ``turn`` None: a request the proxy does not compact (a chained Responses call)."""
+    record = record_of(request)
+    outcome = first.outcome
+    try:
+        # Until the answer's bytes flow, only this notices a client that gave up.
+        async with cancelled_on_disconnect(request.receive):
+            record.sending(outcome)
+            response = await services.client.send("POST", route.url, route.headers, first.body)
+            answer: upstream.UpstreamResponse | Response = response
+            status = response.status_code
+            # 10. overflow: an error answer, or a stream that opens with one: retry once
+            streamed = status == 200 and turn is not None and turn.chat.get("stream")
+            if recover and turn is not None and (status in RECOVERABLE or streamed):
+                answer, outcome = await recover_overflow(services, turn, route, first, response)
+            record.answered(answer.status_code, outcome)
+            if isinstance(answer, upstream.UpstreamResponse):
+                ok = answer.status_code == 200
+                # 11. calibrate: the provider's own count of what we sent
+                watch = _usage_watcher(services, turn, route, outcome) if ok else None
+                relayed = await relay(answer, outcome.headers(), watch)
+                if ok and outcome.after is not None:  # 12. pre-compact, once the answer is out
+                    run_after(relayed, outcome.after)
+                return relayed
+    except ClientDisconnected:
+        services.metrics.client_disconnects.labels(phase="upstream").inc()
+        raise
+    answer.raw_headers.extend(outcome.headers())  # an error answer, already read
+    return answer
+
+
 async def recover_overflow(
     services: Services,
     turn: Turn,
+    route: Route,
     first: Attempt,
     response: upstream.UpstreamResponse,
-    headers: list[tuple[bytes, bytes]],
-    url: str,
 ) -> tuple[upstream.UpstreamResponse | Response, Outcome]:
     """Step 10: the response to relay and the view it answers. When the upstream said
     the request is too long, compact harder (or ask for a shorter answer) and retry once;
@@ -174,7 +207,7 @@ async def recover_overflow(
         return answer, first.outcome
     turn.record.upstream_done()  # the error is read: what follows is the proxy's own time
     if verdict.kind == "output_budget":
-        lowered = lower_output(first.body, verdict)
+        lowered = route.lower_output(first.body, verdict)
         if lowered is None:  # nothing we can change: the retry would fail the same way
             return answer, first.outcome
         second = Attempt(lowered, first.outcome)
@@ -182,9 +215,9 @@ async def recover_overflow(
         window = await learn_window(services, turn, first, verdict)
         model = replace(turn.model, context_window=window)
         outcome = await compacted_view(services, replace(turn, model=model), recover=True)
-        second = Attempt(_outgoing_body(turn, outcome), outcome)
+        second = Attempt(route.body_for(outcome), outcome)
     turn.record.sending(second.outcome)
-    return await retry_once(services, verdict, second, headers, url)
+    return await retry_once(services, verdict, second, route.headers, route.url)
 
 
 def _outgoing_body(turn: Turn, outcome: Outcome) -> bytes:
@@ -204,15 +237,16 @@ async def effective_model(services: Services, name: str, tenant: str) -> Resolve
 
 
 def _usage_watcher(
-    services: Services, tenant: str, model: str, outcome: Outcome
+    services: Services, turn: Turn | None, route: Route, outcome: Outcome
 ) -> Callable[[bytes], None] | None:
     """Feed the provider's prompt token count back into our estimates."""
-    if not outcome.counted:
+    if turn is None or not outcome.counted:
         return None
-    calibration = services.calibration
+    calibration, prompt_tokens = services.calibration, route.prompt_tokens
+    tenant, model = turn.tenant, turn.model.name
 
     def watch(chunk: bytes) -> None:
-        theirs = find_prompt_tokens(chunk)
+        theirs = prompt_tokens(chunk)
         if theirs is not None:
             calibration.observe(tenant, model, outcome.tokens, theirs)
 

@@ -22,34 +22,28 @@ compacts harder against the learned window and retries once; a too-large
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import Callable
-from dataclasses import replace
+from functools import partial
 from typing import Any, cast
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy import upstream
-from proxy.disconnect import cancelled_on_disconnect
-from proxy.errors import ClientDisconnected, InvalidRequest
+from proxy.calibrate import find_input_tokens
+from proxy.errors import InvalidRequest
 from proxy.items import Item, to_items, to_messages
 from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow
 from proxy.parse import check_depth, load_request, read_body
-from proxy.pipeline import compacted_view, effective_model
-from proxy.precompact import run_after
+from proxy.pipeline import Route, compacted_view, effective_model, forward
 from proxy.record import record_of
-from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, retry_once
-from proxy.relay import relay
+from proxy.recover import Attempt
 from proxy.services import Services
 from proxy.session import session_name, tenant_from_headers
 from proxy.types import ChatRequest
 from proxy.urls import upstream_url
 
 _PARSE_INLINE_BYTES = 1024 * 1024
-_INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d{1,9})')
 # Fields that put the conversation at the provider, beyond what the request shows.
 _CHAINED = ("previous_response_id", "conversation")
 
@@ -69,10 +63,13 @@ async def handle_responses(request: Request, services: Services) -> Response:
     headers = services.headers.outgoing(request.headers.raw, inspect=True)
     control = request.headers.get("x-compaction", "").strip().lower()
     url = upstream_url(settings.upstream.base_url, "responses", b"")
+    route = Route(
+        url, headers, partial(outgoing_body, body, data), _lower_output, find_input_tokens
+    )
     estimate = len(body) // 4
     if control == "off" or any(data.get(key) for key in _CHAINED):
         bypassed = Outcome("bypassed", None, 0, estimate, model.context_window, counted=False)
-        return await _forward(services, request, Attempt(body, bypassed), headers, url)
+        return await forward(services, request, route, Attempt(body, bypassed), None, recover=False)
     fields = settings.session.body_fields
     session = session_name(request.headers.get(settings.session.header), data, fields)
     turn = Turn(
@@ -89,10 +86,10 @@ async def handle_responses(request: Request, services: Services) -> Response:
         outcome = Outcome("passthrough", None, 0, estimate, model.context_window, counted=False)
     else:  # the chat pipeline's steps 3-8 over the items' messages
         outcome = await compacted_view(services, turn, force=control == "force")
-    first = Attempt(outgoing_body(turn, data, outcome), outcome)
+    first = Attempt(route.body_for(outcome), outcome)
     # Nothing to compact harder without a message (an empty input: the upstream's 400).
     recover = settings.compaction.recover_overflow and bool(turn.chat["messages"])
-    return await _forward(services, request, first, headers, url, (turn, data) if recover else None)
+    return await forward(services, request, route, first, turn, recover=recover)
 
 
 def _read(body: bytes, max_items: int) -> tuple[dict[str, Any], ChatRequest]:
@@ -145,79 +142,12 @@ def chat_view(data: dict[str, Any]) -> ChatRequest:
     return cast(ChatRequest, chat)
 
 
-def outgoing_body(turn: Turn, data: dict[str, Any], outcome: Outcome) -> bytes:
-    """The client's own bytes when the view is the history as sent, else the request
-    with the rebuilt view as its ``input``."""
+def outgoing_body(body: bytes, data: dict[str, Any], outcome: Outcome) -> bytes:
+    """The client's own ``body`` when the view is the history as sent, else the request
+    (``data``) with the rebuilt view as its ``input``."""
     if outcome.messages is None:
-        return turn.body
+        return body
     return orjson.dumps({**data, "input": to_items(outcome.messages)})
-
-
-async def _forward(
-    services: Services,
-    request: Request,
-    first: Attempt,
-    headers: list[tuple[bytes, bytes]],
-    url: str,
-    recoverable: tuple[Turn, dict[str, Any]] | None = None,
-) -> Response:
-    """Send ``first`` upstream (step 9), recover an overflow when ``recoverable`` names
-    the turn (step 10), and relay the answer with the view's headers."""
-    body, outcome = first.body, first.outcome
-    record = record_of(request)
-    try:
-        async with cancelled_on_disconnect(request.receive):
-            record.sending(outcome)
-            response = await services.client.send("POST", url, headers, body)
-            answer: upstream.UpstreamResponse | Response = response
-            status = response.status_code
-            stream = recoverable is not None and recoverable[0].chat.get("stream") is True
-            if recoverable is not None and (status in RECOVERABLE or (status == 200 and stream)):
-                answer, outcome = await _recover(
-                    services, recoverable, first, response, (headers, url)
-                )
-            record.answered(answer.status_code, outcome)
-            if isinstance(answer, upstream.UpstreamResponse):
-                ok = answer.status_code == 200
-                watch = _usage_watcher(services, recoverable, outcome) if ok else None
-                relayed = await relay(answer, outcome.headers(), watch)
-                if ok and outcome.after is not None:  # pre-compact, once the answer is out
-                    run_after(relayed, outcome.after)
-                return relayed
-    except ClientDisconnected:
-        services.metrics.client_disconnects.labels(phase="upstream").inc()
-        raise
-    answer.raw_headers.extend(outcome.headers())  # an error answer, already read
-    return answer
-
-
-async def _recover(
-    services: Services,
-    request: tuple[Turn, dict[str, Any]],
-    first: Attempt,
-    response: upstream.UpstreamResponse,
-    target: tuple[list[tuple[bytes, bytes]], str],
-) -> tuple[upstream.UpstreamResponse | Response, Outcome]:
-    """``pipeline.recover_overflow`` for a Responses request: diagnose, learn (or lower
-    ``max_output_tokens``), compact again, retry once."""
-    turn, data = request
-    answer, verdict = await diagnose(response)
-    if verdict is None:
-        return answer, first.outcome
-    turn.record.upstream_done()  # the error is read: what follows is the proxy's own time
-    if verdict.kind == "output_budget":
-        lowered = _lower_output(first.body, verdict)
-        if lowered is None:
-            return answer, first.outcome
-        second = Attempt(lowered, first.outcome)
-    else:
-        window = await learn_window(services, turn, first, verdict)
-        model = replace(turn.model, context_window=window)
-        outcome = await compacted_view(services, replace(turn, model=model), recover=True)
-        second = Attempt(outgoing_body(turn, data, outcome), outcome)
-    headers, url = target
-    turn.record.sending(second.outcome)
-    return await retry_once(services, verdict, second, headers, url)
 
 
 def _lower_output(body: bytes, verdict: Overflow) -> bytes | None:
@@ -230,19 +160,3 @@ def _lower_output(body: bytes, verdict: Overflow) -> bytes | None:
     if allowed <= 0 or (current and allowed >= current):
         return None
     return orjson.dumps({**data, "max_output_tokens": allowed})
-
-
-def _usage_watcher(
-    services: Services, recoverable: tuple[Turn, dict[str, Any]] | None, outcome: Outcome
-) -> Callable[[bytes], None] | None:
-    """Feed the provider's ``usage.input_tokens`` back into our estimates (calibrate.py)."""
-    if not outcome.counted or recoverable is None:
-        return None
-    calibration, turn = services.calibration, recoverable[0]
-    tenant, model = turn.tenant, turn.model.name
-
-    def watch(chunk: bytes) -> None:
-        if b"input_tokens" in chunk and (m := _INPUT_TOKENS.search(chunk)):
-            calibration.observe(tenant, model, outcome.tokens, int(m.group(1)))
-
-    return watch

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from proxy.calibrate import Calibration, find_prompt_tokens
+from proxy.calibrate import Calibration, find_input_tokens, find_prompt_tokens
 from proxy.metrics import Metrics
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
@@ -28,6 +28,18 @@ from tests.test_compaction import FILLER, Chat, small_window_settings, stats
 )
 def test_prompt_tokens_are_found_in_bodies_and_chunks(chunk: bytes, expected: int | None) -> None:
     assert find_prompt_tokens(chunk) == expected
+
+
+@pytest.mark.parametrize(
+    ("chunk", "expected"),
+    [
+        (b'{"usage": {"input_tokens": 1234, "output_tokens": 5}}', 1234),
+        (b'data: {"type":"response.completed","response":{"usage":{"input_tokens" : 77}}}', 77),
+        (b'{"usage": {"prompt_tokens": 5}}', None),
+    ],
+)
+def test_responses_input_tokens_are_found(chunk: bytes, expected: int | None) -> None:
+    assert find_input_tokens(chunk) == expected
 
 
 def test_factor_tracks_undercounting_and_ignores_overcounting() -> None:

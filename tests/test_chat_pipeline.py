@@ -19,6 +19,7 @@ from starlette.types import Message
 
 from proxy.errors import ClientDisconnected
 from proxy.pipeline import handle_chat, handle_passthrough
+from proxy.responses import handle_responses
 from proxy.services import Services
 from proxy.session import tenant_from_headers
 from proxy.types import ChatMessage
@@ -294,6 +295,26 @@ async def test_the_providers_prompt_count_calibrates_ours(
     upstream.script(chats=[chat_reply(prompt_tokens=20_000)])
     response = await send_chat(services, history)
     assert header(response, "x-compaction-status") == "compacted"
+    assert services.calibration.factor(TENANT, MODEL) > 1.0
+
+
+@pytest.mark.parametrize("recover_overflow", [True, False])
+async def test_a_responses_answers_input_tokens_calibrate_ours(
+    upstream: FakeUpstream, recover_overflow: bool
+) -> None:
+    """The Responses route runs the same steps 9-12: calibration does not depend on
+    whether overflow recovery is on."""
+    services = make_services(
+        fake_settings(recover_overflow=recover_overflow), upstream, FakeClock()
+    )
+    system, *rest = conversation(14)
+    items = [{"type": "message", "role": m["role"], "content": m["content"]} for m in rest]
+    body = orjson.dumps({"model": MODEL, "instructions": system["content"], "input": items})
+    upstream.script(chats=[Reply(body=b'{"usage": {"input_tokens": 20000}}')])
+    request = http_request(body, {"x-session-id": "s1"}, path="/v1/responses")
+    response = await asyncio.wait_for(handle_responses(request, services), 2)
+    assert header(response, "x-compaction-status") == "compacted"
+    assert upstream.chat_calls[-1].url.endswith("/responses")
     assert services.calibration.factor(TENANT, MODEL) > 1.0
 
 

@@ -219,9 +219,8 @@ def test_a_responses_stream_is_judged_by_its_first_event_after_the_preamble(
 
 
 def test_the_view_as_sent_goes_upstream_as_the_clients_bytes() -> None:
-    from proxy.outcome import Outcome, Turn
+    from proxy.outcome import Outcome
 
     body = b'{"model": "m",  "input": "hi"}'
     data = orjson.loads(body)
-    turn = Turn(chat_view(data), body, None, "t", None, [])
-    assert outgoing_body(turn, data, Outcome("passthrough", None, 0, 1, 10)) is body
+    assert outgoing_body(body, data, Outcome("passthrough", None, 0, 1, 10)) is body
