@@ -28,7 +28,7 @@ from proxy.identifiers import Restored, restore_identifiers
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.outcome import Outcome, Turn
-from proxy.plan import Plan, plan_compaction, view_tokens
+from proxy.plan import Plan, plan_compaction
 from proxy.rebuild import handoff_text, rebuild_outcome
 from proxy.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey
@@ -40,6 +40,7 @@ from proxy.transcript import span_text
 from proxy.trim import trim_outcome
 from proxy.types import ChatMessage
 from proxy.upstream import Upstream
+from proxy.view import view_tokens
 
 log = logging.getLogger("proxy.compaction")
 

@@ -1,14 +1,10 @@
 """What stays verbatim, what gets elided, what gets summarised.
 
-The upstream sees a *view* of the client's history: the pinned messages,
-then (when ``covered > pinned``) a summary of ``messages[pinned:covered]``,
-then the verbatim tail ``messages[covered:]`` in which old bulky tool outputs
-before ``elide_before`` are replaced by a short placeholder. Everything here
-is arithmetic over precomputed per-message token counts: no I/O, no clock.
-
-Planning is linear in the number of messages: ``Totals`` holds prefix sums
-built once per plan, so every candidate view costs O(1) (``view_tokens`` is
-the straightforward definition those sums must agree with).
+The upstream sees a *view* of the client's history (view.py): the pinned
+messages, a summary of older ones, and a verbatim tail with old bulky tool
+outputs elided. The plan chooses the view. Everything here is arithmetic over
+precomputed per-message token counts: no I/O, no clock. Planning is linear in
+the number of messages: every candidate view costs O(1) (``Totals``).
 
 Cuts only fall on group starts, so an assistant's ``tool_calls`` and their
 results are always summarised, elided or kept together, and the newest
@@ -20,32 +16,13 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from itertools import accumulate
 from typing import Literal
 
 from proxy.budget import Budget
 from proxy.types import ChatMessage
-
-ELIDED_TOKENS: int = 40
-"""Estimated tokens of an elision placeholder (message overhead included)."""
+from proxy.view import RESULT_ROLES, Totals, View, check_view, view_tokens
 
 _LEADING_ROLES = ("system", "developer")
-# Results belong to the assistant message that asked for them.
-_RESULT_ROLES = ("tool", "function")
-
-
-@dataclass(frozen=True, slots=True)
-class View:
-    """What the upstream sees of one history.
-
-    ``messages[pinned:covered]`` are replaced by the summary (``covered == pinned``
-    means no summary); result messages before ``elide_before`` that are at least
-    ``Budget.elide_min_tokens`` big are replaced by a placeholder.
-    """
-
-    covered: int
-    summary_tokens: int
-    elide_before: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +58,7 @@ def count_pinned(messages: Sequence[ChatMessage], pin_first_user: bool) -> int:
 
 def _is_group_start(messages: Sequence[ChatMessage], i: int) -> bool:
     # A result (even an orphan one) joins the group before it.
-    return i == 0 or messages[i]["role"] not in _RESULT_ROLES
+    return i == 0 or messages[i]["role"] not in RESULT_ROLES
 
 
 def group_starts(messages: Sequence[ChatMessage], start: int) -> list[int]:
@@ -92,7 +69,7 @@ def group_starts(messages: Sequence[ChatMessage], start: int) -> list[int]:
     never separates an assistant's ``tool_calls`` from their results.
     """
     # _is_group_start inlined: this runs over whole histories.
-    results = _RESULT_ROLES
+    results = RESULT_ROLES
     return [
         i
         for i in range(max(start, 0), len(messages))
@@ -104,101 +81,6 @@ def _group_start_at_or_before(messages: Sequence[ChatMessage], i: int) -> int:
     while i > 0 and not _is_group_start(messages, i):
         i -= 1
     return max(i, 0)
-
-
-def is_elided(
-    messages: Sequence[ChatMessage],
-    counts: Sequence[int],
-    i: int,
-    view: View,
-    elide_min_tokens: int,
-) -> bool:
-    """Whether ``messages[i]`` goes upstream as an elision placeholder under ``view``.
-
-    Only bulky result messages in the verbatim tail before ``view.elide_before``;
-    never a pinned message and never the newest one.
-    """
-    return (
-        view.covered <= i < min(view.elide_before, len(messages) - 1)
-        and messages[i]["role"] in _RESULT_ROLES
-        and counts[i] >= elide_min_tokens
-    )
-
-
-def view_tokens(
-    counts: Sequence[int],
-    messages: Sequence[ChatMessage],
-    pinned: int,
-    view: View,
-    budget: Budget,
-) -> int:
-    """Estimated total of the request under ``view``: messages + fixed + reserve.
-
-    The summary's tokens count only when the view covers messages, exactly as
-    ``rebuild_messages`` inserts the summary only then.
-    """
-    total = sum(counts[:pinned]) + budget.fixed + budget.reserve
-    if view.covered > pinned:
-        total += view.summary_tokens
-    total += sum(counts[view.covered :])
-    # Only the elision window needs a look at each message; the rest is one sum.
-    for i in range(view.covered, min(view.elide_before, len(messages) - 1)):
-        if is_elided(messages, counts, i, view, budget.elide_min_tokens):
-            total += ELIDED_TOKENS - counts[i]
-    return total
-
-
-@dataclass(frozen=True, slots=True)
-class Totals:
-    """``view_tokens`` of any view of one history in O(1), after one O(n) pass.
-
-    ``counts_before[i]`` is ``sum(counts[:i])``; ``saved_before[i]`` is what eliding
-    every bulky result among ``messages[:i]`` saves. A view's total is then the
-    pinned and verbatim spans less the savings inside ``[covered, elide_before)``.
-    """
-
-    pinned_and_fixed: int  # pinned messages + fixed + reserve: the same for every view
-    pinned: int
-    counts_before: list[int]
-    saved_before: list[int]
-
-    @classmethod
-    def build(
-        cls, counts: Sequence[int], messages: Sequence[ChatMessage], pinned: int, budget: Budget
-    ) -> Totals:
-        elide_min = budget.elide_min_tokens
-        saved = [
-            n - ELIDED_TOKENS if n >= elide_min and m["role"] in _RESULT_ROLES else 0
-            for n, m in zip(counts, messages, strict=True)
-        ]
-        counts_before = list(accumulate(counts, initial=0))
-        fixed = counts_before[min(pinned, len(counts))] + budget.fixed + budget.reserve
-        return cls(fixed, pinned, counts_before, list(accumulate(saved, initial=0)))
-
-    def tokens(self, view: View) -> int:
-        """Equals ``view_tokens(counts, messages, pinned, view, budget)``."""
-        n = len(self.counts_before) - 1
-        covered = min(view.covered, n)
-        total = self.pinned_and_fixed + self.counts_before[n] - self.counts_before[covered]
-        if view.covered > self.pinned:
-            total += view.summary_tokens
-        # The newest message is never elided.
-        elide_end = min(view.elide_before, n - 1)
-        if elide_end > covered:
-            total -= self.saved_before[elide_end] - self.saved_before[covered]
-        return total
-
-
-def check_view(
-    counts: Sequence[int], messages: Sequence[ChatMessage], pinned: int, current: View
-) -> None:
-    """Raise ``ValueError`` unless ``current`` is a view of this history."""
-    if len(counts) != len(messages):
-        raise ValueError(f"{len(counts)} token counts for {len(messages)} messages")
-    if not 0 <= pinned <= current.covered:
-        raise ValueError(f"view covers from {current.covered} but {pinned} messages are pinned")
-    if messages and current.covered >= len(messages):
-        raise ValueError("the view covers the newest message")
 
 
 def protected_start(messages: Sequence[ChatMessage], budget: Budget) -> int:

@@ -42,10 +42,11 @@ from proxy.count import History
 from proxy.errors import SummaryError
 from proxy.metrics import Metrics
 from proxy.outcome import Turn
-from proxy.plan import plan_compaction, view_tokens
+from proxy.plan import plan_compaction
 from proxy.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey
 from proxy.snapshots import load_snapshot
+from proxy.view import view_tokens
 
 log = logging.getLogger("proxy.compaction")
 

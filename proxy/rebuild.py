@@ -15,8 +15,8 @@ from typing import Literal
 from proxy.budget import Budget
 from proxy.count import History
 from proxy.outcome import Outcome
-from proxy.plan import View, is_elided, view_tokens
 from proxy.types import ChatMessage
+from proxy.view import View, is_elided, view_tokens
 
 SummaryRole = Literal["user", "system"]
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from proxy.budget import Budget
 from proxy.count import History
 from proxy.digest import prefix_hash
-from proxy.plan import Plan, View
+from proxy.plan import Plan
 from proxy.session import SessionKey, derived_slots
 from proxy.store import Snapshot, Snapshots
+from proxy.view import View
 
 log = logging.getLogger("proxy.compaction")
 

@@ -14,18 +14,11 @@ from proxy.budget import Budget
 from proxy.count import History
 from proxy.errors import ContextTooLarge
 from proxy.outcome import Outcome
-from proxy.plan import (
-    Totals,
-    View,
-    check_view,
-    first_within,
-    group_starts,
-    protected_start,
-    view_tokens,
-)
+from proxy.plan import first_within, group_starts, protected_start
 from proxy.rebuild import SummaryRole, omitted_marker, rebuild_outcome
 from proxy.snapshots import Loaded
 from proxy.types import ChatMessage
+from proxy.view import Totals, View, check_view, view_tokens
 
 TRIM_MARKER_TOKENS: int = 30
 """Estimated tokens of the one-line marker that stands for trimmed messages."""

@@ -16,17 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.budget import Budget
-from proxy.plan import (
-    ELIDED_TOKENS,
-    Totals,
-    View,
-    count_pinned,
-    group_starts,
-    plan_compaction,
-    view_tokens,
-)
+from proxy.plan import count_pinned, group_starts, plan_compaction
 from proxy.trim import trim_plan
 from proxy.types import ChatMessage
+from proxy.view import ELIDED_TOKENS, Totals, View, view_tokens
 from tests.conftest import examples
 from tests.conversations import convo
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from proxy.budget import Budget
 from proxy.count import History
-from proxy.plan import ELIDED_TOKENS, View, count_pinned, plan_compaction
+from proxy.plan import count_pinned, plan_compaction
 from proxy.rebuild import (
     ACKNOWLEDGEMENT,
     CONTINUE,
@@ -26,6 +26,7 @@ from proxy.rebuild import (
 from proxy.simulator.errors import SimError
 from proxy.simulator.validate import check_alternation, check_tool_pairing
 from proxy.types import ChatMessage, ToolCall
+from proxy.view import ELIDED_TOKENS, View
 from tests.conftest import examples
 from tests.conversations import convo
 

@@ -14,7 +14,7 @@ from proxy.count import History
 from proxy.digest import digests_and_sizes, prefix_hash
 from proxy.errors import ContextTooLarge
 from proxy.models import ResolvedModel
-from proxy.plan import Plan, View
+from proxy.plan import Plan
 from proxy.rebuild import omitted_marker
 from proxy.schedule import Schedule, scheduled
 from proxy.session import derived_slots, session_from_header, session_from_history
@@ -30,6 +30,7 @@ from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.trim import trim_outcome
 from proxy.types import ChatMessage
+from proxy.view import View
 from tests.conversations import convo
 
 

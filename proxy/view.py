@@ -1,0 +1,133 @@
+"""A view of one history, what the upstream sees of it, and its token total.
+
+A view keeps the pinned messages, then (when ``covered > pinned``) a summary
+of ``messages[pinned:covered]``, then the verbatim tail ``messages[covered:]``
+in which old bulky tool outputs before ``elide_before`` are replaced by a short
+placeholder. ``view_tokens`` is the definition of a view's total; ``Totals``
+gives the same number in O(1) per view after one O(n) pass, which is what
+makes planning (plan.py) and trimming (trim.py) linear.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from proxy.budget import Budget
+from proxy.types import ChatMessage
+
+ELIDED_TOKENS: int = 40
+"""Estimated tokens of an elision placeholder (message overhead included)."""
+
+# Results belong to the assistant message that asked for them; only they are elided.
+RESULT_ROLES = ("tool", "function")
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """What the upstream sees of one history.
+
+    ``messages[pinned:covered]`` are replaced by the summary (``covered == pinned``
+    means no summary); result messages before ``elide_before`` that are at least
+    ``Budget.elide_min_tokens`` big are replaced by a placeholder.
+    """
+
+    covered: int
+    summary_tokens: int
+    elide_before: int
+
+
+def is_elided(
+    messages: Sequence[ChatMessage],
+    counts: Sequence[int],
+    i: int,
+    view: View,
+    elide_min_tokens: int,
+) -> bool:
+    """Whether ``messages[i]`` goes upstream as an elision placeholder under ``view``.
+
+    Only bulky result messages in the verbatim tail before ``view.elide_before``;
+    never a pinned message and never the newest one.
+    """
+    return (
+        view.covered <= i < min(view.elide_before, len(messages) - 1)
+        and messages[i]["role"] in RESULT_ROLES
+        and counts[i] >= elide_min_tokens
+    )
+
+
+def view_tokens(
+    counts: Sequence[int],
+    messages: Sequence[ChatMessage],
+    pinned: int,
+    view: View,
+    budget: Budget,
+) -> int:
+    """Estimated total of the request under ``view``: messages + fixed + reserve.
+
+    The summary's tokens count only when the view covers messages, exactly as
+    ``rebuild_messages`` inserts the summary only then.
+    """
+    total = sum(counts[:pinned]) + budget.fixed + budget.reserve
+    if view.covered > pinned:
+        total += view.summary_tokens
+    total += sum(counts[view.covered :])
+    # Only the elision window needs a look at each message; the rest is one sum.
+    for i in range(view.covered, min(view.elide_before, len(messages) - 1)):
+        if is_elided(messages, counts, i, view, budget.elide_min_tokens):
+            total += ELIDED_TOKENS - counts[i]
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """``view_tokens`` of any view of one history in O(1), after one O(n) pass.
+
+    ``counts_before[i]`` is ``sum(counts[:i])``; ``saved_before[i]`` is what eliding
+    every bulky result among ``messages[:i]`` saves. A view's total is then the
+    pinned and verbatim spans less the savings inside ``[covered, elide_before)``.
+    """
+
+    pinned_and_fixed: int  # pinned messages + fixed + reserve: the same for every view
+    pinned: int
+    counts_before: list[int]
+    saved_before: list[int]
+
+    @classmethod
+    def build(
+        cls, counts: Sequence[int], messages: Sequence[ChatMessage], pinned: int, budget: Budget
+    ) -> Totals:
+        elide_min = budget.elide_min_tokens
+        saved = [
+            n - ELIDED_TOKENS if n >= elide_min and m["role"] in RESULT_ROLES else 0
+            for n, m in zip(counts, messages, strict=True)
+        ]
+        counts_before = list(accumulate(counts, initial=0))
+        fixed = counts_before[min(pinned, len(counts))] + budget.fixed + budget.reserve
+        return cls(fixed, pinned, counts_before, list(accumulate(saved, initial=0)))
+
+    def tokens(self, view: View) -> int:
+        """Equals ``view_tokens(counts, messages, pinned, view, budget)``."""
+        n = len(self.counts_before) - 1
+        covered = min(view.covered, n)
+        total = self.pinned_and_fixed + self.counts_before[n] - self.counts_before[covered]
+        if view.covered > self.pinned:
+            total += view.summary_tokens
+        # The newest message is never elided.
+        elide_end = min(view.elide_before, n - 1)
+        if elide_end > covered:
+            total -= self.saved_before[elide_end] - self.saved_before[covered]
+        return total
+
+
+def check_view(
+    counts: Sequence[int], messages: Sequence[ChatMessage], pinned: int, current: View
+) -> None:
+    """Raise ``ValueError`` unless ``current`` is a view of this history."""
+    if len(counts) != len(messages):
+        raise ValueError(f"{len(counts)} token counts for {len(messages)} messages")
+    if not 0 <= pinned <= current.covered:
+        raise ValueError(f"view covers from {current.covered} but {pinned} messages are pinned")
+    if messages and current.covered >= len(messages):
+        raise ValueError("the view covers the newest message")
