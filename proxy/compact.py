@@ -2,8 +2,8 @@
 
 One summarization per session at a time, across replicas: the request that
 takes the session's lock re-reads the snapshot (another replica may have
-compacted between its plan and the lock) and plans again from it, asks the
-upstream for the summary, writes the new snapshot (compare-and-swap on the
+compacted between its plan and the lock) and plans again from it, folds the
+span into the summary (fold.py), writes the new snapshot (compare-and-swap on the
 version) and rebuilds the messages. Concurrent requests wait, bounded, for that
 result, or use the last valid snapshot. A failing summarizer never fails the
 request: the view falls back to deterministic trimming (trim.py) and
@@ -16,38 +16,32 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
-from proxy.budget import FRAME_TOKENS, Budget, summary_limit
+from proxy.budget import Budget
 from proxy.config import Settings
-from proxy.count import INLINE_COUNT_BYTES, History, count_text
-from proxy.errors import SummaryError, SummaryTruncated
-from proxy.identifiers import Restored, restore_identifiers
+from proxy.count import History
+from proxy.errors import SummaryError
+from proxy.fold import Folder
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.outcome import Outcome, Turn
 from proxy.plan import Plan, plan_compaction
-from proxy.rebuild import handoff_text, rebuild_outcome
+from proxy.rebuild import rebuild_outcome
 from proxy.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey
 from proxy.snapshots import Loaded, load_snapshot, next_snapshot
 from proxy.store import LockStore, Snapshot, Snapshots
-from proxy.summarize import SummaryRequest, summarize
 from proxy.tokens import TokenCounter
-from proxy.transcript import span_text
 from proxy.trim import trim_outcome
-from proxy.types import ChatMessage
 from proxy.upstream import Upstream
 from proxy.view import view_tokens
 
 log = logging.getLogger("proxy.compaction")
 
 _POLL_S = 0.05
-# A summary counted at more than this many times its budget is not kept: no model that
-# honours max_tokens writes it, whatever the difference between tokenizers.
-_MAX_OVERRUN = 2
 
 # What made a session compact: crossing the trigger ratio, X-Compaction: force, the
 # upstream rejecting the request as too long, POST /sessions/{id}/compact, or crossing
@@ -102,6 +96,10 @@ class Compactor:
     # Waiting runs on these: tests pass a fake clock and let time pass without sleeping.
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    _folder: Folder = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._folder = Folder(self.settings, self.models, self.client, self.counters, self.metrics)
 
     async def compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Carry out ``plan`` (against ``loaded``), once per session at a time; log it."""
@@ -195,59 +193,26 @@ class Compactor:
 
     async def _summarize(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Fold ``plan.summarize`` into the summary and save it; the caller holds the lock."""
-        turn, h = job.turn, job.history
+        h, role = job.history, self.settings.compaction.summary_role
         start, end = plan.summarize
-        previous = loaded.summary
-        request = SummaryRequest.for_turn(turn, self.settings, self.models, self.client)
         span = h.messages[start:end]
-        started = time.perf_counter()
-        if not job.background:
-            self.metrics.summary_waits.labels(kind="summarized").inc()
         try:
-            made = await summarize(request, previous, span)
+            folded = await self._folder.fold(
+                job.turn, job.key, loaded.summary, span, background=job.background
+            )
         except SummaryError as exc:
-            self._summarized(job, started, "failed")
-            self.metrics.summary_failures.inc()
-            if isinstance(exc, SummaryTruncated):
-                self.metrics.summaries_truncated.inc()
-                self.metrics.summary_length_retries.inc(exc.length_retries)
             if job.background:
                 raise  # no turn to serve a fallback to: the precompactor counts it
             log.warning(
                 "session=%s summarization failed (%s); trimming instead", job.key.log_id, exc
             )
-            role = self.settings.compaction.summary_role
             return trim_outcome(h, loaded, job.budget, role)
-        self._summarized(job, started, "ok")
-        if made.length_retries:
-            self.metrics.summary_length_retries.inc(made.length_retries)
-        limit = summary_limit(turn.model, self.settings.compaction)
-        kept = await _restore(made.text, previous, span, limit)
-        if kept.restored:
-            self.metrics.identifiers_restored.inc(kept.restored)
-        counter = self.counters[turn.model.tokenizer]
-        summary_tokens = await count_text(counter, handoff_text(kept.summary))
-        if summary_tokens > _MAX_OVERRUN * limit:
-            # The summarizer ignored max_tokens. Kept, such a summary could overflow the
-            # window, and would be over the trigger again, and summarized, every turn.
-            self.metrics.summary_failures.inc()
-            log.warning(
-                "session=%s summary of %d tokens is far over its budget of %d; trimming instead",
-                job.key.log_id,
-                summary_tokens,
-                limit,
-            )
-            return trim_outcome(h, loaded, job.budget, self.settings.compaction.summary_role)
-        view = replace(plan.view, summary_tokens=summary_tokens + FRAME_TOKENS)
-        plan = replace(plan, view=view)
-        new = next_snapshot(loaded, kept.summary, plan, h, job.budget, turn.model.name)
+        if folded is None:  # far over its budget: not kept
+            return trim_outcome(h, loaded, job.budget, role)
+        plan = replace(plan, view=replace(plan.view, summary_tokens=folded.tokens))
+        new = next_snapshot(loaded, folded.summary, plan, h, job.budget, job.turn.model.name)
         outcome = await self._saved(job, new, plan)
-        return replace(outcome, restored=kept.restored)
-
-    def _summarized(self, job: Job, started: float, outcome: str) -> None:
-        elapsed = time.perf_counter() - started
-        self.metrics.summarization_duration.labels(outcome=outcome).observe(elapsed)
-        job.turn.record.summary_s = elapsed
+        return replace(outcome, restored=folded.restored)
 
     async def _saved(self, job: Job, new: Snapshot, plan: Plan) -> Outcome:
         """Write ``new`` (compare-and-swap) and show the history under it."""
@@ -300,13 +265,3 @@ class Compactor:
         if view_tokens(h.counts, h.messages, h.pinned, view, budget) <= budget.window:
             return rebuild_outcome(h, view, loaded.summary, loaded.version, budget, role)
         return trim_outcome(h, loaded, budget, role)
-
-
-async def _restore(
-    summary: str, previous: str, span: Sequence[ChatMessage], max_chars: int
-) -> Restored:
-    """``summary`` with the identifiers it lost from ``previous`` and ``span`` put back."""
-    sources = [previous, span_text(span)]
-    if sum(len(text) for text in sources) > INLINE_COUNT_BYTES:
-        return await asyncio.to_thread(restore_identifiers, summary, sources, max_chars)
-    return restore_identifiers(summary, sources, max_chars)
