@@ -4,19 +4,16 @@ Precedence, highest first: values passed to ``Settings(...)`` (tests),
 environment variables (``PROXY_`` prefix, ``__`` between nested keys, e.g.
 ``PROXY_STORE__URL``), the YAML file, then the defaults below. Strings in the
 YAML may reference the environment as ``${VAR}`` or ``${VAR:-default}`` so
-secrets stay out of the file. Unknown keys are errors that name the key.
+secrets stay out of the file (config_file.py reads it). Unknown keys are
+errors that name the key.
 """
 
 from __future__ import annotations
 
 import base64
-import os
-import re
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,9 +23,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from proxy.config_file import YamlSource, describe_invalid, read_config_file, yaml_values
 from proxy.errors import ConfigError
 
 
@@ -227,19 +224,6 @@ class DefaultModelSpec(_Section):
     tokenizer: str | None = None
 
 
-# The YAML contents for the Settings currently being built; a ContextVar so
-# building settings from two files concurrently (tests) cannot mix them up.
-_yaml_data: ContextVar[dict[str, Any] | None] = ContextVar("_yaml_data", default=None)
-
-
-class _YamlSource(PydanticBaseSettingsSource):
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        raise NotImplementedError  # __call__ is overridden; pydantic-settings never calls this
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(_yaml_data.get() or {})
-
-
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="PROXY_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -270,52 +254,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _YamlSource(settings_cls))
-
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def _interpolate(value: Any, where: str) -> Any:
-    if isinstance(value, str):
-
-        def sub(m: re.Match[str]) -> str:
-            name, default = m.group(1), m.group(2)
-            if name in os.environ:
-                return os.environ[name]
-            if default is not None:
-                return default
-            raise ConfigError(f"{where}: environment variable {name} is not set")
-
-        return _VAR.sub(sub, value)
-    if isinstance(value, dict):
-        return {k: _interpolate(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_interpolate(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    return value
-
-
-def read_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:
-    """The top-level mapping of a YAML file ({} when empty); ConfigError otherwise."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} {path} is not valid YAML: {exc}") from exc
-    if raw is not None and not isinstance(raw, dict):
-        raise ConfigError(f"{what} {path} must contain a mapping at the top level")
-    return raw or {}
-
-
-def describe_invalid(exc: ValidationError) -> str:
-    """Every validation problem on its own line, named by its dotted key."""
-    lines = []
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        lines.append(f"  {key}: {msg}")
-    return "invalid configuration:\n" + "\n".join(lines)
+        return (init_settings, env_settings, YamlSource(settings_cls))
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
@@ -323,13 +262,9 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
 
     Raises ConfigError with a message naming every bad key.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = _interpolate(read_yaml_mapping(path, "config file"), "")
-    token = _yaml_data.set(data)
-    try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        raise ConfigError(describe_invalid(exc)) from exc
-    finally:
-        _yaml_data.reset(token)
+    data = {} if path is None else read_config_file(path)
+    with yaml_values(data):
+        try:
+            return Settings(**overrides)
+        except ValidationError as exc:
+            raise ConfigError(describe_invalid(exc)) from exc

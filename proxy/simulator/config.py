@@ -25,7 +25,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from proxy.config import describe_invalid, read_yaml_mapping
+from proxy.config_file import describe_invalid, read_yaml_mapping
 from proxy.errors import ConfigError
 
 ErrorFormat = Literal["openai", "vllm", "vllm_legacy", "anthropic", "llamacpp", "gateway413"]
