@@ -125,20 +125,9 @@ class RedisStore:
                 pipe.hmget(name, ["v", "d"])
                 pipe.pexpire(name, self._ttl_ms)
                 (version, raw), _ = await pipe.execute()
-        except ResponseError as exc:
-            if not _wrong_type(exc):
-                raise StoreError(f"redis load failed: {type(exc).__name__}") from exc
-            await self._discard(
-                "snapshot",
-                key.log_id,
-                "wrong redis type",
-                self._discard_wrong_type,
-                [name],
-                ["hash"],
-            )
-            return None
         except RedisError as exc:
-            raise StoreError(f"redis load failed: {type(exc).__name__}") from exc
+            await self._load_failed(exc, "snapshot", key.log_id, name, "hash")
+            return None
         if version is None and raw is None:
             return None
         try:
@@ -155,6 +144,18 @@ class RedisStore:
                 [version or b"", raw or b""],
             )
             return None
+
+    async def _load_failed(
+        self, exc: RedisError, kind: str, ident: str, name: str, expected: str
+    ) -> None:
+        """A load of ``name`` raised ``exc``. A value there of another Redis type than
+        ``expected`` is discarded, and the load finds nothing; any other error is the
+        store's."""
+        if isinstance(exc, ResponseError) and _wrong_type(exc):
+            script, reason = self._discard_wrong_type, "wrong redis type"
+            await self._discard(kind, ident, reason, script, [name], [expected])
+            return
+        raise StoreError(f"redis {kind} load failed: {type(exc).__name__}") from exc
 
     async def _discard(
         self,
@@ -220,20 +221,9 @@ class RedisStore:
         name = self._k("win", key)
         try:
             raw = await self._redis.get(name)
-        except ResponseError as exc:
-            if not _wrong_type(exc):
-                raise StoreError(f"redis window load failed: {type(exc).__name__}") from exc
-            await self._discard(
-                "window",
-                log_id(key),
-                "wrong redis type",
-                self._discard_wrong_type,
-                [name],
-                ["string"],
-            )
-            return None
         except RedisError as exc:
-            raise StoreError(f"redis window load failed: {type(exc).__name__}") from exc
+            await self._load_failed(exc, "window", log_id(key), name, "string")
+            return None
         if raw is None:
             return None
         tokens = window_tokens(raw)
