@@ -68,6 +68,13 @@ def invalid_request(
     return openai_error(400, ErrorInfo(message, param=param, code=code), kind=kind)
 
 
+def missing_parameter(param: str) -> SimError:
+    """OpenAI's answer to a request without a required field."""
+    return invalid_request(
+        f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+    )
+
+
 def template_error(message: str) -> SimError:
     """What vLLM answers when the chat template raises (role alternation)."""
     return SimError(400, _vllm_body(message), kind="structure")

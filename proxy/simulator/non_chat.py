@@ -16,7 +16,7 @@ import orjson
 
 from proxy.simulator.completion import CREATED, usage
 from proxy.simulator.counting import PromptCounter
-from proxy.simulator.errors import invalid_request
+from proxy.simulator.errors import invalid_request, missing_parameter
 from proxy.simulator.replies import filler_words, fit_words
 
 DEFAULT_DIMENSIONS = 16
@@ -55,11 +55,7 @@ def _input_tokens(item: object, counter: PromptCounter) -> int:
 
 def _inputs(body: dict[str, Any]) -> list[object]:
     if "input" not in body:
-        raise invalid_request(
-            "Missing required parameter: 'input'.",
-            param="input",
-            code="missing_required_parameter",
-        )
+        raise missing_parameter("input")
     raw = body["input"]
     # A list of ints is one pre-tokenized input; any other list holds several inputs.
     if isinstance(raw, str) or (isinstance(raw, list) and raw and isinstance(raw[0], int)):

@@ -30,6 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from proxy.simulator.errors import (
     SimError,
     invalid_request,
+    missing_parameter,
     overflow_error,
     simulated_failure,
 )
@@ -114,9 +115,7 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any]) -> Res
     if overrides.fail is not None:
         raise simulated_failure(overrides.fail, str(model or ""))
     if not isinstance(model, str) or not model:
-        raise invalid_request(
-            "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
-        )
+        raise missing_parameter("model")
     items = check_items(_conversation(sim, body))
     profile = overrides.apply(sim.profile(model))
     asked = _max_output(body)

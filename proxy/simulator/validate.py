@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from proxy.simulator.errors import invalid_request, template_error
+from proxy.simulator.errors import invalid_request, missing_parameter, template_error
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _LEADING = ("system", "developer")
@@ -61,11 +61,7 @@ def check_chat_request(body: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(model, str) or not model:
         raise invalid_request("you must provide a model parameter")
     if "messages" not in body:
-        raise invalid_request(
-            "Missing required parameter: 'messages'.",
-            param="messages",
-            code="missing_required_parameter",
-        )
+        raise missing_parameter("messages")
     messages = body["messages"]
     if not isinstance(messages, list):
         raise invalid_request(
