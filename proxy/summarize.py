@@ -38,28 +38,41 @@ PURPOSE_HEADER = (b"x-compaction-purpose", b"summarize")
 SYSTEM_PROMPT = """\
 You compact a conversation between a user and an AI assistant so that another \
 assistant can continue it seamlessly from your summary alone. Write a handoff \
-summary with exactly these sections, omitting none (write "none" when empty):
+summary with exactly the sections below, in this order, omitting none; under a \
+section with nothing to report, write the single word none.
 
 ## Active task
 The user's latest request that is not yet fulfilled, quoted verbatim.
 ## Goal
+What the user wants to achieve overall.
 ## Constraints and preferences
+The requirements and preferences the user has stated.
 ## Completed actions
+What has been done so far, and with what result.
 ## Current state
+Where the work stands now.
 ## In progress
+What was under way when these turns end.
 ## Blocked
-Exact error messages, verbatim.
+What cannot go on, and why; error messages quoted verbatim.
 ## Key decisions
+The choices made, and the reasons given for them.
 ## Resolved questions
+The questions settled so far, with their answers.
 ## Pending user asks
+What the user asked for that has not been done yet.
 ## Relevant files
+The files and other resources the work touches, named exactly as the conversation names them.
 ## Remaining work
+What is left to do.
 ## Critical values
-Every identifier, number, name, path, URL, credential placeholder and fact \
-stated as KEY=VALUE or "FACT key=value" that later turns may need, copied \
-exactly. Carry forward everything from the previous summary that is still true.
+Every identifier, number, name, path, URL, credential placeholder and stated fact \
+that later turns may need, one per line, each as its name, an equals sign and its \
+value, copied character for character from the conversation. Carry forward \
+everything from the previous summary that is still true.
 
-Be concise and factual. Do not address the user. Do not invent anything."""
+Take every value from the conversation or the previous summary, never from these \
+instructions. Be concise and factual. Do not address the user. Do not invent anything."""
 
 TERSER = (
     "Your previous attempt was cut off at the length limit of {limit} tokens, losing its "

@@ -18,7 +18,8 @@ import pytest
 from proxy.config import Settings
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from proxy.summarize import SummaryRequest, summarize
+from proxy.simulator.replies import collect_facts
+from proxy.summarize import SYSTEM_PROMPT, TERSER, SummaryRequest, summarize
 from proxy.transcript import render_transcript
 from proxy.types import ChatMessage
 from proxy.upstream import UpstreamClient
@@ -243,3 +244,31 @@ def test_a_configured_summarizer_output_limit_is_asked_for_directly(
     assert chat.last["x-compaction-status"] == "compacted"
     asked = {call["body"]["max_tokens"] for call in summarizer_calls(short_output_sim)}
     assert asked == {256}
+
+
+# The instructions the summarizer reads besides the conversation: whatever they contain,
+# a model may copy into a summary as if the conversation had said it.
+_INSTRUCTIONS = (SYSTEM_PROMPT, TERSER.format(limit="{limit}"))
+
+
+@pytest.mark.parametrize("text", _INSTRUCTIONS)
+def test_the_summarizer_instructions_hold_no_example_a_model_could_copy_as_a_fact(
+    text: str,
+) -> None:
+    lines = [line for line in text.splitlines() if not line.startswith("## ")]
+    prose = "\n".join(lines).replace("{limit}", "")
+    assert not re.search(r"\d", prose), "a number is a value a summary could carry"
+    # A quote mark, or an apostrophe not inside a word ("user's" is fine).
+    quoted = re.search(r"[\"`]|(?<![A-Za-z])'|'(?![A-Za-z])", prose)
+    assert not quoted, "a quoted string reads as a value"
+    assert "=" not in prose, "a key=value pair reads as a fact"
+    assert not re.search(r"\b(e\.g\.|i\.e\.|for example|such as|like)\b", prose, re.I)
+
+
+@pytest.mark.parametrize("text", _INSTRUCTIONS)
+def test_a_model_copying_facts_from_everything_it_reads_finds_none_in_the_instructions(
+    text: str,
+) -> None:
+    # The simulator's summarizer carries forward every FACT it reads, the prompt's too:
+    # the old prompt's `"FACT key=value"` put a fact `key` into every simulated summary.
+    assert collect_facts([{"role": "system", "content": text}]) == {}
