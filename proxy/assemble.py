@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
+from functools import partial
 
 from proxy.calibrate import Calibration
 from proxy.compact import Compactor
@@ -29,8 +30,14 @@ from proxy.windows import LearnedWindows, WindowPolicy
 async def load_models(settings: Settings) -> tuple[ModelTable, dict[str, Encoder]]:
     """The model table and one encoder per tokenizer it names (``ConfigError`` if unknown)."""
     models = ModelTable(settings)
+    # A model family's tokenizer that no configured model names is loaded in case a
+    # client asks for such a model; should it be approximated, that is said then.
+    unnamed = models.tokenizers() - models.configured_tokenizers()
     # Tokenizer files load in a thread: seconds of CPU and disk, never on the loop.
-    encoders = await asyncio.to_thread(load_encoders, sorted(models.tokenizers()))
+    encoders = await asyncio.to_thread(
+        partial(load_encoders, sorted(models.tokenizers()), quiet=unnamed)
+    )
+    models.announce_on_first_use({name: encoders[name] for name in unnamed})
     return models, encoders
 
 

@@ -147,8 +147,9 @@ def _uncached(name: str) -> Any | None:
             os.environ["TIKTOKEN_CACHE_DIR"] = previous
 
 
-def load_encoder(name: str) -> Encoder:
-    """Return an encoder for ``name`` from local files only; never downloads."""
+def load_encoder(name: str, *, quiet: bool = False) -> Encoder:
+    """Return an encoder for ``name`` from local files only; never downloads. ``quiet``:
+    a stand-in for an encoding not on disk is not logged here (``warn_inexact`` later)."""
     try:
         enc = _tiktoken(name)
         if enc is not None:
@@ -159,21 +160,34 @@ def load_encoder(name: str) -> Encoder:
     except Exception:
         log.exception("loading tokenizer %s failed; using an estimate", name)
         return EstimateEncoder(name=name)
-    if fallback is not None:
+    encoder: Encoder = (
+        EstimateEncoder(name=name)
+        if fallback is None
+        else TiktokenEncoder(name=name, exact=False, _encoding=fallback)
+    )
+    if not quiet:
+        warn_inexact(encoder)
+    return encoder
+
+
+def warn_inexact(encoder: Encoder) -> None:
+    """Say what stands in for an encoding that is not on disk."""
+    if isinstance(encoder, TiktokenEncoder):
         log.warning(
             "tokenizer %s is not cached locally (see README: baking encodings into the "
             "image); approximating it with cl100k_base",
-            name,
+            encoder.name,
         )
-        return TiktokenEncoder(name=name, exact=False, _encoding=fallback)
-    log.warning(
-        "no local tokenizer for %s; using a %.1f chars/token estimate",
-        name,
-        ESTIMATE_CHARS_PER_TOKEN,
-    )
-    return EstimateEncoder(name=name)
+    else:
+        log.warning(
+            "no local tokenizer for %s; using a %.1f chars/token estimate",
+            encoder.name,
+            ESTIMATE_CHARS_PER_TOKEN,
+        )
 
 
-def load_encoders(names: Iterable[str]) -> dict[str, Encoder]:
-    """Load each distinct encoding once; meant for start-up, off the event loop."""
-    return {name: load_encoder(name) for name in dict.fromkeys(names)}
+def load_encoders(names: Iterable[str], *, quiet: Iterable[str] = ()) -> dict[str, Encoder]:
+    """Load each distinct encoding once; meant for start-up, off the event loop. The
+    encodings in ``quiet`` are loaded without a word should they be approximated."""
+    hushed = set(quiet)
+    return {name: load_encoder(name, quiet=name in hushed) for name in dict.fromkeys(names)}

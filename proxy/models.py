@@ -14,6 +14,7 @@ from fnmatch import fnmatchcase
 from cachetools import LRUCache
 
 from proxy.config import Settings
+from proxy.encodings import Encoder, warn_inexact
 
 # Model families whose tokenizer we know; everything else counts with
 # cl100k_base, the closest widely shared vocabulary (open models' own
@@ -51,12 +52,27 @@ class ModelTable:
         self._default = settings.default_model
         # Only ever used on the event loop, so no lock despite LRU hits reordering it.
         self._cache: LRUCache[str, ResolvedModel] = LRUCache(_CACHE_LIMIT)
+        # Stand-ins for encodings not on disk that no configured model names: said once,
+        # when a request first resolves to one, not at start-up for every deployment.
+        self._unannounced: dict[str, Encoder] = {}
 
     def resolve(self, model: str) -> ResolvedModel:
         hit = self._cache.get(model)
         if hit is None:
             hit = self._cache[model] = self._resolve(model)
+            if self._unannounced:
+                self._announce(hit.tokenizer)
         return hit
+
+    def announce_on_first_use(self, encoders: dict[str, Encoder]) -> None:
+        """Warn about an inexact encoder among ``encoders`` (loaded quietly) the first
+        time a model resolves to it."""
+        self._unannounced = {name: enc for name, enc in encoders.items() if not enc.exact}
+
+    def _announce(self, tokenizer: str) -> None:
+        encoder = self._unannounced.pop(tokenizer, None)
+        if encoder is not None:
+            warn_inexact(encoder)
 
     def _resolve(self, model: str) -> ResolvedModel:
         spec = next((s for s in self._specs if s.match == model), None) or next(
@@ -80,7 +96,13 @@ class ModelTable:
 
     def tokenizers(self) -> set[str]:
         """Every tokenizer the table can name, to load at start-up."""
+        names = self.configured_tokenizers()
+        names.update(n for _, n in _FAMILY_TOKENIZERS)
+        return names
+
+    def configured_tokenizers(self) -> set[str]:
+        """The tokenizers the configuration names: its model rules' and the default's.
+        (A model name no rule matches may still pick its family's: ``tokenizers``.)"""
         names = {s.tokenizer or default_tokenizer(s.match) for s in self._specs}
         names.add(self._default.tokenizer or DEFAULT_TOKENIZER)
-        names.update(n for _, n in _FAMILY_TOKENIZERS)
         return names

