@@ -19,6 +19,7 @@ from proxy.assemble import build_services
 from proxy.config import Settings
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, ProxyError
 from proxy.metrics import CONTENT_TYPE_LATEST
+from proxy.outcome import rejected_headers
 from proxy.record import Recorder, RecordRequests, record_of
 from proxy.services import Services
 from proxy.session import has_credential
@@ -26,6 +27,8 @@ from proxy.shutdown import Drain
 
 log = logging.getLogger("proxy.app")
 
+# Routes whose every answer says what the upstream saw (X-Compaction-*), errors included.
+_COMPACTION_ROUTES = frozenset({"chat", "responses"})
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _NO_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
@@ -118,7 +121,19 @@ async def proxy_error(request: Request, exc: Exception) -> Response:
         # The request's own line (same request_id) has the path where it is safe to log.
         route = getattr(request.scope.get("route"), "name", "other")
         log.warning("%s %s -> %d %s (%s)", request.method, route, exc.status, exc.code, cause)
-    return Response(exc.body(), status_code=exc.status, media_type="application/json")
+    headers = _compaction_headers(request)
+    return Response(exc.body(), exc.status, headers, media_type="application/json")
+
+
+def _compaction_headers(request: Request) -> dict[str, str] | None:
+    """On a chat route, what the upstream saw: the view sent, when the error came after
+    sending one (the upstream unreachable); else that the proxy refused the request."""
+    if getattr(request.scope.get("route"), "name", None) not in _COMPACTION_ROUTES:
+        return None
+    rec = record_of(request)
+    if rec.outcome is not None:
+        return {k.decode(): v.decode() for k, v in rec.outcome.headers()}
+    return rejected_headers(rec.window)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

@@ -55,3 +55,13 @@ class Outcome:
             (b"x-context-tokens", str(self.tokens).encode()),
             (b"x-context-window", str(self.window).encode()),
         ]
+
+
+def rejected_headers(window: int | None) -> dict[str, str]:
+    """The headers of a chat request the proxy refused before sending anything upstream
+    (its own error answer); the window once the request's model is known."""
+    headers = {"x-compaction-status": "rejected", "x-compaction-version": "0"}
+    headers["x-context-tokens"] = "0"
+    if window is not None:
+        headers["x-context-window"] = str(window)
+    return headers

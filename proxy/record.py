@@ -70,6 +70,7 @@ class Record:
     error: str | None = None  # the proxy's error code, when it answered with one
     # Chat requests, from the pipeline.
     model: str | None = None
+    window: int | None = None  # the model's context window, as the proxy uses it
     stream: bool = False
     tenant: str = ""
     session_header: str | None = None
@@ -94,15 +95,18 @@ class Record:
         """A record no middleware finishes: never observed, never logged."""
         return cls(new_request_id(), perf_counter())
 
-    def note_request(self, model: str, tenant: str, *, stream: bool) -> None:
-        """A chat (or Responses) request's model and tenant, and whether it streams."""
+    def note_request(self, model: str, tenant: str, *, stream: bool, window: int) -> None:
+        """A chat (or Responses) request's model, its window, its tenant, and whether it
+        streams."""
         self.model = model
+        self.window = window
         self.tenant = tenant
         self.stream = stream
 
     def note_turn(self, turn: Turn) -> None:
         """A chat (or Responses) request's model, tenant and session header."""
-        self.note_request(turn.model.name, turn.tenant, stream=bool(turn.chat.get("stream")))
+        model, stream = turn.model, bool(turn.chat.get("stream"))
+        self.note_request(model.name, turn.tenant, stream=stream, window=model.context_window)
         self.session_header = turn.session_header
 
     def counted(self, session: SessionKey, history: History) -> None:

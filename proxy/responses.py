@@ -59,7 +59,8 @@ async def handle_responses(request: Request, services: Services) -> Response:
         data, chat = _read(body, limit)
     tenant = tenant_from_headers(request.headers)
     model = await effective_model(services, data["model"], tenant)
-    record.note_request(model.name, tenant, stream=data.get("stream") is True)
+    stream = data.get("stream") is True
+    record.note_request(model.name, tenant, stream=stream, window=model.context_window)
     headers = services.headers.outgoing(request.headers.raw, inspect=True)
     control = request.headers.get("x-compaction", "").strip().lower()
     url = upstream_url(settings.upstream.base_url, "responses", b"")
