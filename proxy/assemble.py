@@ -21,6 +21,7 @@ from proxy.models import ModelTable
 from proxy.precompact import Precompactor
 from proxy.schedule import Schedule
 from proxy.services import Services
+from proxy.sightings import SessionSightings
 from proxy.store import build_store
 from proxy.tokens import TokenCounter
 from proxy.upstream import UpstreamClient
@@ -74,6 +75,7 @@ async def build_services(settings: Settings) -> Services:
             schedule=Schedule(force_interval_s=settings.compaction.force_interval_s),
             compactor=compactor,
             precompactor=Precompactor(settings.compaction, compactor, metrics),
+            sightings=SessionSightings(store),
             windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics),
             metrics=metrics,
         )

@@ -64,6 +64,8 @@ STORE_OPERATIONS = (
     "load_window",
     "save_window",
     "list_sessions",
+    "note_seen",
+    "load_seen",
 )
 TRIGGERS = ("threshold", "forced", "overflow_recovery", "scheduled", "precompact")
 CHAT_STATUSES = ("passthrough", "snapshot", "compacted", "trimmed", "bypassed")

@@ -82,6 +82,7 @@ async def handle_chat(request: Request, services: Services) -> Response:
         outcome = Outcome("passthrough", None, 0, estimate, model.context_window, counted=False)
     else:  # 3-8. count, session, snapshot, plan, summarize, rebuild
         outcome = await compacted_view(services, turn, force=control == "force")
+        outcome = services.sightings.note(turn, outcome)  # for GET /sessions/{id}
     url = upstream_url(settings.upstream.base_url, "chat/completions", b"")
     route = Route(url, headers, partial(_outgoing_body, turn), lower_output, find_prompt_tokens)
     first = Attempt(route.body_for(outcome), outcome)

@@ -87,6 +87,7 @@ async def handle_responses(request: Request, services: Services) -> Response:
         outcome = Outcome("passthrough", None, 0, estimate, model.context_window, counted=False)
     else:  # the chat pipeline's steps 3-8 over the items' messages
         outcome = await compacted_view(services, turn, force=control == "force")
+        outcome = services.sightings.note(turn, outcome)  # for GET /sessions/{id}
     first = Attempt(route.body_for(outcome), outcome)
     # Nothing to compact harder without a message (an empty input: the upstream's 400).
     recover = settings.compaction.recover_overflow and bool(turn.chat["messages"])

@@ -12,6 +12,7 @@ from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.precompact import Precompactor
 from proxy.schedule import Schedule
+from proxy.sightings import SessionSightings
 from proxy.store import Store
 from proxy.tokens import TokenCounter
 from proxy.upstream import Upstream
@@ -30,6 +31,7 @@ class Services:
     schedule: Schedule
     compactor: Compactor
     precompactor: Precompactor
+    sightings: SessionSightings
     windows: LearnedWindows
     metrics: Metrics
 

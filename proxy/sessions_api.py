@@ -2,9 +2,14 @@
 
 The caller's credential scopes every call exactly like chat requests, so
 another tenant asking for the same id gets a 404, never someone else's data.
+A session the proxy has served but not compacted yet answers version 0 and no
+summary, with its latest turn's figures (sightings.py).
 """
 
 from __future__ import annotations
+
+import asyncio
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -12,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from proxy.errors import NotFound
 from proxy.services import Services
 from proxy.session import SessionKey, session_from_header, tenant_from_headers
+from proxy.store import Snapshot
 
 
 def _key(request: Request) -> SessionKey:
@@ -20,31 +26,37 @@ def _key(request: Request) -> SessionKey:
 
 
 def _not_found(key: SessionKey) -> NotFound:
-    return NotFound("No session with this id has a snapshot.", param="session_id")
+    return NotFound("The proxy has not seen a session with this id.", param="session_id")
 
 
 async def get_session(request: Request, services: Services) -> Response:
     key = _key(request)
-    snapshot = await services.store.load(key)
-    if snapshot is None:
+    snapshot, seen = await asyncio.gather(services.store.load(key), services.store.load_seen(key))
+    if snapshot is None and seen is None:
         raise _not_found(key)
-    return JSONResponse(
-        {
-            "id": request.path_params["session_id"],
-            "object": "compaction.session",
-            "version": snapshot.version,
-            "pinned_messages": snapshot.pinned,
-            "covered_messages": snapshot.covered,
-            "elided_before": snapshot.elide_before,
-            "summary": snapshot.summary,
-            "summary_tokens": snapshot.summary_tokens,
-            "tokens_before": snapshot.tokens_before,
-            "tokens_after": snapshot.tokens_after,
-            "model": snapshot.model,
-            "created_at": int(snapshot.created_at),
-            "updated_at": int(snapshot.updated_at),
-        }
-    )
+    body: dict[str, Any] = {"id": request.path_params["session_id"], "object": "compaction.session"}
+    # Not compacted yet: version 0, no summary.
+    body.update(_snapshot_fields(snapshot) if snapshot else {"version": 0, "summary": None})
+    if seen is not None:  # its latest turn, as noted after the answer went out
+        body.update(messages=seen.messages, tokens=seen.tokens, last_seen_at=int(seen.seen_at))
+        body["model"] = body.get("model") or seen.model
+    return JSONResponse(body)
+
+
+def _snapshot_fields(snapshot: Snapshot) -> dict[str, Any]:
+    return {
+        "version": snapshot.version,
+        "pinned_messages": snapshot.pinned,
+        "covered_messages": snapshot.covered,
+        "elided_before": snapshot.elide_before,
+        "summary": snapshot.summary,
+        "summary_tokens": snapshot.summary_tokens,
+        "tokens_before": snapshot.tokens_before,
+        "tokens_after": snapshot.tokens_after,
+        "model": snapshot.model,
+        "created_at": int(snapshot.created_at),
+        "updated_at": int(snapshot.updated_at),
+    }
 
 
 async def delete_session(request: Request, services: Services) -> Response:
@@ -59,7 +71,9 @@ async def compact_session(request: Request, services: Services) -> Response:
     # request, which carries it.
     key = _key(request)
     if not await services.schedule.request(services.store, key):
-        raise _not_found(key)  # exactly as GET answers: nothing to compact, or not yours
+        # Nothing to compact yet, or not yours (the same answer: no tenant learns more).
+        message = "No session with this id has a snapshot yet; X-Compaction: force on its "
+        raise NotFound(message + "next request compacts it now.", param="session_id")
     return JSONResponse(
         {"id": request.path_params["session_id"], "status": "scheduled"}, status_code=202
     )

@@ -46,6 +46,7 @@ from proxy.precompact import Precompactor
 from proxy.record import Record
 from proxy.schedule import Schedule
 from proxy.services import Services
+from proxy.sightings import SessionSightings
 from proxy.store import Store
 from proxy.store.memory import MemoryStore
 from proxy.summarize import PURPOSE_HEADER
@@ -321,6 +322,7 @@ def make_services(
         windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics, clock=clock),
         metrics=metrics,
         precompactor=Precompactor(settings.compaction, compactor, metrics, clock=clock),
+        sightings=SessionSightings(store, clock=clock),
     )
 
 

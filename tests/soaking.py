@@ -389,7 +389,7 @@ def _audit_wave(fleet: Fleet, config: Config, report: Report, sessions: range, b
             f"{fleet.url}/sessions/soak-{session}",
             headers={"Authorization": _tenant(config, session)},
         )
-        if r.status_code == 200:
+        if r.status_code == 200 and r.json()["version"] > 0:
             report.versions += int(r.json()["version"])
             report.sessions_compacted += 1
 

@@ -310,8 +310,17 @@ def test_sessions_api_get_compact_delete(proxy4k: str, sim_reset: str) -> None:
     chat.say("FACT plan=b")
     for turn in range(4):
         chat.say(f"Turn {turn}")
-    assert httpx.get(f"{proxy4k}/sessions/api", headers=auth).status_code == 404
-    # No snapshot yet: compacting it is answered exactly like reading it.
+    # Seen, not compacted yet: the session is known, its figures so far, no summary.
+    seen = httpx.get(f"{proxy4k}/sessions/api", headers=auth)
+    assert seen.status_code == 200, seen.text
+    info = seen.json()
+    assert (info["version"], info["summary"], info["model"]) == (0, None, "sim-4k")
+    # Its first turn's figures, or a later one's (written at most every REFRESH_S).
+    assert 1 <= info["messages"] < len(chat.history)
+    assert info["tokens"] > 0
+    other = {"Authorization": "Bearer sk-someone-else"}
+    assert httpx.get(f"{proxy4k}/sessions/api", headers=other).status_code == 404
+    # No snapshot yet: nothing to schedule.
     assert httpx.post(f"{proxy4k}/sessions/api/compact", headers=auth).status_code == 404
     chat.headers["X-Compaction"] = "force"
     chat.say("compact now")
@@ -320,7 +329,6 @@ def test_sessions_api_get_compact_delete(proxy4k: str, sim_reset: str) -> None:
     assert chat.last["x-compaction-status"] == "compacted"
     for turn in range(3):
         chat.say(f"More {turn}")
-    other = {"Authorization": "Bearer sk-someone-else"}
     assert httpx.post(f"{proxy4k}/sessions/api/compact", headers=other).status_code == 404
     r = httpx.post(f"{proxy4k}/sessions/api/compact", headers=auth)
     assert r.status_code == 202

@@ -86,7 +86,8 @@ def test_a_summary_under_way_finishes_and_frees_the_lock_when_its_client_leaves(
         pytest.fail("no turn ever compacted")
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        if httpx.get(f"{url}/sessions/leaves", headers=headers).status_code == 200:
+        found = httpx.get(f"{url}/sessions/leaves", headers=headers)
+        if found.status_code == 200 and found.json()["version"] > 0:
             break
         time.sleep(0.1)
     snapshot = httpx.get(f"{url}/sessions/leaves", headers=headers).json()

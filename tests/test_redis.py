@@ -292,3 +292,50 @@ async def test_encrypted_snapshots_are_unreadable_in_redis_and_keys_rotate(
         raw.close()
         for store in (writer, rotated, stranger, plain):
             await store.aclose()
+
+
+def test_a_session_served_by_one_replica_is_known_to_another_before_any_compaction(
+    sim_reset: str, redis_server: RedisServer, spawn_proxy: Callable[..., str]
+) -> None:
+    a, b = (spawn_proxy(replica_config(sim_reset, redis_server.url)) for _ in range(2))
+    auth = {"Authorization": "Bearer sk-tenant-a"}
+    chat = Chat(a, key="sk-tenant-a", session="first-look")
+    chat.say("hello")
+    assert chat.last is not None
+    assert chat.last["x-compaction-status"] == "passthrough"
+    # Noted in Redis once the answer is out, so it may land just after the client has it.
+    for _ in range(50):
+        found = httpx.get(f"{b}/sessions/first-look", headers=auth)
+        if found.status_code == 200:
+            break
+        time.sleep(0.1)
+    assert found.status_code == 200, found.text
+    info = found.json()
+    sent = len(chat.history) - 1  # the request's messages: all but the answer
+    assert (info["version"], info["summary"], info["messages"]) == (0, None, sent)
+    assert info["tokens"] == int(chat.last["x-context-tokens"])
+    other = httpx.get(f"{b}/sessions/first-look", headers={"Authorization": "Bearer sk-other"})
+    assert other.status_code == 404
+    raw = redis.Redis.from_url(redis_server.url)
+    try:
+        [name] = raw.keys("cp:seen:*")
+        assert 0 < raw.pttl(name) <= 7 * 86_400_000  # expires like snapshots (store.ttl_s)
+        assert b"hello" not in raw.get(name)  # figures only, never content
+    finally:
+        raw.close()
+    assert httpx.delete(f"{b}/sessions/first-look", headers=auth).status_code == 200
+    assert httpx.get(f"{a}/sessions/first-look", headers=auth).status_code == 404
+
+
+async def test_a_sighting_redis_cannot_read_is_no_sighting(redis_server: RedisServer) -> None:
+    raw = redis.Redis.from_url(redis_server.url)
+    raw.set("cp:seen:tenant:h:garbage", b"{not json")
+    raw.set("cp:seen:tenant:h:shape", orjson.dumps(["three", 120, "m", 1.0]))
+    raw.hset("cp:seen:tenant:h:hash", mapping={"v": 1})
+    store = RedisStore(redis_server.url, ttl_s=60)
+    try:
+        for name in ("garbage", "shape", "hash"):
+            assert await store.load_seen(key(name)) is None
+    finally:
+        raw.close()
+        await store.aclose()

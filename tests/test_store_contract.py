@@ -17,7 +17,7 @@ import pytest
 from proxy.errors import StoreError
 from proxy.metrics import Metrics
 from proxy.session import SessionKey
-from proxy.store import Snapshot, Store
+from proxy.store import Sighting, Snapshot, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
@@ -307,6 +307,43 @@ async def test_windows_and_sessions_do_not_interfere(store: Store) -> None:
 
 
 # MemoryStore only: what keeps the embedded store's memory bounded.
+
+
+SEEN = Sighting(messages=3, tokens=120, model="gpt-4o", seen_at=1_700_000_000.5)
+
+
+async def test_a_session_never_seen_loads_no_sighting(store: Store) -> None:
+    assert await store.load_seen(key("never-seen")) is None
+
+
+async def test_a_sighting_loads_back_and_a_later_one_replaces_it(store: Store) -> None:
+    await store.note_seen(KEY, SEEN)
+    assert await store.load_seen(KEY) == SEEN
+    later = Sighting(messages=5, tokens=300, model="gpt-4o", seen_at=1_700_000_009.0)
+    await store.note_seen(KEY, later)
+    assert await store.load_seen(KEY) == later
+
+
+async def test_sightings_are_per_tenant_and_apart_from_snapshots(store: Store) -> None:
+    await store.note_seen(KEY, SEEN)
+    assert await store.load_seen(key("session-1", tenant="tenant-b")) is None
+    assert await store.load(KEY) is None  # seen is not compacted
+    assert await store.save(KEY, snap(1))  # and a sighting never blocks version 1
+    assert await store.load_seen(KEY) == SEEN
+
+
+async def test_delete_forgets_a_session_seen_but_never_compacted(store: Store) -> None:
+    await store.note_seen(KEY, SEEN)
+    assert await store.delete(KEY) is True
+    assert await store.load_seen(KEY) is None
+    assert await store.delete(KEY) is False
+
+
+async def test_sightings_expire_after_the_ttl(stores: Stores) -> None:
+    store = await stores.make(SHORT_TTL)
+    await store.note_seen(KEY, SEEN)
+    await stores.elapse(SHORT_TTL * 3)
+    assert await store.load_seen(KEY) is None
 
 
 async def test_memory_store_drops_expired_entries_as_it_goes() -> None:

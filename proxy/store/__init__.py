@@ -1,12 +1,13 @@
 """Where snapshots live: the protocol, the Snapshot value, and the factory.
 
-A store keeps, per ``SessionKey``, one ``Snapshot`` plus a short-lived
-summarization lock, and learned context windows under plain string keys.
-The protocols are split by concern (``Snapshots``, ``LockStore``,
-``WindowStore``); callers take the narrowest one they need, and ``Store``
-combines them. Writes are compare-and-swap on the version: a snapshot with
-version N is written only over version N-1 (or over nothing for N=1), so a
-slow writer can never replace a newer summary.
+A store keeps, per ``SessionKey``, one ``Snapshot``, the session's latest
+``Sighting`` and a short-lived summarization lock, and learned context
+windows under plain string keys. The protocols are split by concern
+(``Snapshots``, ``Sightings``, ``LockStore``, ``WindowStore``); callers
+take the narrowest one they need, and ``Store`` combines them. Writes are
+compare-and-swap on the version: a snapshot with version N is written only
+over version N-1 (or over nothing for N=1), so a slow writer can never
+replace a newer summary.
 """
 
 from __future__ import annotations
@@ -60,6 +61,26 @@ class Snapshots(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Sighting:
+    """A session the proxy has served, compacted or not: its latest noted turn."""
+
+    messages: int  # in the request
+    tokens: int  # sent upstream (X-Context-Tokens)
+    model: str
+    seen_at: float  # epoch seconds
+
+
+class Sightings(Protocol):
+    """Sessions seen, so ``GET /sessions/{id}`` answers before a first compaction.
+    Kept as long as snapshots (``store.ttl_s`` from the last note); ``Snapshots.delete``
+    forgets a session's sighting too."""
+
+    async def note_seen(self, key: SessionKey, sighting: Sighting) -> None: ...
+
+    async def load_seen(self, key: SessionKey) -> Sighting | None: ...
+
+
 class LockStore(Protocol):
     """Per-session summarization locks (single flight across replicas)."""
 
@@ -80,7 +101,7 @@ class WindowStore(Protocol):
     async def save_window(self, key: str, tokens: int, ttl_s: float) -> None: ...
 
 
-class Store(Snapshots, LockStore, WindowStore, Protocol):
+class Store(Snapshots, Sightings, LockStore, WindowStore, Protocol):
     """Everything a store does: what ``build_store`` returns."""
 
     async def ping(self) -> bool: ...

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import ConfigError, StoreError
-from proxy.store import Snapshot
+from proxy.store import Sighting, Snapshot
 
 FORMAT_VERSION = 1
 # What each Snapshot field may hold once decoded (bool is an int to Python, never to us).
@@ -119,3 +119,22 @@ def window_tokens(raw: bytes | str) -> int | None:
     except ValueError:
         return None
     return tokens if tokens > 0 else None
+
+
+def encode_sighting(sighting: Sighting) -> bytes:
+    # Counts and a model name, no content: stored in the clear, encryption or not.
+    return orjson.dumps([sighting.messages, sighting.tokens, sighting.model, sighting.seen_at])
+
+
+def decode_sighting(raw: bytes | str) -> Sighting | None:
+    """A stored sighting; None for anything this release did not write."""
+    try:
+        messages, tokens, model, seen_at = orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        return None
+    counts = (messages, tokens)
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
+        return None
+    if not isinstance(model, str) or not isinstance(seen_at, int | float):
+        return None
+    return Sighting(messages, tokens, model, float(seen_at))

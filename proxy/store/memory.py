@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable
 from typing import TypeVar
 
 from proxy.session import SessionKey
-from proxy.store import Snapshot
+from proxy.store import Sighting, Snapshot
 
 _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
@@ -61,6 +61,7 @@ class MemoryStore:
         self._tenants: dict[str, OrderedDict[SessionKey, None]] = {}
         self._locks: OrderedDict[SessionKey, tuple[float, str]] = OrderedDict()
         self._windows: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        self._seen: OrderedDict[SessionKey, tuple[float, Sighting]] = OrderedDict()
 
     async def load(self, key: SessionKey) -> Snapshot | None:
         entry = self._data.get(key)
@@ -97,10 +98,25 @@ class MemoryStore:
         return True
 
     async def delete(self, key: SessionKey) -> bool:
+        seen = self._seen.pop(key, None) is not None
         if key not in self._data:
-            return False
+            return seen
         self._forget(key)
         return True
+
+    async def note_seen(self, key: SessionKey, sighting: Sighting) -> None:
+        now = self._clock()
+        _drop_expired(self._seen, now)
+        if key not in self._seen and len(self._seen) >= self._max:
+            self._seen.popitem(last=False)  # bounded like sessions: the oldest note goes
+        self._seen[key] = (now + self._ttl, sighting)
+        self._seen.move_to_end(key)
+
+    async def load_seen(self, key: SessionKey) -> Sighting | None:
+        entry = self._seen.get(key)
+        if entry is None or entry[0] < self._clock():
+            return None
+        return entry[1]
 
     def _forget(self, key: SessionKey) -> None:
         del self._data[key]
@@ -155,3 +171,4 @@ class MemoryStore:
         self._tenants.clear()
         self._locks.clear()
         self._windows.clear()
+        self._seen.clear()

@@ -8,6 +8,7 @@ a window's key is the plain string it was saved under):
 {prefix}:snap:{key}   hash  v=<version>  d=<orjson snapshot, with format version "fv">
 {prefix}:lock:{key}   string owner token, PX = lock ttl       (summarization single flight)
 {prefix}:win:{key}    string learned window in tokens, PX = ttl
+{prefix}:seen:{key}   string the session's latest Sighting (codec.py), PX = store.ttl_s
 ```
 
 How a snapshot becomes those bytes, encrypted or not, is ``codec.py``; the
@@ -46,13 +47,15 @@ from redis.exceptions import RedisError, ResponseError
 
 from proxy.errors import StoreError
 from proxy.session import SessionKey
-from proxy.store import Snapshot, lua
+from proxy.store import Sighting, Snapshot, lua
 from proxy.store.codec import (
     NewerFormat,
     SnapshotCipher,
     Unreadable,
+    decode_sighting,
     decode_snapshot,
     decode_stored,
+    encode_sighting,
     encode_snapshot,
     window_tokens,
 )
@@ -199,9 +202,24 @@ class RedisStore:
 
     async def delete(self, key: SessionKey) -> bool:
         try:
-            return bool(await self._redis.delete(self._k("snap", key)))
+            return bool(await self._redis.delete(self._k("snap", key), self._k("seen", key)))
         except RedisError as exc:
             raise StoreError(f"redis delete failed: {type(exc).__name__}") from exc
+
+    async def note_seen(self, key: SessionKey, sighting: Sighting) -> None:
+        try:
+            await self._redis.set(self._k("seen", key), encode_sighting(sighting), px=self._ttl_ms)
+        except RedisError as exc:
+            raise StoreError(f"redis note failed: {type(exc).__name__}") from exc
+
+    async def load_seen(self, key: SessionKey) -> Sighting | None:
+        try:
+            raw = await self._redis.get(self._k("seen", key))
+        except ResponseError:
+            return None  # not a value we wrote (a wrong type): the next note replaces it
+        except RedisError as exc:
+            raise StoreError(f"redis seen load failed: {type(exc).__name__}") from exc
+        return None if raw is None else decode_sighting(raw)
 
     async def acquire(self, key: SessionKey, ttl_s: float) -> str | None:
         token = secrets.token_hex(8)

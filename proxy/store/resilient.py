@@ -27,7 +27,7 @@ from typing import TypeVar
 from proxy.errors import StoreError
 from proxy.metrics import STORE_OPERATIONS, Metrics
 from proxy.session import SessionKey
-from proxy.store import Snapshot, Store
+from proxy.store import Sighting, Snapshot, Store
 from proxy.store.memory import MemoryStore
 
 log = logging.getLogger("proxy.store")
@@ -136,6 +136,18 @@ class ResilientStore:
         await self.local.delete(key)
         return await self._call(
             "delete", lambda: self.remote.delete(key), lambda: self.local.delete(key)
+        )
+
+    async def note_seen(self, key: SessionKey, sighting: Sighting) -> None:
+        await self._call(
+            "note_seen",
+            lambda: self.remote.note_seen(key, sighting),
+            lambda: self.local.note_seen(key, sighting),
+        )
+
+    async def load_seen(self, key: SessionKey) -> Sighting | None:
+        return await self._call(
+            "load_seen", lambda: self.remote.load_seen(key), lambda: self.local.load_seen(key)
         )
 
     async def acquire(self, key: SessionKey, ttl_s: float) -> str | None:
