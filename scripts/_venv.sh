@@ -9,7 +9,16 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 stamp="$venv/.installed${extras:+-$extras}"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+current() { [ -f "$1" ] && [ ! pyproject.toml -nt "$1" ]; }
+# A wider install serves a narrower one: the test extra holds every other extra's
+# packages, and any install holds the project's own.
+serves=("$stamp" "$venv/.installed-test")
+if [ -z "$extras" ]; then serves+=("$venv"/.installed-*); fi
+installed=false
+for done in "${serves[@]}"; do
+  if current "$done"; then installed=true; fi
+done
+if [ "$installed" = false ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q -e ".${extras:+[$extras]}"
   touch "$stamp"

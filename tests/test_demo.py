@@ -1,0 +1,70 @@
+"""README "Try it without a provider", run as written: ``scripts/demo`` shows an overflow
+recovery and a compaction and ends with the recalled fact; the manual steps' config is
+valid; and the install the demo relies on (scripts/_venv.sh) holds what it needs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from proxy.config import load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTION = "## Try it without a provider"
+
+
+def _blocks(language: str) -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index(SECTION) :]
+    section = section[: section.index("\n## ", len(SECTION))]
+    return re.findall(rf"```{language}\n(.*?)```", section, re.S)
+
+
+@pytest.mark.e2e
+def test_the_readme_demo_runs_as_written_and_shows_what_it_says() -> None:
+    command = _blocks("bash")[0].strip()
+    assert command == "scripts/demo"  # the section's first step, on a fresh clone too
+    # The test run's own environment: scripts/_venv.sh finds it installed, nothing to fetch.
+    env = {**os.environ, "VENV": sys.prefix}
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    recovered = [line for line in lines if "overflow recovered" in line]
+    assert len(recovered) == 1
+    assert recovered[0].split()[1] == "compacted"
+    assert any(line.split()[1:2] == ["compacted"] and line not in recovered for line in lines)
+    assert any("GET /sessions/demo: version 0" in line for line in lines)
+    assert lines[-2] == "RECALL color -> color=blue"
+    assert "1 request as too long" in lines[-1]
+    # The README's excerpt is this output, abridged.
+    for line in _blocks("")[0].splitlines():
+        assert line.strip() == "..." or line in lines, line
+
+
+def test_the_readme_manual_config_is_valid(tmp_path: Path) -> None:
+    manual = _blocks("bash")[1]
+    config = re.search(r"<<'EOF'\n(.*?)\nEOF", manual, re.S)
+    assert config is not None
+    path = tmp_path / "sim.yaml"
+    path.write_text(config.group(1))
+    settings = load_settings(str(path))
+    assert settings.upstream.base_url == "http://127.0.0.1:8081/v1"
+    assert settings.models[0].match == "sim-*"
+
+
+def test_the_test_extra_holds_every_other_extras_packages() -> None:
+    # scripts/_venv.sh serves `scripts/demo` (extra demo) from a test install.
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    test = set(extras.pop("test"))
+    for name, packages in extras.items():
+        assert set(packages) <= test, name
