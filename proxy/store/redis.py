@@ -48,12 +48,12 @@ from redis.exceptions import RedisError, ResponseError
 from proxy.errors import StoreError
 from proxy.session import SessionKey
 from proxy.store import Sighting, Snapshot, lua
+from proxy.store import redis_scans as scans
 from proxy.store.codec import (
     NewerFormat,
     SnapshotCipher,
     Unreadable,
     decode_sighting,
-    decode_snapshot,
     decode_stored,
     encode_sighting,
     encode_snapshot,
@@ -258,44 +258,11 @@ class RedisStore:
             raise StoreError(f"redis window save failed: {type(exc).__name__}") from exc
 
     async def list_sessions(self, limit: int) -> list[tuple[SessionKey, Snapshot]]:
-        prefix = self._k("snap", "")
-        out: list[tuple[SessionKey, Snapshot]] = []
-        try:
-            async for name in self._redis.scan_iter(match=f"{prefix}*", count=500):
-                key = SessionKey.from_storage_key(name.decode()[len(prefix) :])
-                if key is None:
-                    continue  # not a session key we wrote
-                try:
-                    raw = await self._redis.hget(name, "d")
-                    snapshot = (
-                        decode_snapshot(raw, self._cipher) if isinstance(raw, bytes) else None
-                    )
-                except (ResponseError, Unreadable, NewerFormat):
-                    continue  # a listing skips what a load would treat as absent
-                if snapshot is not None:
-                    out.append((key, snapshot))
-                if len(out) >= limit:
-                    break
-        except RedisError as exc:
-            raise StoreError(f"redis scan failed: {type(exc).__name__}") from exc
-        return out
+        return await scans.list_sessions(self._redis, self._k("snap", ""), self._cipher, limit)
 
     async def learned_windows(self) -> dict[str, int]:
         """Every learned window (upstream|model -> tokens), for check-config."""
-        prefix = self._k("win", "")
-        out: dict[str, int] = {}
-        try:
-            async for name in self._redis.scan_iter(match=f"{prefix}*", count=500):
-                try:
-                    raw = await self._redis.get(name)
-                except ResponseError:
-                    continue  # not a window we wrote
-                tokens = window_tokens(raw) if raw is not None else None
-                if tokens is not None:
-                    out[name.decode()[len(prefix) :]] = tokens
-        except RedisError as exc:
-            raise StoreError(f"redis scan failed: {type(exc).__name__}") from exc
-        return out
+        return await scans.learned_windows(self._redis, self._k("win", ""))
 
     async def ping(self) -> bool:
         try:
