@@ -9,8 +9,10 @@ checked on every answer; elsewhere ``GET /sessions/{id}`` shows the compactions.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -283,4 +285,54 @@ def test_openai_node(proxy4k: str, sim_reset: str) -> None:
     # Turns 9, 14, 24 and 29 call the tool unstreamed (the streamed ones read text).
     assert result["toolArgs"] == [{"step": 1}] * 4
     assert result["afterTools"] == ["observed 1 tool results"] * 4
+    check_upstream(sim_reset)
+
+
+# LiteLLM runs in a venv of its own: every release that installs pins openai<3, which the
+# Agents SDK in the test venv excludes. Pinned to the newest that installs (1.103.8 and
+# later need a certifi release the registry does not have yet; 1.109 allows openai 3).
+LITELLM = "1.103.7"
+LITELLM_VENV = NODE_CACHE.parent / f"litellm-{LITELLM}"
+
+
+def _litellm_python() -> Path:
+    """The Python of a venv with ``litellm`` pinned, made once under .cache (gitignored);
+    a stamp marks a finished install, so an interrupted one is made again."""
+    python = LITELLM_VENV / "bin" / "python"
+    stamp = LITELLM_VENV / ".installed"
+    if not stamp.exists():
+        shutil.rmtree(LITELLM_VENV, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True, timeout=120)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", f"litellm=={LITELLM}"],
+            check=True,
+            timeout=600,
+            capture_output=True,
+        )
+        stamp.touch()
+    return python
+
+
+def test_litellm(proxy4k: str, sim_reset: str) -> None:
+    python = _litellm_python()
+    script = Path(__file__).parent / "clients" / "litellm_client.py"
+    done = subprocess.run(
+        [str(python), str(script), proxy4k, FILLER.strip()],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        # The model price list bundled with the package, not fetched at import.
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["recall"] == "code=k7q2"
+    assert result["statuses"].get("compacted", 0) >= 2, result["statuses"]
+    assert set(result["statuses"]) <= {"passthrough", "snapshot", "compacted"}
+    assert result["windows"] == ["4096"]
+    # Turns 9, 14, 24 and 29 call the tool unstreamed (the streamed ones read text).
+    assert result["toolArgs"] == [{"step": 1}] * 4
+    assert result["afterTools"] == ["observed 1 tool results"] * 4
+    assert compacted_versions(proxy4k, "litellm", "sk-litellm") >= 2
     check_upstream(sim_reset)
