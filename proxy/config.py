@@ -90,6 +90,9 @@ class UpstreamSettings(_Section):
     # the upstream's own idle timeout (5 s in uvicorn, so vLLM and SGLang, and in
     # llama.cpp's server), or a request sent as the upstream closes it fails with a 502.
     keepalive_timeout_s: float = Field(4.0, gt=0)
+    # The API the summary calls use: "chat" (/chat/completions) or "responses"
+    # (/responses), for an upstream that serves only the Responses API.
+    summarizer_api: Literal["chat", "responses"] = "chat"
 
     @model_validator(mode="after")
     def _check_url(self) -> UpstreamSettings:

@@ -6,9 +6,11 @@ folded in chunks, each chunk updating the summary from the last. Tool calls
 enter the transcript as names, brief arguments and brief outcomes, never
 whole outputs.
 
-A summary cut off by its token limit (``finish_reason: length``) is never
-kept: its end is lost, and the end is where the critical values go. The call
-is retried once asking for a terser summary within the same budget; a second
+The call goes to chat completions or the Responses API
+(``upstream.summarizer_api``, summary_api.py). A summary cut off by its token
+limit (``finish_reason: length``, or Responses' ``incomplete``) is never kept:
+its end is lost, and the end is where the critical values go. The call is
+retried once asking for a terser summary within the same budget; a second
 cut-off raises ``SummaryTruncated`` and the caller keeps the previous snapshot.
 An upstream that refuses ``max_tokens`` as more than the model can write is
 asked again once with the limit it states.
@@ -20,8 +22,6 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import orjson
-
 from proxy import upstream
 from proxy.budget import FRAME_TOKENS, summary_limit
 from proxy.config import Settings
@@ -29,6 +29,7 @@ from proxy.errors import SummaryError, SummaryTruncated, UpstreamError
 from proxy.models import ModelTable
 from proxy.outcome import Turn
 from proxy.overflow import classify_error
+from proxy.summary_api import PATHS, SummarizerApi, read_answer, request_body
 from proxy.transcript import chunk_transcript, render_transcript
 from proxy.types import ChatMessage
 from proxy.urls import upstream_url
@@ -96,6 +97,7 @@ class SummaryRequest:
     """Everything the summarizer needs that does not change per chunk."""
 
     client: upstream.Upstream
+    api: SummarizerApi  # chat completions or the Responses API (summary_api.py)
     url: str
     headers: list[tuple[bytes, bytes]]
     model: str
@@ -123,9 +125,11 @@ class SummaryRequest:
         # Room for the transcript: the window less the answer and the prompt's
         # own framing, in characters at a conservative 3 per token.
         room = max(window - max_tokens - 2 * FRAME_TOKENS - 600, 256)
+        api = settings.upstream.summarizer_api
         return cls(
             client=client,
-            url=upstream_url(settings.upstream.base_url, "chat/completions", b""),
+            api=api,
+            url=upstream_url(settings.upstream.base_url, PATHS[api], b""),
             # The request's id too: the upstream's logs tie the summary to the request.
             headers=[*turn.auth_headers, (b"x-request-id", turn.record.request_id.encode())],
             model=c.summarizer_model or turn.chat["model"],
@@ -192,33 +196,16 @@ async def _call(req: SummaryRequest, prompt: str, max_tokens: int) -> _Answer:
             status, raw, headers = await _post(req, prompt, max_tokens)
     if status != 200:
         raise SummaryError(f"summarizer answered HTTP {status}")
-    try:
-        data = orjson.loads(raw)
-        choice = data["choices"][0]
-        text = choice["message"]["content"]
-        finish = choice.get("finish_reason")
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
-        raise SummaryError("summarizer answer had no message content") from exc
-    if not isinstance(text, str) or not text.strip():
+    reading = read_answer(req.api, raw)
+    if not reading.text.strip():
         raise SummaryError("summarizer returned an empty summary")
-    return _Answer(text.strip(), finish if isinstance(finish, str) else "", max_tokens)
+    return _Answer(reading.text.strip(), reading.finish_reason, max_tokens)
 
 
 async def _post(
     req: SummaryRequest, prompt: str, max_tokens: int
 ) -> tuple[int, bytes, dict[str, str]]:
-    body = orjson.dumps(
-        {
-            "model": req.model,
-            "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": prompt},
-            ],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": False,
-        }
-    )
+    body = request_body(req.api, req.model, SYSTEM_PROMPT, prompt, max_tokens)
     headers = [
         *req.headers,
         (b"content-type", b"application/json"),

@@ -132,6 +132,7 @@ async def test_a_span_larger_than_a_chunk_is_folded_call_by_call(sim_reset: str)
     try:
         request = SummaryRequest(
             client=client,
+            api="chat",
             url=f"{sim_reset}/v1/chat/completions",
             headers=[(b"authorization", b"Bearer sk-test")],
             model="sim-summarizer",

@@ -148,7 +148,9 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any]) -> Res
         summarize=summarize,
         seed=seed,
         budget=max(min(asked or profile.max_output_tokens, window - total), 0),
-        voice=Voice(counter.encoder, sim.config.reply_tokens, profile.summary_style),
+        voice=Voice(
+            counter.encoder, sim.config.reply_tokens, profile.summary_style, profile.summary_forgets
+        ),
     )
     if summarize:
         sim.recorder.bump("summaries")
