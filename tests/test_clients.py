@@ -304,7 +304,9 @@ def _litellm_python() -> Path:
         shutil.rmtree(LITELLM_VENV, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True, timeout=120)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", f"litellm=={LITELLM}"],
+            # No byte-compiling of its thousands of modules: half the install time; the
+            # few the client imports compile on first use.
+            [str(python), "-m", "pip", "install", "-q", "--no-compile", f"litellm=={LITELLM}"],
             check=True,
             timeout=600,
             capture_output=True,
