@@ -277,7 +277,13 @@ def test_openai_node(proxy4k: str, sim_reset: str) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    check_script_result(done.stdout)
+    check_upstream(sim_reset)
+
+
+def check_script_result(stdout: str) -> None:
+    """What a client script (openai-node, LiteLLM) reports on its last line, as JSON."""
+    result = json.loads(stdout.strip().splitlines()[-1])
     assert result["recall"] == "code=k7q2"
     assert result["statuses"].get("compacted", 0) >= 2, result["statuses"]
     assert set(result["statuses"]) <= {"passthrough", "snapshot", "compacted"}
@@ -285,7 +291,6 @@ def test_openai_node(proxy4k: str, sim_reset: str) -> None:
     # Turns 9, 14, 24 and 29 call the tool unstreamed (the streamed ones read text).
     assert result["toolArgs"] == [{"step": 1}] * 4
     assert result["afterTools"] == ["observed 1 tool results"] * 4
-    check_upstream(sim_reset)
 
 
 # LiteLLM runs in a venv of its own: every release that installs pins openai<3, which the
@@ -328,13 +333,6 @@ def test_litellm(proxy4k: str, sim_reset: str) -> None:
         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["recall"] == "code=k7q2"
-    assert result["statuses"].get("compacted", 0) >= 2, result["statuses"]
-    assert set(result["statuses"]) <= {"passthrough", "snapshot", "compacted"}
-    assert result["windows"] == ["4096"]
-    # Turns 9, 14, 24 and 29 call the tool unstreamed (the streamed ones read text).
-    assert result["toolArgs"] == [{"step": 1}] * 4
-    assert result["afterTools"] == ["observed 1 tool results"] * 4
+    check_script_result(done.stdout)
     assert compacted_versions(proxy4k, "litellm", "sk-litellm") >= 2
     check_upstream(sim_reset)
