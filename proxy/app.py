@@ -17,6 +17,7 @@ from starlette.routing import Route
 from proxy import admin_api, pipeline, responses, sessions_api
 from proxy.assemble import build_services
 from proxy.config import Settings
+from proxy.endpoints import endpoint
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, ProxyError
 from proxy.metrics import CONTENT_TYPE_LATEST
 from proxy.outcome import rejected_headers
@@ -48,7 +49,11 @@ class State(TypedDict):
 
 def services_of(request: Request) -> Services:
     """The app's services (``AttributeError`` before its lifespan has started)."""
-    services: Services = request.state.services
+    # The lifespan's state dict itself: ``request.state`` wraps it in a new object
+    # whose every attribute read goes through ``__getattr__``.
+    services: Services | None = request.scope.get("state", {}).get("services")
+    if services is None:
+        raise AttributeError("services: the app's lifespan has not started")
     return services
 
 
@@ -149,13 +154,18 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 # Names are the ``route`` of metrics and request lines.
 ROUTES = [
-    Route("/v1/chat/completions", chat, methods=["POST"], name="chat"),
-    Route("/v1/responses", responses_create, methods=["POST"], name="responses"),
-    Route("/v1/{path:path}", passthrough, methods=_ALL_METHODS, name="passthrough"),
-    Route("/sessions/{session_id}", get_session, methods=["GET"], name="sessions"),
-    Route("/sessions/{session_id}", delete_session, methods=["DELETE"], name="sessions"),
-    Route("/sessions/{session_id}/compact", compact_session, methods=["POST"], name="sessions"),
-    Route("/admin/sessions", list_sessions, methods=["GET"], name="admin"),
+    Route("/v1/chat/completions", endpoint(chat), methods=["POST"], name="chat"),
+    Route("/v1/responses", endpoint(responses_create), methods=["POST"], name="responses"),
+    Route("/v1/{path:path}", endpoint(passthrough), methods=_ALL_METHODS, name="passthrough"),
+    Route("/sessions/{session_id}", endpoint(get_session), methods=["GET"], name="sessions"),
+    Route("/sessions/{session_id}", endpoint(delete_session), methods=["DELETE"], name="sessions"),
+    Route(
+        "/sessions/{session_id}/compact",
+        endpoint(compact_session),
+        methods=["POST"],
+        name="sessions",
+    ),
+    Route("/admin/sessions", endpoint(list_sessions), methods=["GET"], name="admin"),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),

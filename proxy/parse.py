@@ -106,24 +106,26 @@ def check_depth(data: dict[str, Any]) -> None:
 
 def _check_message(i: int, message: Any) -> None:
     """Only the fields the proxy reads; their values are the upstream's to judge."""
-    where = f"messages[{i}]"
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        where = f"messages[{i}]"
         raise InvalidRequest(f"{where} must be an object with a 'role' string.", param=where)
     content = message.get("content")
     if content is not None and not (
         isinstance(content, str)
         or (isinstance(content, list) and all(isinstance(p, dict) for p in content))
     ):
+        where = f"messages[{i}]"
         raise InvalidRequest(
             f"{where}.content must be a string, an array of content part objects or null.",
             param=f"{where}.content",
         )
     for key in ("name", "tool_call_id"):
         if key in message and not isinstance(message[key], str):
-            raise _not_a_string(f"{where}.{key}")
+            raise _not_a_string(f"messages[{i}].{key}")
     calls = message.get("tool_calls")
     if calls is None:
         return
+    where = f"messages[{i}]"
     if not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
         raise InvalidRequest(
             f"{where}.tool_calls must be an array of tool call objects.",

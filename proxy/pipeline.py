@@ -104,7 +104,7 @@ async def compacted_view(
     # Far below the trigger (and the pre-compaction threshold): no store round trip,
     # no counting.
     soonest = c.precompact_ratio or c.trigger_ratio
-    far_below = bounded_by(turn.body, len(chat["messages"]), int(window * soonest) - reserve)
+    far_below = bounded_by(turn.body, chat["messages"], int(window * soonest) - reserve)
     hinted = services.schedule.take_hint(turn.tenant, turn.session_header)
     if far_below and not (force or recover or hinted):
         return Outcome("passthrough", None, 0, len(turn.body) // 4, window, counted=False)
