@@ -25,7 +25,7 @@ from proxy.errors import ClientDisconnected
 WATCH_AFTER_S = 0.02
 
 
-class cancelled_on_disconnect:  # noqa: N801 - an async context manager, used like one
+class cancelled_on_disconnect:  # lower case: used where a function was, like one
     """``async with cancelled_on_disconnect(receive):`` runs the body; if the client
     disconnects meanwhile, cancels it and raises ``ClientDisconnected``. Use only after
     the request body has been read whole: the watcher consumes what ``receive`` returns.

@@ -63,7 +63,7 @@ class ProxyRequest(Request):
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-class endpoint:  # noqa: N801 - used as a decorator-like wrapper, read as a function
+class endpoint:  # lower case: wraps a handler where a function would
     """``handler`` as an ASGI app (a class, so that ``Route`` takes it as one).
 
     What the handler raises propagates to the app's ``ExceptionMiddleware``, whose
