@@ -21,7 +21,8 @@ from proxy.endpoints import endpoint
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, ProxyError
 from proxy.metrics import CONTENT_TYPE_LATEST
 from proxy.outcome import rejected_headers
-from proxy.record import Recorder, RecordRequests, record_of
+from proxy.record import RecordRequests, record_of
+from proxy.recorder import Recorder
 from proxy.services import Services
 from proxy.session import has_credential
 from proxy.shutdown import Drain

@@ -58,11 +58,10 @@ class cancelled_on_disconnect:  # lower case: used where a function was, like on
         kind: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool:
+    ) -> None:  # never swallows what the body raised
         self._start.cancel()
         if self._watcher is not None:
             self._watcher.cancel()
         cancelled = kind is not None and issubclass(kind, asyncio.CancelledError)
         if cancelled and self._gone and self._task.uncancel() == 0:
             raise ClientDisconnected("The client closed the connection.") from None
-        return False

@@ -46,6 +46,11 @@ AUTH_HEADERS = frozenset(
 )
 
 
+# Distinct header names whose verdict is remembered (clients send few; a hostile one
+# sending many new names only makes its own requests take the slower path).
+_VERDICTS_LIMIT = 1024
+
+
 class HeaderPolicy:
     """Which request headers go upstream, computed once from settings."""
 
@@ -54,29 +59,47 @@ class HeaderPolicy:
         self._drop_inspect = self.drop | {"accept-encoding"}
         key = settings.upstream.api_key.get_secret_value()
         self.authorization = f"Bearer {key}" if key else None
+        self._auth_value = None if not key else f"Bearer {key}".encode("latin-1")
+        # Per raw header name: (forwarded as is, forwarded when not inspecting).
+        self._verdicts: dict[bytes, tuple[bool, bool]] = {}
+
+    def _verdict(self, name: bytes) -> tuple[bool, bool]:
+        verdict = self._verdicts.get(name)
+        if verdict is None:
+            lowered = name.decode("latin-1").lower()
+            own = lowered.startswith(_CONTROL_PREFIX)
+            replaced = self.authorization is not None and lowered == "authorization"
+            keep = not (own or replaced)
+            verdict = (
+                keep and lowered not in self._drop_inspect,
+                keep and lowered not in self.drop,
+            )
+            if len(self._verdicts) < _VERDICTS_LIMIT:
+                self._verdicts[name] = verdict
+        return verdict
 
     def outgoing(
         self, headers: Iterable[tuple[bytes, bytes]], *, inspect: bool = False
     ) -> list[tuple[bytes, bytes]]:
         """Headers for the upstream. ``inspect``: the proxy reads the answer (overflow
         errors, usage), so it is asked for uncompressed bytes."""
-        headers = list(headers)
-        drop = self._drop_inspect if inspect else self.drop
-        # RFC 9110 7.6.1: what the client's Connection header names is for this hop only.
-        options = [v for k, v in headers if k.lower() == b"connection"]
-        if options:
-            named = {t.strip().lower() for v in options for t in v.decode("latin-1").split(",")}
-            drop = drop | named
+        which = 0 if inspect else 1
+        verdict = self._verdict
         out = []
+        options = None
         for k, v in headers:
-            name = k.decode("latin-1").lower()
-            if name not in drop and not name.startswith(_CONTROL_PREFIX):
+            if verdict(k)[which]:
                 out.append((k, v))
+            elif len(k) == 10 and k.lower() == b"connection":
+                options = v if options is None else options + b"," + v
+        if options is not None:
+            # RFC 9110 7.6.1: what the client's Connection header names is for this hop only.
+            named = {t.strip().lower() for t in options.decode("latin-1").split(",")}
+            out = [(k, v) for k, v in out if k.decode("latin-1").lower() not in named]
         if inspect:
             out.append((b"accept-encoding", b"identity"))
-        if self.authorization is not None:
-            out = [(k, v) for k, v in out if k.lower() != b"authorization"]
-            out.append((b"authorization", self.authorization.encode("latin-1")))
+        if self._auth_value is not None:
+            out.append((b"authorization", self._auth_value))
         return out
 
     @staticmethod
@@ -85,11 +108,18 @@ class HeaderPolicy:
 
 
 def response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
-    raw = response.raw_headers
     drop = _RESPONSE_DROP
-    # RFC 9110 7.6.1, as for requests: what the upstream's Connection header names
-    # was for the proxy's hop only, never the client's.
-    options = [v for k, v in raw if k.lower() == b"connection"]
-    if options:
-        drop = drop | {t.strip().lower() for v in options for t in v.split(b",")}
-    return [(k, v) for k, v in raw if k.lower() not in drop]
+    out = []
+    options = None
+    for k, v in response.raw_headers:
+        lowered = k.lower()
+        if lowered not in drop:
+            out.append((k, v))
+        elif lowered == b"connection":
+            options = v if options is None else options + b"," + v
+    if options is not None:
+        # RFC 9110 7.6.1, as for requests: what the upstream's Connection header names
+        # was for the proxy's hop only, never the client's.
+        named = {t.strip().lower() for t in options.split(b",")}
+        out = [(k, v) for k, v in out if k.lower() not in named]
+    return out

@@ -3,46 +3,22 @@
 Series whose labels are a closed set are declared at start-up (``__post_init__``),
 so dashboards and alerts see zeros rather than no data before the first event.
 A request's own series (durations, tokens, streams) are observed in one place,
-``record.Recorder.finish``.
+``recorder.Recorder.finish``.
 
-With several worker processes (``server.workers``), each worker calls
-``enable_multiprocess(directory)`` before building its app: its metrics then
-live in files there, and ``/metrics``, whichever worker serves it, shows the
-sum over every worker (prometheus-client's multiprocess mode). Gauges need a
-``multiprocess_mode`` saying how workers' values combine.
+With several worker processes, ``/metrics`` shows the sum over every worker
+(proxy.exposition); gauges need a ``multiprocess_mode`` saying how workers'
+values combine.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-    values,
-)
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from proxy.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess"]
-
-
-class _Multiprocess:
-    directory: str | None = None  # set once per worker process, before any metric exists
-
-
-def enable_multiprocess(directory: str) -> None:
-    """Make this process's metrics, from now on, shared through ``directory``."""
-    # prometheus-client picks its value class when first imported, from the
-    # environment; a worker sets both explicitly. The files are named from the
-    # environment variable, so it is set too.
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
-    values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]  # untyped
-    _Multiprocess.directory = directory
 
 
 # A whole request or upstream call: model answers take from milliseconds to minutes.
@@ -326,10 +302,4 @@ class Metrics:
             self.summary_waits.labels(kind=kind)
 
     def exposition(self) -> bytes:
-        directory = _Multiprocess.directory
-        if directory is None:
-            return generate_latest(self.registry)
-        # Every worker's files, read at each scrape (dead workers' counters included).
-        merged = CollectorRegistry(auto_describe=True)
-        MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]  # untyped
-        return generate_latest(merged)
+        return exposition(self.registry)

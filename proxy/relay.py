@@ -23,14 +23,24 @@ log = logging.getLogger("proxy.upstream")
 _BUFFER_LIMIT = 1024 * 1024
 
 
+class Relayed(Response):
+    """A body read whole, with the headers it goes out with: ``Response``'s own
+    constructor renders and builds headers that relaying would only replace."""
+
+    def __init__(self, body: bytes, status_code: int, raw_headers: list[tuple[bytes, bytes]]):
+        self.status_code = status_code
+        self.background = None
+        self.body = body
+        self.raw_headers = raw_headers
+
+
 def buffered(
     response: UpstreamResponse, body: bytes, extra_headers: Iterable[tuple[bytes, bytes]] = ()
 ) -> Response:
     """An upstream answer whose raw body was already read: relay it as received."""
-    out = Response(body, status_code=response.status_code)
     length = (b"content-length", str(len(body)).encode())
-    out.raw_headers = [*response_headers(response), *extra_headers, length]
-    return out
+    headers = [*response_headers(response), *extra_headers, length]
+    return Relayed(body, response.status_code, headers)
 
 
 async def relay(
@@ -66,9 +76,8 @@ async def relay(
             await response.aclose()
         if watch is not None:
             watch(body)
-        out = Response(body, status_code=response.status_code)
-        out.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
-        return out
+        headers.append((b"content-length", str(len(body)).encode()))
+        return Relayed(body, response.status_code, headers)
     out = StreamingResponse(
         _raw_chunks(response, watch, started),
         status_code=response.status_code,

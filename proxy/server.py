@@ -1,47 +1,26 @@
-"""Running the app under uvicorn, with limits on slow and hostile clients.
+"""Running the app under uvicorn.
 
 ``serve(settings)`` is ``compaction-proxy serve``: one process, or with
 ``server.workers`` > 1 a supervisor and that many workers (proxy.workers);
 each serving process stops gracefully on SIGTERM (proxy.shutdown).
 ``uvicorn_config(settings)`` is what each one runs and what the tests serve:
-uvloop when installed, no access log, and an HTTP protocol that bounds each
-client:
-
-- the request line and headers must total at most ``server.max_header_bytes``
-  (else 431 and close) and arrive within ``server.header_timeout_s`` of the
-  request's first byte (or of the connection opening): slowloris clients are
-  dropped;
-- a request body may stall at most ``server.body_timeout_s`` between reads, and
-  once it has taken that long must average ``server.min_body_rate_bytes_s``;
-  the connection is then dropped and the app's body read ends as a disconnect;
-- the proxy speaks HTTP/1.1 only (no WebSocket protocol: a connection handed to
-  one left these limits behind, held for minutes by one unanswerable request).
-  A request asking to ``Upgrade`` is answered as plain HTTP (RFC 9110 7.8) and its
-  connection closed after it, since the parser reads nothing more on it; one that
-  also declares a body gets a 400, as the parser would not deliver that body.
-
-Timeouts are checked by one periodic tick per server over its open
-connections rather than a timer per request or per chunk: on the request path
-the protocol only stores a few attributes.
+uvloop when installed, no access log, and the HTTP protocol of proxy.limits,
+which bounds slow and hostile clients.
 """
 
 from __future__ import annotations
 
-import asyncio
+import gc
 import logging
-from typing import Any, ClassVar
+from typing import Any
 
 import uvicorn
 
-from proxy.config import ServerSettings, Settings
-from proxy.errors import InvalidRequest
+from proxy.config import Settings
+from proxy.limits import limited_protocol
 from proxy.shutdown import Drain, GracefulServer
 
 log = logging.getLogger("proxy.server")
-
-_IDLE, _HEAD, _BODY = 0, 1, 2
-# Ticks per (smallest) timeout: a limit is enforced within a quarter of it late.
-_TICKS = 4
 
 
 def uvicorn_config(
@@ -106,220 +85,8 @@ def serve_process(
 
     drain = Drain()
     config = uvicorn_config(settings, create_app(settings, drain))
+    # What start-up built (modules, settings, tables) lives as long as the process:
+    # out of the collector's sight, a full collection no longer walks it all (one
+    # took ~100 ms on this machine, a pause every request in flight waited out).
+    gc.freeze()
     GracefulServer(config, drain, settings.server, parent_pid).run(sockets=sockets)
-
-
-def limited_protocol(limits: ServerSettings) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol bounded by ``limits``; raises ImportError without it."""
-    import httptools
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    class _Bounded(_LimitsMixin, HttpToolsProtocol):  # type: ignore[misc]
-        parser_error = httptools.HttpParserError
-        parser_upgrade = httptools.HttpParserUpgrade
-        max_head = limits.max_header_bytes
-        head_timeout = limits.header_timeout_s
-        body_timeout = limits.body_timeout_s
-        min_body_rate = limits.min_body_rate_bytes_s
-        tick_s = min(limits.header_timeout_s, limits.body_timeout_s) / _TICKS
-        watchdogs: ClassVar[dict[int, _Watchdog]] = {}
-
-    return _Bounded
-
-
-class _Watchdog:
-    """One tick per event loop that drops connections past their head or body deadline."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, connections: Any, tick_s: float) -> None:
-        self.loop = loop
-        self.connections = connections
-        self.tick_s = tick_s
-        self.handle: asyncio.TimerHandle | None = None
-
-    def ensure_running(self) -> None:
-        if self.handle is None:
-            self.handle = self.loop.call_later(self.tick_s, self.tick)
-
-    def tick(self) -> None:
-        now = self.loop.time()
-        for connection in list(self.connections):
-            check = getattr(connection, "check_deadlines", None)
-            if check is not None:
-                check(now)
-        # Idle servers keep no timer: the next connection starts it again.
-        self.handle = self.loop.call_later(self.tick_s, self.tick) if self.connections else None
-
-
-class _LimitsMixin:
-    """Hooks over HttpToolsProtocol; attributes it owns are reached through ``Any``."""
-
-    parser_error: type[Exception]
-    parser_upgrade: type[Exception]
-    max_head: int
-    head_timeout: float
-    body_timeout: float
-    min_body_rate: int
-    tick_s: float
-    watchdogs: ClassVar[dict[int, _Watchdog]]
-
-    _phase = _IDLE
-    _since = 0.0  # head: when it began; body: when it last made progress
-    _progress = False  # body bytes arrived since the last tick
-    _body_bytes = 0  # of this request's body so far
-    _reading_s = 0.0  # time this body was being read (not paused by us), up to the last tick
-    _last_tick = 0.0
-    _head_seen = 0  # bytes received while reading this request's head (may overshoot)
-    _head_size = 0  # exact bytes of request line and headers, from the parser
-
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        me: Any = self
-        super().connection_made(transport)  # type: ignore[misc]
-        # A connection that never sends a full head is a slowloris too.
-        self._phase = _HEAD
-        self._since = me.loop.time()
-        key = id(me.loop)
-        watchdog = self.watchdogs.get(key)
-        if watchdog is None or watchdog.loop is not me.loop:
-            watchdog = self.watchdogs[key] = _Watchdog(me.loop, me.connections, self.tick_s)
-        watchdog.ensure_running()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._phase = _IDLE
-        super().connection_lost(exc)  # type: ignore[misc]
-
-    def data_received(self, data: bytes) -> None:
-        # uvicorn's own, but a parse error after our 431 must not answer a second time.
-        me: Any = self
-        me._unset_keepalive_if_required()
-        if self._phase == _HEAD:
-            self._head_seen += len(data)
-        else:
-            self._progress = True
-            self._body_bytes += len(data)
-        try:
-            me.parser.feed_data(data)
-        except self.parser_upgrade:
-            # An Upgrade request, answered as plain HTTP (on_headers_complete); the
-            # parser reads no more of this connection, which closes after the answer.
-            return
-        except self.parser_error:
-            if not me.transport.is_closing():
-                me.logger.warning("Invalid HTTP request received.")
-                me.send_400_response("Invalid HTTP request received.")
-            return
-        # httptools holds a header until it ends: a head still incomplete after
-        # max_head bytes is too large, however its lines are split.
-        if self._phase == _HEAD and self._head_seen > self.max_head:
-            self._reject_head()
-
-    # The parser callbacks below run for every request: plain attribute updates only.
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()  # type: ignore[misc]
-        if self._phase != _HEAD:  # the first request's clock started at connect
-            me: Any = self
-            self._phase = _HEAD
-            self._since = me.loop.time()
-            self._head_seen = self._head_size = 0
-
-    def on_url(self, url: bytes) -> None:
-        self._head_size += len(url)
-        if self._head_size > self.max_head:
-            self._head_too_large()
-        super().on_url(url)  # type: ignore[misc]
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_size += len(name) + len(value) + 4  # ": " and CRLF
-        # Checked before uvicorn keeps it: many small headers in one read add up too.
-        if self._head_size > self.max_head:
-            self._head_too_large()
-        super().on_header(name, value)  # type: ignore[misc]
-
-    def _head_too_large(self) -> None:
-        self._reject_head()
-        raise _Refused  # stops the parser: nothing of this request reaches the app
-
-    def on_headers_complete(self) -> None:
-        me: Any = self
-        upgrade = me.parser.should_upgrade()
-        if upgrade and any(
-            name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0")
-            for name, value in me.headers
-        ):
-            # The parser ends an Upgrade request at its head: its body would reach the
-            # app empty and what follows would never be read.
-            self._phase = _IDLE
-            error = InvalidRequest("Upgrade is not supported.", code="invalid_http")
-            self._answer_and_close(b"400 Bad Request", error)
-            raise _Refused  # stops the parser: nothing of this request reaches the app
-        self._phase = _BODY
-        self._progress = True
-        self._body_bytes = 0
-        self._reading_s = 0.0
-        self._last_tick = me.loop.time()
-        super().on_headers_complete()  # type: ignore[misc]
-        if upgrade:
-            me.cycle.keep_alive = False
-
-    def on_message_complete(self) -> None:
-        self._phase = _IDLE
-        super().on_message_complete()  # type: ignore[misc]
-
-    def check_deadlines(self, now: float) -> None:
-        """Called by the watchdog's tick."""
-        me: Any = self
-        if self._phase == _HEAD:
-            if now - self._since > self.head_timeout:
-                self._drop("request head not received within header_timeout_s")
-        elif self._phase == _BODY:
-            cycle = me.cycle
-            waiting = cycle is not None and cycle.waiting_for_100_continue
-            ours = me.flow.read_paused or waiting  # we are not reading: not the client's fault
-            if not ours:
-                self._reading_s += now - self._last_tick
-            self._last_tick = now
-            if self._progress or ours:
-                self._progress = False
-                self._since = now
-            elif now - self._since > self.body_timeout:
-                self._drop("request body stalled longer than body_timeout_s")
-                return
-            rate, reading = self.min_body_rate, self._reading_s
-            if rate and reading > self.body_timeout and self._body_bytes < rate * reading:
-                self._drop("request body slower than min_body_rate_bytes_s")
-
-    def _drop(self, why: str) -> None:
-        me: Any = self
-        self._phase = _IDLE
-        log.info("dropping client %s: %s", me.client, why)
-        # abort, not close: a stalled peer may not read what close would flush first.
-        me.transport.abort()
-
-    def _reject_head(self) -> None:
-        me: Any = self
-        if me.transport.is_closing():
-            return
-        self._phase = _IDLE
-        error = InvalidRequest(
-            f"Request line and headers are larger than the proxy's limit of {self.max_head} bytes.",
-            code="request_header_fields_too_large",
-        )
-        self._answer_and_close(b"431 Request Header Fields Too Large", error)
-
-    def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to unparsable HTTP, in OpenAI's error shape."""
-        self._phase = _IDLE
-        self._answer_and_close(b"400 Bad Request", InvalidRequest(msg, code="invalid_http"))
-
-    def _answer_and_close(self, status: bytes, error: InvalidRequest) -> None:
-        me: Any = self
-        body = error.body()
-        me.transport.write(
-            b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body)
-        )
-        me.transport.close()
-
-
-class _Refused(Exception):
-    """Raised in a parser callback: the request was answered (refused); parse no more."""

@@ -29,7 +29,7 @@ from starlette.routing import Route
 from proxy import logs
 from proxy.config import LoggingSettings
 from proxy.logs import REQUEST_ID, configure_logging, write_request_line
-from proxy.record import api_resource
+from proxy.recorder import api_resource
 from proxy.request_id import request_id_from
 from tests.conftest import OPEN_CLIENTS, free_port, proxy_settings, run_server
 from tests.processes import CHAT, SlowStream, serve_process

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.metrics import Metrics
+from proxy.recorder import _FastCounter, _FastHistogram
 from proxy.session import SessionKey
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
@@ -254,6 +255,34 @@ def test_closed_label_sets_are_exported_before_anything_happens() -> None:
         name = "compaction_proxy_store_duration_seconds_count"
         assert registry.get_sample_value(name, labels) == 0
     assert registry.get_sample_value("compaction_proxy_active_streams") == 0
+
+
+def _samples(metrics: Metrics) -> Samples:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if not s.name.endswith("_created")  # when each was made: differs by design
+    }
+
+
+def test_the_recorders_fast_observe_matches_prometheus_clients_own() -> None:
+    """Each request's series are observed through prometheus-client's internals
+    (proxy.recorder): the same sums and buckets as its public API, bounds included."""
+    ours, theirs = Metrics.create(), Metrics.create()
+    fast = _FastHistogram(ours.added_latency.labels(route="chat"))
+    public = theirs.added_latency.labels(route="chat")
+    for amount in (0.0, 0.0004, 0.0005, 0.0007, 0.001, 0.0011, 2.5, 30.0, 31.0, 1e9):
+        fast.observe(amount)
+        public.observe(amount)
+    fast_count = _FastCounter(ours.input_tokens.labels(stage="before"))
+    for tokens in (0, 1, 2082):
+        fast_count.inc(tokens)
+        theirs.input_tokens.labels(stage="before").inc(tokens)
+    _FastCounter(ours.requests.labels(status="snapshot")).inc()
+    theirs.requests.labels(status="snapshot").inc()
+    assert _samples(ours) == _samples(theirs)
+    assert _samples(ours) != _samples(Metrics.create())
 
 
 async def test_store_calls_are_timed_by_operation_failures_included(
