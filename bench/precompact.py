@@ -52,6 +52,9 @@ TOOLS = [
 ]
 WORDS = "the build log shows the tests and the lint passing for the module under review " * 18
 RESULTS = Path(__file__).parent / "results" / "precompact.json"
+# The simulator's answer times: a quick chat model and a slow summary.
+CHAT_MS = 250.0
+SUMMARY_MS = 2000.0
 
 
 @dataclass(slots=True)
@@ -280,8 +283,8 @@ def table(rows: Sequence[Row]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--turns", type=int, default=200, help="requests per target (even)")
-    parser.add_argument("--chat-ms", type=float, default=250)
-    parser.add_argument("--summary-ms", type=float, default=2000)
+    parser.add_argument("--chat-ms", type=float, default=CHAT_MS)
+    parser.add_argument("--summary-ms", type=float, default=SUMMARY_MS)
     parser.add_argument("--quick", action="store_true", help="80 turns")
     args = parser.parse_args(argv)
     turns = 80 if args.quick else args.turns

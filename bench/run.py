@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Literal
 
 import orjson
+import precompact
+from goals import as_json, goal_table, goals
 from loadgen import ensure_wrk, measure_ttfb, run_load, write_lua
 from payloads import PayloadName, write_payloads
 from targets import (
@@ -162,6 +164,7 @@ class Options:
     targets: tuple[Target, ...]
     scenarios: tuple[Scenario, ...]
     output: Path
+    precompact_turns: int  # 0: no pre-compaction scenario
 
 
 def _measure(
@@ -369,6 +372,11 @@ def _parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--targets", default=",".join(DEFAULT_TARGETS))
     parser.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
     parser.add_argument("--output", type=Path, default=BENCH / "results" / "latest.json")
+    parser.add_argument(
+        "--precompact-turns",
+        type=int,
+        help="turns of precompact.py's agent run after the rounds (default 200, quick 80; 0: none)",
+    )
     args = parser.parse_args(argv)
     by_target = {t.name: t for t in TARGETS}
     by_scenario = {s.name: s for s in SCENARIOS}
@@ -393,6 +401,9 @@ def _parse(argv: Sequence[str] | None) -> Options:
         targets=targets,
         scenarios=tuple(scenarios),
         output=args.output,
+        precompact_turns=(80 if args.quick else 200)
+        if args.precompact_turns is None
+        else args.precompact_turns,
     )
 
 
@@ -414,6 +425,7 @@ def _meta(opts: Options, wrk: str | None, started: float) -> dict[str, object]:
         "rounds": opts.rounds,
         "seconds_per_run": opts.seconds,
         "ttfb_requests": opts.ttfb_count,
+        "precompact_turns": opts.precompact_turns,
         "baseline": BASELINE,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
@@ -546,8 +558,18 @@ def run(opts: Options) -> dict[str, object]:
         available = [t.name for t in opts.targets if t.name not in unavailable]
         raw = _rounds(fleet, opts, payloads, wrk, available)
         audit = _audit(fleet, warmed, raw)
+    rows = None
+    if opts.precompact_turns:
+        # After every other server has stopped: its own simulator and proxies, alone.
+        print(f"pre-compaction scenario: {opts.precompact_turns} turns per target", flush=True)
+        ran = precompact.run(opts.precompact_turns, precompact.CHAT_MS, precompact.SUMMARY_MS)
+        rows = [row.summary() for row in ran]
     results = _summarise(raw, opts)
     comparisons = _compare(results)
+    found = goals(results, rows)
+    table = _table(results, opts, unavailable, comparisons, audit)
+    if rows is not None:
+        table += "\n\nPre-compaction scenario (bench/precompact.py)\n" + precompact.table(ran)
     return {
         "meta": _meta(opts, wrk, started),
         "targets": {
@@ -556,7 +578,9 @@ def run(opts: Options) -> dict[str, object]:
         "scenarios": results,
         "comparisons": comparisons,
         "warm_audit": audit,
-        "table": _table(results, opts, unavailable, comparisons, audit),
+        "precompact": rows,
+        "done_when": as_json(found),
+        "table": table + "\n\n" + goal_table(found),
     }
 
 

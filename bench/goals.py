@@ -1,0 +1,130 @@
+"""Issue 11's "Done when" figures, from one run of ``run.py``: each against its target.
+
+The proxy is compared with ``passthrough-aiohttp`` (the minimal starlette + aiohttp
+passthrough, the Python floor the issue names) measured in the same run, as medians
+over rounds: saturation req/s, added p50 at c=1 and c=16. The warm 100k-token session
+is ``warm_c1`` on ``proxy-compacting`` (its snapshot serves the request) minus the
+proxy's own 20-message ``chat_c1``, both absolute p50 latencies. The pre-compaction
+scenario is ``precompact.py``'s agent run: turns that waited on a summary after the
+first compaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+FLOOR = "passthrough-aiohttp"
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    figure: str
+    value: float | None  # None: its scenario (or a target of it) did not run
+    target: str  # as printed, e.g. ">= 0.90"
+    passed: bool | None
+    detail: str = ""
+
+
+def _median(results: Mapping[str, Any], scenario: str, target: str, key: str) -> float | None:
+    entry = results.get(scenario)
+    if not isinstance(entry, dict):
+        return None
+    value = entry["medians"].get(target, {}).get(key)
+    return None if value is None else float(value)
+
+
+def _ratio_goal(
+    results: Mapping[str, Any],
+    figure: str,
+    scenario: str,
+    key: str,
+    limit: float,
+    *,
+    at_least: bool,
+) -> Goal:
+    ours = _median(results, scenario, "proxy", key)
+    floor = _median(results, scenario, FLOOR, key)
+    if ours is None or floor is None or floor <= 0:
+        return Goal(figure, None, f"{'>=' if at_least else '<='} {limit:.2f}", None)
+    ratio = ours / floor
+    passed = ratio >= limit if at_least else ratio <= limit
+    digits = 0 if key == "rps" else 3
+    detail = f"proxy {ours:.{digits}f}, {FLOOR} {floor:.{digits}f}"
+    return Goal(figure, ratio, f"{'>=' if at_least else '<='} {limit:.2f}", passed, detail)
+
+
+def _warm_goal(results: Mapping[str, Any]) -> Goal:
+    figure = "warm 100k-token session: p50 ms over the proxy's 20-message chat"
+    warm = _median(results, "warm_c1", "proxy-compacting", "p50_ms")
+    chat = _median(results, "chat_c1", "proxy", "p50_ms")
+    if warm is None or chat is None:
+        return Goal(figure, None, "<= 1.50", None)
+    over = warm - chat
+    detail = f"warm 100k {warm:.3f} ms, 20-message chat {chat:.3f} ms (absolute p50)"
+    return Goal(figure, over, "<= 1.50", over <= 1.5, detail)
+
+
+def _precompact_goal(rows: Sequence[Mapping[str, Any]] | None) -> Goal:
+    figure = "pre-compaction: turns that waited on a summary after the first compaction"
+    proxy = next((r for r in rows or () if r["target"] == "proxy"), None)
+    if proxy is None:
+        return Goal(figure, None, "== 0", None)
+    direct = next((r for r in rows or () if r["target"] == "direct"), None)
+    detail = (
+        f"{proxy['turns']} turns, p50/p99 {proxy['p50_ms']:.0f}/{proxy['p99_ms']:.0f} ms"
+        + (f" (direct {direct['p50_ms']:.0f}/{direct['p99_ms']:.0f})" if direct else "")
+        + f", compactions background/inline {proxy['background']}/{proxy['inline']}"
+        + f", facts {proxy['recalled']}/{proxy['planted']}, failed {proxy['failed']}"
+    )
+    waited = proxy["waited_after_first"]
+    ok = waited == 0 and not proxy["failed"] and proxy["recalled"] == proxy["planted"]
+    return Goal(figure, float(waited), "== 0", ok, detail)
+
+
+def goals(results: Mapping[str, Any], precompact: Sequence[Mapping[str, Any]] | None) -> list[Goal]:
+    return [
+        _ratio_goal(
+            results,
+            f"saturation req/s, proxy / {FLOOR}",
+            "saturation_c64",
+            "rps",
+            0.9,
+            at_least=True,
+        ),
+        _ratio_goal(
+            results,
+            f"added p50 at c=1, proxy / {FLOOR}",
+            "chat_c1",
+            "p50_added_ms",
+            1.3,
+            at_least=False,
+        ),
+        _ratio_goal(
+            results,
+            f"added p50 at c=16, proxy / {FLOOR}",
+            "chat_c16",
+            "p50_added_ms",
+            1.3,
+            at_least=False,
+        ),
+        _warm_goal(results),
+        _precompact_goal(precompact),
+    ]
+
+
+def goal_table(found: Sequence[Goal]) -> str:
+    lines = [
+        "Issue 11, done when (proxy against the floor measured in this run; medians)",
+        f"{'figure':<76}{'value':>8}  {'target':<8}{'':>6}  detail",
+    ]
+    for g in found:
+        value = "n/a" if g.value is None else f"{g.value:.2f}"
+        verdict = "NOT RUN" if g.passed is None else ("PASS" if g.passed else "FAIL")
+        lines.append(f"{g.figure:<76}{value:>8}  {g.target:<8}{verdict:>7}  {g.detail}")
+    return "\n".join(lines)
+
+
+def as_json(found: Sequence[Goal]) -> list[dict[str, Any]]:
+    return [asdict(g) for g in found]
