@@ -1,0 +1,25 @@
+"""The request headers endpoints read: looked up in one dict, answering as Starlette's do."""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+
+from proxy.endpoints import FastHeaders
+
+RAW = [
+    (b"content-type", b"application/json"),
+    (b"x-session-id", b"first"),
+    (b"authorization", b"Bearer sk-\xe9"),
+    (b"x-session-id", b"second"),
+]
+
+
+def test_fast_headers_answer_as_starlettes_headers() -> None:
+    ours, theirs = FastHeaders(scope={"headers": RAW}), Headers(scope={"headers": RAW})
+    for name in ("x-session-id", "X-Session-Id", "authorization", "content-type", "absent"):
+        assert ours.get(name) == theirs.get(name)
+        assert ours.get(name, "fallback") == theirs.get(name, "fallback")
+        assert (name in ours) == (name in theirs)
+    assert ours["X-SESSION-ID"] == theirs["X-SESSION-ID"] == "first"  # the first of repeats
+    assert ours.getlist("x-session-id") == ["first", "second"]
+    assert ours.raw == RAW
