@@ -3,8 +3,10 @@
 The proxy is compared with ``passthrough-aiohttp`` (the minimal starlette + aiohttp
 passthrough, the Python floor the issue names) measured in the same run, as medians
 over rounds: saturation req/s, added p50 at c=1 and c=16. The warm 100k-token session
-is ``warm_c1`` on ``proxy-compacting`` (its snapshot serves the request) minus the
-proxy's own 20-message ``chat_c1``, both absolute p50 latencies. The pre-compaction
+is the latency the proxy adds to ``warm_c1`` on ``proxy-compacting`` (its snapshot
+serves the request) less what it adds to its own 20-message ``chat_c1``, at p50: what
+serving the big session costs the client beyond a small request. (The absolute p50s
+differ by more: ``direct`` itself takes longer to receive 400 KB than 8 KB.) The pre-compaction
 scenario is ``precompact.py``'s agent run: turns that waited on a summary after the
 first compaction.
 """
@@ -56,13 +58,17 @@ def _ratio_goal(
 
 
 def _warm_goal(results: Mapping[str, Any]) -> Goal:
-    figure = "warm 100k-token session: p50 ms over the proxy's 20-message chat"
-    warm = _median(results, "warm_c1", "proxy-compacting", "p50_ms")
-    chat = _median(results, "chat_c1", "proxy", "p50_ms")
+    figure = "warm 100k-token session: added p50 ms over the 20-message chat's"
+    warm = _median(results, "warm_c1", "proxy-compacting", "p50_added_ms")
+    chat = _median(results, "chat_c1", "proxy", "p50_added_ms")
     if warm is None or chat is None:
         return Goal(figure, None, "<= 1.50", None)
     over = warm - chat
-    detail = f"warm 100k {warm:.3f} ms, 20-message chat {chat:.3f} ms (absolute p50)"
+    detail = f"added: warm 100k +{warm:.3f} ms, 20-message chat +{chat:.3f} ms"
+    warm_abs = _median(results, "warm_c1", "proxy-compacting", "p50_ms")
+    chat_abs = _median(results, "chat_c1", "proxy", "p50_ms")
+    if warm_abs is not None and chat_abs is not None:
+        detail += f"; absolute p50 {warm_abs:.3f} vs {chat_abs:.3f} ms"
     return Goal(figure, over, "<= 1.50", over <= 1.5, detail)
 
 
