@@ -18,20 +18,17 @@ from starlette.types import Receive
 
 from proxy.errors import ClientDisconnected
 
-# The watcher starts only when the upstream has not answered by then: most answers
-# come sooner, and a watcher task per request (created, run once, cancelled) cost
-# about as much CPU as the rest of the proxy's own work on a small passthrough chat.
-# A client that leaves is noticed at most this much later.
-WATCH_AFTER_S = 0.02
-
 
 class cancelled_on_disconnect:  # lower case: used where a function was, like one
     """``async with cancelled_on_disconnect(receive):`` runs the body; if the client
     disconnects meanwhile, cancels it and raises ``ClientDisconnected``. Use only after
     the request body has been read whole: the watcher consumes what ``receive`` returns.
+
+    A class, not an ``asynccontextmanager``: its generator machinery cost more than the
+    rest of entering and leaving, once per request.
     """
 
-    __slots__ = ("_gone", "_receive", "_start", "_task", "_watcher")
+    __slots__ = ("_gone", "_receive", "_task", "_watcher")
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
@@ -42,10 +39,9 @@ class cancelled_on_disconnect:  # lower case: used where a function was, like on
         task = asyncio.current_task()
         assert task is not None
         self._task = task
-        self._start = task.get_loop().call_later(WATCH_AFTER_S, self._start_watching)
-
-    def _start_watching(self) -> None:
-        self._watcher = self._task.get_loop().create_task(self._watch())
+        # At once: a client gone even a few ms into the call must stop what follows
+        # (an overflow's recovery may summarize, then call the upstream again).
+        self._watcher = task.get_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
@@ -59,7 +55,6 @@ class cancelled_on_disconnect:  # lower case: used where a function was, like on
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:  # never swallows what the body raised
-        self._start.cancel()
         if self._watcher is not None:
             self._watcher.cancel()
         cancelled = kind is not None and issubclass(kind, asyncio.CancelledError)
