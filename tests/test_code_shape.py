@@ -12,9 +12,9 @@ MAX_LINES = 300
 # The simulator is a test double, and overflow.py is mostly the providers' error
 # wordings and their fixtures: data, not logic to follow.
 EXEMPT = ("simulator/", "overflow.py")
-# Over the limit today and being reworked elsewhere: they may shrink, not grow.
-# Remove an entry once its module is split.
-CEILINGS = {"metrics.py": 335, "server.py": 325}
+# Over the limit today: they may shrink, not grow. Remove an entry once its module is
+# split. metrics.py is the declaration of every series, one block each, in one place.
+CEILINGS = {"metrics.py": 305}
 
 
 def modules() -> list[tuple[str, Path]]:
