@@ -44,6 +44,8 @@ from targets import (
     ProxyCounters,
     Target,
     Upstream,
+    pin_load_generation,
+    unpin_load_generation,
 )
 
 Kind = Literal["latency", "throughput", "ttfb"]
@@ -165,6 +167,7 @@ class Options:
     scenarios: tuple[Scenario, ...]
     output: Path
     precompact_turns: int  # 0: no pre-compaction scenario
+    pin: bool  # one-worker targets on a CPU of their own, wrk and the upstream on the rest
 
 
 def _measure(
@@ -373,6 +376,11 @@ def _parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
     parser.add_argument("--output", type=Path, default=BENCH / "results" / "latest.json")
     parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not give the targets a CPU of their own (taskset) apart from wrk and the upstream",
+    )
+    parser.add_argument(
         "--precompact-turns",
         type=int,
         help="turns of precompact.py's agent run after the rounds (default 200, quick 80; 0: none)",
@@ -401,6 +409,7 @@ def _parse(argv: Sequence[str] | None) -> Options:
         targets=targets,
         scenarios=tuple(scenarios),
         output=args.output,
+        pin=not args.no_pin,
         precompact_turns=(80 if args.quick else 200)
         if args.precompact_turns is None
         else args.precompact_turns,
@@ -426,6 +435,7 @@ def _meta(opts: Options, wrk: str | None, started: float) -> dict[str, object]:
         "seconds_per_run": opts.seconds,
         "ttfb_requests": opts.ttfb_count,
         "precompact_turns": opts.precompact_turns,
+        "pinned": opts.pin,
         "baseline": BASELINE,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
@@ -532,6 +542,25 @@ def _rounds(
     return raw
 
 
+def _fleet_rounds(
+    fleet: Fleet, opts: Options, payloads: dict[PayloadName, Path], wrk: str | None
+) -> tuple[dict[str, dict[str, list[Sample | None]]], dict[str, dict[str, object]], dict[str, str]]:
+    """Start the targets, warm them, run the rounds: the samples, the warm audit and the
+    targets that could not run."""
+    _start(fleet, opts)
+    _warm_up(fleet, wrk, payloads["chat20"])
+    warmed = _warm_sessions(fleet, opts, payloads)
+    unavailable = dict(fleet.unavailable)
+    for name, reason in unavailable.items():
+        print(f"UNAVAILABLE {name}: {reason}", flush=True)
+    missing = [n for n in ("direct", BASELINE) if n in unavailable]
+    if missing:
+        raise SystemExit(f"cannot report ratios without {', '.join(missing)}")
+    available = [t.name for t in opts.targets if t.name not in unavailable]
+    raw = _rounds(fleet, opts, payloads, wrk, available)
+    return raw, _audit(fleet, warmed, raw), unavailable
+
+
 def run(opts: Options) -> dict[str, object]:
     started = time.monotonic()
     wrk = ensure_wrk()
@@ -545,19 +574,14 @@ def run(opts: Options) -> dict[str, object]:
     for scenario in (s for s in opts.scenarios if s.session):
         write_lua(payloads[scenario.payload], scenario.session)
     chat, stream = payloads["chat20"].read_bytes(), payloads["chat20_stream"].read_bytes()
-    with Fleet(workdir, chat, stream) as fleet:
-        _start(fleet, opts)
-        _warm_up(fleet, wrk, payloads["chat20"])
-        warmed = _warm_sessions(fleet, opts, payloads)
-        unavailable = dict(fleet.unavailable)
-        for name, reason in unavailable.items():
-            print(f"UNAVAILABLE {name}: {reason}", flush=True)
-        missing = [n for n in ("direct", BASELINE) if n in unavailable]
-        if missing:
-            raise SystemExit(f"cannot report ratios without {', '.join(missing)}")
-        available = [t.name for t in opts.targets if t.name not in unavailable]
-        raw = _rounds(fleet, opts, payloads, wrk, available)
-        audit = _audit(fleet, warmed, raw)
+    target_cpu = pin_load_generation() if opts.pin else None
+    print(f"targets pinned to CPU {target_cpu}" if target_cpu is not None else "not pinned")
+    try:
+        with Fleet(workdir, chat, stream, target_cpu=target_cpu) as fleet:
+            raw, audit, unavailable = _fleet_rounds(fleet, opts, payloads, wrk)
+    finally:
+        if target_cpu is not None:
+            unpin_load_generation()
     rows = None
     if opts.precompact_turns:
         # After every other server has stopped: its own simulator and proxies, alone.

@@ -10,6 +10,7 @@ and checks that a repeat of the request is served from the snapshot.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -158,6 +159,25 @@ def _command(
     return [found, "serve", "--config", str(config), *address]
 
 
+def _all_cpus() -> str:
+    return ",".join(str(cpu) for cpu in range(os.cpu_count() or 1))
+
+
+def pin_load_generation() -> int | None:
+    """Move this process (and so every process it starts) off one CPU, and return that CPU
+    for the targets: each one-worker target then has a core to itself, and neither wrk nor
+    the upstream competes with it. None (nothing moved) without two CPUs or taskset."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or shutil.which("taskset") is None:
+        return None
+    os.sched_setaffinity(0, cpus[:-1])
+    return cpus[-1]
+
+
+def unpin_load_generation() -> None:
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+
+
 def _log_tail(path: Path, lines: int = 6) -> str:
     text = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
     return " | ".join(text[-lines:]) or "(no output)"
@@ -180,6 +200,9 @@ class Fleet:
     stream_body: bytes
     urls: dict[tuple[str, str], str] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)
+    # With pinning (run.py): the CPU every one-worker target runs on; the load generator,
+    # the upstream and Redis stay on the others (this process's affinity, inherited).
+    target_cpu: int | None = None
     _servers: list[_Server] = field(default_factory=list)
     _redis_url: str | None = None
 
@@ -242,6 +265,9 @@ class Fleet:
         try:
             store_url = self._store_url(target.store) if target.kind == "proxy" else ""
             cmd = _command(target, port, upstream_port, self.workdir, store_url)
+            if self.target_cpu is not None:
+                cpus = str(self.target_cpu) if target.workers == 1 else _all_cpus()
+                cmd = ["taskset", "-c", cpus, *cmd]
             server = self._spawn(cmd, target.name, port)
             self._ready(server, target.name, timeout_s=60)
             self._smoke(url)
