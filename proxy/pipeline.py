@@ -47,14 +47,14 @@ from proxy.trim import trim_outcome
 from proxy.urls import passthrough_url, upstream_url
 
 # Bodies above this are parsed in a worker thread, so the loop keeps serving others.
-_PARSE_INLINE_BYTES = 1024 * 1024
+PARSE_INLINE_BYTES = 1024 * 1024
 
 
 async def handle_chat(request: Request, services: Services) -> Response:
     settings = services.settings
     record = record_of(request)  # what the request's line and metrics report, at its end
     body = await read_body(request, settings.server.max_body_bytes)  # 1. parse
-    if len(body) > _PARSE_INLINE_BYTES:  # tens of ms (seconds, if hostile) of orjson
+    if len(body) > PARSE_INLINE_BYTES:  # tens of ms (seconds, if hostile) of orjson
         chat = await asyncio.to_thread(parse_chat_request, body, settings.server.max_messages)
     else:
         chat = parse_chat_request(body, settings.server.max_messages)

@@ -35,7 +35,7 @@ from proxy.items import Item, to_items, to_messages
 from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow
 from proxy.parse import check_depth, load_request, read_body
-from proxy.pipeline import Route, compacted_view, effective_model, forward
+from proxy.pipeline import PARSE_INLINE_BYTES, Route, compacted_view, effective_model, forward
 from proxy.record import record_of
 from proxy.recover import Attempt
 from proxy.services import Services
@@ -43,7 +43,6 @@ from proxy.session import session_name, tenant_from_headers
 from proxy.types import ChatRequest
 from proxy.urls import upstream_url
 
-_PARSE_INLINE_BYTES = 1024 * 1024
 # Fields that put the conversation at the provider, beyond what the request shows.
 _CHAINED = ("previous_response_id", "conversation")
 
@@ -53,7 +52,7 @@ async def handle_responses(request: Request, services: Services) -> Response:
     record = record_of(request)  # what the request's line and metrics report, at its end
     body = await read_body(request, settings.server.max_body_bytes)
     limit = settings.server.max_messages
-    if len(body) > _PARSE_INLINE_BYTES:  # parsing and mapping: not on the event loop
+    if len(body) > PARSE_INLINE_BYTES:  # parsing and mapping: not on the event loop
         data, chat = await asyncio.to_thread(_read, body, limit)
     else:
         data, chat = _read(body, limit)
