@@ -26,6 +26,7 @@ from proxy.budget import Budget
 from proxy.calibrate import find_prompt_tokens
 from proxy.compact import Job, trigger_for
 from proxy.count import count_history
+from proxy.digest import tenant_seed
 from proxy.disconnect import cancelled_on_disconnect
 from proxy.errors import ClientDisconnected
 from proxy.models import ResolvedModel
@@ -110,8 +111,9 @@ async def compacted_view(
         return Outcome("passthrough", None, 0, len(turn.body) // 4, window, counted=False)
 
     counter = services.counters[model.tokenizer]
-    history = await count_history(counter, chat, turn.body, c.pin_first_user)  # 5. count
-    key = session_key(turn.tenant, turn.session_header, history.messages, history.digests)  # 3.
+    seed = tenant_seed(turn.tenant)
+    history = await count_history(counter, chat, turn.body, c.pin_first_user, seed)  # 5.
+    key = session_key(turn.tenant, turn.session_header, history.messages)  # 3.
     slots = services.settings.session.derived_slots
     key, loaded = await load_session(services.store, key, history, slots)  # 4. snapshot
     turn.record.counted(key, history)

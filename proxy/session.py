@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Literal
 
+from proxy.digest import legacy_digests
 from proxy.types import ChatMessage
 
 _TENANT_SALT = b"compaction-proxy/tenant/v1"
@@ -93,14 +94,14 @@ def session_from_header(tenant: str, value: str) -> SessionKey:
     return SessionKey(tenant, blake2b(value.encode(), digest_size=16).hexdigest(), "header")
 
 
-def session_from_history(
-    tenant: str, messages: Sequence[ChatMessage], digests: Sequence[bytes]
-) -> SessionKey:
+def session_from_history(tenant: str, messages: Sequence[ChatMessage]) -> SessionKey:
+    # BLAKE2b digests, as before snapshot format 2: a derived id is where a session's
+    # snapshot is stored, so an upgrade must not move it (digest.py).
     lead = 0
     while lead < len(messages) and messages[lead].get("role") in _LEADING:
         lead += 1
     h = blake2b(digest_size=16)
-    for d in digests[: lead + _DERIVE_FROM]:
+    for d in legacy_digests(messages[: lead + _DERIVE_FROM]):
         h.update(d)
     return SessionKey(tenant, h.hexdigest(), "derived")
 
@@ -131,10 +132,8 @@ def derived_slots(key: SessionKey, count: int) -> list[SessionKey]:
     ]
 
 
-def session_key(
-    tenant: str, header: str | None, messages: Sequence[ChatMessage], digests: Sequence[bytes]
-) -> SessionKey:
+def session_key(tenant: str, header: str | None, messages: Sequence[ChatMessage]) -> SessionKey:
     """The session named by the session header, else the one derived from the history."""
     if header:
         return session_from_header(tenant, header)
-    return session_from_history(tenant, messages, digests)
+    return session_from_history(tenant, messages)

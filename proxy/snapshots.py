@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from proxy.budget import Budget
 from proxy.count import History
-from proxy.digest import prefix_hash
+from proxy.digest import anchor_matches, prefix_hash
 from proxy.plan import Plan
 from proxy.session import SessionKey, derived_slots
 from proxy.store import Snapshot, Snapshots
@@ -53,7 +53,7 @@ def valid_snapshot(snapshot: Snapshot | None, history: History) -> Snapshot | No
     valid = (
         snapshot.pinned == history.pinned
         and anchor < len(history.messages)  # the newest message is never covered
-        and prefix_hash(history.digests, anchor) == snapshot.anchor_hash
+        and anchor_matches(snapshot.anchor_hash, history.messages, history.digests, anchor)
     )
     return snapshot if valid else None
 

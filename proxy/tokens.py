@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from hashlib import blake2b
 from typing import Any
 
 import orjson
 from cachetools import LRUCache
+from xxhash import xxh3_128_digest
 
 from proxy.encodings import Encoder
 from proxy.types import ChatMessage, ChatRequest
@@ -79,15 +79,16 @@ class TokenCounter:
         return out
 
     def pending_bytes(
-        self, request: ChatRequest, digests: Sequence[bytes], sizes: Sequence[int]
+        self, request: ChatRequest, digests: Sequence[bytes], sizes: Sequence[int], seed: int = 0
     ) -> int:
         """Bytes that ``messages`` and ``fixed`` would tokenize now: what the cache lacks.
 
-        ``sizes`` are the messages' encoded lengths (``digest.digests_and_sizes``).
+        ``sizes`` are the messages' encoded lengths, ``seed`` their digests' seed
+        (``digest.digests_and_sizes``).
         """
         cache = self._cache
         pending = sum(size for d, size in zip(digests, sizes, strict=True) if d not in cache)
-        for digest, raw in _definitions(request):
+        for digest, raw in _definitions(request, seed):
             with self._lock:
                 missing = digest not in self._fixed_cache
             if missing:
@@ -111,14 +112,15 @@ class TokenCounter:
             n += count(call_id)
         return n
 
-    def fixed(self, request: ChatRequest) -> int:
+    def fixed(self, request: ChatRequest, seed: int = 0) -> int:
         """Tokens outside the messages: definitions, schemas, reply priming.
 
         Agent loops send the same tool definitions every turn: counts are
-        cached by the definitions' bytes, so only new ones are tokenized.
+        cached by the definitions' digests (under ``seed``, as the messages'), so
+        only new ones are tokenized.
         """
         n = REPLY_PRIMING
-        for digest, raw in _definitions(request):
+        for digest, raw in _definitions(request, seed):
             with self._lock:
                 count = self._fixed_cache.get(digest)
             if count is None:
@@ -132,13 +134,13 @@ class TokenCounter:
         return self.encoder.count(text)
 
 
-def _definitions(request: ChatRequest) -> Iterator[tuple[bytes, bytes]]:
+def _definitions(request: ChatRequest, seed: int) -> Iterator[tuple[bytes, bytes]]:
     """(digest, JSON) of each definition block the request carries."""
     for key in _DEFINITION_KEYS:
         value: Any = request.get(key)
         if value:
             raw = orjson.dumps(value)
-            yield blake2b(raw, digest_size=16).digest(), raw
+            yield xxh3_128_digest(raw, seed), raw
 
 
 def _content_tokens(content: Any, count: Any) -> int:

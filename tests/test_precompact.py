@@ -99,7 +99,7 @@ async def _job(services: Services, session: str, messages: list[Any]) -> Job:
     """The background job a turn sending ``messages`` would leave for its session."""
     chat: Any = {"model": "sim-4k", "messages": messages}
     model = services.models.resolve("sim-4k")
-    history = await count_history(services.counters[model.tokenizer], chat, b"{}", False)
+    history = await count_history(services.counters[model.tokenizer], chat, b"{}", False, 0)
     turn = Turn(chat, b"{}", model, "tenant", session, [])
     budget = Budget.for_model(model, services.settings.compaction, 256, history.fixed)
     key = session_from_header("tenant", session)

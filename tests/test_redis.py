@@ -7,6 +7,7 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ import orjson
 import pytest
 import redis
 
+from proxy.digest import LEGACY_ANCHOR, legacy_digests, message_digests, prefix_hash, tenant_seed
 from proxy.session import SessionKey
 from proxy.store import Snapshot
 from proxy.store.redis import RedisStore
@@ -208,8 +210,10 @@ async def test_snapshots_written_under_the_existing_key_layout_are_still_found(
     store = RedisStore(redis_server.url, ttl_s=60, prefix="pre")
     header, derived = SessionKey(tenant, "abc", "header"), SessionKey(tenant, "abc", "derived")
     try:
-        assert await store.load(header) == written
-        assert await store.load(derived) == written
+        # Format 1 anchors chained BLAKE2b message digests: read, and marked as such.
+        as_read = replace(written, anchor_hash=LEGACY_ANCHOR + written.anchor_hash)
+        assert await store.load(header) == as_read
+        assert await store.load(derived) == as_read
         assert sorted(k.source for k, _ in await store.list_sessions(10)) == ["derived", "header"]
         assert await store.save(header, _snapshot(3, "next"))
         assert raw.hget(f"pre:snap:{tenant}:h:abc", "v") == b"3"
@@ -221,6 +225,42 @@ async def test_snapshots_written_under_the_existing_key_layout_are_still_found(
     finally:
         raw.close()
         await store.aclose()
+
+
+def test_a_session_summarized_by_the_previous_release_needs_no_new_summary(
+    sim_reset: str, redis_server: RedisServer, spawn_proxy: Callable[..., str]
+) -> None:
+    """Upgrading from snapshot format 1 (anchors over BLAKE2b message digests) keeps
+    every session's summary: the first turn after it uses the old snapshot as is."""
+    url = spawn_proxy(replica_config(sim_reset, redis_server.url))
+    chat = Chat(url, session="upgrade")
+    chat.say("FACT city=lisbon")
+    while stats(sim_reset)["summaries"] == 0:
+        chat.say(f"Turn {len(chat.history)}: {FILLER}")
+    raw = redis.Redis.from_url(redis_server.url)
+    try:
+        (name,) = raw.keys("cp:snap:*")
+        tenant = name.decode().split(":")[2]
+        data = orjson.loads(raw.hget(name, "d") or b"")
+        anchor = max(data["covered"], data["elide_before"])
+        # The history the proxy anchored is the client's, digested as this release does.
+        digests = message_digests(chat.history, tenant_seed(tenant))
+        assert data["anchor_hash"] == prefix_hash(digests, anchor)
+        # What the previous release stored for the same snapshot.
+        old = {**data, "fv": 1, "anchor_hash": prefix_hash(legacy_digests(chat.history), anchor)}
+        raw.hset(name, "d", orjson.dumps(old))
+        summaries, version = stats(sim_reset)["summaries"], data["version"]
+        chat.say("RECALL city")
+        assert chat.last is not None
+        assert chat.last["x-compaction-status"] == "snapshot"
+        assert chat.last["x-compaction-version"] == str(version)
+        assert stats(sim_reset)["summaries"] == summaries
+        # The next summary writes this release's format.
+        while stats(sim_reset)["summaries"] == summaries:
+            chat.say(f"Turn {len(chat.history)}: {FILLER}")
+        assert orjson.loads(raw.hget(name, "d") or b"")["fv"] == 2
+    finally:
+        raw.close()
 
 
 async def test_snapshots_of_an_older_format_version_are_ignored_and_replaced(

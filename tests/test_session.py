@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from hashlib import blake2b
+
+import orjson
 import pytest
 
-from proxy.digest import message_digests
 from proxy.session import (
     SessionKey,
     session_from_header,
@@ -19,7 +21,7 @@ RAW_KEY = "sk-proj-Zq8v1secretRAWkey0123456789"
 
 
 def derived(messages: list[ChatMessage], tenant: str = "t") -> SessionKey:
-    return session_from_history(tenant, messages, message_digests(messages))
+    return session_from_history(tenant, messages)
 
 
 def conversation(first_user: str, turns: int, system: ChatMessage = SYSTEM) -> list[ChatMessage]:
@@ -70,6 +72,16 @@ def test_header_session_is_scoped_by_tenant() -> None:
     assert session_from_header(alice, "one").storage_key != (
         session_from_header(alice, "two").storage_key
     )
+
+
+def test_a_derived_session_id_is_the_one_earlier_releases_derived() -> None:
+    """Where a header-less session's snapshot is stored must survive an upgrade: the id
+    chains BLAKE2b digests of the canonical messages, whatever digests counting uses."""
+    messages = conversation("hello", 3)
+    h = blake2b(digest_size=16)
+    for m in messages[:3]:  # the system prompt, then two messages
+        h.update(blake2b(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), digest_size=16).digest())
+    assert derived(messages).session == h.hexdigest()
 
 
 def test_derived_session_is_scoped_by_tenant() -> None:

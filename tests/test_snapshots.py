@@ -11,7 +11,7 @@ import pytest
 from proxy.budget import FRAME_TOKENS, Budget, summary_limit
 from proxy.config import CompactionSettings
 from proxy.count import History
-from proxy.digest import digests_and_sizes, prefix_hash
+from proxy.digest import LEGACY_ANCHOR, digests_and_sizes, legacy_digests, prefix_hash
 from proxy.errors import ContextTooLarge
 from proxy.models import ResolvedModel
 from proxy.plan import Plan
@@ -65,6 +65,17 @@ def test_a_snapshot_stays_valid_while_the_history_only_grows() -> None:
     grown = BASE + convo("s u a u a u a u a u")[8:]
     assert valid_snapshot(snap, history(BASE)) is snap
     assert valid_snapshot(snap, history(grown)) is snap
+
+
+def test_a_format_1_anchor_is_checked_against_blake2b_digests() -> None:
+    """What the previous release stored still proves the same prefix, and only it."""
+    h = history(BASE)
+    old = prefix_hash(legacy_digests(BASE), 5)
+    snap = snapshot_of(h, covered=5, anchor_hash=LEGACY_ANCHOR + old)
+    assert valid_snapshot(snap, h) is snap
+    assert valid_snapshot(snapshot_of(h, covered=5, anchor_hash=old), h) is None
+    edited = [*BASE[:3], {**BASE[3], "content": "edited"}, *BASE[4:]]
+    assert valid_snapshot(snap, history(edited)) is None
 
 
 def test_no_snapshot_is_no_valid_snapshot() -> None:
@@ -255,8 +266,8 @@ async def test_conversations_that_open_alike_each_find_their_own_snapshot() -> N
     store = MemoryStore(ttl_s=60)
     first, second = convo("s u a u a u a u"), convo("s u a u a u a u")
     second[3] = {"role": "user", "content": "the second run parts here"}
-    key = session_from_history("t", first, digests_and_sizes(first)[0])
-    assert key == session_from_history("t", second, digests_and_sizes(second)[0])
+    key = session_from_history("t", first)
+    assert key == session_from_history("t", second)
 
     slot_a, loaded = await load_session(store, key, history(first), slots=3)
     assert (slot_a, loaded.stored) == (key, None)  # the first slot is the derived key itself
@@ -275,7 +286,7 @@ async def test_conversations_that_open_alike_each_find_their_own_snapshot() -> N
 async def test_with_every_slot_taken_the_least_recently_updated_is_replaced() -> None:
     store = MemoryStore(ttl_s=60)
     h = history(BASE)
-    key = session_from_history("t", BASE, h.digests)
+    key = session_from_history("t", BASE)
     slots = derived_slots(key, 3)
     other = history(convo("d u a u a u a u"))  # another conversation's snapshots
     for age, slot in zip((300.0, 100.0, 200.0), slots, strict=True):

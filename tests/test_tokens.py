@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.digest import digests_and_sizes, message_digests
+from proxy.digest import digests_and_sizes, message_digests, tenant_seed
 from proxy.encodings import Encoder, EstimateEncoder, TiktokenEncoder, load_encoder
 from proxy.tokens import REPLY_PRIMING, TokenCounter, bounded_by, output_reserve, upper_bound
 from proxy.types import ChatMessage, ChatRequest
@@ -559,6 +559,23 @@ def test_pending_bytes_is_what_the_cache_lacks() -> None:
     grown = [*old, new]
     digests, sizes = digests_and_sizes(grown)
     assert counter.pending_bytes({**request, "messages": grown}, digests, sizes) == sizes[-1]
+
+
+def test_one_tenant_s_cached_counts_are_not_another_s() -> None:
+    """Digests are seeded per tenant, so nothing one credential sends can stand for
+    another's messages or definitions in the shared caches."""
+    counter = TokenCounter(ENCODER)
+    messages: list[ChatMessage] = [{"role": "user", "content": f"turn {i}"} for i in range(3)]
+    request: ChatRequest = {"model": "m", "messages": messages, "tools": [WEATHER_TOOL]}
+    ours, sizes = digests_and_sizes(messages, tenant_seed("a"))
+    theirs, _ = digests_and_sizes(messages, tenant_seed("b"))
+    assert not set(ours) & set(theirs)
+    counter.messages(messages, ours)
+    counter.fixed(request, tenant_seed("a"))
+    assert counter.pending_bytes(request, ours, sizes, tenant_seed("a")) == 0
+    tools_size = len(orjson.dumps([WEATHER_TOOL]))
+    pending = counter.pending_bytes(request, theirs, sizes, tenant_seed("b"))
+    assert pending == sum(sizes) + tools_size
 
 
 def test_message_cache_is_bounded_and_forgets_the_oldest_first(

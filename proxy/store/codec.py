@@ -11,15 +11,20 @@ cannot use raises ``Unreadable`` rather than reaching the pipeline.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import orjson
 
+from proxy.digest import LEGACY_ANCHOR
 from proxy.errors import ConfigError, StoreError
 from proxy.store import Sighting, Snapshot
 
-FORMAT_VERSION = 1
+# 2: anchors chain XXH3 message digests. Format 1 (BLAKE2b digests) is still read: its
+# anchor hash is marked so it is checked the old way (digest.py), and kept until the
+# session's next summary. A release that knows only format 1 leaves format 2 alone.
+FORMAT_VERSION = 2
+_READABLE_FORMATS = frozenset({1, FORMAT_VERSION})
 # What each Snapshot field may hold once decoded (bool is an int to Python, never to us).
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     f.name: {"int": (int,), "str": (str,), "float": (int, float)}.get(str(f.type), (object,))
@@ -87,16 +92,19 @@ def decode_snapshot(raw: bytes, cipher: SnapshotCipher | None) -> Snapshot:
     fv = data.pop("fv", None)
     if type(fv) is int and fv > FORMAT_VERSION:
         raise NewerFormat
-    if fv != FORMAT_VERSION:
+    if type(fv) is not int or fv not in _READABLE_FORMATS:
         raise Unreadable("older format")
     for name, value in data.items():
         allowed = _FIELD_TYPES.get(name)
         if allowed is None or type(value) is bool or not isinstance(value, allowed):
             raise Unreadable("unexpected fields")
     try:
-        return Snapshot(**data)
+        snapshot = Snapshot(**data)
     except TypeError as exc:  # a required field is missing
         raise Unreadable("missing fields") from exc
+    if fv == 1 and not snapshot.anchor_hash.startswith(LEGACY_ANCHOR):
+        return replace(snapshot, anchor_hash=LEGACY_ANCHOR + snapshot.anchor_hash)
+    return snapshot
 
 
 def decode_stored(
