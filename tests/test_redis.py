@@ -21,6 +21,7 @@ from proxy.session import SessionKey
 from proxy.store import Snapshot
 from proxy.store.redis import RedisStore
 from tests.conftest import OPEN_CLIENTS, RedisServer
+from tests.redis_relay import CountingRelay
 from tests.test_compaction import FILLER, WINDOW, Chat, stats
 
 pytestmark = pytest.mark.redis
@@ -261,6 +262,32 @@ def test_a_session_summarized_by_the_previous_release_needs_no_new_summary(
         assert orjson.loads(raw.hget(name, "d") or b"")["fv"] == 2
     finally:
         raw.close()
+
+
+def test_a_warm_turn_costs_one_redis_round_trip(
+    sim_reset: str, redis_server: RedisServer, spawn_proxy: Callable[..., str]
+) -> None:
+    """Issue 11: the snapshot's read is the only store call on a warm turn's path;
+    learned windows and the rest are cached in the replica."""
+    relay = CountingRelay(redis_server.port)
+    try:
+        url = spawn_proxy(replica_config(sim_reset, relay.url))
+        chat = Chat(url, session="warm")
+        while stats(sim_reset)["summaries"] == 0:
+            chat.say(f"Turn {len(chat.history)}: {FILLER}")
+        chat.say("settle")  # the replica's connections are open, its caches filled
+        summaries, before, turns = stats(sim_reset)["summaries"], relay.trips, 10
+        for turn in range(turns):
+            chat.history.append({"role": "user", "content": f"short {turn}"})
+            chat.send()
+            assert chat.last is not None
+            assert chat.last["x-compaction-status"] == "snapshot"
+        trips = relay.trips - before
+        assert stats(sim_reset)["summaries"] == summaries
+        # At most one background sighting write (every 10 s per session) on top.
+        assert turns <= trips <= turns + 1, f"{trips} round trips for {turns} warm turns"
+    finally:
+        relay.close()
 
 
 async def test_snapshots_of_an_older_format_version_are_ignored_and_replaced(
