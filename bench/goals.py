@@ -8,7 +8,7 @@ serves the request) less what it adds to its own 20-message ``chat_c1``, at p50:
 serving the big session costs the client beyond a small request. (The absolute p50s
 differ by more: ``direct`` itself takes longer to receive 400 KB than 8 KB.) The pre-compaction
 scenario is ``precompact.py``'s agent run: turns that waited on a summary after the
-first compaction.
+first compaction. Plan time is ``plan_time.py``'s, in process.
 """
 
 from __future__ import annotations
@@ -89,7 +89,21 @@ def _precompact_goal(rows: Sequence[Mapping[str, Any]] | None) -> Goal:
     return Goal(figure, float(waited), "== 0", ok, detail)
 
 
-def goals(results: Mapping[str, Any], precompact: Sequence[Mapping[str, Any]] | None) -> list[Goal]:
+def _plan_goal(plan: Mapping[str, Any] | None) -> Goal:
+    figure = "plan time, 50k messages / 5k messages (plan_time.py)"
+    if plan is None:
+        return Goal(figure, None, "<= 10", None)
+    ms = plan["ms"]
+    detail = ", ".join(f"{n // 1000}k {t:.1f} ms" for n, t in ms.items())
+    ratio = float(plan["ratio_50k_5k"])
+    return Goal(figure, ratio, "<= 10", ratio <= 10, detail)
+
+
+def goals(
+    results: Mapping[str, Any],
+    precompact: Sequence[Mapping[str, Any]] | None,
+    plan: Mapping[str, Any] | None = None,
+) -> list[Goal]:
     return [
         _ratio_goal(
             results,
@@ -117,6 +131,7 @@ def goals(results: Mapping[str, Any], precompact: Sequence[Mapping[str, Any]] | 
         ),
         _warm_goal(results),
         _precompact_goal(precompact),
+        _plan_goal(plan),
     ]
 
 

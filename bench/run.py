@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 import orjson
+import plan_time
 import precompact
 from goals import as_json, goal_table, goals
 from loadgen import ensure_wrk, measure_ttfb, run_load, write_lua
@@ -588,9 +589,10 @@ def run(opts: Options) -> dict[str, object]:
         print(f"pre-compaction scenario: {opts.precompact_turns} turns per target", flush=True)
         ran = precompact.run(opts.precompact_turns, precompact.CHAT_MS, precompact.SUMMARY_MS)
         rows = [row.summary() for row in ran]
+    plan = plan_time.run(repeats=7)
     results = _summarise(raw, opts)
     comparisons = _compare(results)
-    found = goals(results, rows)
+    found = goals(results, rows, plan)
     table = _table(results, opts, unavailable, comparisons, audit)
     if rows is not None:
         table += "\n\nPre-compaction scenario (bench/precompact.py)\n" + precompact.table(ran)
@@ -603,6 +605,7 @@ def run(opts: Options) -> dict[str, object]:
         "comparisons": comparisons,
         "warm_audit": audit,
         "precompact": rows,
+        "plan_time": plan,
         "done_when": as_json(found),
         "table": table + "\n\n" + goal_table(found),
     }

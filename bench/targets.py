@@ -263,7 +263,7 @@ class Fleet:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         server: _Server | None = None
         try:
-            store_url = self._store_url(target.store) if target.kind == "proxy" else ""
+            store_url = self.store_url(target.store) if target.kind == "proxy" else ""
             cmd = _command(target, port, upstream_port, self.workdir, store_url)
             if self.target_cpu is not None:
                 cpus = str(self.target_cpu) if target.workers == 1 else _all_cpus()
@@ -278,7 +278,7 @@ class Fleet:
             return
         self.urls[target.name, upstream.name] = url
 
-    def _store_url(self, store: StoreKind) -> str:
+    def store_url(self, store: StoreKind) -> str:
         """The proxy's store.url; the first Redis target starts the one redis-server."""
         if store == "memory":
             return "memory://"
