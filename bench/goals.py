@@ -94,7 +94,7 @@ def _plan_goal(plan: Mapping[str, Any] | None) -> Goal:
     if plan is None:
         return Goal(figure, None, "<= 10", None)
     ms = plan["ms"]
-    detail = ", ".join(f"{n // 1000}k {t:.1f} ms" for n, t in ms.items())
+    detail = ", ".join(f"{int(n) // 1000}k {t:.1f} ms" for n, t in ms.items())
     ratio = float(plan["ratio_50k_5k"])
     return Goal(figure, ratio, "<= 10", ratio <= 10, detail)
 
