@@ -25,6 +25,7 @@ from functools import lru_cache
 from hashlib import blake2b
 
 import orjson
+from cachetools import LRUCache
 from xxhash import xxh3_128_digest
 
 from proxy.errors import InvalidRequest
@@ -90,9 +91,19 @@ def anchor_matches(
     anchor_hash: str, messages: Sequence[ChatMessage], digests: Sequence[bytes], length: int
 ) -> bool:
     """Whether ``messages[:length]`` (with ``digests``) are the ones ``anchor_hash`` was
-    stored for. A format-1 anchor costs one BLAKE2b pass over them, once per turn
-    until the session's next summary replaces it."""
-    if anchor_hash.startswith(LEGACY_ANCHOR):
+    stored for. A format-1 anchor costs one BLAKE2b pass over them (~1.5 ms a MB), once
+    per history and process: the verdict is kept under the prefix's own hash, as a turn
+    checks its snapshot more than once (under the lock, while waiting on a summary)."""
+    ours = prefix_hash(digests, length)
+    if not anchor_hash.startswith(LEGACY_ANCHOR):
+        return ours == anchor_hash
+    verdict = _legacy_verdicts.get((ours, anchor_hash))
+    if verdict is None:
         legacy = legacy_digests(messages[:length])
-        return prefix_hash(legacy, length) == anchor_hash[len(LEGACY_ANCHOR) :]
-    return prefix_hash(digests, length) == anchor_hash
+        verdict = prefix_hash(legacy, length) == anchor_hash[len(LEGACY_ANCHOR) :]
+        _legacy_verdicts[ours, anchor_hash] = verdict
+    return verdict
+
+
+# (prefix hash under XXH3 digests, format-1 anchor) -> whether they name the same prefix.
+_legacy_verdicts: LRUCache[tuple[str, str], bool] = LRUCache(maxsize=4096)

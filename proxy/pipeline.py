@@ -13,7 +13,7 @@ call into the module named for it (DESIGN.md numbers them). ``POST /v1/responses
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -41,10 +41,11 @@ from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, lower_ou
 from proxy.relay import relay
 from proxy.schedule import scheduled
 from proxy.services import Services
-from proxy.session import session_key, session_name, tenant_from_headers
+from proxy.session import SessionKey, session_key, session_name, tenant_from_headers
 from proxy.snapshots import load_session
 from proxy.tokens import bounded_by, output_reserve
 from proxy.trim import trim_outcome
+from proxy.types import ChatMessage
 from proxy.urls import passthrough_url, upstream_url
 
 # Bodies above this are parsed in a worker thread, so the loop keeps serving others.
@@ -113,7 +114,7 @@ async def compacted_view(
     counter = services.counters[model.tokenizer]
     seed = tenant_seed(turn.tenant)
     history = await count_history(counter, chat, turn.body, c.pin_first_user, seed)  # 5.
-    key = session_key(turn.tenant, turn.session_header, history.messages)  # 3.
+    key = await session_of(turn, history.messages)  # 3.
     slots = services.settings.session.derived_slots
     key, loaded = await load_session(services.store, key, history, slots)  # 4. snapshot
     turn.record.counted(key, history)
@@ -137,6 +138,14 @@ async def compacted_view(
         return outcome if after is None else replace(outcome, after=after)
     # Nothing worth summarizing, yet over the window: trim what we can.
     return trim_outcome(history, loaded, budget, c.summary_role)
+
+
+async def session_of(turn: Turn, messages: Sequence[ChatMessage]) -> SessionKey:
+    """The session ``turn`` names, else the one its history derives: a hash of the
+    opening messages, which can be most of a big body, so worked out off the loop."""
+    if turn.session_header is None and len(turn.body) > PARSE_INLINE_BYTES:
+        return await asyncio.to_thread(session_key, turn.tenant, None, messages)
+    return session_key(turn.tenant, turn.session_header, messages)
 
 
 @dataclass(frozen=True, slots=True)

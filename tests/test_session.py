@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hashlib import blake2b
+from typing import Any
 
 import orjson
 import pytest
@@ -201,3 +202,31 @@ def test_the_header_names_the_session_before_any_body_field() -> None:
 
 def test_body_fields_other_than_prompt_cache_key_need_configuring() -> None:
     assert session_name(None, {"user": "u", "metadata": {"session_id": "m"}}, []) is None
+
+
+async def test_a_derived_session_of_a_big_body_is_hashed_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A header-less session's id hashes its opening messages, which can be most of a
+    big body: that work must not stall the event loop."""
+    import threading
+
+    from proxy import pipeline
+    from proxy.models import ResolvedModel
+    from proxy.outcome import Turn
+
+    on_loop: list[bool] = []
+    real = pipeline.session_key
+
+    def spy(*args: Any) -> SessionKey:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return real(*args)
+
+    monkeypatch.setattr(pipeline, "session_key", spy)
+    model = ResolvedModel("m", 1_000_000, 256, "cl100k_base", "m")
+    for size, expected in ((2_000_000, False), (2_000, True)):
+        messages: list[ChatMessage] = [SYSTEM, {"role": "user", "content": "x" * size}]
+        body = orjson.dumps({"model": "m", "messages": messages})
+        turn = Turn({"model": "m", "messages": messages}, body, model, "t", None, [])
+        assert await pipeline.session_of(turn, messages) == derived(messages)
+        assert on_loop[-1] is expected

@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from cachetools import LRUCache
 
 from proxy.budget import FRAME_TOKENS, Budget, summary_limit
 from proxy.config import CompactionSettings
@@ -76,6 +77,32 @@ def test_a_format_1_anchor_is_checked_against_blake2b_digests() -> None:
     assert valid_snapshot(snapshot_of(h, covered=5, anchor_hash=old), h) is None
     edited = [*BASE[:3], {**BASE[3], "content": "edited"}, *BASE[4:]]
     assert valid_snapshot(snap, history(edited)) is None
+
+
+def test_a_format_1_anchor_is_checked_once_per_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn checks its snapshot more than once (under the lock, while it waits on a
+    summary); the BLAKE2b pass over the history is paid by the first check only."""
+    import proxy.digest
+
+    passes: list[int] = []
+
+    def counted(messages: list[ChatMessage]) -> list[bytes]:
+        passes.append(len(messages))
+        return legacy_digests(messages)
+
+    monkeypatch.setattr(proxy.digest, "legacy_digests", counted)
+    monkeypatch.setattr(proxy.digest, "_legacy_verdicts", LRUCache(16))  # none from before
+    messages = convo("s u a u a u a u a u")
+    h = history(messages)
+    snap = snapshot_of(
+        h, covered=5, anchor_hash=LEGACY_ANCHOR + prefix_hash(legacy_digests(messages), 5)
+    )
+    for _ in range(3):
+        assert valid_snapshot(snap, h) is snap
+    assert passes == [5]
+    edited = [*messages[:3], {**messages[3], "content": "edited"}, *messages[4:]]
+    assert valid_snapshot(snap, history(edited)) is None
+    assert passes == [5, 5]
 
 
 def test_no_snapshot_is_no_valid_snapshot() -> None:
