@@ -24,12 +24,10 @@ machines with free cores. Writes ``bench/results/replicas.json``.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,7 @@ import orjson
 import redis
 from loadgen import LoadResult, ensure_wrk, run_load, write_lua
 from payloads import build_payload, write_payloads
-from targets import TARGETS, Fleet, Upstream
+from targets import TARGETS, Fleet, Upstream, run_meta
 
 RESULTS = Path(__file__).parent / "results" / "replicas.json"
 UPSTREAM = Upstream("instant", 0.0)
@@ -123,14 +121,7 @@ def _summary(
         medians[cell]["p50_added_ms"] = medians[cell]["p50_ms"] - floor
     one, two = medians["one replica"], medians["two replicas"]
     return {
-        "meta": {
-            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": f"{platform.system()} {platform.release()} {platform.machine()}, "
-            f"Python {platform.python_version()}",
-            "rounds": rounds,
-            "seconds": seconds,
-            "connections": connections,
-        },
+        "meta": run_meta(rounds=rounds, seconds=seconds, connections=connections),
         "cells": medians,
         "two_over_one_rps": two["rps"] / one["rps"],
         "two_over_one_added_p50": two["p50_added_ms"] / one["p50_added_ms"],

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,7 @@ import aiohttp
 import orjson
 from loadgen import request_headers
 from payloads import build_payload
-from targets import TARGETS, Fleet, Upstream
+from targets import TARGETS, Fleet, Upstream, run_meta
 
 RESULTS = Path(__file__).parent / "results" / "stall.json"
 NAMES = ("passthrough-aiohttp", "proxy-compacting")
@@ -147,13 +145,7 @@ def run(rounds: int, count: int) -> dict[str, Any]:
     medians = {name: cell.medians() for name, cell in cells.items()}
     base, proxy = medians[NAMES[0]], medians[NAMES[1]]
     return {
-        "meta": {
-            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": f"{platform.system()} {platform.release()} {platform.machine()}, "
-            f"Python {platform.python_version()}",
-            "rounds": rounds,
-            "small_requests": count,
-        },
+        "meta": run_meta(rounds=rounds, small_requests=count),
         "targets": medians,
         "loaded_p99_ratio": proxy["loaded_p99"] / base["loaded_p99"],
         "loaded_p50_ratio": proxy["loaded_p50"] / base["loaded_p50"],

@@ -11,6 +11,7 @@ and checks that a repeat of the request is served from the snapshot.
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import socket
@@ -20,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -113,6 +115,16 @@ class ProxyCounters:
 
 
 _METRIC = re.compile(r'^compaction_proxy_(chat_requests|store_errors)_total\{\w+="(\w*)"\} (\S+)$')
+
+
+def run_meta(**extra: object) -> dict[str, object]:
+    """When and where a bench script ran, and with what (``extra``): its report's "meta"."""
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.system()} {platform.release()} {platform.machine()}, "
+        f"Python {platform.python_version()}",
+        **extra,
+    }
 
 
 def free_port() -> int:
