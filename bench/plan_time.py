@@ -4,7 +4,8 @@
 
 An agent history (system prompt, then rounds of user message, tool call, bulky tool
 result and answer) whose target only its last rounds fit under, so the cut search runs
-across nearly all of it, planned as a threshold compaction and as a forced one. Prints the
+across nearly all of it, planned as a threshold compaction and as a forced one, from what
+the count step hands the planner (token counts and ``view.result_flags``). Prints the
 median time of each size and the 50k / 5k ratio, which is 10 for a linear planner (issue
 11: within 10x). In-process, no servers; run by ``run.py`` into its Done-when table.
 """
@@ -19,7 +20,7 @@ from typing import Any
 from proxy.budget import Budget
 from proxy.plan import plan_compaction
 from proxy.types import ChatMessage
-from proxy.view import View
+from proxy.view import View, result_flags
 
 SIZES = (1_000, 5_000, 10_000, 50_000)
 _FRESH = View(covered=1, summary_tokens=0, elide_before=1)
@@ -52,11 +53,12 @@ def agent_history(n: int) -> tuple[list[ChatMessage], list[int]]:
 def plan_ms(n: int, repeats: int) -> float:
     """Median ms of planning an ``n``-message history, threshold and forced."""
     messages, counts = agent_history(n)
+    results = result_flags(messages)  # the count step's, as History carries them
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         for force in (False, True):
-            plan = plan_compaction(counts, messages, 1, _FRESH, _BUDGET, force=force)
+            plan = plan_compaction(counts, results, 1, _FRESH, _BUDGET, force=force)
             if plan.view.covered < 0.9 * n:
                 raise RuntimeError(f"the cut search stopped early at {n} messages")
         times.append((time.perf_counter() - start) * 1000 / 2)

@@ -134,7 +134,7 @@ class Compactor:
 
     def _log(self, job: Job, loaded: Loaded, outcome: Outcome, started: float) -> None:
         h = job.history
-        previous = view_tokens(h.counts, h.messages, h.pinned, loaded.view(h.pinned), job.budget)
+        previous = view_tokens(h.counts, h.results, h.pinned, loaded.view(h.pinned), job.budget)
         # Fields: JSON lines carry them as keys, text lines as key=value (proxy/logs.py).
         fields = {
             "session": job.key.log_id,
@@ -182,7 +182,7 @@ class Compactor:
                 h, loaded = job.history, fresh
                 view = fresh.view(h.pinned)
                 plan = plan_compaction(
-                    h.counts, h.messages, h.pinned, view, job.budget, force=job.force
+                    h.counts, h.results, h.pinned, view, job.budget, force=job.force
                 )
                 start, end = plan.summarize
                 if start == end:
@@ -262,6 +262,6 @@ class Compactor:
                 )
         h, budget, role = job.history, job.budget, self.settings.compaction.summary_role
         view = loaded.view(h.pinned)
-        if view_tokens(h.counts, h.messages, h.pinned, view, budget) <= budget.window:
+        if view_tokens(h.counts, h.results, h.pinned, view, budget) <= budget.window:
             return rebuild_outcome(h, view, loaded.summary, loaded.version, budget, role)
         return trim_outcome(h, loaded, budget, role)

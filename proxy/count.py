@@ -16,6 +16,7 @@ from proxy.digest import digests_and_sizes
 from proxy.plan import count_pinned
 from proxy.tokens import TokenCounter
 from proxy.types import ChatMessage, ChatRequest
+from proxy.view import result_flags
 
 # CPU on the event loop stalls every request, /healthz included; a hop to a worker
 # thread costs ~0.1 ms, more than a usual turn's counting (a few dozen cached
@@ -32,9 +33,9 @@ _INLINE_MESSAGES = 2_000
 class History:
     """The client's history, measured: what planning, validation and rebuilding read.
 
-    ``digests[i]`` and ``counts[i]`` belong to ``messages[i]``; ``pinned`` leading
-    messages are always sent verbatim; ``fixed`` is the tokens outside the messages
-    (tool definitions, response format, reply priming).
+    ``digests[i]``, ``counts[i]`` and ``results[i]`` (``view.result_flags``) belong to
+    ``messages[i]``; ``pinned`` leading messages are always sent verbatim; ``fixed`` is
+    the tokens outside the messages (tool definitions, response format, reply priming).
     """
 
     messages: Sequence[ChatMessage]
@@ -42,6 +43,7 @@ class History:
     counts: Sequence[int]
     pinned: int
     fixed: int
+    results: bytes
 
 
 async def count_history(
@@ -51,9 +53,12 @@ async def count_history(
     the tokens outside the messages."""
     messages = chat["messages"]
     if len(body) > _INLINE_DIGEST_BYTES or len(messages) > _INLINE_MESSAGES:
-        digests, counts, fixed = await asyncio.to_thread(_digest_and_count, counter, chat, seed)
+        digests, counts, fixed, results = await asyncio.to_thread(
+            _digest_and_count, counter, chat, seed
+        )
     else:
         digests, sizes = digests_and_sizes(messages, seed)
+        results = result_flags(messages)
         # The body bounds whatever is left to tokenize: small ones need no cache check.
         if len(body) > INLINE_COUNT_BYTES and (
             counter.pending_bytes(chat, digests, sizes, seed) > INLINE_COUNT_BYTES
@@ -61,7 +66,8 @@ async def count_history(
             counts, fixed = await asyncio.to_thread(_count, counter, chat, digests, seed)
         else:
             counts, fixed = _count(counter, chat, digests, seed)
-    return History(messages, digests, counts, count_pinned(messages, pin_first_user), fixed)
+    pinned = count_pinned(messages, pin_first_user)
+    return History(messages, digests, counts, pinned, fixed, results)
 
 
 async def count_text(counter: TokenCounter, text: str) -> int:
@@ -72,9 +78,9 @@ async def count_text(counter: TokenCounter, text: str) -> int:
 
 def _digest_and_count(
     counter: TokenCounter, chat: ChatRequest, seed: int
-) -> tuple[list[bytes], list[int], int]:
+) -> tuple[list[bytes], list[int], int, bytes]:
     digests, _ = digests_and_sizes(chat["messages"], seed)
-    return (digests, *_count(counter, chat, digests, seed))
+    return (digests, *_count(counter, chat, digests, seed), result_flags(chat["messages"]))
 
 
 def _count(

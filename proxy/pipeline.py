@@ -124,7 +124,7 @@ async def compacted_view(
     asked = trigger_for(recover=recover, scheduled=scheduled(loaded.stored), forced=forced)
     current = loaded.view(history.pinned)
     plan = plan_compaction(  # 6. plan
-        history.counts, history.messages, history.pinned, current, budget, force=bool(asked)
+        history.counts, history.results, history.pinned, current, budget, force=bool(asked)
     )
     if plan.action == "compact":  # 7-8. summarize under the session's lock, save, rebuild
         job = Job(turn, key, history, budget, asked or "threshold")

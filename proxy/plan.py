@@ -20,7 +20,7 @@ from typing import Literal
 
 from proxy.budget import Budget
 from proxy.types import ChatMessage
-from proxy.view import RESULT_ROLES, Totals, View, check_view, view_tokens
+from proxy.view import Totals, View, check_view, view_tokens
 
 _LEADING_ROLES = ("system", "developer")
 
@@ -56,12 +56,12 @@ def count_pinned(messages: Sequence[ChatMessage], pin_first_user: bool) -> int:
     return min(pinned, max(len(messages) - 1, 0))
 
 
-def _is_group_start(messages: Sequence[ChatMessage], i: int) -> bool:
+def _is_group_start(results: Sequence[int], i: int) -> bool:
     # A result (even an orphan one) joins the group before it.
-    return i == 0 or messages[i]["role"] not in RESULT_ROLES
+    return i == 0 or not results[i]
 
 
-def group_starts(messages: Sequence[ChatMessage], start: int) -> list[int]:
+def group_starts(results: Sequence[int], start: int) -> list[int]:
     """Indices ``i >= start`` where a cut is legal, ascending.
 
     A cut at ``i`` summarises ``messages[start:i]`` and keeps ``messages[i:]``.
@@ -69,24 +69,19 @@ def group_starts(messages: Sequence[ChatMessage], start: int) -> list[int]:
     never separates an assistant's ``tool_calls`` from their results.
     """
     # _is_group_start inlined: this runs over whole histories.
-    results = RESULT_ROLES
-    return [
-        i
-        for i in range(max(start, 0), len(messages))
-        if i == 0 or messages[i]["role"] not in results
-    ]
+    return [i for i in range(max(start, 0), len(results)) if i == 0 or not results[i]]
 
 
-def _group_start_at_or_before(messages: Sequence[ChatMessage], i: int) -> int:
-    while i > 0 and not _is_group_start(messages, i):
+def _group_start_at_or_before(results: Sequence[int], i: int) -> int:
+    while i > 0 and not _is_group_start(results, i):
         i -= 1
     return max(i, 0)
 
 
-def protected_start(messages: Sequence[ChatMessage], budget: Budget) -> int:
+def protected_start(results: Sequence[int], budget: Budget) -> int:
     """Start of the recent tail that elision leaves alone: at least the newest message."""
     keep = max(budget.min_tail_messages, 1)
-    return _group_start_at_or_before(messages, max(len(messages) - keep, 0))
+    return _group_start_at_or_before(results, max(len(results) - keep, 0))
 
 
 def _plan(
@@ -102,7 +97,7 @@ def _plan(
 
 def plan_compaction(
     counts: Sequence[int],
-    messages: Sequence[ChatMessage],
+    results: Sequence[int],
     pinned: int,
     current: View,
     budget: Budget,
@@ -123,23 +118,23 @@ def plan_compaction(
     before the protected tail (more when the target needs it), and keeps the view
     when nothing but the newest group is left to summarise.
     """
-    check_view(counts, messages, pinned, current)
+    check_view(counts, results, pinned, current)
     no_summary = (current.covered, current.covered)
-    tokens = view_tokens(counts, messages, pinned, current, budget)
+    tokens = view_tokens(counts, results, pinned, current, budget)
     over = tokens > budget.trigger
     keep = Plan("keep", current, no_summary, tokens, tokens <= budget.window)
     if not over and not force:
         return keep
 
-    totals = Totals.build(counts, messages, pinned, budget)
-    protected = protected_start(messages, budget)
+    totals = Totals.build(counts, results, pinned, budget)
+    protected = protected_start(results, budget)
     elided = replace(current, elide_before=max(current.elide_before, protected))
     elision_only = _plan("compact", totals, elided, budget, no_summary)
     elided_tokens = elision_only.tokens
     if over and elided_tokens <= budget.target:
         return elision_only
 
-    cut = _choose_cut(totals, messages, elided, budget, protected, force=force)
+    cut = _choose_cut(totals, results, elided, budget, protected, force=force)
     if cut is None:
         return elision_only if over and elided != current else keep
     view = View(cut, budget.summary_allowance, elided.elide_before)
@@ -152,7 +147,7 @@ def plan_compaction(
 
 def _choose_cut(
     totals: Totals,
-    messages: Sequence[ChatMessage],
+    results: Sequence[int],
     elided: View,
     budget: Budget,
     protected: int,
@@ -165,7 +160,7 @@ def _choose_cut(
     reaches the target also keeps the longest tail. ``None`` when no cut past
     ``elided.covered`` exists (only the newest group is left).
     """
-    cuts = group_starts(messages, elided.covered + 1)
+    cuts = group_starts(results, elided.covered + 1)
     if not cuts:
         return None
     lo = 0

@@ -164,9 +164,9 @@ class Precompactor:
         # The turn's snapshot may have been replaced since: plan from the current one.
         loaded = await load_snapshot(self.compactor.store, job.key, h)
         view = loaded.view(h.pinned)
-        if view_tokens(h.counts, h.messages, h.pinned, view, job.budget) <= job.budget.trigger:
+        if view_tokens(h.counts, h.results, h.pinned, view, job.budget) <= job.budget.trigger:
             return "covered"  # a compaction since the turn (another task's, often) got there
-        plan = plan_compaction(h.counts, h.messages, h.pinned, view, job.budget)
+        plan = plan_compaction(h.counts, h.results, h.pinned, view, job.budget)
         if plan.action != "compact":
             return "unchanged"  # nothing worth folding in: back off
         outcome = await self.compactor.try_compact(job, loaded, plan)

@@ -106,7 +106,7 @@ def rebuild_messages(
         out.extend(_summary_messages(summary, before, after, summary_role))
     for i in range(view.covered, len(messages)):
         message = messages[i]
-        if is_elided(messages, counts, i, view, elide_min_tokens):
+        if is_elided(history.results, counts, i, view, elide_min_tokens):
             message = message.copy()
             message["content"] = elided_content(message, counts[i])
         out.append(message)
@@ -124,7 +124,7 @@ def rebuild_outcome(
     """What the upstream sees under ``view``: the history as sent (``passthrough``) when
     the view leaves it untouched, else the rebuilt messages (``snapshot``, of ``version``).
     """
-    tokens = view_tokens(history.counts, history.messages, history.pinned, view, budget)
+    tokens = view_tokens(history.counts, history.results, history.pinned, view, budget)
     tokens -= budget.reserve
     if view.covered == history.pinned and view.elide_before <= history.pinned:
         # No snapshot applied (none, or one this history no longer matches).

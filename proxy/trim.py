@@ -17,7 +17,6 @@ from proxy.outcome import Outcome
 from proxy.plan import first_within, group_starts, protected_start
 from proxy.rebuild import SummaryRole, omitted_marker, rebuild_outcome
 from proxy.snapshots import Loaded
-from proxy.types import ChatMessage
 from proxy.view import Totals, View, check_view, view_tokens
 
 TRIM_MARKER_TOKENS: int = 30
@@ -29,14 +28,14 @@ def trim_outcome(
 ) -> Outcome:
     """The view with the oldest groups dropped until it fits; the history as it is when
     it already fits. Raises ``ContextTooLarge`` when even the newest message cannot."""
-    messages, counts, pinned = history.messages, history.counts, history.pinned
+    results, counts, pinned = history.results, history.counts, history.pinned
     current = loaded.view(pinned)
-    if view_tokens(counts, messages, pinned, current, budget) <= budget.window:
+    if view_tokens(counts, results, pinned, current, budget) <= budget.window:
         # It still fits as it is: forward without losing anything.
         return rebuild_outcome(
             history, current, loaded.summary, loaded.version, budget, summary_role
         )
-    view = trim_plan(counts, messages, pinned, current, budget, budget.target)
+    view = trim_plan(counts, results, pinned, current, budget, budget.target)
     dropped = view.covered - current.covered
     previous = loaded.summary
     summary = previous
@@ -64,7 +63,7 @@ def _raise_if_newest_too_large(history: History, budget: Budget) -> None:
 
 def trim_plan(
     counts: Sequence[int],
-    messages: Sequence[ChatMessage],
+    results: Sequence[int],
     pinned: int,
     current: View,
     budget: Budget,
@@ -78,13 +77,13 @@ def trim_plan(
     (``TRIM_MARKER_TOKENS``) after the existing summary, if any. When even the
     newest group alone exceeds ``limit`` the smallest possible view is returned.
     """
-    check_view(counts, messages, pinned, current)
-    totals = Totals.build(counts, messages, pinned, budget)
-    protected = protected_start(messages, budget)
+    check_view(counts, results, pinned, current)
+    totals = Totals.build(counts, results, pinned, budget)
+    protected = protected_start(results, budget)
     view = replace(current, elide_before=max(current.elide_before, protected))
     if totals.tokens(view) <= limit:
         return view
-    cuts = group_starts(messages, current.covered + 1)
+    cuts = group_starts(results, current.covered + 1)
     if not cuts:
         return view
     carried = current.summary_tokens if current.covered > pinned else 0

@@ -24,6 +24,14 @@ ELIDED_TOKENS: int = 40
 RESULT_ROLES = ("tool", "function")
 
 
+def result_flags(messages: Sequence[ChatMessage]) -> bytes:
+    """1 for each result message, 0 for any other: all that views and plans read of the
+    messages. Planning a long history then walks one compact string, not every message
+    (each a dict somewhere among the contents: a 50k-message history misses the caches).
+    """
+    return bytes([m["role"] in RESULT_ROLES for m in messages])
+
+
 @dataclass(frozen=True, slots=True)
 class View:
     """What the upstream sees of one history.
@@ -39,27 +47,28 @@ class View:
 
 
 def is_elided(
-    messages: Sequence[ChatMessage],
+    results: Sequence[int],
     counts: Sequence[int],
     i: int,
     view: View,
     elide_min_tokens: int,
 ) -> bool:
-    """Whether ``messages[i]`` goes upstream as an elision placeholder under ``view``.
+    """Whether message ``i`` goes upstream as an elision placeholder under ``view``
+    (``results``: ``result_flags`` of the messages).
 
     Only bulky result messages in the verbatim tail before ``view.elide_before``;
     never a pinned message and never the newest one.
     """
     return (
-        view.covered <= i < min(view.elide_before, len(messages) - 1)
-        and messages[i]["role"] in RESULT_ROLES
+        view.covered <= i < min(view.elide_before, len(results) - 1)
+        and bool(results[i])
         and counts[i] >= elide_min_tokens
     )
 
 
 def view_tokens(
     counts: Sequence[int],
-    messages: Sequence[ChatMessage],
+    results: Sequence[int],
     pinned: int,
     view: View,
     budget: Budget,
@@ -74,8 +83,8 @@ def view_tokens(
         total += view.summary_tokens
     total += sum(counts[view.covered :])
     # Only the elision window needs a look at each message; the rest is one sum.
-    for i in range(view.covered, min(view.elide_before, len(messages) - 1)):
-        if is_elided(messages, counts, i, view, budget.elide_min_tokens):
+    for i in range(view.covered, min(view.elide_before, len(results) - 1)):
+        if is_elided(results, counts, i, view, budget.elide_min_tokens):
             total += ELIDED_TOKENS - counts[i]
     return total
 
@@ -96,19 +105,19 @@ class Totals:
 
     @classmethod
     def build(
-        cls, counts: Sequence[int], messages: Sequence[ChatMessage], pinned: int, budget: Budget
+        cls, counts: Sequence[int], results: Sequence[int], pinned: int, budget: Budget
     ) -> Totals:
         elide_min = budget.elide_min_tokens
         saved = [
-            n - ELIDED_TOKENS if n >= elide_min and m["role"] in RESULT_ROLES else 0
-            for n, m in zip(counts, messages, strict=True)
+            n - ELIDED_TOKENS if result and n >= elide_min else 0
+            for n, result in zip(counts, results, strict=True)
         ]
         counts_before = list(accumulate(counts, initial=0))
         fixed = counts_before[min(pinned, len(counts))] + budget.fixed + budget.reserve
         return cls(fixed, pinned, counts_before, list(accumulate(saved, initial=0)))
 
     def tokens(self, view: View) -> int:
-        """Equals ``view_tokens(counts, messages, pinned, view, budget)``."""
+        """Equals ``view_tokens(counts, results, pinned, view, budget)``."""
         n = len(self.counts_before) - 1
         covered = min(view.covered, n)
         total = self.pinned_and_fixed + self.counts_before[n] - self.counts_before[covered]
@@ -121,13 +130,11 @@ class Totals:
         return total
 
 
-def check_view(
-    counts: Sequence[int], messages: Sequence[ChatMessage], pinned: int, current: View
-) -> None:
+def check_view(counts: Sequence[int], results: Sequence[int], pinned: int, current: View) -> None:
     """Raise ``ValueError`` unless ``current`` is a view of this history."""
-    if len(counts) != len(messages):
-        raise ValueError(f"{len(counts)} token counts for {len(messages)} messages")
+    if len(counts) != len(results):
+        raise ValueError(f"{len(counts)} token counts for {len(results)} messages")
     if not 0 <= pinned <= current.covered:
         raise ValueError(f"view covers from {current.covered} but {pinned} messages are pinned")
-    if messages and current.covered >= len(messages):
+    if results and current.covered >= len(results):
         raise ValueError("the view covers the newest message")

@@ -15,7 +15,7 @@ from proxy.plan import count_pinned, group_starts
 from proxy.rebuild import HANDOFF_INTRO, rebuild_messages
 from proxy.recover import _error_event
 from proxy.responses import chat_view, outgoing_body, parse_responses_request
-from proxy.view import View
+from proxy.view import View, result_flags
 
 
 def user(text: str) -> dict[str, Any]:
@@ -102,7 +102,14 @@ def test_rebuilding_the_whole_view_gives_back_the_items_themselves() -> None:
 
 def _history(messages: list[Any]) -> History:
     counts = [100] * len(messages)
-    return History(messages, message_digests(messages), counts, count_pinned(messages, False), 0)
+    return History(
+        messages,
+        message_digests(messages),
+        counts,
+        count_pinned(messages, False),
+        0,
+        result_flags(messages),
+    )
 
 
 @pytest.mark.parametrize("pairs", [1, 3])
@@ -115,7 +122,7 @@ def test_every_legal_cut_keeps_calls_outputs_and_reasoning_together(pairs: int) 
         items += [reasoning(100 + turn), said(f"answer {turn}")]
     messages = to_messages(None, [*items, user("last")])
     history = _history(messages)
-    for cut in group_starts(messages, history.pinned + 1):
+    for cut in group_starts(result_flags(messages), history.pinned + 1):
         view = View(covered=cut, summary_tokens=50, elide_before=cut)
         kept = to_items(rebuild_messages(history, view, "S", 10_000))
         called = {i["call_id"] for i in kept if i.get("type") == "function_call"}
@@ -151,7 +158,9 @@ def test_the_summary_goes_in_as_input_messages_before_the_verbatim_tail() -> Non
 def test_an_elided_output_keeps_its_item_with_a_placeholder() -> None:
     items = [user("hi"), reasoning(1), call(1), output(1, "x" * 5000), said("ok"), user("more")]
     messages = to_messages(None, items)
-    history = History(messages, message_digests(messages), [10, 10, 2000, 10, 10], 0, 0)
+    history = History(
+        messages, message_digests(messages), [10, 10, 2000, 10, 10], 0, 0, result_flags(messages)
+    )
     view = View(covered=0, summary_tokens=0, elide_before=4)
     out = to_items(rebuild_messages(history, view, None, 400))
     assert out[3] == {**output(1), "output": out[3]["output"]}

@@ -26,7 +26,7 @@ from proxy.rebuild import (
 from proxy.simulator.errors import SimError
 from proxy.simulator.validate import check_alternation, check_tool_pairing
 from proxy.types import ChatMessage, ToolCall
-from proxy.view import ELIDED_TOKENS, View
+from proxy.view import ELIDED_TOKENS, View, result_flags
 from tests.conftest import examples
 from tests.conversations import convo
 
@@ -49,7 +49,7 @@ def rebuild(
     *,
     summary_role: SummaryRole = "user",
 ) -> list[ChatMessage]:
-    history = History(messages, [b""] * len(messages), counts, pinned, 0)
+    history = History(messages, [b""] * len(messages), counts, pinned, 0, result_flags(messages))
     return rebuild_messages(history, view, summary, elide_min_tokens, summary_role=summary_role)
 
 
@@ -335,7 +335,9 @@ def test_every_plan_rebuilds_to_a_valid_request(
     check_structure(messages)
     check_tool_pairing(as_dicts(messages))
 
-    plan = plan_compaction(counts, messages, pinned, current, b, force=data.draw(st.booleans()))
+    plan = plan_compaction(
+        counts, result_flags(messages), pinned, current, b, force=data.draw(st.booleans())
+    )
     view = plan.view
     summary = SUMMARY if view.covered > pinned else None
     out = rebuild(

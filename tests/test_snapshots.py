@@ -31,13 +31,13 @@ from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.trim import trim_outcome
 from proxy.types import ChatMessage
-from proxy.view import View
+from proxy.view import View, result_flags
 from tests.conversations import convo
 
 
 def history(messages: list[ChatMessage], pinned: int = 1, count: int = 10) -> History:
     digests, _ = digests_and_sizes(messages)
-    return History(messages, digests, [count] * len(messages), pinned, 0)
+    return History(messages, digests, [count] * len(messages), pinned, 0, result_flags(messages))
 
 
 def snapshot_of(h: History, covered: int, version: int = 3, **kw: object) -> Snapshot:
@@ -283,7 +283,7 @@ def test_trimming_leaves_a_history_that_fits_alone() -> None:
 def test_a_newest_message_too_large_for_the_window_is_refused() -> None:
     messages = convo("s u a u")
     digests, _ = digests_and_sizes(messages)
-    h = History(messages, digests, [10, 10, 10, 2000], 1, 0)
+    h = History(messages, digests, [10, 10, 10, 2000], 1, 0, result_flags(messages))
     budget = Budget(window=1000, reserve=0, fixed=0, trigger=800, target=500, summary_allowance=0)
     with pytest.raises(ContextTooLarge):
         trim_outcome(h, Loaded(None, None), budget, "user")
