@@ -13,7 +13,7 @@ message is never summarised, elided or dropped (invariant 4).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -160,24 +160,37 @@ def _choose_cut(
     reaches the target also keeps the longest tail. ``None`` when no cut past
     ``elided.covered`` exists (only the newest group is left).
     """
-    cuts = group_starts(results, elided.covered + 1)
-    if not cuts:
+    first = next_group_start(results, elided.covered + 1)
+    if first is None:
         return None
-    lo = 0
     if force:
         # A forced compaction folds in at least everything before the protected tail.
-        lo = max(bisect_right(cuts, protected) - 1, 0)
+        first = max(first, _group_start_at_or_before(results, protected))
     allowance, elide_before = budget.summary_allowance, elided.elide_before
     return first_within(
-        cuts, lo, lambda cut: totals.tokens(View(cut, allowance, elide_before)), budget.target
+        results, first, lambda cut: totals.tokens(View(cut, allowance, elide_before)), budget.target
     )
 
 
-def first_within(cuts: list[int], lo: int, tokens: Callable[[int], int], limit: int) -> int:
-    """The first of ``cuts[lo:]`` whose view is within ``limit``, else the last cut.
+def next_group_start(results: Sequence[int], i: int) -> int | None:
+    """The first group start at or after ``i``; None when there is none."""
+    while i < len(results) and not _is_group_start(results, i):
+        i += 1
+    return i if i < len(results) else None
 
-    Binary search: with the summary's size fixed, a later cut moves more messages
-    (each worth zero or more tokens) into the summary, so totals never rise.
+
+def first_within(
+    results: Sequence[int], first: int, tokens: Callable[[int], int], limit: int
+) -> int:
+    """The first group start from ``first`` (one itself) whose view is within ``limit``,
+    else the last group start.
+
+    Binary search over every index, no list of the cuts: with the summary's size fixed,
+    a later cut moves more messages (each worth zero or more tokens) into the summary,
+    so totals never rise, and the first group start within the limit is the first one
+    at or after the first index within it.
     """
-    i = bisect_left(cuts, True, lo=lo, key=lambda cut: tokens(cut) <= limit)
-    return cuts[min(i, len(cuts) - 1)]
+    n = len(results)
+    i = first + bisect_left(range(first, n), True, key=lambda i: tokens(i) <= limit)
+    found = next_group_start(results, i)
+    return found if found is not None else _group_start_at_or_before(results, n - 1)

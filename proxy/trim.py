@@ -14,7 +14,7 @@ from proxy.budget import Budget
 from proxy.count import History
 from proxy.errors import ContextTooLarge
 from proxy.outcome import Outcome
-from proxy.plan import first_within, group_starts, protected_start
+from proxy.plan import first_within, next_group_start, protected_start
 from proxy.rebuild import SummaryRole, omitted_marker, rebuild_outcome
 from proxy.snapshots import Loaded
 from proxy.view import Totals, View, check_view, view_tokens
@@ -83,10 +83,12 @@ def trim_plan(
     view = replace(current, elide_before=max(current.elide_before, protected))
     if totals.tokens(view) <= limit:
         return view
-    cuts = group_starts(results, current.covered + 1)
-    if not cuts:
+    first = next_group_start(results, current.covered + 1)
+    if first is None:
         return view
     carried = current.summary_tokens if current.covered > pinned else 0
     summary, elide_before = carried + TRIM_MARKER_TOKENS, view.elide_before
-    cut = first_within(cuts, 0, lambda cut: totals.tokens(View(cut, summary, elide_before)), limit)
+    cut = first_within(
+        results, first, lambda cut: totals.tokens(View(cut, summary, elide_before)), limit
+    )
     return View(cut, summary, elide_before)

@@ -10,9 +10,10 @@ makes planning (plan.py) and trimming (trim.py) linear.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, compress
 
 from proxy.budget import Budget
 from proxy.types import ChatMessage
@@ -93,28 +94,34 @@ def view_tokens(
 class Totals:
     """``view_tokens`` of any view of one history in O(1), after one O(n) pass.
 
-    ``counts_before[i]`` is ``sum(counts[:i])``; ``saved_before[i]`` is what eliding
-    every bulky result among ``messages[:i]`` saves. A view's total is then the
+    ``counts_before[i]`` is ``sum(counts[:i])``. The results are at ``result_at``, and
+    ``saved_through[k]`` is what eliding the bulky ones among the first ``k`` of them
+    saves: most messages are no result and need no entry. A view's total is then the
     pinned and verbatim spans less the savings inside ``[covered, elide_before)``.
     """
 
     pinned_and_fixed: int  # pinned messages + fixed + reserve: the same for every view
     pinned: int
     counts_before: list[int]
-    saved_before: list[int]
+    result_at: list[int]
+    saved_through: list[int]
 
     @classmethod
     def build(
         cls, counts: Sequence[int], results: Sequence[int], pinned: int, budget: Budget
     ) -> Totals:
+        if len(counts) != len(results):
+            raise ValueError(f"{len(counts)} token counts for {len(results)} messages")
         elide_min = budget.elide_min_tokens
-        saved = [
-            n - ELIDED_TOKENS if result and n >= elide_min else 0
-            for n, result in zip(counts, results, strict=True)
-        ]
+        result_at = list(compress(range(len(results)), results))
+        saved = [n - ELIDED_TOKENS if (n := counts[i]) >= elide_min else 0 for i in result_at]
         counts_before = list(accumulate(counts, initial=0))
         fixed = counts_before[min(pinned, len(counts))] + budget.fixed + budget.reserve
-        return cls(fixed, pinned, counts_before, list(accumulate(saved, initial=0)))
+        return cls(fixed, pinned, counts_before, result_at, list(accumulate(saved, initial=0)))
+
+    def _saved_before(self, i: int) -> int:
+        """What eliding every bulky result among the first ``i`` messages saves."""
+        return self.saved_through[bisect_left(self.result_at, i)]
 
     def tokens(self, view: View) -> int:
         """Equals ``view_tokens(counts, results, pinned, view, budget)``."""
@@ -126,7 +133,7 @@ class Totals:
         # The newest message is never elided.
         elide_end = min(view.elide_before, n - 1)
         if elide_end > covered:
-            total -= self.saved_before[elide_end] - self.saved_before[covered]
+            total -= self._saved_before(elide_end) - self._saved_before(covered)
         return total
 
 
