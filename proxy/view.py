@@ -10,7 +10,6 @@ makes planning (plan.py) and trimming (trim.py) linear.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress
@@ -90,21 +89,30 @@ def view_tokens(
     return total
 
 
+# Totals keeps sums per block of this many messages, not per message: a 50k-message
+# history would otherwise allocate 50k new ints on every plan, and a pass over
+# freshly allocated memory that outgrows the caches costs more than ten small ones.
+_BLOCK = 64
+
+
 @dataclass(frozen=True, slots=True)
 class Totals:
     """``view_tokens`` of any view of one history in O(1), after one O(n) pass.
 
-    ``counts_before[i]`` is ``sum(counts[:i])``. The results are at ``result_at``, and
-    ``saved_through[k]`` is what eliding the bulky ones among the first ``k`` of them
-    saves: most messages are no result and need no entry. A view's total is then the
-    pinned and verbatim spans less the savings inside ``[covered, elide_before)``.
+    ``count_blocks[b]`` is the sum of ``counts`` before block ``b`` (``_BLOCK``
+    messages each), ``saved_blocks[b]`` what eliding every bulky result before it
+    saves; within a block the rest is summed when asked (at most ``_BLOCK`` messages).
+    A view's total is then the pinned and verbatim spans less the savings inside
+    ``[covered, elide_before)``.
     """
 
     pinned_and_fixed: int  # pinned messages + fixed + reserve: the same for every view
     pinned: int
-    counts_before: list[int]
-    result_at: list[int]
-    saved_through: list[int]
+    counts: Sequence[int]
+    results: Sequence[int]
+    elide_min: int
+    count_blocks: list[int]
+    saved_blocks: list[int]
 
     @classmethod
     def build(
@@ -113,21 +121,35 @@ class Totals:
         if len(counts) != len(results):
             raise ValueError(f"{len(counts)} token counts for {len(results)} messages")
         elide_min = budget.elide_min_tokens
-        result_at = list(compress(range(len(results)), results))
-        saved = [n - ELIDED_TOKENS if (n := counts[i]) >= elide_min else 0 for i in result_at]
-        counts_before = list(accumulate(counts, initial=0))
-        fixed = counts_before[min(pinned, len(counts))] + budget.fixed + budget.reserve
-        return cls(fixed, pinned, counts_before, result_at, list(accumulate(saved, initial=0)))
+        starts = range(0, len(counts), _BLOCK)
+        count_blocks = list(accumulate((sum(counts[b : b + _BLOCK]) for b in starts), initial=0))
+        saved = (_saved(counts, results, b, b + _BLOCK, elide_min) for b in starts)
+        fixed = sum(counts[:pinned]) + budget.fixed + budget.reserve
+        return cls(
+            fixed,
+            pinned,
+            counts,
+            results,
+            elide_min,
+            count_blocks,
+            list(accumulate(saved, initial=0)),
+        )
+
+    def _counts_before(self, i: int) -> int:
+        b = i // _BLOCK
+        return self.count_blocks[b] + sum(self.counts[b * _BLOCK : i])
 
     def _saved_before(self, i: int) -> int:
         """What eliding every bulky result among the first ``i`` messages saves."""
-        return self.saved_through[bisect_left(self.result_at, i)]
+        b = i // _BLOCK
+        within = _saved(self.counts, self.results, b * _BLOCK, i, self.elide_min)
+        return self.saved_blocks[b] + within
 
     def tokens(self, view: View) -> int:
         """Equals ``view_tokens(counts, results, pinned, view, budget)``."""
-        n = len(self.counts_before) - 1
+        n = len(self.counts)
         covered = min(view.covered, n)
-        total = self.pinned_and_fixed + self.counts_before[n] - self.counts_before[covered]
+        total = self.pinned_and_fixed + self.count_blocks[-1] - self._counts_before(covered)
         if view.covered > self.pinned:
             total += view.summary_tokens
         # The newest message is never elided.
@@ -135,6 +157,12 @@ class Totals:
         if elide_end > covered:
             total -= self._saved_before(elide_end) - self._saved_before(covered)
         return total
+
+
+def _saved(counts: Sequence[int], results: Sequence[int], start: int, end: int, least: int) -> int:
+    """What eliding the results of at least ``least`` tokens in ``[start, end)`` saves."""
+    bulky = compress(counts[start:end], results[start:end])
+    return sum(n - ELIDED_TOKENS for n in bulky if n >= least)
 
 
 def check_view(counts: Sequence[int], results: Sequence[int], pinned: int, current: View) -> None:
