@@ -61,17 +61,6 @@ def _is_group_start(results: Sequence[int], i: int) -> bool:
     return i == 0 or not results[i]
 
 
-def group_starts(results: Sequence[int], start: int) -> list[int]:
-    """Indices ``i >= start`` where a cut is legal, ascending.
-
-    A cut at ``i`` summarises ``messages[start:i]`` and keeps ``messages[i:]``.
-    A group is one message plus the tool results that follow it, so a cut
-    never separates an assistant's ``tool_calls`` from their results.
-    """
-    # _is_group_start inlined: this runs over whole histories.
-    return [i for i in range(max(start, 0), len(results)) if i == 0 or not results[i]]
-
-
 def _group_start_at_or_before(results: Sequence[int], i: int) -> int:
     while i > 0 and not _is_group_start(results, i):
         i -= 1
@@ -173,7 +162,12 @@ def _choose_cut(
 
 
 def next_group_start(results: Sequence[int], i: int) -> int | None:
-    """The first group start at or after ``i``; None when there is none."""
+    """The first group start at or after ``i``; None when there is none.
+
+    A cut at a group start ``c`` summarises messages before ``c`` and keeps the rest. A
+    group is one message plus the tool results that follow it, so a cut never
+    separates an assistant's ``tool_calls`` from their results.
+    """
     while i < len(results) and not _is_group_start(results, i):
         i += 1
     return i if i < len(results) else None

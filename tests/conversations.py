@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from proxy.plan import next_group_start
 from proxy.types import ChatMessage, ToolCall
 
 
@@ -32,3 +35,13 @@ def convo(spec: str) -> list[ChatMessage]:
         else:
             raise AssertionError(token)
     return messages
+
+
+def group_starts(results: Sequence[int], start: int) -> list[int]:
+    """Every legal cut from ``start``, as ``next_group_start`` finds them one by one."""
+    found: list[int] = []
+    i = next_group_start(results, max(start, 0))
+    while i is not None:
+        found.append(i)
+        i = next_group_start(results, i + 1)
+    return found

@@ -11,11 +11,12 @@ from proxy.count import History
 from proxy.digest import message_digests
 from proxy.errors import InvalidRequest
 from proxy.items import to_items, to_messages
-from proxy.plan import count_pinned, group_starts
+from proxy.plan import count_pinned
 from proxy.rebuild import HANDOFF_INTRO, rebuild_messages
 from proxy.recover import _error_event
 from proxy.responses import chat_view, outgoing_body, parse_responses_request
 from proxy.view import View, result_flags
+from tests.conversations import group_starts
 
 
 def user(text: str) -> dict[str, Any]:

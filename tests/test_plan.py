@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.budget import Budget
-from proxy.plan import count_pinned, group_starts, plan_compaction
+from proxy.plan import count_pinned, plan_compaction
 from proxy.trim import trim_plan
 from proxy.types import ChatMessage
 from proxy.view import ELIDED_TOKENS, Totals, View, result_flags, view_tokens
 from tests.conftest import examples
-from tests.conversations import convo
+from tests.conversations import convo, group_starts
 
 T = TypeVar("T")
 PROPERTY = settings(
@@ -72,7 +72,7 @@ def test_count_pinned(spec: str, pin_first_user: bool, expected: int) -> None:
     assert count_pinned(convo(spec), pin_first_user) == expected
 
 
-# --- group_starts -------------------------------------------------------------------------
+# --- group starts -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
