@@ -28,7 +28,7 @@ from proxy.compact import Job, trigger_for
 from proxy.count import count_history
 from proxy.digest import tenant_seed
 from proxy.disconnect import cancelled_on_disconnect
-from proxy.errors import ClientDisconnected
+from proxy.errors import ClientDisconnected, ContextTooLarge
 from proxy.models import ResolvedModel
 from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow
@@ -226,8 +226,16 @@ async def recover_overflow(
     else:
         window = await learn_window(services, turn, first, verdict)
         model = replace(turn.model, context_window=window)
-        outcome = await compacted_view(services, replace(turn, model=model), recover=True)
+        try:
+            outcome = await compacted_view(services, replace(turn, model=model), recover=True)
+        except ContextTooLarge:
+            if not verdict.validation:
+                raise
+            # A validation answer may not be about length at all: its own words stand.
+            return answer, first.outcome
         second = Attempt(route.body_for(outcome), outcome)
+        if len(second.body) >= len(first.body):  # the same request again can only fail again
+            return answer, first.outcome
     turn.record.sending(second.outcome)
     return await retry_once(services, verdict, second, route.headers, route.url)
 
