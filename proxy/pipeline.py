@@ -224,14 +224,14 @@ async def recover_overflow(
             return answer, first.outcome
         second = Attempt(lowered, first.outcome)
     else:
-        window = await learn_window(services, turn, first, verdict)
+        window, stated = await learn_window(services, turn, first, verdict)
         model = replace(turn.model, context_window=window)
         try:
             outcome = await compacted_view(services, replace(turn, model=model), recover=True)
         except ContextTooLarge:
-            if not verdict.validation:
+            if stated:  # the upstream's own window: the proxy's error quotes it
                 raise
-            # A validation answer may not be about length at all: its own words stand.
+            # A window of our making is no number to quote: the upstream's words stand.
             return answer, first.outcome
         second = Attempt(route.body_for(outcome), outcome)
         if len(second.body) >= len(first.body):  # the same request again can only fail again

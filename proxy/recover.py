@@ -195,10 +195,12 @@ async def _read_error(
     return b"".join(chunks), None
 
 
-async def learn_window(services: Services, turn: Turn, sent: Attempt, verdict: Overflow) -> int:
+async def learn_window(
+    services: Services, turn: Turn, sent: Attempt, verdict: Overflow
+) -> tuple[int, bool]:
     """The window to plan the retry against, in the proxy's token units: always below
-    what was just rejected. Learned (for this tenant, and as its report towards a shared
-    window) only from a limit the upstream stated in its own words."""
+    what was just rejected; and whether it is the upstream's own statement of the model's
+    window (then learned for this tenant, and its report towards a shared window)."""
     ours = sent.outcome.tokens + _reserve(turn)
     # A share of what was refused: for answers whose numbers we must not learn from.
     shrunk = int(ours * min(SHRINK, (verdict.fraction or 1.0) * _MARGIN))
@@ -207,24 +209,28 @@ async def learn_window(services: Services, turn: Turn, sent: Attempt, verdict: O
         # About a field (a 422, a 400 naming another field, Bedrock's characters): its
         # numbers may be the request's own, so they shape this retry at most, never a
         # window anyone keeps.
-        return min(shrunk, window) if window is not None and window >= MIN_WINDOW else shrunk
+        return (
+            min(shrunk, window) if window is not None and window >= MIN_WINDOW else shrunk
+        ), False
     if window is not None:
         if window >= ours or not _consistent(verdict):
             # The stated limit does not explain the refusal (counts disagree, or a limit
             # on something else): trimming to it would resend the same request.
             log.warning("upstream refused a request below its stated limit; shrinking anyway")
-            return shrunk
+            return shrunk, False
         if await _stated_by_upstream(sent.body, verdict):
             configured = services.models.resolve(turn.model.name).context_window
-            return await services.windows.learn(
+            learned = await services.windows.learn(
                 turn.model.name, window, turn.tenant, configured=configured, stated=verdict.limit
             )
+            return learned, True
     # No limit we can trust (a gateway's 413, a terse server, echoed text): what we just
     # sent is too much for this caller, so anything at least that large will fail too.
     configured = services.models.resolve(turn.model.name).context_window
-    return await services.windows.learn(
+    learned = await services.windows.learn(
         turn.model.name, int(ours * _MARGIN), turn.tenant, configured=configured, stated=None
     )
+    return learned, False
 
 
 def _scaled(verdict: Overflow, ours: int) -> int | None:

@@ -170,6 +170,9 @@ def test_a_retry_after_a_limit_above_what_was_sent_is_smaller(
     faulty: FaultyUpstream, start_proxy: Callable[..., str]
 ) -> None:
     faulty.chat = in_turn(answer(400, DASHSCOPE), answer(body=completion("fine")))
+    # The summarizer is down, so the recovery falls back to trimming against the window
+    # it was given: the stated one, far above the request, trims nothing.
+    faulty.summary = answer(503, b'{"error": {"message": "overloaded"}}')
     url = start_proxy(settings(faulty.url))
     turns = [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 300}
@@ -179,7 +182,26 @@ def test_a_retry_after_a_limit_above_what_was_sent_is_smaller(
     assert r.status_code == 200, r.text
     first, second = faulty.requests()
     assert len(second.body) < len(first.body) * 0.8
-    assert len(second.messages) < len(first.messages)
+    assert words(second.messages) < words(first.messages) * 0.8
+    assert second.messages[-1] == first.messages[-1]  # the newest message is kept whole
     # Nothing learned from a limit that did not explain the refusal.
     assert shared_gauges(url) == []
     assert window_of(post(url, "tenant", hello())) >= CONFIGURED * 0.9
+
+
+def test_a_request_that_cannot_shrink_is_not_sent_again(
+    faulty: FaultyUpstream, start_proxy: Callable[..., str]
+) -> None:
+    """One message, which neither a summary nor trimming may cut: the same request again
+    could only fail again, so the upstream's answer goes back as it wrote it (not the
+    proxy's own error, which would quote a window of the proxy's making)."""
+    faulty.chat = in_turn(answer(400, DASHSCOPE), answer(body=completion("fine")))
+    url = start_proxy(settings(faulty.url))
+    r = post(url, "tenant", [{"role": "user", "content": "word " * 6000}])
+    assert r.status_code == 400
+    assert r.content == DASHSCOPE
+    assert len(faulty.requests()) == 1
+
+
+def words(messages: list[dict[str, Any]]) -> int:
+    return sum(len(str(m.get("content", "")).split()) for m in messages)
