@@ -69,7 +69,8 @@ def _print_learned_windows(settings: Settings) -> None:
     print(f"learned windows: {len(windows) or 'none'}")
     for (upstream, model, tenant), tokens in windows:
         scope = "one tenant, " if tenant else ""
-        print(f"  {model!r:<26} {tokens:>9}  ({scope}from {upstream})")
+        name = model if model.isprintable() else repr(model)  # the client's text
+        print(f"  {name:<26} {tokens:>9}  ({scope}from {upstream})")
 
 
 def _setup_logging(settings: LoggingSettings) -> None:

@@ -17,8 +17,10 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import redis
 
-from tests.conftest import proxy_settings
+from proxy.config import Settings
+from tests.conftest import RedisServer, proxy_settings
 from tests.faulty_upstream import FaultyUpstream, answer, completion, fastapi_validation, in_turn
 
 CONFIGURED = 32768
@@ -133,6 +135,22 @@ def test_a_window_learned_for_a_model_named_like_a_key_is_nobody_elses(
     """Before: keys were ``upstream|model[|tenant]``, so the shared window of model
     ``vm|anonymous`` was keyless callers' own window of ``vm``."""
     url = start_proxy(settings(sim_reset))  # quorum 2: two made-up keys agree
+    learn_for_an_odd_name_and_check_keyless_callers(url)
+
+
+@pytest.mark.redis
+def test_in_redis_too_a_window_learned_for_a_model_named_like_a_key_is_nobody_elses(
+    sim_reset: str, start_proxy: Callable[..., str], redis_server: RedisServer
+) -> None:
+    config = settings(sim_reset).model_dump()
+    config["store"] = {"url": redis_server.url}
+    url = start_proxy(Settings(**config))
+    learn_for_an_odd_name_and_check_keyless_callers(url)
+    keys = redis.Redis.from_url(redis_server.url).keys("cp:win:*")
+    assert keys and all(key.startswith(b"cp:win:w2|") for key in keys), keys
+
+
+def learn_for_an_odd_name_and_check_keyless_callers(url: str) -> None:
     real = {"X-Sim-Context-Window": "6144"}
     turns = [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 400}
