@@ -65,7 +65,8 @@ def _print_learned_windows(settings: Settings) -> None:
     # Only windows: a shared window's "lowered recently" marker is bookkeeping, and keys
     # of the old layout are no longer read (they expire).
     parsed = {parse_window_key(k): v for k, v in learned.items()}
-    windows = sorted((k, v) for k, v in parsed.items() if k is not None)
+    windows = [(k, v) for k, v in parsed.items() if k is not None]
+    windows.sort(key=lambda item: (item[0][0], item[0][1], item[0][2] or ""))
     print(f"learned windows: {len(windows) or 'none'}")
     for (upstream, model, tenant), tokens in windows:
         scope = "one tenant, " if tenant else ""
