@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -223,3 +224,42 @@ def test_a_request_that_cannot_shrink_is_not_sent_again(
 
 def words(messages: list[dict[str, Any]]) -> int:
     return sum(len(str(m.get("content", "")).split()) for m in messages)
+
+
+# --- item 15: newly recognised wordings, end to end -----------------------------------------
+
+CASES = {
+    case["id"]: case
+    for case in orjson.loads(
+        (Path(__file__).parent / "fixtures" / "overflow" / "cases.json").read_bytes()
+    )
+}
+
+
+@pytest.mark.parametrize(
+    ("case_id", "learns"),
+    [
+        ("ollama-native-prompt-longer-than-context", True),  # no limit: what was sent
+        ("ollama-openai-prompt-longer-than-context", True),
+        ("moonshot-model-max-length-exceeded", False),  # 8192: above what was sent
+        ("bedrock-max-length-characters", False),  # characters: never a token window
+    ],
+)
+def test_newly_recognised_overflows_are_retried_smaller(
+    faulty: FaultyUpstream, start_proxy: Callable[..., str], case_id: str, learns: bool
+) -> None:
+    case = CASES[case_id]
+    rejected = answer(case["status"], case["body"].encode(), case["headers"])
+    faulty.chat = in_turn(rejected, answer(body=completion("fine")))
+    url = start_proxy(settings(faulty.url))
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 300}
+        for i in range(20)
+    ]
+    r = post(url, "tenant", [*turns, {"role": "user", "content": "and now?"}])
+    assert r.status_code == 200, r.text
+    first, second = faulty.requests()
+    assert len(second.body) < len(first.body)
+    assert shared_gauges(url) == []
+    own = window_of(post(url, "tenant", hello()))
+    assert (own < CONFIGURED * 0.9) is learns, own
