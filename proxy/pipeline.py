@@ -21,6 +21,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from proxy import recover as recovery
 from proxy import upstream
 from proxy.budget import Budget
 from proxy.calibrate import find_prompt_tokens
@@ -28,7 +29,7 @@ from proxy.compact import Job, trigger_for
 from proxy.count import count_history
 from proxy.digest import tenant_seed
 from proxy.disconnect import cancelled_on_disconnect
-from proxy.errors import ClientDisconnected, ContextTooLarge
+from proxy.errors import ClientDisconnected
 from proxy.models import ResolvedModel
 from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow
@@ -226,15 +227,10 @@ async def recover_overflow(
     else:
         window, stated = await learn_window(services, turn, first, verdict)
         model = replace(turn.model, context_window=window)
-        try:
-            outcome = await compacted_view(services, replace(turn, model=model), recover=True)
-        except ContextTooLarge:
-            if stated:  # the upstream's own window: the proxy's error quotes it
-                raise
-            # A window of our making is no number to quote: the upstream's words stand.
-            return answer, first.outcome
-        second = Attempt(route.body_for(outcome), outcome)
-        if len(second.body) >= len(first.body):  # the same request again can only fail again
+        view = compacted_view(services, replace(turn, model=model), recover=True)
+        outcome = await recovery.retry_view(view, stated=stated)
+        second = Attempt(route.body_for(outcome), outcome) if outcome else None
+        if second is None or len(second.body) >= len(first.body):  # it would only fail again
             return answer, first.outcome
     turn.record.sending(second.outcome)
     return await retry_once(services, verdict, second, route.headers, route.url)

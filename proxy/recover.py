@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, replace
 
 import orjson
 from starlette.responses import Response
 
 from proxy import upstream
+from proxy.errors import ContextTooLarge
 from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow, classify_error, echoed, mentions, request_text
 from proxy.relay import buffered, relay
@@ -231,6 +232,18 @@ async def learn_window(
         turn.model.name, int(ours * _MARGIN), turn.tenant, configured=configured, stated=None
     )
     return learned, False
+
+
+async def retry_view(view: Awaitable[Outcome], *, stated: bool) -> Outcome | None:
+    """The compacted view to retry with, or None when even the newest message cannot fit
+    a window of the proxy's making (``stated`` False): that number is no window to quote
+    in the proxy's own error, so the upstream's answer stands."""
+    try:
+        return await view
+    except ContextTooLarge:
+        if stated:  # the upstream's own window: the proxy's error quotes it
+            raise
+        return None
 
 
 def _scaled(verdict: Overflow, ours: int) -> int | None:
