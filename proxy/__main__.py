@@ -48,7 +48,7 @@ def _print_learned_windows(settings: Settings) -> None:
         return
     from proxy.errors import StoreError
     from proxy.store.redis import RedisStore
-    from proxy.windows import LOWERED_MARKER
+    from proxy.windows import parse_window_key
 
     async def read() -> dict[str, int]:
         store = RedisStore(settings.store.url, settings.store.ttl_s, prefix=settings.store.prefix)
@@ -62,13 +62,16 @@ def _print_learned_windows(settings: Settings) -> None:
     except StoreError as exc:
         print(f"learned windows: store unreachable ({exc.message})")
         return
-    # A shared window's "lowered recently" marker is bookkeeping, not a window.
-    learned = {k: v for k, v in learned.items() if not k.endswith(LOWERED_MARKER)}
-    print(f"learned windows: {len(learned) or 'none'}")
-    for key, tokens in sorted(learned.items()):
-        upstream, model, *tenant = key.split("|")
+    # Only windows: a shared window's "lowered recently" marker is bookkeeping, and keys
+    # of the old layout are no longer read (they expire).
+    parsed = {parse_window_key(k): v for k, v in learned.items()}
+    windows = [(k, v) for k, v in parsed.items() if k is not None]
+    windows.sort(key=lambda item: (item[0][0], item[0][1], item[0][2] or ""))
+    print(f"learned windows: {len(windows) or 'none'}")
+    for (upstream, model, tenant), tokens in windows:
         scope = "one tenant, " if tenant else ""
-        print(f"  {model:<26} {tokens:>9}  ({scope}from {upstream})")
+        name = model if model.isprintable() else repr(model)  # the client's text
+        print(f"  {name:<26} {tokens:>9}  ({scope}from {upstream})")
 
 
 def _setup_logging(settings: LoggingSettings) -> None:

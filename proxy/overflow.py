@@ -17,6 +17,12 @@ Rules, in order:
 * 400 and 422 are decided by the text, then by structure: an error code or type that names
   the context length or prompt size, or top-level ``n_prompt_tokens`` above ``n_ctx``. A
   rate-limit or quota wording there stays ``other`` whatever else the body says.
+* A pydantic-style validation list (FastAPI's default 422, ``{"detail": [{"type", "loc",
+  "msg", "input"}]}``) is ``other``: it names a field the request got wrong and echoes the
+  value it got (``input``), which is the client's text, not the provider's word. Values
+  under ``input``, ``loc`` and ``ctx`` are never read, anywhere in a body.
+* Any other 422, and a 400 whose ``param`` names a field other than the prompt, is a
+  validation answer (``Overflow.validation``): recognised, but nothing in it is learned.
 * 500 and 503 count only when the text clearly names the context window (older llama.cpp
   servers answer 500) or states an output budget with both numbers (Ollama's OpenAI layer
   relays a cloud model's budget error as 500); anything vaguer is a server error.
@@ -29,7 +35,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 import orjson
@@ -79,6 +85,10 @@ class Overflow:
     ``limit_evidence`` is the text the overflow ``limit`` was read from (lower-cased), so a
     caller can tell a provider's own sentence from request content the upstream echoed back
     (see :func:`echoed`); None when the limit came from a top-level structured field.
+    ``validation``: the answer is about a field (any 422, or a 400 whose ``param`` names a
+    field other than the prompt), so its numbers may be the request's own: nothing in it
+    may be learned. ``fraction``: the share of the rejected request the upstream would take,
+    when it states sizes in units other than tokens (Bedrock's characters).
     """
 
     kind: OverflowKind
@@ -88,6 +98,8 @@ class Overflow:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     limit_evidence: str | None = None
+    validation: bool = False
+    fraction: float | None = None
 
 
 def classify_error(status: int, headers: Mapping[str, str], body: bytes) -> Overflow:
@@ -104,7 +116,7 @@ def classify_error(status: int, headers: Mapping[str, str], body: bytes) -> Over
             provider = "http413"
         return _overflow(parsed, provider)
     if status in (400, 422):
-        if _RATE_LIMIT.search(text):
+        if _RATE_LIMIT.search(text) or parsed.pydantic:
             return Overflow("other", provider=provider)
         budget = _output_budget(text, provider)
         if budget is not None:
@@ -115,7 +127,10 @@ def classify_error(status: int, headers: Mapping[str, str], body: bytes) -> Over
             or _overflow_code(parsed)
             or _prompt_above_window(parsed)
         ):
-            return _overflow(parsed, provider)
+            verdict = _overflow(parsed, provider)
+            if status == 422 or verdict.fraction is not None or not _about_the_prompt(parsed):
+                verdict = replace(verdict, validation=True)
+            return verdict
         return Overflow("other", provider=provider)
     if status in (500, 503) and not _RATE_LIMIT.search(text):
         budget = _output_budget(text, provider)
@@ -135,7 +150,29 @@ _MAX_BODY: Final = 64 * 1024
 _MAX_NODES: Final = 4096
 # Gateways put the upstream's JSON error inside their own message string, sometimes twice.
 _MAX_EMBEDDED: Final = 3
-_RECORDED_KEYS: Final = frozenset({"code", "type"})
+_RECORDED_KEYS: Final = frozenset({"code", "type", "param"})
+# Where validation errors put the client's own value (pydantic: ``input``, the field's
+# path ``loc``, the rule's bounds ``ctx``): never read, so nothing planted there is seen.
+_ECHO_KEYS: Final = frozenset({"input", "loc", "ctx"})
+# ``param`` values that name the prompt or its size, where an overflow is reported; any
+# other field makes the answer a validation error about that field.
+_PROMPT_PARAMS: Final = frozenset(
+    {
+        "",
+        "none",
+        "null",
+        "messages",
+        "prompt",
+        "input",
+        "inputs",
+        "input_text",
+        "input_tokens",
+        "contents",
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+    }
+)
 _NUMBER_KEYS: Final = frozenset({"n_ctx", "n_prompt_tokens"})
 # Error codes are short identifiers; a longer string under "code" is not one.
 _MAX_CODE: Final = 64
@@ -149,6 +186,8 @@ class _Body:
     written in lower case, which lets the regex engine skip ahead on literal prefixes
     (several times faster than IGNORECASE on a 64 KiB body). ``codes`` holds every ``code``
     and ``type`` value of the body's own fields (numbers as their digits), lower-cased.
+    ``pydantic``: the body is a pydantic-style validation list (``detail`` of objects
+    with ``loc``).
     """
 
     text: str
@@ -157,6 +196,7 @@ class _Body:
     strings: Mapping[str, str] = field(default_factory=dict)
     numbers: Mapping[str, int] = field(default_factory=dict)
     codes: frozenset[str] = frozenset()
+    pydantic: bool = False
 
 
 class _NotJson:
@@ -222,7 +262,8 @@ def _walk(document: object, *, extra: str, is_json: bool) -> _Body:
             for child_key, child in value.items():
                 name = str(child_key).lower()
                 keys.add(name)
-                pending.append((child, depth, name))
+                if name not in _ECHO_KEYS:
+                    pending.append((child, depth, name))
         elif isinstance(value, list):
             pending.extend((child, depth, key) for child in value)
         elif isinstance(value, str):
@@ -230,7 +271,7 @@ def _walk(document: object, *, extra: str, is_json: bool) -> _Body:
                 strings.setdefault(key, value.lower())
                 # Only the body's own fields, as for numbers below: a code inside a string
                 # may be echoed request content.
-                if depth == 0 and len(value) <= _MAX_CODE:
+                if depth == 0 and key != "param" and len(value) <= _MAX_CODE:
                     codes.add(value.lower())
             texts.append(value)
             # Keep the string too: "[1, 8192]" parses as JSON but is part of a sentence.
@@ -252,7 +293,26 @@ def _walk(document: object, *, extra: str, is_json: bool) -> _Body:
         strings=strings,
         numbers=numbers,
         codes=frozenset(codes),
+        pydantic=_is_pydantic(document),
     )
+
+
+def _is_pydantic(document: object) -> bool:
+    """FastAPI's default validation answer: ``{"detail": [{"loc": [...], ...}, ...]}``."""
+    if not isinstance(document, dict):
+        return False
+    detail = document.get("detail")
+    return (
+        isinstance(detail, list)
+        and bool(detail)
+        and all(isinstance(item, dict) and "loc" in item for item in detail)
+    )
+
+
+def _about_the_prompt(body: _Body) -> bool:
+    """Whether the body's ``param`` (when it has one) names the prompt or its size."""
+    param = body.strings.get("param")
+    return param is None or param.strip() in _PROMPT_PARAMS
 
 
 def _unescape(text: str) -> str:
@@ -326,6 +386,10 @@ _OVERFLOW_STRONG: Final = _compile(
     r"prompt token count of \d+ exceeds the limit of \d+",
     r"range of input length should be \[\s*1\s*,\s*\d+\s*\]",
     r"too many input tokens\. max input tokens",
+    # Ollama 0.12+ (llm/llama_server.go), when context shift is off.
+    r"longer than the context length currently available",
+    # Moonshot (Kimi): the prompt plus max_tokens over the window.
+    r"model max length exceeded",
 )
 
 # Vaguer wordings: enough on a 400, not on a 5xx.
@@ -334,6 +398,8 @@ _OVERFLOW_WEAK: Final = _compile(
     r"too many (?:input )?tokens",
     r"input is too long",
     r"prompt exceeds max length",
+    # Bedrock's JSON-schema check of a string's length, in characters, not tokens.
+    r"expected maxlength: \d+, actual: \d+",
 )
 
 # Error codes and types that name the context or prompt size, for bodies whose wording is
@@ -455,6 +521,7 @@ _LIMIT: Final = _patterns(
     r"exceeds the limit of {N}",
     r"range of input length should be \[\s*1\s*,\s*{N}\s*\]",
     r"max input tokens: {N}",
+    r"model max length exceeded, max length: ?{N}",
 )
 # The whole request as the upstream counted it.
 _REQUESTED: Final = _patterns(
@@ -497,6 +564,8 @@ _COMPLETION: Final = _patterns(
     r"and {N} `max_new_tokens`",
     r"exceed context limit: \d+ \+ {N}",
 )
+# Bedrock states a string's length limit in characters: a share of the request, not a window.
+_CHARACTERS: Final = re.compile(rf"expected maxlength: {_N}, actual: {_N}", re.ASCII)
 # OpenRouter splits the prompt into text and tool input.
 _TEXT_INPUT: Final = re.compile(rf"{_N} of text input", re.ASCII)
 _TOOL_INPUT: Final = re.compile(rf"{_N} of tool input", re.ASCII)
@@ -543,6 +612,11 @@ def _overflow(body: _Body, provider: Provider) -> Overflow:
     requested = _first(_REQUESTED, text)
     if requested is None:
         requested = prompt + completion if prompt is not None and completion else prompt
+    characters = _CHARACTERS.search(text)
+    fraction = None
+    if characters is not None and limit is None:
+        allowed, actual = int(characters.group(1)), int(characters.group(2))
+        fraction = allowed / actual if 0 < allowed < actual else None
     return Overflow(
         "overflow",
         limit=limit,
@@ -551,6 +625,7 @@ def _overflow(body: _Body, provider: Provider) -> Overflow:
         prompt_tokens=prompt,
         completion_tokens=completion,
         limit_evidence=evidence,
+        fraction=fraction,
     )
 
 
@@ -570,6 +645,13 @@ def echoed(verdict: Overflow, sent_text: str) -> bool:
     "Invalid value: '...'" error quoting a field, say) rather than its own word: the sentence
     it was read from also appears in what was sent (``request_text``)."""
     return verdict.limit_evidence is not None and verdict.limit_evidence in sent_text
+
+
+def mentions(sent_text: str, number: int) -> bool:
+    """Whether ``number`` appears as a number of its own in what was sent (``request_text``):
+    a limit the client could have planted for an upstream to quote, however the sentence
+    around it was worded. Costs one scan of the request, on an overflow only."""
+    return re.search(rf"(?<![0-9]){number}(?![0-9])", sent_text, re.ASCII) is not None
 
 
 # --- whose error is it --------------------------------------------------------------------
@@ -618,6 +700,7 @@ _TEXT_PROVIDERS: Final[tuple[tuple[Provider, re.Pattern[str]], ...]] = (
             r"maximum tokens you requested exceeds? the model limit",
             r"input is too long for requested model",
             r"too many input tokens\. max input tokens",
+            r"malformed input request",
         ),
     ),
     (
@@ -641,6 +724,7 @@ _TEXT_PROVIDERS: Final[tuple[tuple[Provider, re.Pattern[str]], ...]] = (
         "moonshot",
         _compile(
             r"exceeded model token limit",
+            r"model max length exceeded",
             r"rate_limit_reached_error",
             r"engine_overloaded_error",
             r"api\.moonshot",
@@ -670,6 +754,7 @@ _TEXT_PROVIDERS: Final[tuple[tuple[Provider, re.Pattern[str]], ...]] = (
             r"prompt too long; exceeded",
             r"input length exceeds maximum context length",
             r"input length exceeds the context length",
+            r"longer than the context length currently available",
             r"exceeds model'?s maximum output tokens",
             r"try pulling it first",
         ),

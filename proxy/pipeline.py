@@ -21,6 +21,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from proxy import recover as recovery
 from proxy import upstream
 from proxy.budget import Budget
 from proxy.calibrate import find_prompt_tokens
@@ -224,10 +225,13 @@ async def recover_overflow(
             return answer, first.outcome
         second = Attempt(lowered, first.outcome)
     else:
-        window = await learn_window(services, turn, first, verdict)
+        window, stated = await learn_window(services, turn, first, verdict)
         model = replace(turn.model, context_window=window)
-        outcome = await compacted_view(services, replace(turn, model=model), recover=True)
-        second = Attempt(route.body_for(outcome), outcome)
+        view = compacted_view(services, replace(turn, model=model), recover=True)
+        outcome = await recovery.retry_view(view, stated=stated)
+        second = Attempt(route.body_for(outcome), outcome) if outcome else None
+        if second is None or len(second.body) >= len(first.body):  # it would only fail again
+            return answer, first.outcome
     turn.record.sending(second.outcome)
     return await retry_once(services, verdict, second, route.headers, route.url)
 

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, replace
 
 import orjson
 from starlette.responses import Response
 
 from proxy import upstream
+from proxy.errors import ContextTooLarge
 from proxy.outcome import Outcome, Turn
-from proxy.overflow import Overflow, classify_error, echoed, request_text
+from proxy.overflow import Overflow, classify_error, echoed, mentions, request_text
 from proxy.relay import buffered, relay
 from proxy.services import Services
 from proxy.tokens import output_reserve
+from proxy.windows import MIN_WINDOW
 
 log = logging.getLogger("proxy.recover")
 
@@ -36,6 +38,10 @@ RECOVERABLE = frozenset({400, 413, 422, 500, 503})
 _MAX_ERROR_BYTES = 256 * 1024
 # Aim below the stated limit: counts differ between tokenizers and providers.
 _MARGIN = 0.95
+# When the upstream's limit cannot be planned against (not stated in tokens, stated in a
+# validation answer, or not below what it just refused), the retry asks for this share of
+# the rejected request: strictly less, so it is never the same request again.
+SHRINK = 0.75
 _INLINE_DECODE_BYTES = 256 * 1024
 _PREAMBLE = (b"response.created", b"response.in_progress", b"response.queued")
 
@@ -190,31 +196,75 @@ async def _read_error(
     return b"".join(chunks), None
 
 
-async def learn_window(services: Services, turn: Turn, sent: Attempt, verdict: Overflow) -> int:
-    """The window to plan the retry against, in the proxy's token units."""
+async def learn_window(
+    services: Services, turn: Turn, sent: Attempt, verdict: Overflow
+) -> tuple[int, bool]:
+    """The window to plan the retry against, in the proxy's token units: always below
+    what was just rejected; and whether it is the upstream's own statement of the model's
+    window (then learned for this tenant, and its report towards a shared window)."""
     ours = sent.outcome.tokens + _reserve(turn)
-    configured = services.models.resolve(turn.model.name).context_window
-    if verdict.limit is not None and await _stated_by_upstream(sent.body, verdict):
-        # Scale their limit by how their count relates to ours, when they said it.
-        theirs = verdict.requested or ours
-        window = int(verdict.limit * min(ours / theirs, 1.0) * _MARGIN) if theirs else 0
-        return await services.windows.learn(
-            turn.model.name, window, turn.tenant, configured=configured, stated=verdict.limit
-        )
+    # A share of what was refused: for answers whose numbers we must not learn from.
+    shrunk = int(ours * min(SHRINK, (verdict.fraction or 1.0) * _MARGIN))
+    window = _scaled(verdict, ours)
+    if verdict.validation:
+        # About a field (a 422, a 400 naming another field, Bedrock's characters): its
+        # numbers may be the request's own, so they shape this retry at most, never a
+        # window anyone keeps.
+        return (
+            min(shrunk, window) if window is not None and window >= MIN_WINDOW else shrunk
+        ), False
+    if window is not None:
+        if window >= ours or not _consistent(verdict):
+            # The stated limit does not explain the refusal (counts disagree, or a limit
+            # on something else): trimming to it would resend the same request.
+            log.warning("upstream refused a request below its stated limit; shrinking anyway")
+            return shrunk, False
+        if await _stated_by_upstream(sent.body, verdict):
+            configured = services.models.resolve(turn.model.name).context_window
+            learned = await services.windows.learn(
+                turn.model.name, window, turn.tenant, configured=configured, stated=verdict.limit
+            )
+            return learned, True
     # No limit we can trust (a gateway's 413, a terse server, echoed text): what we just
     # sent is too much for this caller, so anything at least that large will fail too.
-    return await services.windows.learn(
+    configured = services.models.resolve(turn.model.name).context_window
+    learned = await services.windows.learn(
         turn.model.name, int(ours * _MARGIN), turn.tenant, configured=configured, stated=None
     )
+    return learned, False
+
+
+async def retry_view(view: Awaitable[Outcome], *, stated: bool) -> Outcome | None:
+    """The compacted view to retry with, or None when even the newest message cannot fit
+    a window of the proxy's making (``stated`` False): that number is no window to quote
+    in the proxy's own error, so the upstream's answer stands."""
+    try:
+        return await view
+    except ContextTooLarge:
+        if stated:  # the upstream's own window: the proxy's error quotes it
+            raise
+        return None
+
+
+def _scaled(verdict: Overflow, ours: int) -> int | None:
+    """The stated limit in our token units, with a margin: scaled by how the upstream's
+    count of the request relates to ours, when it said it."""
+    if verdict.limit is None:
+        return None
+    theirs = verdict.requested or ours
+    return int(verdict.limit * min(ours / theirs, 1.0) * _MARGIN) if theirs else 0
+
+
+def _consistent(verdict: Overflow) -> bool:
+    """A request rejected as too long asked for more than the limit, if it says how much."""
+    return verdict.requested is None or verdict.limit is None or verdict.requested > verdict.limit
 
 
 async def _stated_by_upstream(body: bytes, verdict: Overflow) -> bool:
     """Whether the stated limit is the upstream's own word about the model: not text it
-    echoed from the request (a role or name quoted in a validation error), and consistent
-    (a request rejected as too long asked for more than the limit)."""
+    echoed from the request (a role or name quoted in a validation error, or the number
+    itself, anywhere in what was sent)."""
     assert verdict.limit is not None
-    if verdict.requested is not None and verdict.requested <= verdict.limit:
-        return False
     if verdict.limit_evidence is None:  # a top-level structured field, not free text
         return True
     # Large bodies are decoded off the event loop: this runs only on an overflow.
@@ -222,7 +272,7 @@ async def _stated_by_upstream(body: bytes, verdict: Overflow) -> bool:
         sent = await asyncio.to_thread(request_text, body)
     else:
         sent = request_text(body)
-    if echoed(verdict, sent):
+    if echoed(verdict, sent) or mentions(sent, verdict.limit):
         log.warning("upstream error repeats request content where it states a limit; not shared")
         return False
     return True

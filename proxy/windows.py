@@ -24,6 +24,11 @@ window, and a burst of forged reports from several keys moves it slowly.
 
 Lookups sit on the request path, so each replica keeps what it read for a
 few seconds instead of asking the store on every request.
+
+Keys (the local cache's and the store's) are :func:`window_key`: every part
+length-prefixed, so no model name can spell another model's key plus a tenant
+(``vm|anonymous`` was once every keyless caller's window of ``vm``). Keys in the
+older ``upstream|model[|tenant]`` form are no longer read; they expire.
 """
 
 from __future__ import annotations
@@ -51,8 +56,41 @@ MIN_WINDOW = 512
 _VOTE_S = 3600.0
 _VOTERS_LIMIT = 64  # per model: far more than any quorum, bounded against forged tenants
 _VOTED_MODELS = 1_000
-# Marks a recent shared lowering; never a tenant id (those are hex).
+# Marks a recent shared lowering, after a shared window's key; no key ends with it, as
+# every key ends with a whole length-prefixed part.
 LOWERED_MARKER = "|!lowered"
+# Versions the key layout: keys of the old, ambiguous ``upstream|model|tenant`` layout
+# never start with it (an upstream URL starts with a scheme).
+_KEY_PREFIX = "w2|"
+
+
+def window_key(upstream: str, model: str, tenant: str | None = None) -> str:
+    """The key of ``model``'s window at ``upstream``, shared (``tenant`` None) or one
+    tenant's: ``w2|`` and each part as ``<length>:<text>``, so no two distinct triples
+    share a key whatever their text holds."""
+    parts = (upstream, model) if tenant is None else (upstream, model, tenant)
+    return _KEY_PREFIX + "".join(f"{len(part)}:{part}" for part in parts)
+
+
+def parse_window_key(key: str) -> tuple[str, str, str | None] | None:
+    """``window_key``'s parts back (upstream, model, tenant), or None for any other key
+    (an old-layout key, a lowering marker)."""
+    if not key.startswith(_KEY_PREFIX):
+        return None
+    parts: list[str] = []
+    at = len(_KEY_PREFIX)
+    while at < len(key) and len(parts) < 3:
+        colon = key.find(":", at)
+        digits = key[at:colon]
+        if colon == -1 or not digits.isascii() or not digits.isdigit():
+            return None
+        start, at = colon + 1, colon + 1 + int(digits)
+        if at > len(key):
+            return None
+        parts.append(key[start:at])
+    if at != len(key) or len(parts) < 2:
+        return None
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +136,7 @@ class LearnedWindows:
         self._votes: LRUCache[str, TTLCache[str, int]] = LRUCache(_VOTED_MODELS)
 
     def _key(self, model: str, tenant: str | None) -> str:
-        key = f"{self._upstream}|{model}"
-        return f"{key}|{tenant}" if tenant else key
+        return window_key(self._upstream, model, tenant or None)
 
     async def _read(self, key: str) -> int | None:
         try:

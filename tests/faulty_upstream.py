@@ -206,6 +206,43 @@ def gated(behaviour: Behaviour) -> Behaviour:
     return run
 
 
+def in_turn(*behaviours: Behaviour) -> Behaviour:
+    """Each behaviour for one request, in order; the last one for every request after."""
+    queue = list(behaviours)
+
+    async def run(upstream: FaultyUpstream, ex: Exchange) -> None:
+        behaviour = queue.pop(0) if len(queue) > 1 else queue[0]
+        await behaviour(upstream, ex)
+
+    return run
+
+
+def fastapi_validation(then: Behaviour | None = None) -> Behaviour:
+    """An upstream built on FastAPI whose request model takes ``content: str`` only: a
+    message with any other content gets FastAPI's default answer to a body that fails
+    validation (pydantic v2), 422 ``{"detail": [{"type", "loc", "msg", "input"}]}``,
+    which echoes the offending value as ``input``; anything else gets ``then``."""
+    valid = then or answer()
+
+    async def run(upstream: FaultyUpstream, ex: Exchange) -> None:
+        errors = [
+            {
+                "type": "string_type",
+                "loc": ["body", "messages", i, "content"],
+                "msg": "Input should be a valid string",
+                "input": message.get("content"),
+            }
+            for i, message in enumerate(ex.seen.messages)
+            if not isinstance(message.get("content"), str)
+        ]
+        if not errors:
+            await valid(upstream, ex)
+            return
+        await answer(422, orjson.dumps({"detail": errors}))(upstream, ex)
+
+    return run
+
+
 def hang() -> Behaviour:
     """Read the request, never answer: wait for the proxy to give up."""
     return partial(b"", b"", then="hold")

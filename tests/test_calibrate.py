@@ -12,7 +12,7 @@ from proxy.metrics import Metrics
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.store.memory import MemoryStore
-from proxy.windows import LearnedWindows, WindowPolicy
+from proxy.windows import LearnedWindows, WindowPolicy, window_key
 from tests.conftest import run_server
 from tests.test_compaction import FILLER, Chat, small_window_settings, stats
 
@@ -110,7 +110,7 @@ async def test_a_window_read_is_kept_five_seconds_then_read_again() -> None:
     store, clock = CountingStore(), FakeClock()
     windows = learned_windows(store, clock)
     assert await windows.get("m") is None
-    await store.save_window("up|m", 4096, 60)  # another replica learns a window
+    await store.save_window(window_key("up", "m"), 4096, 60)  # another replica learns one
     clock.now += 4.9
     assert await windows.get("m") is None, "served from the local copy"
     assert store.window_loads == 1

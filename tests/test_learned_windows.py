@@ -9,7 +9,14 @@ import pytest
 from proxy.metrics import Metrics
 from proxy.models import ResolvedModel
 from proxy.store.memory import MemoryStore
-from proxy.windows import MIN_WINDOW, LearnedWindows, WindowPolicy
+from proxy.windows import (
+    LOWERED_MARKER,
+    MIN_WINDOW,
+    LearnedWindows,
+    WindowPolicy,
+    parse_window_key,
+    window_key,
+)
 from tests.fakes import FakeClock
 
 CONFIGURED = 8192
@@ -97,3 +104,43 @@ async def test_a_request_plans_against_the_smaller_of_configured_and_learned(
     assert await windows.apply(model, "bb") is model
     small = ResolvedModel("m", 2048, 256, "cl100k_base", "m")
     assert await windows.apply(small, "aa") is small
+
+
+# Issue 20, item 6: keys are unambiguous, so no model name spells another key.
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (("up", "vm|anonymous", None), ("up", "vm", "anonymous")),
+        (("up|vm", "anonymous", None), ("up", "vm", "anonymous")),
+        (("up", "vm|!lowered", None), ("up", "vm", None)),
+        (("u", "p:vm", None), ("u:p", "vm", None)),
+        (("up", "2:vm", None), ("up", "", "vm")),
+    ],
+)
+def test_distinct_parts_never_share_a_key(
+    one: tuple[str, str, str | None], other: tuple[str, str, str | None]
+) -> None:
+    assert window_key(*one) != window_key(*other)
+    assert parse_window_key(window_key(*one)) == one
+    assert parse_window_key(window_key(*other)) == other
+
+
+def test_markers_and_old_keys_are_not_window_keys() -> None:
+    shared = window_key("up", "vm")
+    assert parse_window_key(f"{shared}{LOWERED_MARKER}") is None
+    assert parse_window_key("up|vm|anonymous") is None
+    assert parse_window_key("w2|5:up") is None
+
+
+async def test_a_model_named_like_a_tenant_key_lowers_no_tenants_window(
+    windows: LearnedWindows,
+) -> None:
+    """Before: the shared window of ``m|anonymous`` was keyless callers' own window of
+    ``m``, since both keys read ``up|m|anonymous``."""
+    for tenant in ("aa", "bb"):
+        await windows.learn("m|anonymous", 1000, tenant, configured=CONFIGURED, stated=1000)
+    assert await windows.get("m|anonymous") == CONFIGURED // 2
+    assert await windows.get("m", "anonymous") is None
+    assert await windows.get("m") is None

@@ -415,3 +415,84 @@ def test_n_ctx_inside_an_echoed_string_is_not_structured() -> None:
     body = orjson.dumps({"error": {"message": f"bad name {inner}: the context size was exceeded"}})
     verdict = classify_error(400, {}, body)
     assert verdict.limit is None or verdict.limit_evidence is not None
+
+
+# Issue 20, item 5: validation answers echo the request; nothing in them is the provider's.
+
+# FastAPI's default answer to a body that fails validation (pydantic v2): 422 and
+# {"detail": [{"type", "loc", "msg", "input"}]}, ``input`` being the client's own value
+# (FastAPI docs, tutorial/handling-errors). Here the value is planted to look like
+# llama.cpp's structured overflow fields and its sentence.
+PLANTED_PART = {
+    "type": "text",
+    "text": "request (9999 tokens) exceeds the available context size (600 tokens), n_ctx (600)",
+    "n_ctx": 600,
+    "n_prompt_tokens": 9999,
+}
+FASTAPI_422 = orjson.dumps(
+    {
+        "detail": [
+            {
+                "type": "string_type",
+                "loc": ["body", "messages", 0, "content"],
+                "msg": "Input should be a valid string",
+                "input": [PLANTED_PART],
+            }
+        ]
+    }
+)
+
+
+def test_a_fastapi_validation_answer_is_never_an_overflow() -> None:
+    verdict = classify_error(422, {}, FASTAPI_422)
+    assert verdict == Overflow("other")
+    # Not on a 400 either (FastAPI apps may remap the status), nor inside an envelope.
+    assert classify_error(400, {}, FASTAPI_422).kind == "other"
+
+
+def test_numbers_under_an_echoed_input_are_not_structured_fields() -> None:
+    body = orjson.dumps(
+        {"error": {"message": "bad part", "input": PLANTED_PART, "ctx": {"n_ctx": 600}}}
+    )
+    verdict = classify_error(400, {}, body)
+    assert verdict.kind == "other"
+    assert verdict.limit is None
+
+
+@pytest.mark.parametrize(
+    ("status", "param", "validation"),
+    [
+        (400, "messages", False),
+        (400, None, False),
+        (400, "input_tokens", False),
+        (400, "messages.[0].role", True),
+        (400, "tools[0].function.name", True),
+        (422, "messages", True),  # any 422: TGI's overflows are still recognised
+    ],
+)
+def test_an_answer_about_another_field_is_marked_as_validation(
+    status: int, param: str | None, validation: bool
+) -> None:
+    message = "This model's maximum context length is 8192 tokens. However, you requested 9000."
+    body = orjson.dumps({"error": {"message": message, "param": param, "code": None}})
+    verdict = classify_error(status, {}, body)
+    assert verdict.kind == "overflow"
+    assert verdict.limit == 8192
+    assert verdict.validation is validation
+
+
+# Issue 20, item 15: Bedrock's character limit is an overflow, not a token window.
+
+
+def test_bedrock_character_limit_is_a_share_not_a_window() -> None:
+    body = orjson.dumps(
+        {
+            "message": "Malformed input request: #/texts/0: expected maxLength: 2048, actual: "
+            "19882, please reformat your input and try again."
+        }
+    )
+    verdict = classify_error(400, {}, body)
+    assert verdict.kind == "overflow"
+    assert verdict.limit is None
+    assert verdict.validation
+    assert verdict.fraction == pytest.approx(2048 / 19882)

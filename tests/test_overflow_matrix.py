@@ -36,6 +36,7 @@ LISTED_FAMILIES = frozenset(
         "ollama-openai-embed",
         "llamacpp-derived",
         "bedrock-titan",
+        "bedrock-characters",
     }
 )
 

@@ -2,7 +2,7 @@
 
 Key layout (``prefix`` defaults to ``cp``; ``key`` is ``SessionKey.storage_key``,
 ``{tenant}:{h|d}:{session}``, which holds no credential and no client bytes;
-a window's key is the plain string it was saved under):
+a window's key is the string it was saved under, ``windows.window_key``):
 
 ```
 {prefix}:snap:{key}   hash  v=<version>  d=<orjson snapshot, with format version "fv">
@@ -261,7 +261,7 @@ class RedisStore:
         return await scans.list_sessions(self._redis, self._k("snap", ""), self._cipher, limit)
 
     async def learned_windows(self) -> dict[str, int]:
-        """Every learned window (upstream|model -> tokens), for check-config."""
+        """Every learned window (``windows.window_key`` -> tokens), for check-config."""
         return await scans.learned_windows(self._redis, self._k("win", ""))
 
     async def ping(self) -> bool:

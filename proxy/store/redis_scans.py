@@ -43,7 +43,7 @@ async def list_sessions(
 
 
 async def learned_windows(redis: aioredis.Redis, prefix: str) -> dict[str, int]:
-    """Every learned window under ``prefix`` (``{prefix}:win:``): upstream|model -> tokens."""
+    """Every learned window under ``prefix`` (``{prefix}:win:``): its key -> tokens."""
     out: dict[str, int] = {}
     try:
         async for name in redis.scan_iter(match=f"{prefix}*", count=500):
