@@ -114,7 +114,7 @@ def session_name(
     """The session the client names: the session header, else ``prompt_cache_key``,
     else the first of ``settings.body_fields`` (``user``, or ``metadata.session_id``) the
     body sets. A name longer than ``settings.max_name_bytes`` gets a 400 naming where it
-    came from: a request keeps its name (its record, a log line, a hint's key)."""
+    came from: a request keeps its name (its record, a log line)."""
     limit = settings.max_name_bytes
     given = headers.get(settings.header)
     if given:
