@@ -50,6 +50,7 @@ async def build_services(settings: Settings) -> Services:
     """
     metrics = Metrics.create()
     models, encoders = await load_models(settings)
+    metrics.learned_window.entry_of = models.entry_of
     counters = {name: TokenCounter(enc) for name, enc in encoders.items()}
     async with AsyncExitStack() as opened:
         client = UpstreamClient(settings)

@@ -30,7 +30,9 @@ _ALPHA = 0.2  # weight of a new observation in the moving average
 _CLAMP = (0.5, 2.0)
 # Below this many tokens fixed overheads dominate and the ratio means little.
 _MIN_TOKENS = 256
-_KEYS_LIMIT = 10_000  # tenants and model names come from clients: bound the table
+# Tenants and model names come from clients: bounded in entries, and in bytes since a
+# tenant is a fixed-size hash and parsing caps a model name (server.max_model_bytes).
+_KEYS_LIMIT = 10_000
 
 
 def find_prompt_tokens(chunk: bytes) -> int | None:

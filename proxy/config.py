@@ -49,6 +49,10 @@ class ServerSettings(_Section):
     # A chat request with more messages than this gets a 400 (planning is linear, but
     # an unbounded history is unbounded work).
     max_messages: int = Field(50_000, gt=0)
+    # A chat or Responses request whose model name is longer than this (UTF-8 bytes)
+    # gets a 400: per-process tables are keyed by it, so its length bounds their bytes.
+    # Far above any real id (hf.co/org/Some-Model-GGUF:Q4_K_M, an ARN, a served path).
+    max_model_bytes: int = Field(512, ge=64)
     # Slow or hostile clients: the request line and headers must arrive within
     # header_timeout_s and total at most max_header_bytes; a request body may stall
     # at most body_timeout_s between reads.
@@ -147,6 +151,9 @@ class SessionSettings(_Section):
     # Snapshots kept per header-less (derived) session id: conversations that open
     # identically (a fixed kickoff at temperature 0) each keep their own.
     derived_slots: int = Field(4, ge=1, le=32)
+    # A session name (the header's value, prompt_cache_key or a body_fields field)
+    # longer than this (UTF-8 bytes) gets a 400: far above a UUID or an agent's id.
+    max_name_bytes: int = Field(1024, ge=64)
 
 
 class CompactionSettings(_Section):

@@ -36,7 +36,7 @@ _DIGEST_SIZE = 16
 LEGACY_ANCHOR = "b2:"
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=4096)  # a tenant is a fixed-size hash (or "anonymous"): bounded in bytes
 def tenant_seed(tenant: str) -> int:
     """The XXH3 seed for ``tenant``'s digests: stable across processes and replicas."""
     return int.from_bytes(blake2b(tenant.encode(), digest_size=8).digest(), "big")
@@ -106,4 +106,5 @@ def anchor_matches(
 
 
 # (prefix hash under XXH3 digests, format-1 anchor) -> whether they name the same prefix.
+# Both are fixed-size hashes the proxy made: bounded in bytes as in entries.
 _legacy_verdicts: LRUCache[tuple[str, str], bool] = LRUCache(maxsize=4096)

@@ -5,57 +5,36 @@ so dashboards and alerts see zeros rather than no data before the first event.
 A request's own series (durations, tokens, streams) are observed in one place,
 ``recorder.Recorder.finish``.
 
-With several worker processes, ``/metrics`` shows the sum over every worker
-(proxy.exposition); gauges need a ``multiprocess_mode`` saying how workers'
-values combine.
+Label sets and buckets are in proxy.series: all closed, whatever clients send.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
 from proxy.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
+from proxy.series import (
+    ADDED_BUCKETS,
+    CALL_BUCKETS,
+    CHAT_STATUSES,
+    PRECOMPACTION_OUTCOMES,
+    STORE_BUCKETS,
+    STORE_OPERATIONS,
+    SUMMARY_BUCKETS,
+    TRIGGERS,
+    TTFB_BUCKETS,
+    ModelGauge,
+)
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess"]
-
-
-# A whole request or upstream call: model answers take from milliseconds to minutes.
-_CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
-# What the proxy adds: sub-millisecond forwarding, up to a summary's seconds.
-_ADDED_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-_TTFB_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80)
-_SUMMARY_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 120)
-# Redis calls time out after 250 ms.
-_STORE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
-
-# Closed label sets, declared at start-up.
-STORE_OPERATIONS = (
-    "load",
-    "save",
-    "delete",
-    "acquire",
-    "release",
-    "load_window",
-    "save_window",
-    "list_sessions",
-    "note_seen",
-    "load_seen",
-)
-TRIGGERS = ("threshold", "forced", "overflow_recovery", "scheduled", "precompact")
-CHAT_STATUSES = ("passthrough", "snapshot", "compacted", "trimmed", "bypassed")
-PRECOMPACTION_OUTCOMES = (
-    "compacted",
-    "covered",
-    "unchanged",
-    "failed",
-    "cancelled",
-    "skipped_running",
-    "skipped_backoff",
-    "skipped_cap",
-    "skipped_locked",
-)
 
 
 @dataclass(slots=True)
@@ -66,7 +45,7 @@ class Metrics:
     overflows: Counter
     summary_failures: Counter
     store_errors: Counter
-    learned_window: Gauge
+    learned_window: ModelGauge
     learned_windows: Counter
     client_disconnects: Counter
     summaries_truncated: Counter
@@ -76,6 +55,8 @@ class Metrics:
     lock_release_retries: Counter
     request_duration: Histogram
     upstream_duration: Histogram
+    responses: Counter
+    upstream_responses: Counter
     added_latency: Histogram
     stream_ttfb: Histogram
     active_streams: Gauge
@@ -91,6 +72,8 @@ class Metrics:
 
     @classmethod
     def create(cls) -> Metrics:
+        # prometheus-client's switch is per process; every registry of ours wants it.
+        disable_created_metrics()
         r = CollectorRegistry(auto_describe=True)
         return cls(
             registry=r,
@@ -126,13 +109,16 @@ class Metrics:
                 ["operation"],
                 registry=r,
             ),
-            learned_window=Gauge(
-                "compaction_proxy_learned_window_tokens",
-                "Context windows learned from upstream overflow errors, shared by all callers",
-                ["model"],
-                registry=r,
-                # Across workers: the window each last learned (the same one, with Redis).
-                multiprocess_mode="livemostrecent",
+            learned_window=ModelGauge(
+                Gauge(
+                    "compaction_proxy_learned_window_tokens",
+                    "Context windows learned from upstream overflow errors, shared by all "
+                    "callers, by configured model entry (its match; other: none matched)",
+                    ["model"],
+                    registry=r,
+                    # Across workers: the window each last learned (the same one, with Redis).
+                    multiprocess_mode="livemostrecent",
+                )
             ),
             summaries_truncated=Counter(
                 "compaction_proxy_summaries_truncated",
@@ -181,17 +167,30 @@ class Metrics:
             request_duration=Histogram(
                 "compaction_proxy_request_duration_seconds",
                 "Requests from arrival to their response's last byte (a stream: its end, or "
-                "the client leaving), by route and HTTP status",
-                ["route", "status"],
-                buckets=_CALL_BUCKETS,
+                "the client leaving), by route",
+                ["route"],
+                buckets=CALL_BUCKETS,
                 registry=r,
             ),
             upstream_duration=Histogram(
                 "compaction_proxy_upstream_duration_seconds",
                 "Time spent on a request's upstream calls, from sending to the answer's last "
-                "byte, by route and upstream status (none: no answer)",
+                "byte, by route (requests that called the upstream)",
+                ["route"],
+                buckets=CALL_BUCKETS,
+                registry=r,
+            ),
+            responses=Counter(
+                "compaction_proxy_responses",
+                "Responses by route and HTTP status class (2xx...; 429 and 499 apart)",
                 ["route", "status"],
-                buckets=_CALL_BUCKETS,
+                registry=r,
+            ),
+            upstream_responses=Counter(
+                "compaction_proxy_upstream_responses",
+                "Requests that called the upstream, by route and the status class of its "
+                "last answer (429 apart; none: no answer)",
+                ["route", "status"],
                 registry=r,
             ),
             added_latency=Histogram(
@@ -199,7 +198,7 @@ class Metrics:
                 "Per forwarded request, its duration less its upstream time: what the proxy "
                 "added (parsing, counting, the store, summaries, relaying), by route",
                 ["route"],
-                buckets=_ADDED_BUCKETS,
+                buckets=ADDED_BUCKETS,
                 registry=r,
             ),
             stream_ttfb=Histogram(
@@ -207,7 +206,7 @@ class Metrics:
                 "Event streams: from the request's arrival to the first byte sent to the "
                 "client, by route",
                 ["route"],
-                buckets=_TTFB_BUCKETS,
+                buckets=TTFB_BUCKETS,
                 registry=r,
             ),
             active_streams=Gauge(
@@ -228,14 +227,14 @@ class Metrics:
                 "Summaries asked of the upstream, every chunk and retry included, by outcome "
                 "(ok, failed)",
                 ["outcome"],
-                buckets=_SUMMARY_BUCKETS,
+                buckets=SUMMARY_BUCKETS,
                 registry=r,
             ),
             store_duration=Histogram(
                 "compaction_proxy_store_duration_seconds",
                 "Calls to the shared (Redis) store, failed ones included, by operation",
                 ["operation"],
-                buckets=_STORE_BUCKETS,
+                buckets=STORE_BUCKETS,
                 registry=r,
             ),
             compactions_by_trigger=Counter(
@@ -280,9 +279,9 @@ class Metrics:
         for trigger in TRIGGERS:
             for outcome in ("compacted", "trimmed"):
                 self.compactions.labels(trigger=trigger, outcome=outcome)
+        # store_duration's (14 series each) come with the Redis store that times its calls.
         for operation in STORE_OPERATIONS:
             self.store_errors.labels(operation=operation)
-            self.store_duration.labels(operation=operation)
         for stage in ("before", "after"):
             self.input_tokens.labels(stage=stage)
         for outcome in ("ok", "failed"):

@@ -27,7 +27,9 @@ _FAMILY_TOKENIZERS = (
     (("gpt-4*", "gpt-3.5*", "text-embedding-3*"), "cl100k_base"),
 )
 DEFAULT_TOKENIZER = "cl100k_base"
-_CACHE_LIMIT = 10_000  # model names come from clients: bound the cache
+# Model names come from clients: bounded in entries, and in bytes because parsing
+# refuses a name over server.max_model_bytes (at most ~5 MB at the 512-byte default).
+_CACHE_LIMIT = 10_000
 
 
 def default_tokenizer(model: str) -> str:
@@ -63,6 +65,12 @@ class ModelTable:
             if self._unannounced:
                 self._announce(hit.tokenizer)
         return hit
+
+    def entry_of(self, model: str) -> str:
+        """The configured entry (its ``match``) ``model`` resolves to, else ``other``: a
+        closed set, for a metric's label (never the client's own name)."""
+        matched = self.resolve(model).matched
+        return "other" if matched == "default" else matched
 
     def announce_on_first_use(self, encoders: dict[str, Encoder]) -> None:
         """Warn about an inexact encoder among ``encoders`` (loaded quietly) the first

@@ -2,7 +2,8 @@
 
 Reading is bounded by ``server.max_body_bytes`` before anything is buffered
 past the limit; parsing is orjson. Only the shape the proxy depends on is
-checked: an object with a ``model`` string and at most ``server.max_messages``
+checked: an object with a ``model`` string of at most ``server.max_model_bytes``
+(per-process tables are keyed by it) and at most ``server.max_messages``
 messages, whose role, content, name, tool_call_id and tool calls (function,
 name, arguments) have the types that counting, digesting, summarising and
 rebuilding read; and nesting no deeper than orjson writes, since a rebuilt
@@ -22,6 +23,7 @@ from proxy.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge, Un
 from proxy.types import ChatRequest
 
 _DEFAULT_MAX_MESSAGES: int = ServerSettings.model_fields["max_messages"].default
+DEFAULT_MAX_MODEL_BYTES: int = ServerSettings.model_fields["max_model_bytes"].default
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -58,8 +60,12 @@ def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body is larger than the proxy's limit of {limit} bytes.")
 
 
-def parse_chat_request(body: bytes, max_messages: int = _DEFAULT_MAX_MESSAGES) -> ChatRequest:
-    data = load_request(body)
+def parse_chat_request(
+    body: bytes,
+    max_messages: int = _DEFAULT_MAX_MESSAGES,
+    max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES,
+) -> ChatRequest:
+    data = load_request(body, max_model_bytes)
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest(
@@ -76,8 +82,9 @@ def parse_chat_request(body: bytes, max_messages: int = _DEFAULT_MAX_MESSAGES) -
     return cast(ChatRequest, data)
 
 
-def load_request(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object with a ``model`` string, or the client's 400."""
+def load_request(body: bytes, max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES) -> dict[str, Any]:
+    """The body as a JSON object with a ``model`` string of at most ``max_model_bytes``,
+    or the client's 400."""
     try:
         data: Any = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -90,7 +97,23 @@ def load_request(body: bytes) -> dict[str, Any]:
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     if not isinstance(data.get("model"), str) or not data["model"]:
         raise InvalidRequest("You must provide a model parameter.", param="model")
+    check_length(data["model"], max_model_bytes, "model")
     return data
+
+
+def check_length(value: str, limit: int, param: str) -> None:
+    """A 400 naming ``param`` when ``value`` is longer than ``limit`` bytes of UTF-8.
+
+    For the strings the proxy keys anything by (model and session names): with their
+    length bounded here, a table bounded in entries is bounded in bytes too."""
+    # Characters never outnumber UTF-8 bytes: only a short non-ASCII string is encoded.
+    if len(value) > limit or (not value.isascii() and len(value.encode()) > limit):
+        raise InvalidRequest(
+            f"Invalid '{param}': string too long. Expected a string of at most {limit} "
+            "bytes (this proxy's limit).",
+            param=param,
+            code="string_above_max_length",
+        )
 
 
 def check_depth(data: dict[str, Any]) -> None:

@@ -57,10 +57,11 @@ async def handle_chat(request: Request, services: Services) -> Response:
     settings = services.settings
     record = record_of(request)  # what the request's line and metrics report, at its end
     body = await read_body(request, settings.server.max_body_bytes)  # 1. parse
+    limits = (settings.server.max_messages, settings.server.max_model_bytes)
     if len(body) > PARSE_INLINE_BYTES:  # tens of ms (seconds, if hostile) of orjson
-        chat = await asyncio.to_thread(parse_chat_request, body, settings.server.max_messages)
+        chat = await asyncio.to_thread(parse_chat_request, body, *limits)
     else:
-        chat = parse_chat_request(body, settings.server.max_messages)
+        chat = parse_chat_request(body, *limits)
     tenant = tenant_from_headers(request.headers)
     model = await effective_model(services, chat["model"], tenant)  # 2.
     headers = services.headers.outgoing(request.headers.raw, inspect=True)
@@ -70,9 +71,7 @@ async def handle_chat(request: Request, services: Services) -> Response:
         body=body,
         model=model,
         tenant=tenant,
-        session_header=session_name(
-            request.headers.get(settings.session.header), chat, settings.session.body_fields
-        ),
+        session_header=session_name(request.headers, chat, settings.session),
         auth_headers=services.headers.auth_only(headers),
         record=record,
     )

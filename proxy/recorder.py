@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter, Histogram
 
 from proxy.logs import ACCESS, write_request_line
-from proxy.metrics import CHAT_STATUSES, Metrics
+from proxy.metrics import Metrics
+from proxy.series import CHAT_STATUSES, status_label
 from proxy.session import session_from_header
 
 if TYPE_CHECKING:
@@ -34,6 +35,19 @@ _RESOURCES = frozenset(
     "files fine_tuning images models moderations realtime responses threads uploads "
     "vector_stores".split()
 )
+
+
+# The most of one client-chosen value a line copies (a path, a model or session name):
+# parsing caps names below this by default, but a path is only bounded by the request
+# head (64 KiB), and the caps are configurable: a line stays a line.
+LOGGED_VALUE_CHARS = 1024
+
+
+def clipped(value: str) -> str:
+    """``value``, cut to ``LOGGED_VALUE_CHARS`` with a mark of how long it was."""
+    if len(value) <= LOGGED_VALUE_CHARS:
+        return value
+    return f"{value[:LOGGED_VALUE_CHARS]}…({len(value)} chars)"
 
 
 def api_resource(path: str) -> str:
@@ -80,8 +94,11 @@ class Recorder:
     def __init__(self, metrics: Metrics, settings: Settings) -> None:
         self.metrics = metrics
         self._include_sensitive = settings.logging.include_sensitive
-        self._durations: dict[tuple[str, int], _FastHistogram] = {}
-        self._upstream: dict[tuple[str, int], _FastHistogram] = {}
+        # Keyed by route (a route name) and status label: closed sets (proxy.series).
+        self._durations: dict[str, _FastHistogram] = {}
+        self._upstream: dict[str, _FastHistogram] = {}
+        self._responses: dict[tuple[str, str], _FastCounter] = {}
+        self._upstream_responses: dict[tuple[str, str], _FastCounter] = {}
         self._added: dict[str, _FastHistogram] = {}
         self._ttfb: dict[str, _FastHistogram] = {}
         self._chat = {s: _FastCounter(metrics.requests.labels(status=s)) for s in CHAT_STATUSES}
@@ -95,19 +112,18 @@ class Recorder:
         route, m = rec.route, self.metrics
         if not rec.status:
             rec.status = NO_RESPONSE
-        _child(self._durations, m.request_duration, route, rec.status).observe(total)
+        _histogram(self._durations, m.request_duration, route).observe(total)
+        _counter(self._responses, m.responses, route, rec.status).inc()
         if rec.upstream_status is not None:
-            up = _child(self._upstream, m.upstream_duration, route, rec.upstream_status)
-            up.observe(rec.upstream_s)
-            added = self._added.get(route)
-            if added is None:
-                added = self._added[route] = _FastHistogram(m.added_latency.labels(route=route))
-            added.observe(max(total - rec.upstream_s, 0.0))
+            _histogram(self._upstream, m.upstream_duration, route).observe(rec.upstream_s)
+            _counter(
+                self._upstream_responses, m.upstream_responses, route, rec.upstream_status
+            ).inc()
+            _histogram(self._added, m.added_latency, route).observe(
+                max(total - rec.upstream_s, 0.0)
+            )
         if rec.event_stream and rec.ttfb_s is not None:
-            ttfb = self._ttfb.get(route)
-            if ttfb is None:
-                ttfb = self._ttfb[route] = _FastHistogram(m.stream_ttfb.labels(route=route))
-            ttfb.observe(rec.ttfb_s)
+            _histogram(self._ttfb, m.stream_ttfb, route).observe(rec.ttfb_s)
         outcome = rec.outcome
         if outcome is not None and rec.upstream_status:  # chat requests the upstream answered
             self._chat[outcome.status].inc()
@@ -127,7 +143,9 @@ class Recorder:
             "duration_ms": round(total * 1000, 2),
         }
         if rec.route == "passthrough":  # other paths can hold a session id
-            fields["path"] = rec.path if self._include_sensitive else api_resource(rec.path)
+            fields["path"] = (
+                clipped(rec.path) if self._include_sensitive else api_resource(rec.path)
+            )
         if rec.error is not None:
             fields["error"] = rec.error
         if rec.upstream_status is not None:
@@ -144,7 +162,7 @@ class Recorder:
         return fields
 
     def _chat_fields(self, rec: Record, fields: dict[str, Any]) -> None:
-        fields["model"] = rec.model
+        fields["model"] = clipped(rec.model)
         fields["stream"] = rec.stream
         # The same ids /admin/sessions shows for tenants, and every other line for sessions.
         fields["tenant"] = rec.tenant[:12]
@@ -154,7 +172,7 @@ class Recorder:
         if session is not None:
             fields["session"] = session.log_id
         if self._include_sensitive and rec.session_header is not None:
-            fields["session_header"] = rec.session_header
+            fields["session_header"] = clipped(rec.session_header)
         outcome = rec.outcome
         if outcome is not None:
             fields["compaction"] = outcome.status
@@ -168,11 +186,18 @@ class Recorder:
             fields["summary_ms"] = round(rec.summary_s * 1000, 2)
 
 
-def _child(
-    cache: dict[tuple[str, int], _FastHistogram], family: Histogram, route: str, status: int
-) -> _FastHistogram:
-    child = cache.get((route, status))
+def _histogram(cache: dict[str, _FastHistogram], family: Histogram, route: str) -> _FastHistogram:
+    child = cache.get(route)
     if child is None:
-        label = str(status) if status else "none"
-        child = cache[(route, status)] = _FastHistogram(family.labels(route=route, status=label))
+        child = cache[route] = _FastHistogram(family.labels(route=route))
+    return child
+
+
+def _counter(
+    cache: dict[tuple[str, str], _FastCounter], family: Counter, route: str, status: int
+) -> _FastCounter:
+    key = (route, status_label(status))
+    child = cache.get(key)
+    if child is None:
+        child = cache[key] = _FastCounter(family.labels(route=route, status=key[1]))
     return child

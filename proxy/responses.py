@@ -34,7 +34,7 @@ from proxy.errors import InvalidRequest
 from proxy.items import Item, to_items, to_messages
 from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow
-from proxy.parse import check_depth, load_request, read_body
+from proxy.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, read_body
 from proxy.pipeline import PARSE_INLINE_BYTES, Route, compacted_view, effective_model, forward
 from proxy.record import record_of
 from proxy.recover import Attempt
@@ -51,11 +51,11 @@ async def handle_responses(request: Request, services: Services) -> Response:
     settings = services.settings
     record = record_of(request)  # what the request's line and metrics report, at its end
     body = await read_body(request, settings.server.max_body_bytes)
-    limit = settings.server.max_messages
+    limits = (settings.server.max_messages, settings.server.max_model_bytes)
     if len(body) > PARSE_INLINE_BYTES:  # parsing and mapping: not on the event loop
-        data, chat = await asyncio.to_thread(_read, body, limit)
+        data, chat = await asyncio.to_thread(_read, body, *limits)
     else:
-        data, chat = _read(body, limit)
+        data, chat = _read(body, *limits)
     tenant = tenant_from_headers(request.headers)
     model = await effective_model(services, data["model"], tenant)
     stream = data.get("stream") is True
@@ -70,8 +70,7 @@ async def handle_responses(request: Request, services: Services) -> Response:
     if control == "off" or any(data.get(key) for key in _CHAINED):
         bypassed = Outcome("bypassed", None, 0, estimate, model.context_window, counted=False)
         return await forward(services, request, route, Attempt(body, bypassed), None, recover=False)
-    fields = settings.session.body_fields
-    session = session_name(request.headers.get(settings.session.header), data, fields)
+    session = session_name(request.headers, data, settings.session)
     turn = Turn(
         chat=chat,
         body=body,
@@ -93,16 +92,18 @@ async def handle_responses(request: Request, services: Services) -> Response:
     return await forward(services, request, route, first, turn, recover=recover)
 
 
-def _read(body: bytes, max_items: int) -> tuple[dict[str, Any], ChatRequest]:
-    data = parse_responses_request(body, max_items)
+def _read(body: bytes, max_items: int, max_model_bytes: int) -> tuple[dict[str, Any], ChatRequest]:
+    data = parse_responses_request(body, max_items, max_model_bytes)
     return data, chat_view(data)
 
 
-def parse_responses_request(body: bytes, max_items: int) -> dict[str, Any]:
-    """The request as a JSON object; ``input``, when a list, of at most ``max_items``
-    objects. What the items hold is the upstream's to judge (items.py reads it
-    defensively)."""
-    data = load_request(body)
+def parse_responses_request(
+    body: bytes, max_items: int, max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES
+) -> dict[str, Any]:
+    """The request as a JSON object with a model name of at most ``max_model_bytes``;
+    ``input``, when a list, of at most ``max_items`` objects. What the items hold is the
+    upstream's to judge (items.py reads it defensively)."""
+    data = load_request(body, max_model_bytes)
     items = data.get("input")
     if isinstance(items, list):
         if len(items) > max_items:

@@ -19,7 +19,8 @@ from cachetools import LRUCache
 from proxy.session import SessionKey, session_from_header
 from proxy.store import Snapshot, Snapshots
 
-# Most sessions with a pending or recent forced compaction tracked per process.
+# Most sessions with a pending or recent forced compaction tracked per process. Every
+# per-session table is keyed by SessionKey, two fixed-size hashes: bounded in bytes too.
 TRACKED_LIMIT = 10_000
 _SCHEDULE_TTL_S = 3600.0
 

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Literal
 
+from proxy.config import SessionSettings
 from proxy.digest import legacy_digests
+from proxy.parse import check_length
 from proxy.types import ChatMessage
 
 _TENANT_SALT = b"compaction-proxy/tenant/v1"
@@ -107,17 +109,23 @@ def session_from_history(tenant: str, messages: Sequence[ChatMessage]) -> Sessio
 
 
 def session_name(
-    header: str | None, body: Mapping[str, object], fields: Sequence[str]
+    headers: Mapping[str, str], body: Mapping[str, object], settings: SessionSettings
 ) -> str | None:
-    """The session the client names: the header, else ``prompt_cache_key``, else the
-    first of ``fields`` (``user``, or ``metadata.session_id``) the body sets."""
-    if header:
-        return header
-    for path in ("prompt_cache_key", *fields):
+    """The session the client names: the session header, else ``prompt_cache_key``,
+    else the first of ``settings.body_fields`` (``user``, or ``metadata.session_id``) the
+    body sets. A name longer than ``settings.max_name_bytes`` gets a 400 naming where it
+    came from: a request keeps its name (its record, a log line)."""
+    limit = settings.max_name_bytes
+    given = headers.get(settings.header)
+    if given:
+        check_length(given, limit, settings.header)
+        return given
+    for path in ("prompt_cache_key", *settings.body_fields):
         value: object = body
         for part in path.split("."):
             value = value.get(part) if isinstance(value, Mapping) else None
         if isinstance(value, str) and value:
+            check_length(value, limit, path)
             return value
     return None
 

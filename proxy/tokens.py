@@ -42,7 +42,7 @@ AUDIO_TOKENS = 400
 # lookup (plus the lock its reordering needs) made a 200-message hit loop
 # 8x slower (10 us -> 80 us). It evicts first-in-first-out instead, which
 # suits conversations that only grow at the end.
-_CACHE_LIMIT = 200_000
+_CACHE_LIMIT = 200_000  # keyed by 16-byte digests: bounded in bytes as in entries
 _FIXED_CACHE_LIMIT = 1_000
 _DEFINITION_KEYS = ("tools", "functions", "response_format")
 

@@ -48,7 +48,7 @@ from proxy.store import WindowStore
 log = logging.getLogger("proxy.windows")
 
 _LOCAL_S = 5.0
-_LOCAL_LIMIT = 10_000  # model names come from clients
+_LOCAL_LIMIT = 10_000  # model names come from clients, capped in bytes at parse
 TENANT_TTL_S = 3600.0
 # Never learn a window so small that nothing useful fits.
 MIN_WINDOW = 512

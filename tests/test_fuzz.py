@@ -286,7 +286,8 @@ def test_compressed_chat_bodies_get_415(
 @pytest.mark.parametrize(
     ("value", "status"),
     [
-        (b"s" * 16_000, 200),
+        (b"s" * 1024, 200),
+        (b"s" * 16_000, 400),  # over session.max_name_bytes
         (b"caf\xe9", 200),
         ("\u65e5\u672c".encode(), 200),
         (b"a\tb", 200),
@@ -296,14 +297,29 @@ def test_compressed_chat_bodies_get_415(
         (b"a\x01b", 400),
         (b"a\x7fb", 400),
     ],
-    ids=["16kb", "latin-1", "utf-8", "tab", "newline", "carriage-return", "nul", "control", "del"],
+    ids=[
+        "1kb",
+        "16kb",
+        "latin-1",
+        "utf-8",
+        "tab",
+        "newline",
+        "carriage-return",
+        "nul",
+        "control",
+        "del",
+    ],
 )
 def test_odd_session_ids(address: tuple[str, int], value: bytes, status: int) -> None:
-    """Control characters are refused by the HTTP parser (OpenAI-shaped 400); anything
-    else names a session like any other, and compacts."""
+    """Control characters are refused by the HTTP parser and names over the limit by
+    the proxy (OpenAI-shaped 400s); anything else names a session like any other, and
+    compacts."""
     answer = post(address, chat([*LONG, *HI]), [(b"X-Session-Id", value)])
     assert answer.status == status, answer.body
-    if status == 400:
+    if len(value) > 1024:
+        assert error_of(answer)["code"] == "string_above_max_length"
+        assert error_of(answer)["param"] == "X-Session-Id"
+    elif status == 400:
         assert error_of(answer)["code"] == "invalid_http"
     else:
         assert answer.headers["x-compaction-status"] == "compacted"

@@ -89,9 +89,11 @@ def test_a_threshold_compaction_moves_its_series(
     assert before > 0.8 * WINDOW - 256 > sent
     summarized = value(s, "compaction_proxy_summarization_duration_seconds_sum", outcome="ok")
     assert value(s, "compaction_proxy_summarization_duration_seconds_count", outcome="ok") == 1
-    chat = {"route": "chat", "status": "200"}
+    chat = {"route": "chat"}
     assert value(s, "compaction_proxy_request_duration_seconds_count", **chat) == 1
     assert value(s, "compaction_proxy_upstream_duration_seconds_count", **chat) == 1
+    assert value(s, "compaction_proxy_responses_total", **chat, status="2xx") == 1
+    assert value(s, "compaction_proxy_upstream_responses_total", **chat, status="2xx") == 1
     # The summary ran before the chat call went upstream: it is the proxy's own time.
     added = value(s, "compaction_proxy_added_latency_seconds_sum", route="chat")
     assert added >= summarized > 0
@@ -123,8 +125,9 @@ def test_forced_and_scheduled_compactions_count_by_trigger(
     assert value(s, "compaction_proxy_compactions_total", trigger="forced") == 1
     assert value(s, "compaction_proxy_compactions_total", trigger="scheduled") == 1
     assert value(s, "compaction_proxy_compactions_total", trigger="threshold") == 0
-    sessions = {"route": "sessions", "status": "202"}
+    sessions = {"route": "sessions"}
     assert value(s, "compaction_proxy_request_duration_seconds_count", **sessions) == 1
+    assert value(s, "compaction_proxy_responses_total", **sessions, status="2xx") == 1
     # The sessions API never calls the upstream.
     assert value(s, "compaction_proxy_upstream_duration_seconds_count", route="sessions") == 0
 
@@ -148,8 +151,9 @@ def test_an_overflow_recovery_counts_its_compaction_and_its_outcome(
     assert value(s, "compaction_proxy_compactions_total", trigger="overflow_recovery") == 1
     assert value(s, "compaction_proxy_upstream_overflows_total", outcome="recovered") == 1
     # One request, two chat calls upstream (rejected, then answered): timed as one request.
-    chat = {"route": "chat", "status": "200"}
+    chat = {"route": "chat"}
     assert value(s, "compaction_proxy_upstream_duration_seconds_count", **chat) == 1
+    assert value(s, "compaction_proxy_upstream_responses_total", **chat, status="2xx") == 1
     summarized = value(s, "compaction_proxy_summarization_duration_seconds_sum")
     assert value(s, "compaction_proxy_added_latency_seconds_sum", route="chat") >= summarized
 
@@ -211,7 +215,8 @@ def test_a_responses_request_is_recorded_under_its_route(
     assert raw.headers["x-compaction-status"] == "compacted"
     assert raw.headers["x-request-id"] == "resp-1"
     s = scrape(url)
-    ok = {"route": "responses", "status": "200"}
+    ok = {"route": "responses"}
+    assert value(s, "compaction_proxy_responses_total", **ok, status="2xx") == 1
     assert value(s, "compaction_proxy_request_duration_seconds_count", **ok) == 1
     assert value(s, "compaction_proxy_upstream_duration_seconds_count", **ok) == 1
     assert value(s, "compaction_proxy_upstream_duration_seconds_sum", **ok) > 0
@@ -233,11 +238,13 @@ def test_passthrough_and_unknown_routes_are_timed_and_probes_are_not(
     for probe in ("/healthz", "/readyz", "/metrics"):
         httpx.get(f"{url}{probe}")
     s = scrape(url)
-    passthrough = {"route": "passthrough", "status": "200"}
+    passthrough = {"route": "passthrough"}
+    assert value(s, "compaction_proxy_responses_total", **passthrough, status="2xx") == 1
     assert value(s, "compaction_proxy_request_duration_seconds_count", **passthrough) == 1
     assert value(s, "compaction_proxy_upstream_duration_seconds_count", **passthrough) == 1
     assert value(s, "compaction_proxy_added_latency_seconds_count", route="passthrough") == 1
-    other = {"route": "other", "status": "404"}
+    other = {"route": "other"}
+    assert value(s, "compaction_proxy_responses_total", **other, status="4xx") == 1
     assert value(s, "compaction_proxy_request_duration_seconds_count", **other) == 1
     assert value(s, "compaction_proxy_request_duration_seconds_count") == 2
 
@@ -252,9 +259,13 @@ def test_closed_label_sets_are_exported_before_anything_happens() -> None:
     for operation in ("load", "save", "acquire", "release"):
         labels = {"operation": operation}
         assert registry.get_sample_value("compaction_proxy_store_errors_total", labels) == 0
-        name = "compaction_proxy_store_duration_seconds_count"
-        assert registry.get_sample_value(name, labels) == 0
     assert registry.get_sample_value("compaction_proxy_active_streams") == 0
+    # Store calls are timed only with a Redis store, which declares its series when built.
+    name = "compaction_proxy_store_duration_seconds_count"
+    assert registry.get_sample_value(name, {"operation": "load"}) is None
+    ResilientStore(MemoryStore(60), MemoryStore(60), metrics)
+    for operation in ("load", "save", "acquire", "release"):
+        assert registry.get_sample_value(name, {"operation": operation}) == 0
 
 
 def _samples(metrics: Metrics) -> Samples:

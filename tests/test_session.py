@@ -8,6 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.config import SessionSettings
+from proxy.errors import InvalidRequest
 from proxy.session import (
     SessionKey,
     session_from_header,
@@ -190,18 +192,50 @@ def test_strings_no_session_key_makes_do_not_parse(value: str) -> None:
     assert SessionKey.from_storage_key(value) is None
 
 
+def _named(
+    header: str | None, body: dict[str, object], fields: list[str], limit: int = 1024
+) -> str | None:
+    settings = SessionSettings(body_fields=fields, max_name_bytes=limit)  # type: ignore[arg-type]
+    return session_name({} if header is None else {"X-Session-Id": header}, body, settings)
+
+
 def test_the_header_names_the_session_before_any_body_field() -> None:
-    body = {"prompt_cache_key": "pck", "user": "u", "metadata": {"session_id": "m"}}
+    body: dict[str, object] = {
+        "prompt_cache_key": "pck",
+        "user": "u",
+        "metadata": {"session_id": "m"},
+    }
     fields = ["metadata.session_id", "user"]
-    assert session_name("hdr", body, fields) == "hdr"
-    assert session_name(None, body, fields) == "pck"
-    assert session_name("", {**body, "prompt_cache_key": ""}, fields) == "m"
-    assert session_name(None, {"user": "u", "metadata": {"session_id": 3}}, fields) == "u"
-    assert session_name(None, {"user": "u", "metadata": "x"}, ["metadata.session_id"]) is None
+    assert _named("hdr", body, fields) == "hdr"
+    assert _named(None, body, fields) == "pck"
+    assert _named("", {**body, "prompt_cache_key": ""}, fields) == "m"
+    assert _named(None, {"user": "u", "metadata": {"session_id": 3}}, fields) == "u"
+    assert _named(None, {"user": "u", "metadata": "x"}, ["metadata.session_id"]) is None
 
 
 def test_body_fields_other_than_prompt_cache_key_need_configuring() -> None:
-    assert session_name(None, {"user": "u", "metadata": {"session_id": "m"}}, []) is None
+    assert _named(None, {"user": "u", "metadata": {"session_id": "m"}}, []) is None
+
+
+@pytest.mark.parametrize(
+    ("header", "body", "param"),
+    [
+        ("h" * 65, {}, "X-Session-Id"),
+        ("\u00e9" * 33, {}, "X-Session-Id"),  # 33 characters, 66 bytes
+        (None, {"prompt_cache_key": "p" * 65}, "prompt_cache_key"),
+        (None, {"metadata": {"session_id": "m" * 65}}, "metadata.session_id"),
+        (None, {"user": "u" * 65}, "user"),
+    ],
+)
+def test_a_session_name_over_the_limit_is_refused_naming_its_field(
+    header: str | None, body: dict[str, object], param: str
+) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        _named(header, body, ["metadata.session_id", "user"], limit=64)
+    assert refused.value.param == param
+    assert refused.value.code == "string_above_max_length"
+    # At the limit, and a longer field the request does not name its session by, pass.
+    assert _named("h" * 64, {"user": "u" * 65}, [], limit=64) == "h" * 64
 
 
 async def test_a_derived_session_of_a_big_body_is_hashed_off_the_loop(
