@@ -32,7 +32,11 @@ CALLER = {
 }
 WITHHELD = [name.lower() for name in CALLER if name not in ("Authorization", "X-Kept")]
 ROUTES = [
-    ("POST", "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    ),
     ("POST", "/v1/responses", {"model": "m", "input": "hi"}),
     ("GET", "/v1/models", None),
     ("POST", "/v1/embeddings", {"model": "m", "input": "hi"}),
