@@ -48,6 +48,8 @@ class BodyBudget:
     def take(self, scope: MutableMapping[str, Any], size: int) -> None:
         """Count ``size`` more bytes against the request of ``scope``, or raise
         ``Overloaded`` (counting nothing) if they would take the total over the limit."""
+        if not size:  # an empty body holds nothing: no hold to keep
+            return
         if self.used + size > self.limit:
             raise Overloaded(
                 "The proxy is holding as many request bodies as it may; retry shortly."
