@@ -18,7 +18,7 @@ from proxy import admin_api, pipeline, responses, sessions_api
 from proxy.assemble import build_services
 from proxy.config import Settings
 from proxy.endpoints import endpoint
-from proxy.errors import InvalidRequest, MissingCredential, NotFound, ProxyError
+from proxy.errors import InvalidRequest, MissingCredential, NotFound, Overloaded, ProxyError
 from proxy.metrics import CONTENT_TYPE_LATEST
 from proxy.outcome import rejected_headers
 from proxy.record import RecordRequests, record_of
@@ -128,6 +128,8 @@ async def proxy_error(request: Request, exc: Exception) -> Response:
         route = getattr(request.scope.get("route"), "name", "other")
         log.warning("%s %s -> %d %s (%s)", request.method, route, exc.status, exc.code, cause)
     headers = _compaction_headers(request)
+    if isinstance(exc, Overloaded):
+        headers = {**(headers or {}), "retry-after": str(exc.retry_after_s)}
     return Response(exc.body(), exc.status, headers, media_type="application/json")
 
 

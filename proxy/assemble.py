@@ -16,6 +16,7 @@ from proxy.compact import Compactor
 from proxy.config import Settings
 from proxy.encodings import Encoder, load_encoders
 from proxy.headers import HeaderPolicy
+from proxy.inflight import BodyBudget
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.precompact import Precompactor
@@ -79,6 +80,7 @@ async def build_services(settings: Settings) -> Services:
             sightings=SessionSightings(store),
             windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics),
             metrics=metrics,
+            bodies=BodyBudget(settings.server),
         )
         opened.pop_all()  # built: from here on, closing is Services.aclose's
     return services

@@ -78,6 +78,12 @@ class ServerSettings(_Section):
     # Worker processes sharing the port. Each has its own memory:// store: beyond one,
     # use Redis so every worker sees every session.
     workers: int = Field(1, ge=1)
+    # Request bodies held at once by this worker process, until each request ends: one
+    # that would take the total over this gets a 503 with Retry-After, unread. None:
+    # 8 x max_body_bytes (256 MiB by default); never less than max_body_bytes.
+    max_inflight_body_bytes: int | None = Field(None, gt=0)
+    # Open client connections per worker process: one beyond it gets a 503, closed.
+    max_client_connections: int = Field(2048, gt=0)
 
 
 class UpstreamSettings(_Section):
@@ -97,6 +103,10 @@ class UpstreamSettings(_Section):
     # The API the summary calls use: "chat" (/chat/completions) or "responses"
     # (/responses), for an upstream that serves only the Responses API.
     summarizer_api: Literal["chat", "responses"] = "chat"
+    # With api_key set, the caller's own credential and origin headers (x-api-key,
+    # api-key, OpenAI-Organization, OpenAI-Project, Forwarded, X-Forwarded-*, X-Real-IP)
+    # stay here, off the proxy's key, except those named here (Authorization never goes).
+    forward_client_headers: list[str] = []
 
     @model_validator(mode="after")
     def _check_url(self) -> UpstreamSettings:

@@ -18,6 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from proxy.inflight import release
+
 
 class FastHeaders(Headers):
     """``Headers`` whose ``get``, ``[]`` and ``in`` are one dict lookup.
@@ -76,5 +78,9 @@ class endpoint:  # lower case: wraps a handler where a function would
         self.handler = handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = await self.handler(ProxyRequest(scope, receive, send))
-        await response(scope, receive, send)
+        try:
+            response = await self.handler(ProxyRequest(scope, receive, send))
+            await response(scope, receive, send)
+        finally:
+            # Answered, failed or abandoned: the body it held is no longer held.
+            release(scope)

@@ -8,6 +8,7 @@ ProxyError                      -> OpenAI-shaped JSON error body
   PayloadTooLarge       413     body over server.max_body_bytes
   UnsupportedEncoding   415     a chat body with a Content-Encoding (gzip, br...)
   NotFound              404     unknown session / route
+  Overloaded            503     over server.max_inflight_body_bytes (with Retry-After)
   ClientDisconnected    499     the client went away before its answer (nothing is sent)
   StoreError                    the snapshot store failed (never reaches a client)
   SummaryError                  summarization failed (never reaches a client)
@@ -85,6 +86,15 @@ class NotFound(ProxyError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+
+
+class Overloaded(ProxyError):
+    """This process holds all the request bodies it may: come back in a moment."""
+
+    status = 503
+    type = "server_error"
+    code = "server_overloaded"
+    retry_after_s = 1  # bodies in flight are typically read and answered within seconds
 
 
 class ClientDisconnected(ProxyError):

@@ -3,7 +3,8 @@ response headers on their way back.
 
 Hop-by-hop headers (RFC 9110 7.6.1) stop here in both directions; the proxy's
 own control headers never reach the upstream; a configured API key replaces
-the client's credentials.
+the client's credentials, and its other credential and origin headers stay here
+(``LENT_KEY_DROP``) unless ``upstream.forward_client_headers`` names them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,23 @@ AUTH_HEADERS = frozenset(
 )
 
 
+# What a caller says about itself that must not ride on the proxy's own key: its own
+# credentials and billing scope (the upstream would read them next to the lent key),
+# and where it came from (a client forges these at will; the proxy cannot tell a
+# trusted hop's copy from one, and adds none of its own).
+LENT_KEY_DROP = frozenset(
+    {
+        "api-key",
+        "x-api-key",
+        "openai-organization",
+        "openai-project",
+        "forwarded",
+        "x-real-ip",
+    }
+)
+_LENT_KEY_DROP_PREFIX = "x-forwarded-"
+
+
 # Distinct header names whose verdict is remembered (clients send few; a hostile one
 # sending many new names only makes its own requests take the slower path).
 _VERDICTS_LIMIT = 1024
@@ -60,6 +78,9 @@ class HeaderPolicy:
         key = settings.upstream.api_key.get_secret_value()
         self.authorization = f"Bearer {key}" if key else None
         self._auth_value = None if not key else f"Bearer {key}".encode("latin-1")
+        allowed = {name.strip().lower() for name in settings.upstream.forward_client_headers}
+        self._lent = bool(key)
+        self._lent_allowed = frozenset(allowed)
         # Per raw header name: (forwarded as is, forwarded when not inspecting).
         self._verdicts: dict[bytes, tuple[bool, bool]] = {}
 
@@ -69,7 +90,7 @@ class HeaderPolicy:
             lowered = name.decode("latin-1").lower()
             own = lowered.startswith(_CONTROL_PREFIX)
             replaced = self.authorization is not None and lowered == "authorization"
-            keep = not (own or replaced)
+            keep = not (own or replaced or self._withheld(lowered))
             verdict = (
                 keep and lowered not in self._drop_inspect,
                 keep and lowered not in self.drop,
@@ -77,6 +98,14 @@ class HeaderPolicy:
             if len(self._verdicts) < _VERDICTS_LIMIT:
                 self._verdicts[name] = verdict
         return verdict
+
+    def _withheld(self, lowered: str) -> bool:
+        """A caller's own credential or origin header, kept off the proxy's lent key."""
+        return (
+            self._lent
+            and (lowered in LENT_KEY_DROP or lowered.startswith(_LENT_KEY_DROP_PREFIX))
+            and lowered not in self._lent_allowed
+        )
 
     def outgoing(
         self, headers: Iterable[tuple[bytes, bytes]], *, inspect: bool = False

@@ -11,7 +11,12 @@
   one left these limits behind, held for minutes by one unanswerable request).
   A request asking to ``Upgrade`` is answered as plain HTTP (RFC 9110 7.8) and its
   connection closed after it, since the parser reads nothing more on it; one that
-  also declares a body gets a 400, as the parser would not deliver that body.
+  also declares a body gets a 400, as the parser would not deliver that body;
+- at most ``server.max_client_connections`` connections are open at once: one
+  beyond it is answered 503 (Retry-After) and closed as it opens, before it can
+  send anything, while those already open are served as before. (uvicorn's own
+  ``limit_concurrency`` would instead answer 503 to requests on every connection,
+  the established ones too, once the total reaches it, and hold the rest open.)
 
 Timeouts are checked by one periodic tick per server over its open
 connections rather than a timer per request or per chunk: on the request path
@@ -25,7 +30,7 @@ import logging
 from typing import Any, ClassVar
 
 from proxy.config import ServerSettings
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, Overloaded, ProxyError
 
 # Named for the server whose connections these are, as before this module split off.
 log = logging.getLogger("proxy.server")
@@ -48,6 +53,7 @@ def limited_protocol(limits: ServerSettings) -> type[asyncio.Protocol]:
         body_timeout = limits.body_timeout_s
         min_body_rate = limits.min_body_rate_bytes_s
         tick_s = min(limits.header_timeout_s, limits.body_timeout_s) / _TICKS
+        max_connections = limits.max_client_connections
         watchdogs: ClassVar[dict[int, _Watchdog]] = {}
 
     return _Bounded
@@ -86,6 +92,7 @@ class _LimitsMixin:
     body_timeout: float
     min_body_rate: int
     tick_s: float
+    max_connections: int
     watchdogs: ClassVar[dict[int, _Watchdog]]
 
     _phase = _IDLE
@@ -100,6 +107,10 @@ class _LimitsMixin:
     def connection_made(self, transport: asyncio.Transport) -> None:
         me: Any = self
         super().connection_made(transport)  # type: ignore[misc]
+        if len(me.connections) > self.max_connections:  # uvicorn counted this one
+            error = Overloaded("The proxy has as many open connections as it may; retry shortly.")
+            self._answer_and_close(b"503 Service Unavailable", error)
+            return
         # A connection that never sends a full head is a slowloris too.
         self._phase = _HEAD
         self._since = me.loop.time()
@@ -237,12 +248,15 @@ class _LimitsMixin:
         self._phase = _IDLE
         self._answer_and_close(b"400 Bad Request", InvalidRequest(msg, code="invalid_http"))
 
-    def _answer_and_close(self, status: bytes, error: InvalidRequest) -> None:
+    def _answer_and_close(self, status: bytes, error: ProxyError) -> None:
         me: Any = self
         body = error.body()
+        retry = (
+            b"retry-after: %d\r\n" % error.retry_after_s if isinstance(error, Overloaded) else b""
+        )
         me.transport.write(
-            b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body)
+            b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n%scontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%s" % (status, retry, len(body), body)
         )
         me.transport.close()
 

@@ -20,14 +20,16 @@ from starlette.requests import ClientDisconnect, Request
 
 from proxy.config import ServerSettings
 from proxy.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge, UnsupportedEncoding
+from proxy.inflight import BodyBudget
 from proxy.types import ChatRequest
 
 _DEFAULT_MAX_MESSAGES: int = ServerSettings.model_fields["max_messages"].default
 DEFAULT_MAX_MODEL_BYTES: int = ServerSettings.model_fields["max_model_bytes"].default
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The chat body, read whole and bounded by ``limit``. A compressed body is refused,
+async def read_body(request: Request, limit: int, budget: BodyBudget | None = None) -> bytes:
+    """The chat body, read whole and bounded by ``limit``, its bytes taken from
+    ``budget`` before they are read (proxy.inflight). A compressed body is refused,
     not decoded: the proxy reads the JSON and may send a rewritten body upstream, where
     the client's Content-Encoding header would then lie; the official SDKs never
     compress, and inflating is memory and CPU a hostile body could make unbounded."""
@@ -40,8 +42,14 @@ async def read_body(request: Request, limit: int) -> bytes:
         )
     declared = request.headers.get("content-length", "")
     # isdigit() alone accepts '²', which int() rejects.
-    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+    length = int(declared) if declared.isascii() and declared.isdigit() else None
+    if length is not None and length > limit:
         raise _too_large(limit)
+    scope = request.scope
+    # Declared: taken whole before a byte is read; else chunk by chunk as they arrive.
+    per_chunk = budget if length is None else None
+    if budget is not None and length is not None:
+        budget.take(scope, length)
     chunks: list[bytes] = []
     size = 0
     try:
@@ -49,6 +57,8 @@ async def read_body(request: Request, limit: int) -> bytes:
             size += len(chunk)
             if size > limit:
                 raise _too_large(limit)
+            if per_chunk is not None:
+                per_chunk.take(scope, len(chunk))
             chunks.append(chunk)
     except ClientDisconnect:
         # The client left or was dropped for stalling (server.body_timeout_s).

@@ -56,7 +56,7 @@ PARSE_INLINE_BYTES = 1024 * 1024
 async def handle_chat(request: Request, services: Services) -> Response:
     settings = services.settings
     record = record_of(request)  # what the request's line and metrics report, at its end
-    body = await read_body(request, settings.server.max_body_bytes)  # 1. parse
+    body = await read_body(request, settings.server.max_body_bytes, services.bodies)  # 1. parse
     limits = (settings.server.max_messages, settings.server.max_model_bytes)
     if len(body) > PARSE_INLINE_BYTES:  # tens of ms (seconds, if hostile) of orjson
         chat = await asyncio.to_thread(parse_chat_request, body, *limits)
@@ -281,6 +281,7 @@ async def handle_passthrough(request: Request, services: Services) -> Response:
     declared = length is not None and length.isascii() and length.isdigit()
     try:
         if declared and int(length or 0) <= settings.server.max_body_bytes:
+            services.bodies.take(scope, int(length or 0))
             content = await request.body()
         elif length is None and "transfer-encoding" not in request.headers:
             content = None  # no body: a GET must not go upstream as a chunked upload

@@ -50,7 +50,7 @@ _CHAINED = ("previous_response_id", "conversation")
 async def handle_responses(request: Request, services: Services) -> Response:
     settings = services.settings
     record = record_of(request)  # what the request's line and metrics report, at its end
-    body = await read_body(request, settings.server.max_body_bytes)
+    body = await read_body(request, settings.server.max_body_bytes, services.bodies)
     limits = (settings.server.max_messages, settings.server.max_model_bytes)
     if len(body) > PARSE_INLINE_BYTES:  # parsing and mapping: not on the event loop
         data, chat = await asyncio.to_thread(_read, body, *limits)

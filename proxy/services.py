@@ -8,6 +8,7 @@ from proxy.calibrate import Calibration
 from proxy.compact import Compactor
 from proxy.config import Settings
 from proxy.headers import HeaderPolicy
+from proxy.inflight import BodyBudget
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.precompact import Precompactor
@@ -34,6 +35,7 @@ class Services:
     sightings: SessionSightings
     windows: LearnedWindows
     metrics: Metrics
+    bodies: BodyBudget  # request bodies held by this process (server.max_inflight_body_bytes)
 
     async def aclose(self) -> None:
         """Close what ``build_services`` opened: background compactions (they use both),

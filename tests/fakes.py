@@ -38,6 +38,7 @@ from proxy.config import Settings
 from proxy.encodings import EstimateEncoder
 from proxy.errors import UpstreamError
 from proxy.headers import HeaderPolicy
+from proxy.inflight import BodyBudget
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.outcome import Turn
@@ -323,6 +324,7 @@ def make_services(
         metrics=metrics,
         precompactor=Precompactor(settings.compaction, compactor, metrics, clock=clock),
         sightings=SessionSightings(store, clock=clock),
+        bodies=BodyBudget(settings.server),
     )
 
 

@@ -93,6 +93,10 @@ def _send_raw(base: str, method: str, target: str) -> tuple[int, bytes]:
         "/v1/models%0dX-Injected:%201",
         "/v1/models%09x",
         "/v1/models/%ff",
+        # An encoded slash with dots is a dot segment once decoded, in either case.
+        "/v1/models%2F..%2F..%2Fkey/generate",
+        "/v1/models%2f%2E%2E%2fkey",
+        "/v1/a%2F.%2Fb",
     ],
 )
 @pytest.mark.parametrize("method", ["POST", "GET"])
@@ -134,6 +138,24 @@ def test_plain_paths_arrive_under_the_base_path_exactly_as_encoded(
     status, body = _send_raw(proxy, "GET", target)
     assert status == 200, body
     assert upstream.seen == [(raw_path, query, "Bearer sk-proxy")]
+
+
+def test_an_sdk_encoded_slash_reaches_the_upstream_as_one_encoded_segment(
+    guarded: tuple[str, _Upstream],
+) -> None:
+    """Issue 20 item 13: the official SDK sends a "/" inside an id as %2F (what the
+    README promises about encoded slashes); refusing it would fail such calls, and it
+    is forwarded still encoded, never as a new path segment."""
+    import openai
+
+    proxy, upstream = guarded
+    client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="sk-client", max_retries=0)
+    client.models.retrieve("meta-llama/Llama-3.1-8B-Instruct")
+    client.files.content("file/abc")
+    assert upstream.seen == [
+        (b"/openai/v1/models/meta-llama%2FLlama-3.1-8B-Instruct", b"", "Bearer sk-proxy"),
+        (b"/openai/v1/files/file%2Fabc/content", b"", "Bearer sk-proxy"),
+    ]
 
 
 @pytest.mark.parametrize(
