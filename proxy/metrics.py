@@ -73,7 +73,7 @@ class Metrics:
     @classmethod
     def create(cls) -> Metrics:
         # prometheus-client's switch is per process; every registry of ours wants it.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
         r = CollectorRegistry(auto_describe=True)
         return cls(
             registry=r,

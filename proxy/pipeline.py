@@ -228,9 +228,10 @@ async def recover_overflow(
         model = replace(turn.model, context_window=window)
         view = compacted_view(services, replace(turn, model=model), recover=True)
         outcome = await recovery.retry_view(view, stated=stated)
-        second = Attempt(route.body_for(outcome), outcome) if outcome else None
-        if second is None or len(second.body) >= len(first.body):  # it would only fail again
+        body = route.body_for(outcome) if outcome else b""
+        if outcome is None or len(body) >= len(first.body):  # it would only fail again
             return answer, first.outcome
+        second = Attempt(body, outcome)
     turn.record.sending(second.outcome)
     return await retry_once(services, verdict, second, route.headers, route.url)
 

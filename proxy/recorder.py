@@ -162,7 +162,7 @@ class Recorder:
         return fields
 
     def _chat_fields(self, rec: Record, fields: dict[str, Any]) -> None:
-        fields["model"] = clipped(rec.model)
+        fields["model"] = clipped(rec.model or "")
         fields["stream"] = rec.stream
         # The same ids /admin/sessions shows for tenants, and every other line for sessions.
         fields["tenant"] = rec.tenant[:12]
