@@ -80,7 +80,7 @@ class ServerSettings(_Section):
     workers: int = Field(1, ge=1)
     # Request bodies held at once by this worker process, until each request ends: one
     # that would take the total over this gets a 503 with Retry-After, unread. None:
-    # 8 x max_body_bytes (256 MiB by default); never less than max_body_bytes.
+    # 4 x max_body_bytes (128 MiB by default); never less than max_body_bytes.
     max_inflight_body_bytes: int | None = Field(None, gt=0)
     # Open client connections per worker process: one beyond it gets a 503, closed.
     max_client_connections: int = Field(2048, gt=0)

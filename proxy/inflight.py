@@ -42,7 +42,7 @@ class BodyBudget:
     def __init__(self, server: ServerSettings) -> None:
         configured = server.max_inflight_body_bytes
         # Never below one allowed body, or a lone largest body could never be served.
-        self.limit = max(configured or 8 * server.max_body_bytes, server.max_body_bytes)
+        self.limit = max(configured or 4 * server.max_body_bytes, server.max_body_bytes)
         self.used = 0
 
     def take(self, scope: MutableMapping[str, Any], size: int) -> None:
