@@ -177,6 +177,10 @@ class CompactionSettings(_Section):
     precompact_ratio: float | None = Field(0.6, ge=0, lt=1)
     # At most this many background summaries at once per process; more are skipped.
     precompact_concurrency: int = Field(2, ge=1)
+    # ...of which one tenant keeps at most this many while another tenant wants one (it
+    # may fill free slots, but its newest run over this share is cancelled to make room
+    # for a tenant under it). None: half of precompact_concurrency, rounded up.
+    precompact_per_tenant: int | None = Field(None, ge=1)
     # A session whose background run failed or found nothing to do is not tried again
     # in the background for this long (its turns still compact inline at the trigger).
     precompact_retry_s: float = Field(60.0, ge=0)

@@ -1,13 +1,11 @@
 """Prometheus metrics, on a registry of the app's own (several apps per test process).
 
-Series whose labels are a closed set are declared at start-up (``__post_init__``),
-so dashboards and alerts see zeros rather than no data before the first event.
-A request's own series (durations, tokens, streams) are observed in one place,
-``recorder.Recorder.finish``.
+Series whose labels are a closed set are declared at start-up (``__post_init__``), so
+dashboards and alerts see zeros rather than no data before the first event. A request's
+own series (durations, tokens, streams) are observed in one place, ``recorder.Recorder.finish``.
 
 With several worker processes, ``/metrics`` shows the sum over every worker
-(proxy.exposition); gauges need a ``multiprocess_mode`` saying how workers'
-values combine.
+(proxy.exposition); gauges need a ``multiprocess_mode`` saying how workers' values combine.
 """
 
 from __future__ import annotations
@@ -55,6 +53,7 @@ PRECOMPACTION_OUTCOMES = (
     "skipped_backoff",
     "skipped_cap",
     "skipped_locked",
+    "preempted",
 )
 
 
@@ -104,8 +103,8 @@ class Metrics:
                 "compaction_proxy_compactions",
                 "Compactions by trigger (threshold, forced, overflow_recovery, scheduled; "
                 "precompact: in the background after an answer, counted only when it "
-                "compacted) and outcome (compacted; trimmed: the summary failed; snapshot: "
-                "another request's summary served)",
+                "compacted) and outcome (compacted; trimmed: the summary failed; backoff: "
+                "trimmed unasked, its summaries kept failing; snapshot: another's served)",
                 ["trigger", "outcome"],
                 registry=r,
             ),
@@ -248,8 +247,9 @@ class Metrics:
             precompactions=Counter(
                 "compaction_proxy_precompactions",
                 "Background pre-compactions by outcome (compacted; covered: a newer snapshot "
-                "already did; unchanged: nothing to fold in; failed; cancelled; skipped_running, "
-                "skipped_backoff, skipped_cap, skipped_locked)",
+                "already did; unchanged: nothing to fold in; failed; cancelled; preempted: for "
+                "a tenant under its share; skipped_running, skipped_backoff, skipped_cap, "
+                "skipped_locked)",
                 ["outcome"],
                 registry=r,
             ),

@@ -10,12 +10,30 @@ the simulator as upstream, clients over real HTTP.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.conftest import proxy_settings
+from proxy.compact import Job
+from proxy.session import session_from_header
+from proxy.simulator import create_simulator_app
+from proxy.simulator.config import ModelRule, SimulatorConfig
+from tests.conftest import proxy_settings, run_server
+from tests.test_compaction import FILLER, WINDOW, small_window_settings
+from tests.test_precompact import (
+    _conversation,
+    _job,
+    _outcomes,
+    _services,
+    metric,
+    over_soft_threshold,
+    wait_for_idle,
+)
 
 
 def _post(url: str, key: str, session: str, content: str) -> httpx.Response:
@@ -41,7 +59,128 @@ def test_one_tenants_flood_of_sessions_keeps_another_tenants_session_record(
     a = {"Authorization": "Bearer sk-tenant-a"}
     kept = httpx.get(f"{url}/sessions/b-kept", headers=b)
     assert kept.status_code == 200, kept.text
-    assert kept.json()["version"] == 0 and kept.json()["messages"] == 1
+    assert kept.json()["version"] == 0
+    assert kept.json()["messages"] == 1
     # The flooder keeps its own newest, and loses its own oldest.
     assert httpx.get(f"{url}/sessions/a-flood-39", headers=a).status_code == 200
     assert httpx.get(f"{url}/sessions/a-flood-0", headers=a).status_code == 404
+
+
+# Item 10: background summary slots are shared fairly between tenants.
+
+SLOW_SUMMARY_MS = 2000
+
+
+@pytest.fixture
+def slow_summaries() -> Iterator[str]:
+    """A simulator answering chats at once and summaries in SLOW_SUMMARY_MS."""
+    config = SimulatorConfig(
+        summary_latency_ms=SLOW_SUMMARY_MS,
+        models=(ModelRule(match="sim-4k", context_window=WINDOW),),
+    )
+    with run_server(create_simulator_app(config)) as url:
+        yield url
+
+
+def _chat(url: str, key: str, session: str, messages: list[dict[str, Any]]) -> httpx.Response:
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": "sim-4k", "messages": messages},
+        headers={"Authorization": f"Bearer {key}", "X-Session-Id": session},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response
+
+
+def _wait_until(check: Callable[[], bool], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_one_tenant_cannot_hold_every_background_slot_while_another_waits(
+    slow_summaries: str, start_proxy: Callable[..., str]
+) -> None:
+    """Tenant A's two sessions take both slots first; tenant B's session then crosses the
+    soft threshold: its pre-compaction still runs (it was skipped), so B's turn past the
+    trigger is served from a snapshot instead of waiting on a summary."""
+    url = start_proxy(
+        small_window_settings(slow_summaries, precompact_ratio=0.6, precompact_concurrency=2)
+    )
+    running = "compaction_proxy_precompactions_running"
+    for session in ("a-1", "a-2"):
+        _chat(url, "sk-tenant-a", session, over_soft_threshold(session))
+    _wait_until(lambda: metric(url, running) == 2)
+    b_history = over_soft_threshold("b-1")
+    first = _chat(url, "sk-tenant-b", "b-1", b_history)
+    tokens = int(first.headers["x-context-tokens"])
+    assert WINDOW * 0.6 < tokens + 256 < WINDOW * 0.8
+    wait_for_idle(url)
+    assert metric(url, "compaction_proxy_precompactions", outcome="skipped_cap") == 0
+    assert metric(url, "compaction_proxy_precompactions", outcome="preempted") == 1
+    assert metric(url, "compaction_proxy_precompactions", outcome="compacted") == 2
+    b = httpx.get(f"{url}/sessions/b-1", headers={"Authorization": "Bearer sk-tenant-b"})
+    assert b.json()["version"] >= 1, b.json()
+
+    # B's next turns carry it past the trigger: served from its snapshot, no summary waited.
+    per_pair = tokens / 28
+    pairs = int((WINDOW * 0.8 - 256 - tokens) / per_pair) + 2
+    newer = [
+        {"role": role, "content": f"b-1 later {i}: {FILLER}" if role == "user" else "ok"}
+        for i in range(pairs)
+        for role in ("user", "assistant")
+    ]
+    later = [*b_history[:-1], *newer, b_history[-1]]
+    started = time.monotonic()
+    turn = _chat(url, "sk-tenant-b", "b-1", later)
+    took = time.monotonic() - started
+    assert turn.headers["x-compaction-status"] == "snapshot"
+    assert metric(url, "compaction_proxy_inline_summary_waits") == 0
+    assert took < SLOW_SUMMARY_MS / 1000, f"B's turn took {took:.2f} s"
+    wait_for_idle(url)
+
+
+class _Gated:
+    """A store whose snapshot reads wait for ``gate``: background runs that stay running."""
+
+    def __init__(self, store: Any, gate: asyncio.Event) -> None:
+        self._store, self._gate = store, gate
+
+    async def load(self, key: Any) -> Any:
+        await self._gate.wait()
+        return await self._store.load(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_a_tenant_under_its_share_preempts_only_a_tenant_over_its_own() -> None:
+    """In-process: the slot decisions (3 slots, so a share of 2 each)."""
+    services = await _services(precompact_concurrency=3)
+    try:
+        pre = services.precompactor
+        assert pre.share == 2
+        gate = asyncio.Event()  # every run blocks on its first store read until opened
+        services.compactor.store = _Gated(services.compactor.store, gate)
+
+        async def job(tenant: str, session: str) -> Job:
+            made = await _job(services, session, _conversation(2))
+            return replace(made, key=session_from_header(tenant, session))
+
+        a = [await job("a", f"a{i}") for i in range(3)]
+        for each in a:
+            await pre.start(each)  # nobody else wants one: a fills every slot
+        assert set(pre.running) == {k.key for k in a}
+        await pre.start(await job("b", "b0"))  # a is over its share: its newest goes
+        assert set(pre.running) == {a[0].key, a[1].key, session_from_header("b", "b0")}
+        await pre.start(await job("c", "c0"))  # nobody over their share: skipped
+        await pre.start(await job("a", "a9"))  # a at its share: skipped
+        assert _outcomes(services) == {"preempted": 1, "skipped_cap": 2}
+        assert a[2].key not in pre.backoff  # a preempted session is not backed off
+        gate.set()
+        await asyncio.gather(*pre.running.values())
+        assert _outcomes(services) == {"preempted": 1, "skipped_cap": 2, "covered": 3}
+    finally:
+        await services.aclose()

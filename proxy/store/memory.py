@@ -49,7 +49,7 @@ class _Tenants:
     """Each tenant's keys in one bounded dict, least recently used first (that dict's
     order, per tenant): which key goes to make room for a new one."""
 
-    __slots__ = ("own", "limit")
+    __slots__ = ("limit", "own")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
