@@ -8,6 +8,7 @@ ProxyError                      -> OpenAI-shaped JSON error body
   PayloadTooLarge       413     body over server.max_body_bytes
   UnsupportedEncoding   415     a chat body with a Content-Encoding (gzip, br...)
   NotFound              404     unknown session / route
+  RateLimited           429     POST /sessions/{id}/compact again within force_interval_s
   ClientDisconnected    499     the client went away before its answer (nothing is sent)
   StoreError                    the snapshot store failed (never reaches a client)
   SummaryError                  summarization failed (never reaches a client)
@@ -85,6 +86,12 @@ class NotFound(ProxyError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+
+
+class RateLimited(ProxyError):
+    status = 429
+    type = "requests"  # OpenAI's own for a 429
+    code = "rate_limit_exceeded"
 
 
 class ClientDisconnected(ProxyError):

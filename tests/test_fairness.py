@@ -24,7 +24,7 @@ from proxy.session import session_from_header
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from tests.conftest import proxy_settings, run_server
-from tests.test_compaction import FILLER, WINDOW, small_window_settings
+from tests.test_compaction import FILLER, WINDOW, Chat, small_window_settings, stats
 from tests.test_precompact import (
     _conversation,
     _job,
@@ -184,3 +184,35 @@ async def test_a_tenant_under_its_share_preempts_only_a_tenant_over_its_own() ->
         assert _outcomes(services) == {"preempted": 1, "skipped_cap": 2, "covered": 3}
     finally:
         await services.aclose()
+
+
+# Item 12: the summary work a client can buy.
+
+
+def test_post_compact_is_rate_limited_like_the_force_header(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(small_window_settings(sim_reset, force_interval_s=1.5))
+    chat = Chat(url, key="sk-buyer", session="bought")
+    auth = {"Authorization": "Bearer sk-buyer"}
+    chat.say("FACT plan=b")
+    chat.headers["X-Compaction"] = "force"
+    chat.say("compact now")  # a first snapshot: there is something to schedule
+    del chat.headers["X-Compaction"]
+    compact = f"{url}/sessions/bought/compact"
+    assert httpx.post(compact, headers=auth).status_code == 202
+    summaries = stats(sim_reset)["summaries"]
+    refused = [httpx.post(compact, headers=auth) for _ in range(5)]
+    for r in refused:
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        assert 1 <= int(r.headers["retry-after"]) <= 2
+    # Another tenant's same id is its own session (none here), never limited by this one.
+    other = httpx.post(compact, headers={"Authorization": "Bearer sk-other"})
+    assert other.status_code == 404
+    chat.say("next turn")
+    chat.say("and the one after")
+    assert stats(sim_reset)["summaries"] == summaries + 1  # one summary bought, not six
+    time.sleep(1.6)
+    assert httpx.post(compact, headers=auth).status_code == 202
