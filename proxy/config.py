@@ -185,6 +185,11 @@ class CompactionSettings(_Section):
     # in the background for this long (its turns still compact inline at the trigger).
     precompact_retry_s: float = Field(60.0, ge=0)
     force_interval_s: float = Field(30.0, ge=0)
+    # After a failed or cut-off summary, a session's summaries are not asked for again for
+    # summary_backoff_s, doubling with each failure in a row up to summary_backoff_max_s;
+    # its turns past the trigger are trimmed meanwhile, without a call. 0: off.
+    summary_backoff_s: float = Field(30.0, ge=0)
+    summary_backoff_max_s: float = Field(900.0, ge=0)
     # Overflow recovery is the last line of defence: on even with enabled: false.
     recover_overflow: bool = True
     learned_window_ttl_s: float = Field(24 * 3600, gt=0)

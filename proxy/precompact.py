@@ -143,7 +143,7 @@ class Precompactor:
             return "cancelled"
         if key in self.running:
             return "skipped_running"
-        if key in self.backoff:
+        if key in self.backoff or self.compactor.backoff.active(key):
             return "skipped_backoff"
         if len(self.running) >= self.settings.precompact_concurrency:
             return "skipped_cap"

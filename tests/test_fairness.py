@@ -24,7 +24,14 @@ from proxy.session import session_from_header
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from tests.conftest import proxy_settings, run_server
-from tests.test_compaction import FILLER, WINDOW, Chat, small_window_settings, stats
+from tests.test_compaction import (
+    FILLER,
+    WINDOW,
+    Chat,
+    small_window_settings,
+    stats,
+    upstream_requests,
+)
 from tests.test_precompact import (
     _conversation,
     _job,
@@ -216,3 +223,59 @@ def test_post_compact_is_rate_limited_like_the_force_header(
     assert stats(sim_reset)["summaries"] == summaries + 1  # one summary bought, not six
     time.sleep(1.6)
     assert httpx.post(compact, headers=auth).status_code == 202
+
+
+@pytest.fixture
+def cut_off_summaries() -> Iterator[str]:
+    """A simulator whose summarizer writes facts last and is always cut off: its
+    budget (``summarizer_max_output_tokens`` below) is smaller than the facts alone."""
+    config = SimulatorConfig(
+        models=(
+            ModelRule(match="sim-4k", context_window=WINDOW),
+            ModelRule(match="cut-off", context_window=WINDOW, summary_style="realistic"),
+        )
+    )
+    with run_server(create_simulator_app(config)) as url:
+        yield url
+
+
+def _summary_calls(sim: str) -> int:
+    return sum(
+        1 for r in upstream_requests(sim) if r["headers"].get("x-compaction-purpose") == "summarize"
+    )
+
+
+def test_a_summarizer_always_cut_off_is_backed_off_per_session(
+    cut_off_summaries: str, start_proxy: Callable[..., str]
+) -> None:
+    """Every turn past the trigger cost the cut-off call and its terser retry; now the
+    first failure backs the session off: its turns are trimmed without asking."""
+    settings = small_window_settings(
+        cut_off_summaries,
+        summarizer_model="cut-off",
+        summarizer_max_output_tokens=24,
+    )  # compaction.summary_backoff_s: its default, 30 s, is longer than the test
+    url = start_proxy(settings)
+    chat = Chat(url, key="sk-cut", session="cut")
+    for i in range(12):
+        chat.say(f"FACT key{i}=value-{i}-{'x' * 40}")
+    turn = 0
+    while chat.statuses["trimmed"] == 0:
+        chat.say(f"Turn {turn}: {FILLER}")
+        turn += 1
+        assert turn < 60
+    calls = _summary_calls(cut_off_summaries)
+    assert calls == 2  # the cut-off answer and its terser retry
+    backed_off = metric(url, "compaction_proxy_compactions", outcome="backoff")
+    for more in range(8):
+        chat.say(f"More {more}: {FILLER}")
+        assert chat.last is not None
+        assert chat.last["x-compaction-status"] == "trimmed"
+    assert _summary_calls(cut_off_summaries) == calls  # nothing asked while backing off
+    assert metric(url, "compaction_proxy_compactions", outcome="backoff") == backed_off + 8
+    assert metric(url, "compaction_proxy_summaries_truncated") == 1
+    # Another session of the same tenant is not backed off by this one's failures.
+    other = Chat(url, key="sk-cut", session="other")
+    other.history = [*chat.history]
+    other.say("and here?")
+    assert _summary_calls(cut_off_summaries) == calls + 2
