@@ -161,6 +161,10 @@ class CompactionSettings(_Section):
     # The most the summarizer model can write in one answer, if below the summary
     # budget. Not the chat model's max_output_tokens: that is the reply reserve.
     summarizer_max_output_tokens: int | None = Field(None, gt=0)
+    # The most summarizer calls one compaction makes, retries included (so at most this
+    # many summarizer windows of tokens): a span that needs more chunks keeps its newest
+    # and leaves the oldest out, a deterministic marker in their place.
+    max_summary_calls: int = Field(16, ge=2)
     # "user": a user/assistant handoff pair (valid for strict chat templates);
     # "system": one extra system message after the pinned ones.
     summary_role: Literal["user", "system"] = "user"

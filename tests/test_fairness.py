@@ -20,9 +20,12 @@ import httpx
 import pytest
 
 from proxy.compact import Job
+from proxy.rebuild import omitted_marker
 from proxy.session import session_from_header
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
+from proxy.summarize import _newest_within
+from proxy.transcript import CONTINUED, chunk_transcript
 from tests.conftest import proxy_settings, run_server
 from tests.test_compaction import (
     FILLER,
@@ -279,3 +282,45 @@ def test_a_summarizer_always_cut_off_is_backed_off_per_session(
     other.history = [*chat.history]
     other.say("and here?")
     assert _summary_calls(cut_off_summaries) == calls + 2
+
+
+def test_one_compaction_spends_at_most_max_summary_calls(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """A summarizer window far smaller than the span (1,024 tokens for a 4k model's
+    history here; 4,096 for 800k tokens in the probe: 383 calls) made one call per
+    chunk, without bound. Now the oldest chunks are left out, marked."""
+    settings = small_window_settings(sim_reset, summarizer_context_window=1024, max_summary_calls=4)
+    url = start_proxy(settings)
+    chat = Chat(url, key="sk-big", session="big")
+    chat.history += [
+        {"role": role, "content": f"FACT k{i}=v{i} {FILLER}" if role == "user" else "ok"}
+        for i in range(80)
+        for role in ("user", "assistant")
+    ]
+    chat.say("and now?")
+    assert chat.last is not None
+    assert chat.last["x-compaction-status"] == "compacted"
+    # The newest max_summary_calls - 1 chunks (a call spared for a retry, unused here).
+    assert _summary_calls(sim_reset) == 3
+    info = httpx.get(f"{url}/sessions/big", headers={"Authorization": "Bearer sk-big"}).json()
+    assert info["summary"].startswith("[compaction-proxy: ")
+    assert "earlier messages were omitted" in info["summary"].splitlines()[0]
+    assert "FACT k0=v0" not in info["summary"]  # the oldest were left out...
+    assert chat.say("RECALL k63") == "k63=v63"  # ...the newest summarized
+
+
+def test_chunks_beyond_the_call_budget_leave_the_oldest_messages_out_marked() -> None:
+    lines = [f"[user] message {i} " + "x" * 50 for i in range(10)]
+    lines[7] = "[user] long " + "y" * 200  # continues over several chunks
+    chunks = chunk_transcript(lines, 80)
+    assert len(chunks) > 4
+    kept, omitted = _newest_within(chunks, 4)
+    assert len(kept) == 3  # a call to spare for a retry
+    assert kept[0][0] == omitted_marker(omitted)
+    assert kept[1:] == chunks[-2:]
+    assert kept[0][1:] == chunks[-3]
+    whole = [line for chunk in chunks[:-3] for line in chunk]
+    starts = sum(not line.startswith(CONTINUED) for line in whole)
+    assert omitted == starts - chunks[-3][0].startswith(CONTINUED)
+    assert _newest_within(chunks[:4], 4) == (chunks[:4], 0)  # within the budget: all
