@@ -26,7 +26,7 @@ from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.summarize import _newest_within
 from proxy.transcript import CONTINUED, chunk_transcript
-from tests.conftest import proxy_settings, run_server
+from tests.conftest import RedisServer, proxy_settings, run_server
 from tests.test_compaction import (
     FILLER,
     WINDOW,
@@ -61,7 +61,20 @@ def test_one_tenants_flood_of_sessions_keeps_another_tenants_session_record(
     """Item 11: a session not compacted yet is known by its sighting alone; a flood of
     another tenant's new sessions must not push it out (it did: a 404)."""
     settings = proxy_settings(sim_reset, store={"max_sessions": 20, "max_sessions_per_tenant": 5})
-    url = start_proxy(settings)
+    _flood_and_check(start_proxy(settings), per_tenant_bound=True)
+
+
+@pytest.mark.redis
+def test_redis_keeps_every_tenants_session_records_until_their_ttl(
+    sim_reset: str, start_proxy: Callable[..., str], redis_server: RedisServer
+) -> None:
+    """Redis bounds sightings by TTL (store.ttl_s), not by count: a flood evicts nothing
+    (only a maxmemory eviction policy of Redis's own could)."""
+    store = {"url": redis_server.url, "max_sessions": 20, "max_sessions_per_tenant": 5}
+    _flood_and_check(start_proxy(proxy_settings(sim_reset, store=store)), per_tenant_bound=False)
+
+
+def _flood_and_check(url: str, *, per_tenant_bound: bool) -> None:
     assert _post(url, "sk-tenant-b", "b-kept", "hello").status_code == 200
     for i in range(40):
         assert _post(url, "sk-tenant-a", f"a-flood-{i}", "hello").status_code == 200
@@ -71,9 +84,10 @@ def test_one_tenants_flood_of_sessions_keeps_another_tenants_session_record(
     assert kept.status_code == 200, kept.text
     assert kept.json()["version"] == 0
     assert kept.json()["messages"] == 1
-    # The flooder keeps its own newest, and loses its own oldest.
+    # The flooder keeps its own newest, and (bounded in memory) loses its own oldest.
     assert httpx.get(f"{url}/sessions/a-flood-39", headers=a).status_code == 200
-    assert httpx.get(f"{url}/sessions/a-flood-0", headers=a).status_code == 404
+    oldest = httpx.get(f"{url}/sessions/a-flood-0", headers=a).status_code
+    assert oldest == (404 if per_tenant_bound else 200)
 
 
 # Item 10: background summary slots are shared fairly between tenants.
