@@ -52,8 +52,8 @@ lets a scheduled session skip the far-below fast path (``proxy.schedule``, at mo
 10,000) is shared: a tenant filling it delays another's schedule until its next turn
 that reads the store, and never fails or blocks a request. The background
 pre-compaction slots (``precompact_concurrency``) are shared fairly: a tenant under its
-share preempts one over it (issue 20). The Redis store is bounded by TTL (``store.ttl_s``, refreshed on
-use) and Redis's own ``maxmemory``, not per tenant.
+share preempts one over it (issue 20). The Redis store is bounded by TTL
+(``store.ttl_s``, refreshed on use) and Redis's own ``maxmemory``, not per tenant.
 """
 
 from __future__ import annotations
