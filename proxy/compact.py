@@ -98,9 +98,8 @@ class Compactor:
     # Waiting runs on these: tests pass a fake clock and let time pass without sleeping.
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    _folder: Folder = field(init=False)
-
     backoff: SummaryBackoff = field(init=False)  # sessions whose summaries keep failing
+    _folder: Folder = field(init=False)
 
     def __post_init__(self) -> None:
         self._folder = Folder(self.settings, self.models, self.client, self.counters, self.metrics)

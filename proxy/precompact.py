@@ -158,7 +158,7 @@ class Precompactor:
             held.setdefault(running.tenant, []).append(running)
         if len(held.get(key.tenant, ())) >= self.share:
             return "skipped_cap"
-        over = [keys for owner, keys in held.items() if len(keys) > self.share]
+        over = [keys for keys in held.values() if len(keys) > self.share]
         if not over:
             return "skipped_cap"
         victim = max(over, key=len)[-1]  # the most slots; its newest run (least work lost)
