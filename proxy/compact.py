@@ -7,7 +7,8 @@ span into the summary (fold.py), writes the new snapshot (compare-and-swap on th
 version) and rebuilds the messages. Concurrent requests wait, bounded, for that
 result, or use the last valid snapshot. A failing summarizer never fails the
 request: the view falls back to deterministic trimming (trim.py) and
-summarization is retried on a later turn.
+summarization is retried on a later turn, once the session's back-off after the
+failure has passed (backoff.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
+from proxy.backoff import SummaryBackoff
 from proxy.budget import Budget
 from proxy.config import Settings
 from proxy.count import History
@@ -96,15 +98,26 @@ class Compactor:
     # Waiting runs on these: tests pass a fake clock and let time pass without sleeping.
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    backoff: SummaryBackoff = field(init=False)  # sessions whose summaries keep failing
     _folder: Folder = field(init=False)
 
     def __post_init__(self) -> None:
         self._folder = Folder(self.settings, self.models, self.client, self.counters, self.metrics)
+        c = self.settings.compaction
+        self.backoff = SummaryBackoff(c.summary_backoff_s, c.summary_backoff_max_s, self.clock)
 
     async def compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Carry out ``plan`` (against ``loaded``), once per session at a time; log it."""
         started = self.clock()
         job.turn.record.trigger = job.trigger
+        start, end = plan.summarize
+        if start != end and self.backoff.active(job.key):
+            # Its last summary failed: trim without asking (nor taking the lock) this time.
+            role = self.settings.compaction.summary_role
+            outcome = trim_outcome(job.history, loaded, job.budget, role)
+            self.metrics.compactions.labels(trigger=job.trigger, outcome="backoff").inc()
+            self._log(job, loaded, outcome, started)
+            return outcome
         outcome = await self._compact(job, loaded, plan)
         self.metrics.compactions.labels(trigger=job.trigger, outcome=outcome.status).inc()
         if outcome.status == "compacted":
@@ -201,6 +214,7 @@ class Compactor:
                 job.turn, job.key, loaded.summary, span, background=job.background
             )
         except SummaryError as exc:
+            self.backoff.failed(job.key)
             if job.background:
                 raise  # no turn to serve a fallback to: the precompactor counts it
             log.warning(
@@ -208,7 +222,9 @@ class Compactor:
             )
             return trim_outcome(h, loaded, job.budget, role)
         if folded is None:  # far over its budget: not kept
+            self.backoff.failed(job.key)
             return trim_outcome(h, loaded, job.budget, role)
+        self.backoff.succeeded(job.key)
         plan = replace(plan, view=replace(plan.view, summary_tokens=folded.tokens))
         new = next_snapshot(loaded, folded.summary, plan, h, job.budget, job.turn.model.name)
         outcome = await self._saved(job, new, plan)

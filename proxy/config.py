@@ -178,6 +178,10 @@ class CompactionSettings(_Section):
     # The most the summarizer model can write in one answer, if below the summary
     # budget. Not the chat model's max_output_tokens: that is the reply reserve.
     summarizer_max_output_tokens: int | None = Field(None, gt=0)
+    # The most summarizer calls one compaction makes, retries included (so at most this
+    # many summarizer windows of tokens): a span that needs more chunks keeps its newest
+    # and leaves the oldest out, a deterministic marker in their place.
+    max_summary_calls: int = Field(16, ge=2)
     # "user": a user/assistant handoff pair (valid for strict chat templates);
     # "system": one extra system message after the pinned ones.
     summary_role: Literal["user", "system"] = "user"
@@ -194,10 +198,19 @@ class CompactionSettings(_Section):
     precompact_ratio: float | None = Field(0.6, ge=0, lt=1)
     # At most this many background summaries at once per process; more are skipped.
     precompact_concurrency: int = Field(2, ge=1)
+    # ...of which one tenant keeps at most this many while another tenant wants one (it
+    # may fill free slots, but its newest run over this share is cancelled to make room
+    # for a tenant under it). None: half of precompact_concurrency, rounded up.
+    precompact_per_tenant: int | None = Field(None, ge=1)
     # A session whose background run failed or found nothing to do is not tried again
     # in the background for this long (its turns still compact inline at the trigger).
     precompact_retry_s: float = Field(60.0, ge=0)
     force_interval_s: float = Field(30.0, ge=0)
+    # After a failed or cut-off summary, a session's summaries are not asked for again for
+    # summary_backoff_s, doubling with each failure in a row up to summary_backoff_max_s;
+    # its turns past the trigger are trimmed meanwhile, without a call. 0: off.
+    summary_backoff_s: float = Field(30.0, ge=0)
+    summary_backoff_max_s: float = Field(900.0, ge=0)
     # Overflow recovery is the last line of defence: on even with enabled: false.
     recover_overflow: bool = True
     learned_window_ttl_s: float = Field(24 * 3600, gt=0)

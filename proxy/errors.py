@@ -9,6 +9,7 @@ ProxyError                      -> OpenAI-shaped JSON error body
   UnsupportedEncoding   415     a chat body with a Content-Encoding (gzip, br...)
   NotFound              404     unknown session / route
   Overloaded            503     over server.max_inflight_body_bytes (with Retry-After)
+  RateLimited           429     POST /sessions/{id}/compact again within force_interval_s
   ClientDisconnected    499     the client went away before its answer (nothing is sent)
   StoreError                    the snapshot store failed (never reaches a client)
   SummaryError                  summarization failed (never reaches a client)
@@ -95,6 +96,12 @@ class Overloaded(ProxyError):
     type = "server_error"
     code = "server_overloaded"
     retry_after_s = 1  # bodies in flight are typically read and answered within seconds
+
+
+class RateLimited(ProxyError):
+    status = 429
+    type = "requests"  # OpenAI's own for a 429
+    code = "rate_limit_exceeded"
 
 
 class ClientDisconnected(ProxyError):

@@ -83,6 +83,14 @@ class Folder:
                 self.metrics.summary_length_retries.inc(exc.length_retries)
             raise
         self._timed(turn, started, "ok")
+        if made.omitted:
+            log.warning(
+                "session=%s span needs more than %d summarizer calls: its %d oldest messages "
+                "left out of the summary, marked",
+                key.log_id,
+                request.max_calls,
+                made.omitted,
+            )
         if made.length_retries:
             self.metrics.summary_length_retries.inc(made.length_retries)
         limit = summary_limit(turn.model, self.settings.compaction)

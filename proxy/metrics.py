@@ -1,11 +1,10 @@
 """Prometheus metrics, on a registry of the app's own (several apps per test process).
 
-Series whose labels are a closed set are declared at start-up (``__post_init__``),
-so dashboards and alerts see zeros rather than no data before the first event.
-A request's own series (durations, tokens, streams) are observed in one place,
-``recorder.Recorder.finish``.
-
-Label sets and buckets are in proxy.series: all closed, whatever clients send.
+Series whose labels are a closed set are declared at start-up (``__post_init__``), so
+dashboards and alerts see zeros rather than no data before the first event. A request's
+own series (durations, tokens, streams) are observed in one place, ``recorder.Recorder.finish``.
+Label sets and buckets are in proxy.series: all closed, whatever clients send. With several
+workers, ``/metrics`` sums them (proxy.exposition); gauges say how (``multiprocess_mode``).
 """
 
 from __future__ import annotations
@@ -87,8 +86,8 @@ class Metrics:
                 "compaction_proxy_compactions",
                 "Compactions by trigger (threshold, forced, overflow_recovery, scheduled; "
                 "precompact: in the background after an answer, counted only when it "
-                "compacted) and outcome (compacted; trimmed: the summary failed; snapshot: "
-                "another request's summary served)",
+                "compacted) and outcome (compacted; trimmed: the summary failed; backoff: "
+                "trimmed unasked, its summaries kept failing; snapshot: another's served)",
                 ["trigger", "outcome"],
                 registry=r,
             ),
@@ -247,8 +246,9 @@ class Metrics:
             precompactions=Counter(
                 "compaction_proxy_precompactions",
                 "Background pre-compactions by outcome (compacted; covered: a newer snapshot "
-                "already did; unchanged: nothing to fold in; failed; cancelled; skipped_running, "
-                "skipped_backoff, skipped_cap, skipped_locked)",
+                "already did; unchanged: nothing to fold in; failed; cancelled; preempted: for "
+                "a tenant under its share; skipped_running, skipped_backoff, skipped_cap, "
+                "skipped_locked)",
                 ["outcome"],
                 registry=r,
             ),

@@ -17,15 +17,22 @@ each one a change of the prefix the provider caches.
 
 Bounded: at most ``precompact_concurrency`` runs at once in the process (more are
 skipped), one per session, and a session whose run failed or found nothing to do
-is not tried again for ``precompact_retry_s``. A held lock means the session is being
-compacted already: skipped, never waited for. ``aclose`` cancels and awaits what
-runs. Every outcome is counted; nothing here raises into a request.
+is not tried again for ``precompact_retry_s``. Shared fairly between tenants: a
+tenant may fill the free slots while nobody else wants one, but a tenant under its
+share (``precompact_per_tenant``, by default half the slots rounded up) that finds
+them all taken preempts the newest run of a tenant over its share (counted
+``preempted``; that session is not backed off and is offered again by its next
+turn), so one tenant's throwaway sessions cannot keep another's from compacting.
+A held lock means the session is being compacted already: skipped, never waited
+for. ``aclose`` cancels and awaits what runs. Every outcome is counted; nothing
+here raises into a request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -93,11 +100,16 @@ class Precompactor:
     running: dict[SessionKey, asyncio.Task[str]] = field(default_factory=dict)
     # Sessions whose last run failed or had nothing to do: not retried until they expire.
     backoff: TTLCache[SessionKey, bool] = field(init=False)
+    # Runs cancelled to make room for a tenant under its share: counted as such.
+    preempted: set[SessionKey] = field(default_factory=set)
     closed: bool = False
+    share: int = field(init=False)  # slots one tenant may keep while another wants one
 
     def __post_init__(self) -> None:
         ttl = max(self.settings.precompact_retry_s, 1e-6)  # 0: no back-off
         self.backoff = TTLCache(TRACKED_LIMIT, ttl, timer=self.clock)
+        slots = self.settings.precompact_concurrency
+        self.share = min(self.settings.precompact_per_tenant or math.ceil(slots / 2), slots)
 
     def offer(
         self, turn: Turn, key: SessionKey, history: History, budget: Budget, tokens: int
@@ -115,6 +127,8 @@ class Precompactor:
         Returns at once: the response that triggered it never waits on it."""
         key = job.key
         skipped = self.skip_reason(key)
+        if skipped == "skipped_cap":
+            skipped = await self._preempt_for(key)
         if skipped is not None:
             self.metrics.precompactions.labels(outcome=skipped).inc()
             return
@@ -129,17 +143,40 @@ class Precompactor:
             return "cancelled"
         if key in self.running:
             return "skipped_running"
-        if key in self.backoff:
+        if key in self.backoff or self.compactor.backoff.active(key):
             return "skipped_backoff"
         if len(self.running) >= self.settings.precompact_concurrency:
             return "skipped_cap"
         return None
 
+    async def _preempt_for(self, key: SessionKey) -> str | None:
+        """Every slot is taken: free one for ``key``'s tenant if it is under its share
+        and another tenant is over its own (that tenant's newest run is cancelled and
+        awaited); "skipped_cap" when there is none to take."""
+        held: dict[str, list[SessionKey]] = {}
+        for running in self.running:  # at most precompact_concurrency entries
+            held.setdefault(running.tenant, []).append(running)
+        if len(held.get(key.tenant, ())) >= self.share:
+            return "skipped_cap"
+        over = [keys for keys in held.values() if len(keys) > self.share]
+        if not over:
+            return "skipped_cap"
+        victim = max(over, key=len)[-1]  # the most slots; its newest run (least work lost)
+        task = self.running.pop(victim)
+        if task.cancel():  # not if it finished meanwhile: then it is counted as it ended
+            self.preempted.add(victim)
+        await asyncio.gather(task, return_exceptions=True)  # its lock released on the way out
+        return self.skip_reason(key)  # another start may have taken the slot meanwhile
+
     def _done(self, key: SessionKey, task: asyncio.Task[str]) -> None:
         # Here, not in _run: a task cancelled before it ever ran never enters _run.
-        self.running.pop(key, None)
+        if self.running.get(key) is task:
+            del self.running[key]
         self.metrics.precompactions_running.dec()
         outcome = "cancelled" if task.cancelled() else task.result()
+        if key in self.preempted:
+            self.preempted.discard(key)
+            outcome = "preempted"  # not the session's failure: no back-off
         self.metrics.precompactions.labels(outcome=outcome).inc()
         if outcome in ("failed", "unchanged") and self.settings.precompact_retry_s > 0:
             self.backoff[key] = True
@@ -183,6 +220,7 @@ class Precompactor:
         locks are released on the way out); start no more."""
         self.closed = True
         tasks = list(self.running.values())
+        self.preempted.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,7 +1,8 @@
 """Compactions asked for outside the trigger, and how often they may be.
 
 ``X-Compaction: force`` compacts a session now, at most once per
-``compaction.force_interval_s``. ``POST /sessions/{id}/compact`` writes the ask
+``compaction.force_interval_s``; ``POST /sessions/{id}/compact`` is limited alike
+(a 429 with ``Retry-After`` within it), since each buys a summary. It writes the ask
 into the session's snapshot, so whichever replica serves the next request
 compacts; the replica that took the ask also remembers it as a hint, because
 its next request must skip the far-below fast path, which never reads the store.
@@ -35,6 +36,10 @@ class Schedule:
     last_forced: LRUCache[SessionKey, float] = field(
         default_factory=lambda: LRUCache(TRACKED_LIMIT)
     )
+    # POST /sessions/{id}/compact, per session: when it last scheduled one (rate limit).
+    last_scheduled: LRUCache[SessionKey, float] = field(
+        default_factory=lambda: LRUCache(TRACKED_LIMIT)
+    )
     # Header sessions this replica scheduled: their next request skips the far-below
     # fast path. Only a hint, bounded; the schedule itself lives in the snapshot.
     hints: OrderedDict[SessionKey, None] = field(default_factory=OrderedDict)
@@ -42,12 +47,20 @@ class Schedule:
 
     def may_force(self, key: SessionKey) -> bool:
         """Whether ``X-Compaction: force`` takes effect for ``key`` now (and note it if so)."""
-        now = self.clock()
-        last = self.last_forced.get(key)
-        if last is not None and now - last < self.force_interval_s:
+        if self._wait_s(self.last_forced, key) > 0:
             return False
-        self.last_forced[key] = now  # clients choose session ids: bounded
+        self.last_forced[key] = self.clock()  # clients choose session ids: bounded
         return True
+
+    def schedule_wait_s(self, key: SessionKey) -> float:
+        """Seconds until POST /sessions/{id}/compact may schedule ``key`` again (0: now)."""
+        return self._wait_s(self.last_scheduled, key)
+
+    def _wait_s(self, last_times: LRUCache[SessionKey, float], key: SessionKey) -> float:
+        last = last_times.get(key)
+        if last is None:
+            return 0.0
+        return max(0.0, self.force_interval_s - (self.clock() - last))
 
     async def request(self, store: Snapshots, key: SessionKey) -> bool:
         """Make the session's next request compact (POST /sessions/{id}/compact): the
@@ -62,6 +75,7 @@ class Schedule:
             )
             if await store.save(key, scheduled):
                 break
+        self.last_scheduled[key] = self.clock()
         self.hints[key] = None
         if len(self.hints) > TRACKED_LIMIT:
             self.hints.popitem(last=False)

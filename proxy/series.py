@@ -50,6 +50,7 @@ PRECOMPACTION_OUTCOMES = (
     "skipped_backoff",
     "skipped_cap",
     "skipped_locked",
+    "preempted",
 )
 
 # HTTP statuses as labels: their class, and the two an operator tells apart from the

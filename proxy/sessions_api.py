@@ -9,12 +9,13 @@ summary, with its latest turn's figures (sightings.py).
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.errors import NotFound
+from proxy.errors import NotFound, RateLimited
 from proxy.services import Services
 from proxy.session import SessionKey, session_from_header, tenant_from_headers
 from proxy.store import Snapshot
@@ -70,10 +71,26 @@ async def compact_session(request: Request, services: Services) -> Response:
     # The proxy holds no history, so compaction happens on the session's next
     # request, which carries it.
     key = _key(request)
-    if not await services.schedule.request(services.store, key):
+    schedule = services.schedule
+    wait = schedule.schedule_wait_s(key)
+    if wait > 0:
+        # Each scheduled compaction costs a summary: one per force_interval_s, as the header.
+        return _rate_limited(wait)  # before any store call: a refusal costs nothing
+    if not await schedule.request(services.store, key):
         # Nothing to compact yet, or not yours (the same answer: no tenant learns more).
         message = "No session with this id has a snapshot yet; X-Compaction: force on its "
         raise NotFound(message + "next request compacts it now.", param="session_id")
     return JSONResponse(
         {"id": request.path_params["session_id"], "status": "scheduled"}, status_code=202
     )
+
+
+def _rate_limited(wait_s: float) -> Response:
+    seconds = math.ceil(wait_s)
+    error = RateLimited(
+        "A compaction of this session was requested less than compaction.force_interval_s "
+        f"ago; try again in {seconds} s.",
+        param="session_id",
+    )
+    headers = {"Retry-After": str(seconds)}
+    return Response(error.body(), error.status, headers, media_type="application/json")

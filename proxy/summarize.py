@@ -14,6 +14,12 @@ retried once asking for a terser summary within the same budget; a second
 cut-off raises ``SummaryTruncated`` and the caller keeps the previous snapshot.
 An upstream that refuses ``max_tokens`` as more than the model can write is
 asked again once with the limit it states.
+
+One summary makes at most ``compaction.max_summary_calls`` calls, retries
+included, so at most that many times the summarizer's window in tokens: a span
+needing more chunks than that keeps its newest chunks (a call to spare for a
+retry) and the oldest are left out, a deterministic marker in their place
+(in the transcript, and at the head of the new summary), as trimming does.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from proxy.errors import SummaryError, SummaryTruncated, UpstreamError
 from proxy.models import ModelTable
 from proxy.outcome import Turn
 from proxy.overflow import classify_error
+from proxy.rebuild import omitted_marker
 from proxy.summary_api import PATHS, SummarizerApi, read_answer, request_body
-from proxy.transcript import chunk_transcript, render_transcript
+from proxy.transcript import CONTINUED, chunk_transcript, render_transcript
 from proxy.types import ChatMessage
 from proxy.urls import upstream_url
 
@@ -90,6 +97,7 @@ class Summary:
     text: str
     length_retries: int = 0  # calls retried because the answer was cut off
     calls: int = 0
+    omitted: int = 0  # oldest messages of the span left out to stay within max_calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +114,7 @@ class SummaryRequest:
     # Most transcript characters one call may take (the summarizer's window,
     # less the prompt and the answer, in characters of the chosen tokenizer).
     max_chunk_chars: int
+    max_calls: int = 16  # compaction.max_summary_calls: the most one summary may make
 
     @classmethod
     def for_turn(
@@ -136,6 +145,7 @@ class SummaryRequest:
             max_tokens=max_tokens,
             timeout_s=c.summary_timeout_s,
             max_chunk_chars=room * 3,
+            max_calls=c.max_summary_calls,
         )
 
 
@@ -156,27 +166,54 @@ async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessa
     session's lock is held for about that long.
     """
     text, retries, calls = previous, 0, 0
+    chunks = chunk_transcript(render_transcript(span), req.max_chunk_chars)
+    chunks, omitted = _newest_within(chunks, req.max_calls)
     try:
         async with asyncio.timeout(req.timeout_s):
-            for chunk in chunk_transcript(render_transcript(span), req.max_chunk_chars):
+            for chunk in chunks:
+                if calls >= req.max_calls:  # retries took the last chunks' calls
+                    raise SummaryError(f"summary needs more than {req.max_calls} calls")
                 prompt = _user_prompt(text, chunk)
-                answer = await _call(req, prompt, req.max_tokens)
-                calls += 1
+                answer = await _call(req, prompt, req.max_tokens, calls + 2 <= req.max_calls)
+                calls += answer.posts
                 if answer.finish_reason == "length":
                     retries += 1
                     limit = answer.max_tokens
-                    answer = await _call(req, f"{prompt}\n\n{TERSER.format(limit=limit)}", limit)
-                    calls += 1
+                    if calls >= req.max_calls:
+                        raise _cut_off(f"cut off at {limit} tokens, no call left", retries)
+                    terser = f"{prompt}\n\n{TERSER.format(limit=limit)}"
+                    answer = await _call(req, terser, limit, calls + 2 <= req.max_calls)
+                    calls += answer.posts
                     if answer.finish_reason == "length":
-                        cut = SummaryTruncated(
-                            f"summary cut off at {limit} tokens twice; keeping the previous one"
-                        )
-                        cut.length_retries = retries
-                        raise cut
+                        raise _cut_off(f"cut off at {limit} tokens twice", retries)
                 text = answer.text
     except TimeoutError as exc:
         raise SummaryError("summarizer timed out") from exc
-    return Summary(text, retries, calls)
+    if omitted:
+        text = f"{omitted_marker(omitted)}\n\n{text}"
+    return Summary(text, retries, calls, omitted)
+
+
+def _cut_off(what: str, retries: int) -> SummaryTruncated:
+    cut = SummaryTruncated(f"summary {what}; keeping the previous one")
+    cut.length_retries = retries
+    return cut
+
+
+def _newest_within(chunks: list[list[str]], max_calls: int) -> tuple[list[list[str]], int]:
+    """``chunks`` as one summary may take them within ``max_calls`` calls: all of them,
+    or the newest ``max_calls - 1`` (a call to spare for a retry) after a marker line
+    standing for the messages left out; and how many messages were left out."""
+    keep = max(max_calls - 1, 1)
+    if len(chunks) <= max_calls:
+        return chunks, 0
+    dropped, kept = chunks[:-keep], chunks[-keep:]
+    # A message longer than a chunk continues over several: count where each one starts.
+    omitted = sum(not line.startswith(CONTINUED) for chunk in dropped for line in chunk)
+    if kept[0][0].startswith(CONTINUED):
+        omitted -= 1  # its start was left out, its rest is kept: not counted whole
+    omitted = max(omitted, 1)  # at least part of one message
+    return [[omitted_marker(omitted), *kept[0]], *kept[1:]], omitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,22 +221,26 @@ class _Answer:
     text: str
     finish_reason: str
     max_tokens: int  # what the answer was allowed
+    posts: int  # calls it took: 2 when asked again within a stated output limit
 
 
-async def _call(req: SummaryRequest, prompt: str, max_tokens: int) -> _Answer:
+async def _call(req: SummaryRequest, prompt: str, max_tokens: int, spare: bool) -> _Answer:
+    """One answer; ``spare``: a second call is within the budget, if one is needed."""
     status, raw, headers = await _post(req, prompt, max_tokens)
-    if status != 200:
+    posts = 1
+    if status != 200 and spare:
         verdict = classify_error(status, headers, raw)
         if verdict.kind == "output_budget" and verdict.limit and verdict.limit < max_tokens:
             # The summarizer writes less than configured: ask within what it can.
             max_tokens = verdict.limit
             status, raw, headers = await _post(req, prompt, max_tokens)
+            posts = 2
     if status != 200:
         raise SummaryError(f"summarizer answered HTTP {status}")
     reading = read_answer(req.api, raw)
     if not reading.text.strip():
         raise SummaryError("summarizer returned an empty summary")
-    return _Answer(reading.text.strip(), reading.finish_reason, max_tokens)
+    return _Answer(reading.text.strip(), reading.finish_reason, max_tokens, posts)
 
 
 async def _post(

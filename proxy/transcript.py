@@ -66,6 +66,9 @@ def span_text(messages: Sequence[ChatMessage]) -> str:
     return "\n".join(parts)
 
 
+CONTINUED = "[continued] "  # opens each further part of a message longer than a chunk
+
+
 def chunk_transcript(lines: list[str], max_chars: int) -> list[list[str]]:
     """``lines`` in order, in chunks of about ``max_chars`` characters at most; a longer
     line continues over several."""
@@ -89,5 +92,5 @@ def _split_long(lines: list[str], max_chars: int) -> list[str]:
             continue
         step = max(max_chars - 40, 1)
         parts = [line[i : i + step] for i in range(0, len(line), step)]
-        out.extend(p if i == 0 else f"[continued] {p}" for i, p in enumerate(parts))
+        out.extend(p if i == 0 else f"{CONTINUED}{p}" for i, p in enumerate(parts))
     return out

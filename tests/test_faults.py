@@ -98,6 +98,9 @@ def fault_settings(upstream: str, **extra: Any) -> Any:
             "summary_max_tokens": 400,
             "summary_timeout_s": SUMMARY_TIMEOUT_S,
             "wait_for_summary_s": 2.0,
+            # The tests here check that the very next turn after a failed summary
+            # compacts again: no back-off (tests/test_fairness.py checks that).
+            "summary_backoff_s": 0,
         },
         **extra,
     )

@@ -428,8 +428,30 @@ async def test_expired_and_deleted_sessions_free_their_tenants_places() -> None:
     assert await store.load(key("new-1")) is not None  # room was made, not taken from it
     assert await store.load(key("new-3")) is not None
     # Private state on purpose: no tenant index outlives its sessions.
-    assert list(store._tenants) == ["tenant-a"]
-    assert list(store._tenants["tenant-a"]) == [key("new-1"), key("new-3")]
+    assert list(store._tenants.own) == ["tenant-a"]
+    assert list(store._tenants.own["tenant-a"]) == [key("new-1"), key("new-3")]
+
+
+async def test_one_tenant_cannot_push_out_another_tenants_sightings() -> None:
+    """Issue 20 item 11: sightings (what GET /sessions/{id} reads before a first
+    compaction) are bounded per tenant like snapshots, not only in all."""
+    clock = FakeClock()
+    store = MemoryStore(ttl_s=SHORT_TTL, max_sessions=4, max_per_tenant=2, clock=clock)
+    victim = key("kept", tenant="tenant-b")
+    await store.note_seen(victim, SEEN)
+    flood = [key(f"flood-{i}") for i in range(20)]
+    for k in flood:
+        await store.note_seen(k, SEEN)
+    assert await store.load_seen(victim) == SEEN
+    assert await store.load_seen(flood[-1]) == SEEN
+    assert await store.load_seen(flood[-3]) is None  # the flooder's own oldest went
+    assert len(store._seen) == 3
+    # Expired and deleted sightings free their tenants' places; no index outlives them.
+    assert await store.delete(flood[-1])
+    clock.now += SHORT_TTL * 3
+    await store.note_seen(key("late"), SEEN)
+    assert list(store._seen_tenants.own) == ["tenant-a"]
+    assert list(store._seen_tenants.own["tenant-a"]) == [key("late")]
 
 
 async def test_memory_store_holds_max_sessions_summaries_and_no_more() -> None:

@@ -9,7 +9,9 @@ that every later ``next(iter(...))`` scans past.
 Sessions are bounded twice: ``max_sessions`` in all, and ``max_per_tenant`` for
 any one tenant, whose own least recently used session goes when it would pass
 it. Without the second bound one caller creating sessions would push every other
-tenant's snapshots out of a shared store.
+tenant's snapshots out of a shared store. The sessions' sightings (what
+``GET /sessions/{id}`` reads before a first compaction) are bounded the same way,
+each tenant's apart.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from proxy.session import SessionKey
 from proxy.store import Sighting, Snapshot
@@ -43,6 +45,40 @@ def _drop_expired(
             dropped(key)
 
 
+class _Tenants:
+    """Each tenant's keys in one bounded dict, least recently used first (that dict's
+    order, per tenant): which key goes to make room for a new one."""
+
+    __slots__ = ("limit", "own")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.own: dict[str, OrderedDict[SessionKey, None]] = {}
+
+    def victim(
+        self, key: SessionKey, entries: OrderedDict[SessionKey, Any], total: int
+    ) -> SessionKey | None:
+        """The key to drop before ``key`` (not in ``entries``) is added, or None: the
+        tenant's own least recently used at its limit, else the oldest of all at ``total``."""
+        own = self.own.get(key.tenant)
+        if own is not None and len(own) >= self.limit:
+            return next(iter(own))
+        if len(entries) >= total:
+            return next(iter(entries))
+        return None
+
+    def touch(self, key: SessionKey) -> None:
+        own = self.own.setdefault(key.tenant, OrderedDict())
+        own[key] = None
+        own.move_to_end(key)
+
+    def remove(self, key: SessionKey) -> None:
+        own = self.own[key.tenant]
+        del own[key]
+        if not own:
+            del self.own[key.tenant]
+
+
 class MemoryStore:
     def __init__(
         self,
@@ -54,14 +90,14 @@ class MemoryStore:
     ) -> None:
         self._ttl = ttl_s
         self._max = max_sessions
-        self._max_per_tenant = max_sessions if max_per_tenant is None else max_per_tenant
+        per_tenant = max_sessions if max_per_tenant is None else max_per_tenant
         self._clock = clock
         self._data: OrderedDict[SessionKey, tuple[float, Snapshot]] = OrderedDict()
-        # Each tenant's sessions, least recently used first (the order of _data, per tenant).
-        self._tenants: dict[str, OrderedDict[SessionKey, None]] = {}
+        self._tenants = _Tenants(per_tenant)  # the sessions of _data, per tenant
         self._locks: OrderedDict[SessionKey, tuple[float, str]] = OrderedDict()
         self._windows: OrderedDict[str, tuple[float, int]] = OrderedDict()
         self._seen: OrderedDict[SessionKey, tuple[float, Sighting]] = OrderedDict()
+        self._seen_tenants = _Tenants(per_tenant)  # the sightings of _seen, per tenant
 
     async def load(self, key: SessionKey) -> Snapshot | None:
         entry = self._data.get(key)
@@ -76,7 +112,7 @@ class MemoryStore:
         # soonest to expire and the least recently used.
         self._data[key] = (now + self._ttl, snapshot)
         self._data.move_to_end(key)
-        self._tenants[key.tenant].move_to_end(key)
+        self._tenants.touch(key)
         return snapshot
 
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
@@ -84,21 +120,20 @@ class MemoryStore:
         if (current.version if current else 0) != snapshot.version - 1:
             return False
         now = self._clock()
-        _drop_expired(self._data, now, self._unindex)
+        _drop_expired(self._data, now, self._tenants.remove)
         if key not in self._data:
-            own = self._tenants.get(key.tenant)
-            if own is not None and len(own) >= self._max_per_tenant:
-                self._forget(next(iter(own)))  # the tenant's own least recently used goes
-            elif len(self._data) >= self._max:
-                self._forget(next(iter(self._data)))  # bounded memory: least recently used
+            victim = self._tenants.victim(key, self._data, self._max)
+            if victim is not None:
+                self._forget(victim)
         self._data[key] = (now + self._ttl, snapshot)
         self._data.move_to_end(key)
-        self._tenants.setdefault(key.tenant, OrderedDict())[key] = None
-        self._tenants[key.tenant].move_to_end(key)
+        self._tenants.touch(key)
         return True
 
     async def delete(self, key: SessionKey) -> bool:
         seen = self._seen.pop(key, None) is not None
+        if seen:
+            self._seen_tenants.remove(key)
         if key not in self._data:
             return seen
         self._forget(key)
@@ -106,11 +141,17 @@ class MemoryStore:
 
     async def note_seen(self, key: SessionKey, sighting: Sighting) -> None:
         now = self._clock()
-        _drop_expired(self._seen, now)
-        if key not in self._seen and len(self._seen) >= self._max:
-            self._seen.popitem(last=False)  # bounded like sessions: the oldest note goes
+        _drop_expired(self._seen, now, self._seen_tenants.remove)
+        if key not in self._seen:
+            # Bounded like sessions, per tenant too: one tenant's flood of new sessions
+            # drops its own oldest sightings, never another tenant's.
+            victim = self._seen_tenants.victim(key, self._seen, self._max)
+            if victim is not None:
+                del self._seen[victim]
+                self._seen_tenants.remove(victim)
         self._seen[key] = (now + self._ttl, sighting)
         self._seen.move_to_end(key)
+        self._seen_tenants.touch(key)
 
     async def load_seen(self, key: SessionKey) -> Sighting | None:
         entry = self._seen.get(key)
@@ -120,13 +161,7 @@ class MemoryStore:
 
     def _forget(self, key: SessionKey) -> None:
         del self._data[key]
-        self._unindex(key)
-
-    def _unindex(self, key: SessionKey) -> None:
-        own = self._tenants[key.tenant]
-        del own[key]
-        if not own:
-            del self._tenants[key.tenant]
+        self._tenants.remove(key)
 
     async def acquire(self, key: SessionKey, ttl_s: float) -> str | None:
         now = self._clock()
@@ -168,7 +203,8 @@ class MemoryStore:
 
     async def aclose(self) -> None:
         self._data.clear()
-        self._tenants.clear()
+        self._tenants.own.clear()
+        self._seen_tenants.own.clear()
         self._locks.clear()
         self._windows.clear()
         self._seen.clear()
