@@ -49,9 +49,8 @@ class ServerSettings(_Section):
     # A chat request with more messages than this gets a 400 (planning is linear, but
     # an unbounded history is unbounded work).
     max_messages: int = Field(50_000, gt=0)
-    # A chat or Responses request whose model name is longer than this (UTF-8 bytes)
-    # gets a 400: per-process tables are keyed by it, so its length bounds their bytes.
-    # Far above any real id (hf.co/org/Some-Model-GGUF:Q4_K_M, an ARN, a served path).
+    # A longer model name (UTF-8 bytes) gets a 400: per-process tables are keyed by it, so
+    # this bounds their bytes. Far above any real id (hf.co/org/X-GGUF:Q4_K_M, an ARN).
     max_model_bytes: int = Field(512, ge=64)
     # Slow or hostile clients: the request line and headers must arrive within
     # header_timeout_s and total at most max_header_bytes; a request body may stall
@@ -69,18 +68,16 @@ class ServerSettings(_Section):
     # never stalls, yet would hold a connection for ever. 0: no minimum.
     min_body_rate_bytes_s: int = Field(256, ge=0)
     # On SIGTERM /readyz answers 503 at once, but the proxy keeps accepting for
-    # drain_delay_s, so a load balancer (Kubernetes endpoints) stops routing here
-    # before connections are refused; then it stops accepting and lets requests in
-    # flight finish for at most shutdown_timeout_s, and ends what is left (streams
-    # included).
+    # drain_delay_s, so a load balancer (Kubernetes endpoints) stops routing here before
+    # connections are refused; then requests in flight have at most shutdown_timeout_s
+    # to finish, and what is left (streams included) is ended.
     drain_delay_s: float = Field(0.0, ge=0)
     shutdown_timeout_s: float = Field(30.0, ge=0)
     # Worker processes sharing the port. Each has its own memory:// store: beyond one,
     # use Redis so every worker sees every session.
     workers: int = Field(1, ge=1)
-    # Request bodies held at once by this worker process, until each request ends: one
-    # that would take the total over this gets a 503 with Retry-After, unread. None:
-    # 4 x max_body_bytes (128 MiB by default); never less than max_body_bytes.
+    # Request bodies this worker holds at once, until each request ends; one beyond gets
+    # a 503 with Retry-After, unread. None: 4 x max_body_bytes, never below max_body_bytes.
     max_inflight_body_bytes: int | None = Field(None, gt=0)
     # Open client connections per worker process: one beyond it gets a 503, closed.
     max_client_connections: int = Field(2048, gt=0)
