@@ -164,6 +164,9 @@ class CompactionSettings(_Section):
     # "user": a user/assistant handoff pair (valid for strict chat templates);
     # "system": one extra system message after the pinned ones.
     summary_role: Literal["user", "system"] = "user"
+    # Most identifiers one summary gets back from the identifier check (identifiers.py),
+    # each quoted with its source role; never inside a system message.
+    restored_identifiers_max: int = Field(64, ge=0, le=1000)
     pin_first_user: bool = False
     min_tail_messages: int = Field(4, ge=1)
     elide_min_tokens: int = Field(400, ge=1)

@@ -19,7 +19,7 @@ from proxy.budget import FRAME_TOKENS, summary_limit
 from proxy.config import Settings
 from proxy.count import INLINE_COUNT_BYTES, count_text
 from proxy.errors import SummaryError, SummaryTruncated
-from proxy.identifiers import Restored, restore_identifiers
+from proxy.identifiers import SUMMARY_ROLE, Restored, restore_identifiers
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.outcome import Turn
@@ -27,7 +27,7 @@ from proxy.rebuild import handoff_text
 from proxy.session import SessionKey
 from proxy.summarize import SummaryRequest, summarize
 from proxy.tokens import TokenCounter
-from proxy.transcript import span_text
+from proxy.transcript import span_sources
 from proxy.types import ChatMessage
 from proxy.upstream import Upstream
 
@@ -86,7 +86,8 @@ class Folder:
         if made.length_retries:
             self.metrics.summary_length_retries.inc(made.length_retries)
         limit = summary_limit(turn.model, self.settings.compaction)
-        kept = await _restore(made.text, previous, span, limit)
+        most = self.settings.compaction.restored_identifiers_max
+        kept = await _restore(made.text, previous, span, limit, most)
         if kept.restored:
             self.metrics.identifiers_restored.inc(kept.restored)
         counter = self.counters[turn.model.tokenizer]
@@ -111,10 +112,10 @@ class Folder:
 
 
 async def _restore(
-    summary: str, previous: str, span: Sequence[ChatMessage], max_chars: int
+    summary: str, previous: str, span: Sequence[ChatMessage], max_chars: int, max_count: int
 ) -> Restored:
     """``summary`` with the identifiers it lost from ``previous`` and ``span`` put back."""
-    sources = [previous, span_text(span)]
-    if sum(len(text) for text in sources) > INLINE_COUNT_BYTES:
-        return await asyncio.to_thread(restore_identifiers, summary, sources, max_chars)
-    return restore_identifiers(summary, sources, max_chars)
+    sources = [(SUMMARY_ROLE, previous), *span_sources(span)]
+    if sum(len(text) for _, text in sources) > INLINE_COUNT_BYTES:
+        return await asyncio.to_thread(restore_identifiers, summary, sources, max_chars, max_count)
+    return restore_identifiers(summary, sources, max_chars, max_count)
