@@ -153,12 +153,9 @@ class _State:
 
     response: UpstreamResponse
     outcome: Outcome
-    first: UpstreamResponse | None = None
-    ok: bool = True
+    ok: bool = True  # the answer relayed is the model's (not an error): pre-compact after
 
     async def finish(self) -> None:
-        if self.first is not None:
-            await self.first.aclose()
         await self.response.aclose()
         if self.ok and self.outcome.after is not None:  # pre-compact, once the answer is out
             await self.outcome.after()
@@ -195,7 +192,7 @@ async def _body(held: Held, recovery: Recovery, state: _State) -> AsyncIterator[
             yield unsent
             state.ok = False
             return
-        state.first, (state.response, state.outcome) = held.response, retried
+        state.response, state.outcome = retried
         retry = state.response
         recovery.answered(retry.status_code, state.outcome)
         if retry.status_code == 200 and _is_stream(retry):
@@ -212,6 +209,10 @@ async def _body(held: Held, recovery: Recovery, state: _State) -> AsyncIterator[
             log.warning("upstream stream broke mid-body: %s", type(exc.__cause__).__name__)
             return
         yield recovery.stream_error(orjson.loads(exc.body())["error"])
+    finally:
+        # As relay.py: a client that went away closes the upstream call it was reading.
+        await held.response.aclose()
+        await state.response.aclose()
 
 
 async def _relayed(

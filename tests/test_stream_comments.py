@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -21,7 +21,7 @@ import pytest
 from proxy.stream_head import comments_ahead
 from tests.conftest import proxy_settings, run_proxy
 from tests.faulty_upstream import DONE, FaultyUpstream, answer, chunk_event, stream
-from tests.test_compaction import chat_requests
+from tests.test_compaction import chat_requests, stats
 from tests.test_stream_overflow import REAL, long_history
 
 THINKING = {"X-Sim-Thinking-Ms": "2000", "X-Sim-Comment-Interval-Ms": "300"}
@@ -101,12 +101,10 @@ def test_an_overflow_after_comments_is_recovered_within_the_same_response(
 
     # The official SDK reads it as one valid stream.
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-a", max_retries=0)
+    messages = cast(Any, long_history())
     chunks = list(
         client.chat.completions.create(
-            model="sim-big",
-            messages=long_history(),
-            stream=True,
-            extra_headers=headers,  # type: ignore[arg-type]
+            model="sim-big", messages=messages, stream=True, extra_headers=headers
         )
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -118,15 +116,36 @@ def test_a_responses_overflow_after_comments_is_recovered_within_the_same_respon
     url = start_proxy(proxy_settings(sim_reset, models=MODELS))
     headers = {**OVERFLOW, **THINKING, "X-Sim-Thinking-Ms": "900"}
     items = [{"role": m["role"], "content": m["content"]} for m in long_history()]
+    body = {"model": "sim-big", "input": items, "stream": True}
+    waited, status, _, _ = first_byte_and_body(url, "/v1/responses", body, headers)
+    assert (status, waited < 0.5) == (200, True), f"the first comment took {waited:.2f} s"
+    assert len(chat_requests(sim_reset)) == 2  # recovered: the failed stream and one retry
+
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-a", max_retries=0)
-    events = list(
-        client.responses.create(model="sim-big", input=items, stream=True, extra_headers=headers)  # type: ignore[arg-type]
+    stream = client.responses.create(
+        model="sim-big", input=cast(Any, items), stream=True, extra_headers=headers
     )
-    kinds = [e.type for e in events]
+    kinds = [event.type for event in stream]
     assert kinds[0] == "response.created"
     assert kinds.count("response.created") == 1, kinds
     assert kinds[-1] == "response.completed", kinds
     assert "response.failed" not in kinds
+
+
+def test_a_client_that_leaves_while_comments_flow_cancels_the_upstream_call(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(proxy_settings(sim_reset, models=MODELS))
+    body = {"model": "sim-big", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    headers = {**THINKING, "X-Sim-Thinking-Ms": "10000", "Authorization": "Bearer sk-a"}
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=30
+    ) as r:
+        assert next(r.iter_raw()).startswith(b": PROCESSING")
+    deadline = time.monotonic() + 5
+    while stats(sim_reset).get("streams_abandoned", 0) < 1:
+        assert time.monotonic() < deadline, "the upstream call outlived its client"
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -177,7 +196,11 @@ def test_a_retry_that_fails_after_comments_ends_the_stream_with_an_error_event(
         calls[0] = 0
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-a", max_retries=0)
         with pytest.raises(openai.APIError, match="maximum context length"):
-            list(client.chat.completions.create(model="m", messages=long_history(), stream=True))  # type: ignore[arg-type]
+            list(
+                client.chat.completions.create(
+                    model="m", messages=cast(Any, long_history()), stream=True
+                )
+            )
 
 
 def test_a_stream_that_is_not_an_overflow_is_relayed_whole_after_its_comments(
@@ -209,3 +232,20 @@ def test_only_comments_before_the_first_event_go_ahead(
     pending: bytes, sent: bytes, held: bytes
 ) -> None:
     assert comments_ahead(pending) == (sent, held)
+
+
+def test_a_failed_retry_on_a_responses_stream_is_an_error_event_in_its_shape() -> None:
+    from proxy.responses import _stream_error
+
+    error = orjson.loads(OVERFLOW_ERROR)["error"]
+    event = _stream_error(error)
+    assert event.startswith(b"event: error\ndata: ")
+    assert event.endswith(b"\n\n")
+    data = orjson.loads(event.split(b"data: ", 1)[1])
+    assert data == {
+        "type": "error",
+        "code": "context_length_exceeded",
+        "message": error["message"],
+        "param": "messages",
+        "sequence_number": 0,
+    }

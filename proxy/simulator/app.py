@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import orjson
@@ -198,8 +199,9 @@ def _stream(
         delay_s=(settings.delay_ms if delay is None else delay) / 1000,
         on_abandoned=lambda: sim.recorder.bump("streams_abandoned"),
     )
+    abandoned = partial(sim.recorder.bump, "streams_abandoned")
     return StreamingResponse(
-        with_thinking(events, overrides),
+        with_thinking(events, overrides, abandoned),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
     )
