@@ -19,11 +19,11 @@ from proxy.budget import FRAME_TOKENS, summary_limit
 from proxy.config import Settings
 from proxy.count import INLINE_COUNT_BYTES, count_text
 from proxy.errors import SummaryError, SummaryTruncated
-from proxy.identifiers import SUMMARY_ROLE, Restored, restore_identifiers
+from proxy.identifiers import SUMMARY_ROLE, Restored, restore_identifiers, split_carried
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.outcome import Turn
-from proxy.rebuild import handoff_text
+from proxy.rebuild import ACKNOWLEDGEMENT, QUOTED_INTRO, handoff_text
 from proxy.session import SessionKey
 from proxy.summarize import SummaryRequest, summarize
 from proxy.tokens import TokenCounter
@@ -91,7 +91,12 @@ class Folder:
         if kept.restored:
             self.metrics.identifiers_restored.inc(kept.restored)
         counter = self.counters[turn.model.tokenizer]
-        tokens = await count_text(counter, handoff_text(kept.summary))
+        text = handoff_text(kept.summary)
+        if self.settings.compaction.summary_role == "system" and split_carried(kept.summary)[1]:
+            # Quoted identifiers then follow the system handoff as a user turn and its
+            # acknowledgement (rebuild.py): count what they add.
+            text = f"{text}\n{QUOTED_INTRO}\n{ACKNOWLEDGEMENT}"
+        tokens = await count_text(counter, text)
         if tokens > _MAX_OVERRUN * limit:
             # The summarizer ignored max_tokens. Kept, such a summary could overflow the
             # window, and would be over the trigger again, and summarized, every turn.
