@@ -1,13 +1,15 @@
 """Step 10: the upstream said the request is too long. Trim, retry once, learn.
 
-Runs only before any byte reached the client: an error answer is a small
-JSON (or HTML) body, read whole here and classified. Anything that is not a
+Runs only before any event reached the client (a stream's comments may have:
+stream_head.py): an error answer is a small JSON (or HTML) body, read whole
+here and classified. Anything that is not a
 context or output-budget problem goes back to the client unchanged. For an
 overflow, the stated limit (converted to the proxy's token units) becomes
 the model's learned window and the request is compacted again against it;
 for an output budget, ``max_tokens`` is lowered to what the model allows.
 Either way the request is retried exactly once, and a second failure is
-returned to the client as the upstream wrote it. ``pipeline.recover_overflow``
+returned to the client as the upstream wrote it (in a stream already under way,
+as one error event). ``pipeline.recover_overflow``
 runs these pieces in order: diagnose, learn (or lower), compact again, retry.
 """
 
