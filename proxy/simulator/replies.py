@@ -138,7 +138,7 @@ def collect_facts(messages: list[dict[str, Any]]) -> dict[str, str]:
     return facts
 
 
-_MARKER = re.compile(r"uses the marker ([0-9a-f]{16})")
+_MARKER = re.compile(r"uses the marker ([0-9a-f]{12})")
 
 
 def read_transcript(prompt: str) -> list[tuple[str, str]] | None:
@@ -149,8 +149,12 @@ def read_transcript(prompt: str) -> list[tuple[str, str]] | None:
     if marker is None:
         return None
     b = re.escape(marker.group(1))
-    pattern = rf'(?m)^<msg_{b} role="([a-z]+)"[^\n]*>\n(.*?)\n</msg_{b}>$'
-    return [(m.group(1), m.group(2)) for m in re.finditer(pattern, prompt, re.S)]
+    block = re.search(rf"<new_turns_{b}>\n(.*)\n</new_turns_{b}>", prompt, re.S)
+    if block is None:
+        return []
+    # [marker, header, text, header, text, ...]: a header line starts each message.
+    parts = re.split(rf"(?m)^\[{b} ([a-z]+)[^\]\n]*\]\n?", block.group(1))
+    return [(parts[i], parts[i + 1].removesuffix("\n")) for i in range(1, len(parts) - 1, 2)]
 
 
 def _text_reply(text: str, budget: int, encoder: Encoder) -> Reply:
