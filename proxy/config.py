@@ -175,13 +175,14 @@ class CompactionSettings(_Section):
     # The most the summarizer model can write in one answer, if below the summary
     # budget. Not the chat model's max_output_tokens: that is the reply reserve.
     summarizer_max_output_tokens: int | None = Field(None, gt=0)
-    # The most summarizer calls one compaction makes, retries included (so at most this
-    # many summarizer windows of tokens): a span that needs more chunks keeps its newest
-    # and leaves the oldest out, a deterministic marker in their place.
+    # Most summarizer calls (so windows of tokens) of one compaction, retries included: a
+    # span that needs more keeps its newest chunks, the oldest left out behind a marker.
     max_summary_calls: int = Field(16, ge=2)
     # "user": a user/assistant handoff pair (valid for strict chat templates);
     # "system": one extra system message after the pinned ones.
     summary_role: Literal["user", "system"] = "user"
+    # Most identifiers restored into one summary (identifiers.py), quoted with their role.
+    restored_identifiers_max: int = Field(64, ge=0, le=1000)
     pin_first_user: bool = False
     min_tail_messages: int = Field(4, ge=1)
     elide_min_tokens: int = Field(400, ge=1)
@@ -203,9 +204,8 @@ class CompactionSettings(_Section):
     # in the background for this long (its turns still compact inline at the trigger).
     precompact_retry_s: float = Field(60.0, ge=0)
     force_interval_s: float = Field(30.0, ge=0)
-    # After a failed or cut-off summary, a session's summaries are not asked for again for
-    # summary_backoff_s, doubling with each failure in a row up to summary_backoff_max_s;
-    # its turns past the trigger are trimmed meanwhile, without a call. 0: off.
+    # After a failed or cut-off summary, none for the session for summary_backoff_s (its
+    # turns trimmed), doubling per failure in a row up to summary_backoff_max_s. 0: off.
     summary_backoff_s: float = Field(30.0, ge=0)
     summary_backoff_max_s: float = Field(900.0, ge=0)
     # Overflow recovery is the last line of defence: on even with enabled: false.

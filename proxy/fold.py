@@ -19,15 +19,15 @@ from proxy.budget import FRAME_TOKENS, summary_limit
 from proxy.config import Settings
 from proxy.count import INLINE_COUNT_BYTES, count_text
 from proxy.errors import SummaryError, SummaryTruncated
-from proxy.identifiers import Restored, restore_identifiers
+from proxy.identifiers import SUMMARY_ROLE, Restored, restore_identifiers, split_carried
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
 from proxy.outcome import Turn
-from proxy.rebuild import handoff_text
+from proxy.rebuild import ACKNOWLEDGEMENT, QUOTED_INTRO, handoff_text
 from proxy.session import SessionKey
 from proxy.summarize import SummaryRequest, summarize
 from proxy.tokens import TokenCounter
-from proxy.transcript import span_text
+from proxy.transcript import span_sources
 from proxy.types import ChatMessage
 from proxy.upstream import Upstream
 
@@ -94,11 +94,17 @@ class Folder:
         if made.length_retries:
             self.metrics.summary_length_retries.inc(made.length_retries)
         limit = summary_limit(turn.model, self.settings.compaction)
-        kept = await _restore(made.text, previous, span, limit)
+        most = self.settings.compaction.restored_identifiers_max
+        kept = await _restore(made.text, previous, span, limit, most)
         if kept.restored:
             self.metrics.identifiers_restored.inc(kept.restored)
         counter = self.counters[turn.model.tokenizer]
-        tokens = await count_text(counter, handoff_text(kept.summary))
+        text = handoff_text(kept.summary)
+        if self.settings.compaction.summary_role == "system" and split_carried(kept.summary)[1]:
+            # Quoted identifiers then follow the system handoff as a user turn and its
+            # acknowledgement (rebuild.py): count what they add.
+            text = f"{text}\n{QUOTED_INTRO}\n{ACKNOWLEDGEMENT}"
+        tokens = await count_text(counter, text)
         if tokens > _MAX_OVERRUN * limit:
             # The summarizer ignored max_tokens. Kept, such a summary could overflow the
             # window, and would be over the trigger again, and summarized, every turn.
@@ -119,10 +125,10 @@ class Folder:
 
 
 async def _restore(
-    summary: str, previous: str, span: Sequence[ChatMessage], max_chars: int
+    summary: str, previous: str, span: Sequence[ChatMessage], max_chars: int, max_count: int
 ) -> Restored:
     """``summary`` with the identifiers it lost from ``previous`` and ``span`` put back."""
-    sources = [previous, span_text(span)]
-    if sum(len(text) for text in sources) > INLINE_COUNT_BYTES:
-        return await asyncio.to_thread(restore_identifiers, summary, sources, max_chars)
-    return restore_identifiers(summary, sources, max_chars)
+    sources = [(SUMMARY_ROLE, previous), *span_sources(span)]
+    if sum(len(text) for _, text in sources) > INLINE_COUNT_BYTES:
+        return await asyncio.to_thread(restore_identifiers, summary, sources, max_chars, max_count)
+    return restore_identifiers(summary, sources, max_chars, max_count)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 
 import orjson
@@ -40,10 +40,12 @@ from proxy.rebuild import rebuild_outcome
 from proxy.record import record_of
 from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, lower_output, retry_once
 from proxy.relay import relay
+from proxy.route import Route
 from proxy.schedule import scheduled
 from proxy.services import Services
 from proxy.session import SessionKey, session_key, session_name, tenant_from_headers
 from proxy.snapshots import load_session
+from proxy.stream_head import Held, Recovery, respond
 from proxy.tokens import bounded_by, output_reserve
 from proxy.trim import trim_outcome
 from proxy.types import ChatMessage
@@ -148,20 +150,6 @@ async def session_of(turn: Turn, messages: Sequence[ChatMessage]) -> SessionKey:
     return session_key(turn.tenant, turn.session_header, messages)
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
-    """Where one request goes upstream and the shapes of its API (chat completions, or
-    Responses in responses.py) that steps 9-11 need: how a view becomes the request
-    body, how a too-large output budget is lowered, where an answer states the
-    prompt's tokens."""
-
-    url: str
-    headers: list[tuple[bytes, bytes]]
-    body_for: Callable[[Outcome], bytes]
-    lower_output: Callable[[bytes, Overflow], bytes | None]
-    prompt_tokens: Callable[[bytes], int | None]
-
-
 async def forward(
     services: Services,
     request: Request,
@@ -200,7 +188,7 @@ async def forward(
     except ClientDisconnected:
         services.metrics.client_disconnects.labels(phase="upstream").inc()
         raise
-    answer.raw_headers.extend(outcome.headers())  # an error answer, already read
+    answer.raw_headers.extend(outcome.headers())  # an error answer read, or a held stream
     return answer
 
 
@@ -213,15 +201,30 @@ async def recover_overflow(
 ) -> tuple[upstream.UpstreamResponse | Response, Outcome]:
     """Step 10: the response to relay and the view it answers. When the upstream said
     the request is too long, compact harder (or ask for a shorter answer) and retry once;
-    ``response`` is consumed unless it is a 200 stream that opens without an error."""
+    ``response`` is consumed unless it is a 200 stream that opens without an error. A
+    stream that sends comments first starts now and recovers in-stream (stream_head.py)."""
     answer, verdict = await diagnose(response)
+    if isinstance(answer, Held):
+        retry = partial(_second_attempt, services, turn, route, first)
+        watch_for = partial(_usage_watcher, services, turn, route)
+        answered = turn.record.answered
+        recovery = Recovery(retry, watch_for, route.stream_error, answered)
+        return respond(answer, recovery, first.outcome), first.outcome
     if verdict is None:  # not ours to recover: relay the answer as the upstream wrote it
         return answer, first.outcome
+    retried = await _second_attempt(services, turn, route, first, verdict)
+    return retried or (answer, first.outcome)
+
+
+async def _second_attempt(
+    services: Services, turn: Turn, route: Route, first: Attempt, verdict: Overflow
+) -> tuple[upstream.UpstreamResponse, Outcome] | None:
+    """The retry after ``verdict`` and the view it sent; None when nothing can change."""
     turn.record.upstream_done()  # the error is read: what follows is the proxy's own time
     if verdict.kind == "output_budget":
         lowered = route.lower_output(first.body, verdict)
         if lowered is None:  # nothing we can change: the retry would fail the same way
-            return answer, first.outcome
+            return None
         second = Attempt(lowered, first.outcome)
     else:
         window, stated = await learn_window(services, turn, first, verdict)
@@ -230,7 +233,7 @@ async def recover_overflow(
         outcome = await recovery.retry_view(view, stated=stated)
         body = route.body_for(outcome) if outcome else b""
         if outcome is None or len(body) >= len(first.body):  # it would only fail again
-            return answer, first.outcome
+            return None
         second = Attempt(body, outcome)
     turn.record.sending(second.outcome)
     return await retry_once(services, verdict, second, route.headers, route.url)

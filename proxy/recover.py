@@ -1,13 +1,15 @@
 """Step 10: the upstream said the request is too long. Trim, retry once, learn.
 
-Runs only before any byte reached the client: an error answer is a small
-JSON (or HTML) body, read whole here and classified. Anything that is not a
+Runs only before any event reached the client (a stream's comments may have:
+stream_head.py): an error answer is a small JSON (or HTML) body, read whole
+here and classified. Anything that is not a
 context or output-budget problem goes back to the client unchanged. For an
 overflow, the stated limit (converted to the proxy's token units) becomes
 the model's learned window and the request is compacted again against it;
 for an output budget, ``max_tokens`` is lowered to what the model allows.
 Either way the request is retried exactly once, and a second failure is
-returned to the client as the upstream wrote it. ``pipeline.recover_overflow``
+returned to the client as the upstream wrote it (in a stream already under way,
+as one error event). ``pipeline.recover_overflow``
 runs these pieces in order: diagnose, learn (or lower), compact again, retry.
 """
 
@@ -27,6 +29,7 @@ from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow, classify_error, echoed, mentions, request_text
 from proxy.relay import buffered, relay
 from proxy.services import Services
+from proxy.stream_head import MAX_HEAD_BYTES, Held, comments_ahead, error_event, first_event
 from proxy.tokens import output_reserve
 from proxy.windows import MIN_WINDOW
 
@@ -43,7 +46,6 @@ _MARGIN = 0.95
 # the rejected request: strictly less, so it is never the same request again.
 SHRINK = 0.75
 _INLINE_DECODE_BYTES = 256 * 1024
-_PREAMBLE = (b"response.created", b"response.in_progress", b"response.queued")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +58,17 @@ class Attempt:
 
 async def diagnose(
     response: upstream.UpstreamResponse,
-) -> tuple[upstream.UpstreamResponse | Response, Overflow | None]:
+) -> tuple[upstream.UpstreamResponse | Response | Held, Overflow | None]:
     """The response to relay should there be nothing to recover, and the overflow to
     recover from, if any. ``response`` is consumed here, unless it is a 200 stream
     that does not open with an error (then it is returned as it was, its first bytes
-    pushed back)."""
+    pushed back) or that sends comments first (``Held``: it decides in-stream)."""
     if response.status_code == 200:  # a stream whose first event may be the error
         found = await _stream_error(response)
         if found is None:
             return response, None
+        if isinstance(found, Held):
+            return found, None
         raw, original = found
         verdict = classify_error(400, response.headers, raw)
     else:
@@ -103,10 +107,12 @@ async def retry_once(
 
 async def _stream_error(
     response: upstream.UpstreamResponse,
-) -> tuple[bytes, Response] | None:
+) -> tuple[bytes, Response] | Held | None:
     """If a 200 event stream opens with an error event (some servers report an overflow
     that way), its JSON and the stream as read so far, as a response to relay should
-    the error not be ours to recover; else None, with the bytes read pushed back."""
+    the error not be ours to recover; else None, with the bytes read pushed back. A
+    stream that sends comments before its first event is ``Held``: it starts now, and
+    recovers in-stream should that event be an overflow (stream_head.py)."""
     if not response.headers.get("content-type", "").startswith("text/event-stream"):
         return None
     source = response.aiter_raw()
@@ -114,9 +120,11 @@ async def _stream_error(
     try:
         async for chunk in source:
             head += chunk
-            if _first_event(head) is not None or len(head) > _MAX_ERROR_BYTES:
+            if first_event(head) is not None or len(head) > MAX_HEAD_BYTES:
                 break
-        error = _error_event(head)
+            if comments_ahead(head)[0]:  # the model is thinking: the client hears it now
+                return Held(response, head, source)
+        error = error_event(head)
         if error is None:
             response.started = (head, source)
             return None
@@ -125,54 +133,6 @@ async def _stream_error(
         raise
     await response.aclose()
     return error, buffered(response, head)
-
-
-def _first_event(head: bytes) -> bytes | None:
-    """The stream's first complete event that is not only comments (some servers send
-    ``: PROCESSING`` keep-alives before anything else) nor a Responses API lifecycle
-    event, or None if none is complete yet."""
-    events = head.replace(b"\r\n", b"\n").split(b"\n\n")
-    for event in events[:-1]:  # the last piece has no blank line after it yet
-        lines = [line for line in event.split(b"\n") if line and not line.startswith(b":")]
-        if lines and not _is_preamble(lines):
-            return b"\n".join(lines)
-    return None
-
-
-def _is_preamble(lines: list[bytes]) -> bool:
-    """A Responses stream opens with ``response.created`` (and ``in_progress``), which
-    carry no output: an overflow comes after them, as ``response.failed``."""
-    for line in lines:
-        if line.startswith(b"event:"):
-            return line[6:].strip() in _PREAMBLE
-    data = next((line[5:].strip() for line in lines if line.startswith(b"data:")), b"")
-    return any(data.startswith(b'{"type":"' + kind + b'"') for kind in _PREAMBLE)
-
-
-def _error_event(head: bytes) -> bytes | None:
-    """The data of the stream's first event when that event is an error."""
-    event = _first_event(head)
-    if event is None or (b"error" not in event and b"failed" not in event):
-        return None  # the common case: a chunk of the answer, decided without parsing
-    kind = b""
-    data: list[bytes] = []
-    for line in event.split(b"\n"):
-        if line.startswith(b"event:"):
-            kind = line[6:].strip()
-        elif line.startswith(b"data:"):
-            data.append(line[5:].strip())
-    payload = b"\n".join(data)
-    if kind in (b"error", b"response.failed"):
-        return payload
-    try:
-        parsed = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None
-    if isinstance(parsed, dict) and "error" in parsed and "choices" not in parsed:
-        return payload
-    if isinstance(parsed, dict) and parsed.get("type") in ("error", "response.failed"):
-        return payload
-    return None
 
 
 async def _read_error(

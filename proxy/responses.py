@@ -35,9 +35,10 @@ from proxy.items import Item, to_items, to_messages
 from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow
 from proxy.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, read_body
-from proxy.pipeline import PARSE_INLINE_BYTES, Route, compacted_view, effective_model, forward
+from proxy.pipeline import PARSE_INLINE_BYTES, compacted_view, effective_model, forward
 from proxy.record import record_of
 from proxy.recover import Attempt
+from proxy.route import Route
 from proxy.services import Services
 from proxy.session import session_name, tenant_from_headers
 from proxy.types import ChatRequest
@@ -64,7 +65,12 @@ async def handle_responses(request: Request, services: Services) -> Response:
     control = request.headers.get("x-compaction", "").strip().lower()
     url = upstream_url(settings.upstream.base_url, "responses", b"")
     route = Route(
-        url, headers, partial(outgoing_body, body, data), _lower_output, find_input_tokens
+        url,
+        headers,
+        partial(outgoing_body, body, data),
+        _lower_output,
+        find_input_tokens,
+        stream_error=_stream_error,
     )
     estimate = len(body) // 4
     if control == "off" or any(data.get(key) for key in _CHAINED):
@@ -162,3 +168,16 @@ def _lower_output(body: bytes, verdict: Overflow) -> bytes | None:
     if allowed <= 0 or (current and allowed >= current):
         return None
     return orjson.dumps({**data, "max_output_tokens": allowed})
+
+
+def _stream_error(error: dict[str, Any]) -> bytes:
+    """An error as a Responses stream carries one: an ``error`` event, the first the
+    client sees (a held stream fails before any other event went out)."""
+    event = {
+        "type": "error",
+        "code": error.get("code"),
+        "message": error.get("message"),
+        "param": error.get("param"),
+        "sequence_number": 0,
+    }
+    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"

@@ -25,7 +25,7 @@ from proxy.session import session_from_header
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.summarize import _newest_within
-from proxy.transcript import CONTINUED, chunk_transcript
+from proxy.transcript import Entry, chunk_transcript
 from tests.conftest import RedisServer, proxy_settings, run_server
 from tests.test_compaction import (
     FILLER,
@@ -325,16 +325,16 @@ def test_one_compaction_spends_at_most_max_summary_calls(
 
 
 def test_chunks_beyond_the_call_budget_leave_the_oldest_messages_out_marked() -> None:
-    lines = [f"[user] message {i} " + "x" * 50 for i in range(10)]
-    lines[7] = "[user] long " + "y" * 200  # continues over several chunks
-    chunks = chunk_transcript(lines, 80)
+    entries = [Entry("user", f"message {i} " + "x" * 50) for i in range(10)]
+    entries[7] = Entry("user", "long " + "y" * 200)  # continues over several chunks
+    chunks = chunk_transcript(entries, 120)
     assert len(chunks) > 4
     kept, omitted = _newest_within(chunks, 4)
     assert len(kept) == 3  # a call to spare for a retry
-    assert kept[0][0] == omitted_marker(omitted)
+    assert kept[0][0] == Entry("system", omitted_marker(omitted))
     assert kept[1:] == chunks[-2:]
     assert kept[0][1:] == chunks[-3]
-    whole = [line for chunk in chunks[:-3] for line in chunk]
-    starts = sum(not line.startswith(CONTINUED) for line in whole)
-    assert omitted == starts - chunks[-3][0].startswith(CONTINUED)
+    whole = [entry for chunk in chunks[:-3] for entry in chunk]
+    starts = sum(entry.part == 1 for entry in whole)
+    assert omitted == starts - (chunks[-3][0].part > 1)
     assert _newest_within(chunks[:4], 4) == (chunks[:4], 0)  # within the budget: all

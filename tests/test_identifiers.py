@@ -51,25 +51,30 @@ def test_ordinary_text_has_no_identifiers(text: str) -> None:
 
 
 def test_lost_identifiers_are_restored_verbatim_and_counted() -> None:
-    sources = ["## Critical values\nFACT color=teal", "[user] open JIRA-4711 in src/a/b.py"]
+    sources = [
+        ("summary", "## Critical values\nFACT color=teal"),
+        ("user", "open JIRA-4711 in src/a/b.py"),
+    ]
     result = restore_identifiers("## Goal\nFix the bug in src/a/b.py.", sources, 1000)
     assert result.restored == 2
     assert result.dropped == 0
     carried = result.summary.split(CARRIED_HEADING, 1)[1]
-    assert "- color=teal" in carried
-    assert "- JIRA-4711" in carried
+    assert "- summary: `color=teal`" in carried
+    assert "- user: `JIRA-4711`" in carried
     assert "src/a/b.py" not in carried  # the summary kept it itself
 
 
 def test_nothing_is_appended_when_nothing_was_lost() -> None:
-    result = restore_identifiers("keeps color=teal and JIRA-4711", ["color=teal JIRA-4711"], 1000)
+    result = restore_identifiers(
+        "keeps color=teal and JIRA-4711", [("user", "color=teal JIRA-4711")], 1000
+    )
     assert (result.summary, result.restored) == ("keeps color=teal and JIRA-4711", 0)
 
 
 def test_the_bound_drops_the_least_recently_used_first() -> None:
     old = " ".join(f"old_{i}=value{i}" for i in range(20))
     new = " ".join(f"new_{i}=value{i}" for i in range(5))
-    result = restore_identifiers("summary", [old, new], 200)
+    result = restore_identifiers("summary", [("user", old), ("tool", new)], 200)
     assert result.dropped > 0
     assert result.restored + result.dropped == 25
     assert len(result.summary) - len("summary") <= 200 + 2
@@ -79,12 +84,12 @@ def test_the_bound_drops_the_least_recently_used_first() -> None:
 
 
 def test_a_carried_section_is_extended_never_nested() -> None:
-    first = restore_identifiers("summary", ["FACT a=1"], 500).summary
+    first = restore_identifiers("summary", [("tool", "FACT a=1")], 500).summary
     # The model copied the previous carried section at the end of its new summary.
-    second = restore_identifiers(first, [first, "FACT b=2"], 500).summary
+    second = restore_identifiers(first, [("summary", first), ("user", "FACT b=2")], 500).summary
     assert second.count(CARRIED_HEADING) == 1
-    assert "- a=1" in second
-    assert "- b=2" in second
+    assert "- tool: `a=1`" in second  # its source role survives the next compaction
+    assert "- user: `b=2`" in second
 
 
 @pytest.mark.parametrize(
@@ -110,7 +115,7 @@ def test_secrets_are_never_carried_forward(text: str, kept: str | None, never: s
     assert all(never not in value for value in found), found
     if kept is not None:
         assert kept in found
-    restored = restore_identifiers("summary", [text], 1000).summary
+    restored = restore_identifiers("summary", [("user", text)], 1000).summary
     assert never not in restored
 
 

@@ -13,8 +13,8 @@ from proxy.errors import InvalidRequest
 from proxy.items import to_items, to_messages
 from proxy.plan import count_pinned
 from proxy.rebuild import HANDOFF_INTRO, rebuild_messages
-from proxy.recover import _error_event
 from proxy.responses import chat_view, outgoing_body, parse_responses_request
+from proxy.stream_head import error_event
 from proxy.view import View, result_flags
 from tests.conversations import group_starts
 
@@ -226,7 +226,7 @@ def test_items_that_are_not_objects_are_the_clients_400() -> None:
 def test_a_responses_stream_is_judged_by_its_first_event_after_the_preamble(
     head: bytes, is_error: bool
 ) -> None:
-    assert (_error_event(head) is not None) is is_error
+    assert (error_event(head) is not None) is is_error
 
 
 def test_the_view_as_sent_goes_upstream_as_the_clients_bytes() -> None:

@@ -9,7 +9,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.recover import _error_event
+from proxy.stream_head import error_event
 from tests.conftest import proxy_settings
 from tests.test_compaction import chat_requests
 
@@ -102,4 +102,4 @@ def test_a_stream_that_fits_is_relayed_untouched(
     ],
 )
 def test_only_an_error_event_is_taken_for_an_error(head: bytes, is_error: bool) -> None:
-    assert (_error_event(head) is not None) is is_error
+    assert (error_event(head) is not None) is is_error

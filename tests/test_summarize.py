@@ -20,7 +20,7 @@ from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.simulator.replies import collect_facts
 from proxy.summarize import SYSTEM_PROMPT, TERSER, SummaryRequest, summarize
-from proxy.transcript import render_transcript
+from proxy.transcript import frame_prompt, render_transcript
 from proxy.types import ChatMessage
 from proxy.upstream import UpstreamClient
 from tests.conftest import run_server
@@ -30,7 +30,7 @@ SUMMARIZER_WINDOW = 1500
 
 
 def transcript(messages: list[ChatMessage]) -> str:
-    return "\n".join(render_transcript(messages))
+    return frame_prompt("", render_transcript(messages))
 
 
 def tool_exchange(output: str, arguments: str = '{"path": "src/app.py"}') -> list[ChatMessage]:
@@ -57,12 +57,11 @@ def test_transcript_has_one_entry_per_message_with_roles() -> None:
         {"role": "user", "content": "Where is the config loaded?"},
         {"role": "assistant", "content": "In proxy/config.py."},
     ]
-    lines = render_transcript(messages)
-    assert len(lines) == 2
-    assert "user" in lines[0]
-    assert "Where is the config loaded?" in lines[0]
-    assert "assistant" in lines[1]
-    assert "In proxy/config.py." in lines[1]
+    entries = render_transcript(messages)
+    assert [(e.role, e.text) for e in entries] == [
+        ("user", "Where is the config loaded?"),
+        ("assistant", "In proxy/config.py."),
+    ]
 
 
 def test_tool_calls_appear_as_name_with_arguments() -> None:
@@ -72,9 +71,9 @@ def test_tool_calls_appear_as_name_with_arguments() -> None:
 
 
 def test_tool_results_are_labelled_with_the_tool_that_produced_them() -> None:
-    lines = render_transcript(tool_exchange("def create_app(): ..."))
-    result = next(line for line in lines if "def create_app()" in line)
-    assert "read_file" in result
+    entries = render_transcript(tool_exchange("def create_app(): ..."))
+    result = next(e for e in entries if "def create_app()" in e.text)
+    assert (result.role, result.tool) == ("tool", "read_file")
 
 
 def test_long_tool_output_is_shortened_and_never_copied_whole() -> None:
@@ -118,9 +117,9 @@ def summarizer_calls(sim: str) -> list[dict[str, Any]]:
 
 def new_turns(call: dict[str, Any]) -> str:
     prompt = call["body"]["messages"][-1]["content"]
-    match = re.search(r"<new_turns>\n(.*)\n</new_turns>", prompt, re.S)
+    match = re.search(r"<new_turns_(\w+)>\n(.*)\n</new_turns_\1>", prompt, re.S)
     assert match, "the summarizer prompt carries the turns to summarize"
-    return match.group(1)
+    return match.group(2)
 
 
 async def test_a_span_larger_than_a_chunk_is_folded_call_by_call(sim_reset: str) -> None:
@@ -150,7 +149,7 @@ async def test_a_span_larger_than_a_chunk_is_folded_call_by_call(sim_reset: str)
     # Every message is summarized exactly once, in order, and never split across calls.
     assert [int(n) for chunk in seen for n in chunk] == list(range(24))
     for call in calls:
-        assert len(new_turns(call)) <= 1200 + 2 * len(re.findall("MSG", new_turns(call)))
+        assert len(new_turns(call)) <= 1200
     # Each call updates the previous call's summary, so facts survive every fold.
     for i in range(0, 24, 4):
         assert f"FACT key{i}=value{i}" in summary

@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import orjson
@@ -48,7 +49,7 @@ from proxy.simulator.overrides import Overrides, read_overrides
 from proxy.simulator.recorder import Counter, Recorder
 from proxy.simulator.replies import Voice, build_reply
 from proxy.simulator.responses import StoredResponses, responses_route
-from proxy.simulator.stream import sse_events
+from proxy.simulator.stream import once, sse_events, with_thinking
 from proxy.simulator.validate import (
     check_alternation,
     check_chat_request,
@@ -198,8 +199,11 @@ def _stream(
         delay_s=(settings.delay_ms if delay is None else delay) / 1000,
         on_abandoned=lambda: sim.recorder.bump("streams_abandoned"),
     )
+    abandoned = partial(sim.recorder.bump, "streams_abandoned")
     return StreamingResponse(
-        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        with_thinking(events, overrides, abandoned),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
     )
 
 
@@ -212,7 +216,7 @@ def _chat_route(sim: Simulator) -> Handler:
             if err.kind in _COUNTER_FOR:
                 sim.recorder.bump(_COUNTER_FOR[err.kind])
             if err.kind == "overflow" and _errors_in_stream(request):
-                return _error_event_stream(err)
+                return _error_event_stream(err, read_overrides(request.headers))
             return _error_response(err)
 
     return chat_completions
@@ -227,9 +231,13 @@ def _errors_in_stream(request: Request) -> bool:
     return bool(wanted) and getattr(request.state, "streamed", False)
 
 
-def _error_event_stream(err: SimError) -> Response:
+def _error_event_stream(err: SimError, overrides: Overrides) -> Response:
     """The error as a 200 event stream's first event, then the end of the stream."""
     body = b"data: " + err.body + b"\n\ndata: [DONE]\n\n"
+    if overrides.thinking_ms:  # comments first, as a thinking model's server sends them
+        return StreamingResponse(
+            with_thinking(once(body), overrides), media_type="text/event-stream"
+        )
     return Response(body, media_type="text/event-stream")
 
 

@@ -11,6 +11,9 @@ request and the simulator sees them:
 ``X-Sim-Header-Delay-Ms``       delay before any answer's headers, streamed or not
 ``X-Sim-First-Byte-Delay-Ms``   delay before the first SSE chunk
 ``X-Sim-Chunk-Delay-Ms``        delay between SSE chunks
+``X-Sim-Thinking-Ms``           a stream (an in-stream error too) opens with this long of
+                                ``: PROCESSING`` comments before its first event
+``X-Sim-Comment-Interval-Ms``   how often those comments come (default 1000)
 ``X-Sim-Fail``                  answer this HTTP status with a realistic error body
 ``X-Sim-Errors-In-Stream``      1/true: a streamed request's overflow comes as a 200 event
                                 stream whose first event is the error (as some servers do);
@@ -46,6 +49,8 @@ class Overrides:
     first_byte_delay_ms: float | None = None
     chunk_delay_ms: float | None = None
     fail: int | None = None
+    thinking_ms: float | None = None
+    comment_interval_ms: float | None = None
 
     def apply(self, profile: ModelProfile) -> ModelProfile:
         if self == NO_OVERRIDES:
@@ -131,4 +136,6 @@ def read_overrides(headers: Mapping[str, str]) -> Overrides:
         first_byte_delay_ms=_optional(headers, "X-Sim-First-Byte-Delay-Ms", _millis),
         chunk_delay_ms=_optional(headers, "X-Sim-Chunk-Delay-Ms", _millis),
         fail=_optional(headers, "X-Sim-Fail", _status),
+        thinking_ms=_optional(headers, "X-Sim-Thinking-Ms", _millis),
+        comment_interval_ms=_optional(headers, "X-Sim-Comment-Interval-Ms", _millis),
     )

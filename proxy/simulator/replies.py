@@ -5,7 +5,9 @@ Rules, first match wins:
 
 1. Header ``X-Compaction-Purpose: summarize``: a summary that carries facts
    forward. Every ``FACT key=value`` in any message (later definitions win)
-   becomes one ``FACT key=value`` line, sorted by key. The model's
+   becomes one ``FACT key=value`` line, sorted by key; the summary's first line
+   counts the messages the proxy's framed transcript quotes (``read_transcript``,
+   which reads the framing by its declared marker, as a model would). The model's
    ``summary_style`` decides the rest. ``ideal``: the facts after a header
    line and before a filler sentence that is cut to fit the budget; facts are
    never cut. ``realistic``: like a real model, prose first (a word per 40
@@ -20,7 +22,8 @@ Rules, first match wins:
 4. Last message from the user containing ``RECALL <key>``: ``key=value`` for
    each key, space separated, from the last ``FACT key=value`` anywhere in the
    request (a ``- key=value`` line, as a summary's critical values list them,
-   states a fact too), or ``key=UNKNOWN``.
+   or ``- role: `key=value``` as the proxy quotes a restored value, states a fact
+   too), or ``key=UNKNOWN``.
 5. Otherwise ``ok:`` and about ``reply_tokens`` filler words picked by a hash
    of the request.
 
@@ -46,7 +49,12 @@ from proxy.simulator.structured import structured_text
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
-FACT = re.compile(r"(?:FACT |^- )([A-Za-z0-9_.-]+)=(\S+)", re.MULTILINE)
+FACT = re.compile(
+    r"(?:FACT |^- )([A-Za-z0-9_.-]+)=(\S+)"
+    # a value the proxy restored, quoted with its source role: "- tool: `key=value`"
+    r"|^- [a-z]+: `+ ?([A-Za-z0-9_.-]+)=([^\s`]+)",
+    re.MULTILINE,
+)
 RECALL = re.compile(r"RECALL ([A-Za-z0-9_.-]+)")
 CALL = re.compile(r"(?<![A-Za-z])CALL (\d+)")
 MAX_CALLS = 128
@@ -124,9 +132,29 @@ def fit_words(head: str, words: list[str], budget: int, encoder: Encoder) -> tup
 def collect_facts(messages: list[dict[str, Any]]) -> dict[str, str]:
     facts: dict[str, str] = {}
     for message in messages:
-        for key, value in FACT.findall(text_of(message.get("content"))):
+        for match in FACT.finditer(text_of(message.get("content"))):
+            key, value = match.group(1, 2) if match.group(1) else match.group(3, 4)
             facts[key] = value
     return facts
+
+
+_MARKER = re.compile(r"uses the marker ([0-9a-f]{12})")
+
+
+def read_transcript(prompt: str) -> list[tuple[str, str]] | None:
+    """The (role, text) of each message a summarizer prompt quotes, read as a model
+    reads the proxy's framing: by the marker its opening sentence declares, never by
+    tags or role labels inside the quoted text. None: the prompt is not framed so."""
+    marker = _MARKER.search(prompt)
+    if marker is None:
+        return None
+    b = re.escape(marker.group(1))
+    block = re.search(rf"<new_turns_{b}>\n(.*)\n</new_turns_{b}>", prompt, re.S)
+    if block is None:
+        return []
+    # [marker, header, text, header, text, ...]: a header line starts each message.
+    parts = re.split(rf"(?m)^\[{b} ([a-z]+)[^\]\n]*\]\n?", block.group(1))
+    return [(parts[i], parts[i + 1].removesuffix("\n")) for i in range(1, len(parts) - 1, 2)]
 
 
 def _text_reply(text: str, budget: int, encoder: Encoder) -> Reply:
@@ -138,10 +166,14 @@ def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Vo
     encoder = voice.encoder
     facts = collect_facts(messages)
     keys = sorted(facts)
+    # Messages summarized: those the framed transcript quotes (the proxy's prompt),
+    # else the request's own.
+    quoted = read_transcript(text_of(messages[-1].get("content")))
+    count = len(quoted) if quoted is not None else len(messages)
     if voice.summary_forgets:
         keys = [k for i, k in enumerate(keys) if (i + 1) % voice.summary_forgets]
     fact_lines = [f"FACT {key}={facts[key]}" for key in keys]
-    header = f"SUMMARY of {len(messages)} messages, {len(keys)} facts carried forward."
+    header = f"SUMMARY of {count} messages, {len(keys)} facts carried forward."
     if voice.summary_style == "realistic":
         prompt = text_of(messages[-1].get("content"))
         # About a word of prose per 40 characters summarized; a quarter of the budget

@@ -35,7 +35,7 @@ from proxy.simulator.errors import (
     simulated_failure,
 )
 from proxy.simulator.items import chat_messages, check_items, reasoning_tokens
-from proxy.simulator.overrides import read_overrides
+from proxy.simulator.overrides import Overrides, read_overrides
 from proxy.simulator.recorder import Counter
 from proxy.simulator.replies import Voice, build_reply
 from proxy.simulator.response_events import (
@@ -44,7 +44,7 @@ from proxy.simulator.response_events import (
     response_events,
     response_object,
 )
-from proxy.simulator.stream import sse_events
+from proxy.simulator.stream import sse_events, with_thinking
 from proxy.simulator.validate import parse_json_object
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def responses_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:
                 sim.recorder.bump(_COUNTED[err.kind])
             if err.kind == "overflow" and body.get("stream") is True and _in_stream(request):
                 events = failed_events(body, "context_length_exceeded", CONTEXT_EXCEEDED)
-                return _stream(events, sim)
+                return _stream(events, sim, read_overrides(request.headers))
             return Response(err.body, err.status, headers=err.headers, media_type=err.content_type)
 
     return responses
@@ -161,7 +161,8 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any]) -> Res
     if body.get("store") is not False:
         sim.responses.put(response["id"], [*items, *response["output"]])
     if body.get("stream") is True:
-        return _stream(response_events(response, sim.config.stream.chunk_chars), sim)
+        events = response_events(response, sim.config.stream.chunk_chars)
+        return _stream(events, sim, overrides)
     return Response(orjson.dumps(response), media_type="application/json")
 
 
@@ -218,7 +219,7 @@ def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return tool
 
 
-def _stream(events: list[dict[str, Any]], sim: Simulator) -> Response:
+def _stream(events: list[dict[str, Any]], sim: Simulator, overrides: Overrides) -> Response:
     settings = sim.config.stream
     chunks = sse_events(
         events,
@@ -228,5 +229,7 @@ def _stream(events: list[dict[str, Any]], sim: Simulator) -> Response:
         named=True,
     )
     return StreamingResponse(
-        chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        with_thinking(chunks, overrides),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
     )

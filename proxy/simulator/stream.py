@@ -8,7 +8,57 @@ from typing import Any
 
 import orjson
 
+from proxy.simulator.overrides import Overrides
+
 DONE = b"data: [DONE]\n\n"
+COMMENT = b": PROCESSING\n\n"
+
+
+def with_thinking(
+    events: AsyncIterator[bytes],
+    overrides: Overrides,
+    on_abandoned: Callable[[], None] = lambda: None,
+) -> AsyncIterator[bytes]:
+    """``events``, opened by comments when ``X-Sim-Thinking-Ms`` asks for them; a client
+    that leaves meanwhile is counted by ``on_abandoned``, as one that leaves mid-stream."""
+    if not overrides.thinking_ms:
+        return events
+    every = overrides.comment_interval_ms
+    return thinking_first(
+        events,
+        for_s=overrides.thinking_ms / 1000,
+        every_s=(1000 if every is None else every) / 1000,
+        on_abandoned=on_abandoned,
+    )
+
+
+async def once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def thinking_first(
+    events: AsyncIterator[bytes],
+    *,
+    for_s: float,
+    every_s: float,
+    on_abandoned: Callable[[], None] = lambda: None,
+) -> AsyncIterator[bytes]:
+    """``events`` after ``for_s`` seconds of thinking, during which an SSE comment goes
+    out every ``every_s`` (the first at once), as OpenRouter sends ``: PROCESSING``
+    while a model thinks."""
+    thought = False
+    try:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + for_s
+        while (left := until - loop.time()) > 0:
+            yield COMMENT
+            await asyncio.sleep(min(every_s, left) if every_s > 0 else left)
+        thought = True
+    finally:
+        if not thought:  # the client left while the model was thinking
+            on_abandoned()
+    async for event in events:
+        yield event
 
 
 async def sse_events(
