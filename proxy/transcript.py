@@ -24,9 +24,13 @@ _ARG_CHARS = 300
 _RESULT_CHARS = 800
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _NAME_CHARS = 64
-# A boundary is 12 hex digits (48 random bits, drawn per call: never guessed ahead);
-# sizes are computed with a stand-in.
-_STAND_IN = "0" * 12
+# A boundary is 8 hex digits, drawn per call after the quoted text is known and drawn
+# again if any of it contains the boundary: no text can carry it, however short it is.
+# It opens every message, so its length is paid per message. Chunks are sized in
+# characters at 3 a token, but hex digits take about a token per one or two: sizes are
+# computed with a stand-in twice as long, or a chunk of many short messages overflows
+# the summarizer's window (tests/test_scale.py).
+_STAND_IN = "0" * 16
 _NAME_UNSAFE = re.compile(r"[^\w.-]")
 
 
@@ -108,7 +112,7 @@ def render_transcript(messages: Sequence[ChatMessage]) -> list[Entry]:
 def new_boundary(texts: Sequence[str]) -> str:
     """A random boundary none of ``texts`` contains (a clash is drawn again)."""
     while True:
-        boundary = secrets.token_hex(6)
+        boundary = secrets.token_hex(4)
         if not any(boundary in text for text in texts):
             return boundary
 
