@@ -138,7 +138,7 @@ def collect_facts(messages: list[dict[str, Any]]) -> dict[str, str]:
     return facts
 
 
-_MARKER = re.compile(r"uses the marker ([0-9a-f]{12})")
+_MARKER = re.compile(r"uses the marker ([0-9a-f]+)")
 
 
 def read_transcript(prompt: str) -> list[tuple[str, str]] | None:
