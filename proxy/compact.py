@@ -61,6 +61,14 @@ def trigger_for(*, recover: bool, scheduled: bool, forced: bool) -> Trigger | No
     return "forced" if forced else None
 
 
+def _counted_as(outcome: Outcome) -> str:
+    """A compaction's outcome label: its view's status, but ``failed`` for a summary that
+    failed while the view still fit (served as it was, not trimmed)."""
+    if outcome.degraded == "summary_failed" and outcome.status != "trimmed":
+        return "failed"
+    return outcome.status
+
+
 class CompactionStore(Snapshots, LockStore, Protocol):
     """What compaction needs of a store: snapshots, and the lock around summarizing."""
 
@@ -115,11 +123,12 @@ class Compactor:
             # Its last summary failed: trim without asking (nor taking the lock) this time.
             role = self.settings.compaction.summary_role
             outcome = trim_outcome(job.history, loaded, job.budget, role)
+            outcome = replace(outcome, degraded="backoff")
             self.metrics.compactions.labels(trigger=job.trigger, outcome="backoff").inc()
             self._log(job, loaded, outcome, started)
             return outcome
         outcome = await self._compact(job, loaded, plan)
-        self.metrics.compactions.labels(trigger=job.trigger, outcome=outcome.status).inc()
+        self.metrics.compactions.labels(trigger=job.trigger, outcome=_counted_as(outcome)).inc()
         if outcome.status == "compacted":
             self.metrics.compactions_by_trigger.labels(trigger="inline").inc()
         self._log(job, loaded, outcome, started)
@@ -209,6 +218,7 @@ class Compactor:
         h, role = job.history, self.settings.compaction.summary_role
         start, end = plan.summarize
         span = h.messages[start:end]
+        started = self.clock()
         try:
             folded = await self._folder.fold(
                 job.turn, job.key, loaded.summary, span, background=job.background
@@ -220,15 +230,21 @@ class Compactor:
             log.warning(
                 "session=%s summarization failed (%s); trimming instead", job.key.log_id, exc
             )
-            return trim_outcome(h, loaded, job.budget, role)
+            return self._failed(job, trim_outcome(h, loaded, job.budget, role), started)
         if folded is None:  # far over its budget: not kept
             self.backoff.failed(job.key)
-            return trim_outcome(h, loaded, job.budget, role)
+            return self._failed(job, trim_outcome(h, loaded, job.budget, role), started)
         self.backoff.succeeded(job.key)
         plan = replace(plan, view=replace(plan.view, summary_tokens=folded.tokens))
         new = next_snapshot(loaded, folded.summary, plan, h, job.budget, job.turn.model.name)
         outcome = await self._saved(job, new, plan)
         return replace(outcome, restored=folded.restored)
+
+    def _failed(self, job: Job, fallback: Outcome, started: float) -> Outcome:
+        """``fallback`` marked as served after a failed summary, whose time the request's
+        line reports (what made the turn slow, whatever its status says)."""
+        job.turn.record.summary_failed_s += self.clock() - started
+        return replace(fallback, degraded="summary_failed")
 
     async def _saved(self, job: Job, new: Snapshot, plan: Plan) -> Outcome:
         """Write ``new`` (compare-and-swap) and show the history under it."""

@@ -1,7 +1,8 @@
 """The values one chat request's compaction steps share: its ``Turn`` and its ``Outcome``.
 
 ``Outcome.headers`` renders the response headers that tell the client what the
-upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Window``).
+upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Window``),
+and ``X-Compaction-Degraded`` when the turn was due a summary it did not get.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from proxy.record import Record
 from proxy.types import ChatMessage, ChatRequest
 
 Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed"]
+# Why a turn that was due a summary was served without one (its status still says what
+# the upstream saw): its own summary failed (after spending the time), or the session's
+# back-off after earlier failures skipped it (backoff.py). A closed set: a metric label.
+Degraded = Literal["summary_failed", "backoff"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +52,18 @@ class Outcome:
     restored: int = 0
     # To start once the answer has gone out: background pre-compaction (precompact.py).
     after: Callable[[], Awaitable[None]] | None = None
+    degraded: Degraded | None = None
 
     def headers(self) -> list[tuple[bytes, bytes]]:
-        return [
+        headers = [
             (b"x-compaction-status", self.status.encode()),
             (b"x-compaction-version", str(self.version).encode()),
             (b"x-context-tokens", str(self.tokens).encode()),
             (b"x-context-window", str(self.window).encode()),
         ]
+        if self.degraded is not None:
+            headers.append((b"x-compaction-degraded", self.degraded.encode()))
+        return headers
 
 
 def rejected_headers(window: int | None) -> dict[str, str]:
