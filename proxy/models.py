@@ -46,6 +46,7 @@ class ResolvedModel:
     max_output_tokens: int
     tokenizer: str
     matched: str  # the rule that matched: a pattern, or "default"
+    precompact: bool = True  # background pre-compaction (precompact.py) for this model
 
 
 class ModelTable:
@@ -93,6 +94,7 @@ class ModelTable:
                 max_output_tokens=spec.max_output_tokens,
                 tokenizer=spec.tokenizer or default_tokenizer(model),
                 matched=spec.match,
+                precompact=spec.precompact,
             )
         return ResolvedModel(
             name=model,
@@ -100,6 +102,7 @@ class ModelTable:
             max_output_tokens=self._default.max_output_tokens,
             tokenizer=self._default.tokenizer or default_tokenizer(model),
             matched="default",
+            precompact=self._default.precompact,
         )
 
     def tokenizers(self) -> set[str]:

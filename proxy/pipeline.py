@@ -105,9 +105,8 @@ async def compacted_view(
     chat, model = turn.chat, turn.model
     window = model.context_window
     reserve = output_reserve(chat, model.max_output_tokens)
-    # Far below the trigger (and the pre-compaction threshold): no store round trip,
-    # no counting.
-    soonest = c.precompact_ratio or c.trigger_ratio
+    # Far below the trigger (and the pre-compaction threshold): no store, no counting.
+    soonest = (c.precompact_ratio if model.precompact else None) or c.trigger_ratio
     far_below = bounded_by(turn.body, chat["messages"], int(window * soonest) - reserve)
     hinted = services.schedule.take_hint(turn.tenant, turn.session_header)
     if far_below and not (force or recover or hinted):
@@ -169,6 +168,7 @@ async def forward(
         # Until the answer's bytes flow, only this notices a client that gave up.
         async with cancelled_on_disconnect(request.receive):
             record.sending(outcome)
+            services.precompactor.note_sent(turn)  # queued behind a background summary?
             response = await services.client.send("POST", route.url, route.headers, first.body)
             answer: upstream.UpstreamResponse | Response = response
             status = response.status_code

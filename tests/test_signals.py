@@ -10,14 +10,19 @@ renders them).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import proxy_settings, run_proxy
+from proxy.config import ModelSpec
+from proxy.simulator import create_simulator_app
+from proxy.simulator.config import ModelRule, SimulatorConfig
+from tests.conftest import proxy_settings, run_proxy, run_server
 from tests.faulty_upstream import FaultyUpstream, answer, completion
+from tests.test_compaction import WINDOW, Chat, small_window_settings, stats
 from tests.test_precompact import metric
 
 pytestmark = pytest.mark.e2e
@@ -101,3 +106,69 @@ def _post_plain(url: str) -> httpx.Response:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
     headers = {"Authorization": "Bearer sk-signals"}
     return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+# A single-slot server: a background summary holds up the next turn.
+
+SUMMARY_MS = 1500
+SOFT = 0.6
+
+
+@pytest.fixture(scope="module")
+def single_slot() -> Iterator[str]:
+    """A simulator with one slot (llama.cpp -np 1): summaries take SUMMARY_MS."""
+    config = SimulatorConfig(
+        slots=1,
+        summary_latency_ms=SUMMARY_MS,
+        models=(ModelRule(match="sim-4k", context_window=WINDOW),),
+    )
+    with run_server(create_simulator_app(config)) as url:
+        yield url
+
+
+def _past_the_soft_threshold(chat: Chat, then: int) -> list[float]:
+    """Turns until one passes the soft threshold, then ``then`` more, each sent a moment
+    after the last answer (a user reading it); the seconds each of those took."""
+    turn, took = 0, []
+    while int(chat.last["x-context-tokens"] if chat.last else 0) + 256 <= WINDOW * SOFT:
+        chat.say(f"Turn {turn}: {FILLER}")
+        turn += 1
+        assert turn < 40
+    for more in range(then):
+        time.sleep(0.2)  # the background summary (if any) is on its way meanwhile
+        started = time.monotonic()
+        chat.say(f"More {more}: {FILLER}")
+        took.append(time.monotonic() - started)
+    return took
+
+
+def test_a_turn_queued_behind_a_background_summary_is_counted(
+    single_slot: str, start_proxy: Callable[..., str]
+) -> None:
+    """Issue 21 defect 7: the summary took the only slot, the turn waited upstream, and
+    the proxy's "turns that waited" (inline_summary_waits) said 0. Now the turn is
+    counted as sent during a background summary."""
+    url = start_proxy(small_window_settings(single_slot, precompact_ratio=SOFT))
+    waits = stats(single_slot)["slot_waits"]
+    took = _past_the_soft_threshold(Chat(url, session="one-slot"), then=1)
+    assert took[0] > SUMMARY_MS / 1000 / 2, took  # it did wait, upstream
+    assert stats(single_slot)["slot_waits"] > waits
+    assert metric(url, "compaction_proxy_turns_sent_during_summary") >= 1
+    assert metric(url, "compaction_proxy_inline_summary_waits") == 0  # blind to it
+
+
+def test_pre_compaction_off_for_a_model_keeps_its_turns_out_of_the_queue(
+    single_slot: str, start_proxy: Callable[..., str]
+) -> None:
+    """``models[].precompact: false``: no background summary for that model, so no turn
+    of it queues behind one; its sessions compact inline at the trigger instead."""
+    settings = small_window_settings(single_slot, precompact_ratio=SOFT)
+    model = {"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": 256}
+    settings = settings.model_copy(update={"models": [ModelSpec(**model, precompact=False)]})
+    url = start_proxy(settings)
+    waits = stats(single_slot)["slot_waits"]
+    took = _past_the_soft_threshold(Chat(url, session="one-slot-off"), then=3)
+    assert max(took) < SUMMARY_MS / 1000 / 2, took
+    assert stats(single_slot)["slot_waits"] == waits
+    assert metric(url, "compaction_proxy_turns_sent_during_summary") == 0
+    assert metric(url, "compaction_proxy_precompactions") == 0

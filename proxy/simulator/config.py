@@ -11,6 +11,7 @@ Every key is optional::
     reply_tokens: 24
     latency_ms: 0
     summary_latency_ms: null # summaries (X-Compaction-Purpose: summarize); null: latency_ms
+    slots: null              # chat completions served at once (llama.cpp -np); more queue
     recording: {max_requests: 10000, max_bytes: 134217728}   # for GET /_sim/requests
 
 A model rule may override ``tokenizer``, ``error_format`` and ``strict_alternation``.
@@ -81,6 +82,9 @@ class SimulatorConfig(_Section):
     latency_ms: float = Field(default=0, ge=0)
     # A summarizer slower (or faster) than the chat model; None: latency_ms.
     summary_latency_ms: float | None = Field(default=None, ge=0)
+    # Chat completions (summaries included) answered at once, as llama.cpp's -np: one
+    # beyond them queues for a slot (counted: slot_waits). None: no limit.
+    slots: int | None = Field(default=None, ge=1)
     recording: RecordingConfig = RecordingConfig()
 
     def tokenizers(self) -> list[str]:
