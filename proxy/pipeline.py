@@ -112,9 +112,9 @@ async def compacted_view(
     if far_below and not (force or recover or hinted):
         return Outcome("passthrough", None, 0, len(turn.body) // 4, window, counted=False)
 
-    counter = services.counters[model.tokenizer]
-    seed = tenant_seed(turn.tenant)
-    history = await count_history(counter, chat, turn.body, c.pin_first_user, seed)  # 5.
+    counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
+    templated = model.templated_tools  # 5. count (tool definitions as templates render them)
+    history = await count_history(counter, chat, turn.body, c.pin_first_user, seed, templated)
     key = await session_of(turn, history.messages)  # 3.
     slots = services.settings.session.derived_slots
     key, loaded = await load_session(services.store, key, history, slots)  # 4. snapshot

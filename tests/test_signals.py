@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from proxy.config import ModelSpec
@@ -172,3 +173,84 @@ def test_pre_compaction_off_for_a_model_keeps_its_turns_out_of_the_queue(
     assert stats(single_slot)["slot_waits"] == waits
     assert metric(url, "compaction_proxy_turns_sent_during_summary") == 0
     assert metric(url, "compaction_proxy_precompactions") == 0
+
+
+# Tool definitions counted as a chat template renders them.
+
+TOOL_SCHEMAS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{description} Returns the result as plain text.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "A path relative to the repo."},
+                    "limit": {"type": "integer", "description": "At most this many lines."},
+                    "recursive": {"type": "boolean", "description": "Descend into folders."},
+                },
+                "required": ["path"],
+            },
+        },
+    }
+    for name, description in [
+        ("read_file", "Read a file of the working tree."),
+        ("list_dir", "List a folder of the working tree."),
+        ("grep", "Search the working tree for a pattern."),
+        ("run_tests", "Run the test suite, or the tests under a path."),
+        ("write_file", "Write a file of the working tree, replacing it."),
+    ]
+]
+
+
+@pytest.fixture(scope="module")
+def templated_tools() -> Iterator[str]:
+    """A simulator counting tools as Qwen2.5's template renders them (llama.cpp's way) for
+    an open model, and as their JSON for gpt-4o."""
+    config = SimulatorConfig(
+        models=(
+            ModelRule(match="qwen-4k", context_window=WINDOW, tool_format="hermes"),
+            ModelRule(match="gpt-4o", context_window=WINDOW),
+        )
+    )
+    with run_server(create_simulator_app(config)) as url:
+        yield url
+
+
+def _first_estimate(url: str, model: str, tools: list[dict[str, Any]] | None) -> tuple[int, int]:
+    """The proxy's count (X-Context-Tokens, counted) of a first request, and the server's."""
+    messages = _history(14, "which file holds the port?")  # past the soft threshold: counted
+    extra = {"tools": tools} if tools else {}
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-tools", max_retries=0)
+    with client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=64,
+            **extra,  # type: ignore[arg-type]
+        )
+    usage = raw.parse().usage
+    assert usage is not None
+    return int(raw.headers["x-context-tokens"]), usage.prompt_tokens
+
+
+@pytest.mark.parametrize("model", ["qwen-4k", "gpt-4o"])
+def test_the_first_tool_request_is_not_counted_below_the_server(
+    templated_tools: str, start_proxy: Callable[..., str], model: str
+) -> None:
+    """Issue 21 defect 9: tool requests read 0.76-0.88 of the server's count, and the
+    first has no calibration to correct it. An open model's template renders the tool
+    definitions inside fixed instructions with spaced JSON: counted so, the proxy's first
+    estimate is not below the server's (nor far over it); plain chat, and OpenAI's
+    models (which count tools their own way), are counted as before: exactly."""
+    models = [{"match": m, "context_window": WINDOW, "max_output_tokens": 256} for m in [model]]
+    url = start_proxy(proxy_settings(templated_tools, models=models))
+    ours, theirs = _first_estimate(url, model, TOOL_SCHEMAS)
+    if model == "gpt-4o":
+        assert ours == theirs
+    else:
+        assert theirs <= ours <= theirs * 1.03, (ours, theirs)
+    plain_ours, plain_theirs = _first_estimate(url, model, None)
+    assert plain_ours == plain_theirs
+    assert ours - plain_ours > 300  # the definitions were counted

@@ -150,7 +150,7 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
             profile.error_format, asked[0], asked[1], profile.max_output_tokens, profile.name
         )
     counter = sim.counter(profile)
-    prompt = counter.prompt(body)
+    prompt = counter.prompt(body, profile.tool_format)
     if profile.token_scale != 1.0:
         prompt = replace(prompt, total=int(prompt.total * profile.token_scale))
     window = profile.context_window
