@@ -29,7 +29,7 @@ from proxy.errors import SummaryError
 from proxy.fold import Folder
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
-from proxy.outcome import Outcome, Turn
+from proxy.outcome import Degraded, Outcome, Turn, counted_as
 from proxy.plan import Plan, plan_compaction
 from proxy.rebuild import rebuild_outcome
 from proxy.schedule import TRACKED_LIMIT
@@ -59,14 +59,6 @@ def trigger_for(*, recover: bool, scheduled: bool, forced: bool) -> Trigger | No
     if scheduled:
         return "scheduled"
     return "forced" if forced else None
-
-
-def _counted_as(outcome: Outcome) -> str:
-    """A compaction's outcome label: its view's status, but ``failed`` for a summary that
-    failed while the view still fit (served as it was, not trimmed)."""
-    if outcome.degraded == "summary_failed" and outcome.status != "trimmed":
-        return "failed"
-    return outcome.status
 
 
 class CompactionStore(Snapshots, LockStore, Protocol):
@@ -128,7 +120,7 @@ class Compactor:
             self._log(job, loaded, outcome, started)
             return outcome
         outcome = await self._compact(job, loaded, plan)
-        self.metrics.compactions.labels(trigger=job.trigger, outcome=_counted_as(outcome)).inc()
+        self.metrics.compactions.labels(trigger=job.trigger, outcome=counted_as(outcome)).inc()
         if outcome.status == "compacted":
             self.metrics.compactions_by_trigger.labels(trigger="inline").inc()
         self._log(job, loaded, outcome, started)
@@ -268,17 +260,23 @@ class Compactor:
         if not stalled:
             self.metrics.summary_waits.labels(kind="waited").inc()
         deadline = now + (0 if stalled else self.settings.compaction.wait_for_summary_s)
+        degraded: Degraded | None = "summary_late"  # unless it lands, or is seen to fail
         while self.clock() < deadline:
             await self.sleep(_POLL_S)
             fresh = await load_snapshot(self.store, job.key, job.history)
             if fresh.stored is not None and fresh.version > before:
-                loaded = fresh
+                loaded, degraded = fresh, None
                 break
-            # The holder may have finished without a new snapshot (its summary
-            # failed, or it had nothing to do): stop waiting once the lock is free.
+            # The holder may end without a snapshot (failed, cancelled): stop once it is free.
             probe = await self.store.acquire(key, _POLL_S)
             if probe is not None:
                 await self.store.release(key, probe)
+                fresh = await load_snapshot(self.store, job.key, job.history)  # saved since?
+                if fresh.stored is not None and fresh.version > before:
+                    loaded, degraded = fresh, None
+                else:
+                    degraded = "summary_failed"
+                    job.turn.record.summary_failed_s += self.clock() - now
                 break
         else:
             if not stalled:
@@ -295,5 +293,7 @@ class Compactor:
         h, budget, role = job.history, job.budget, self.settings.compaction.summary_role
         view = loaded.view(h.pinned)
         if view_tokens(h.counts, h.results, h.pinned, view, budget) <= budget.window:
-            return rebuild_outcome(h, view, loaded.summary, loaded.version, budget, role)
-        return trim_outcome(h, loaded, budget, role)
+            outcome = rebuild_outcome(h, view, loaded.summary, loaded.version, budget, role)
+        else:
+            outcome = trim_outcome(h, loaded, budget, role)
+        return replace(outcome, degraded=degraded)

@@ -279,14 +279,16 @@ class Metrics:
             degraded_requests=Counter(
                 "compaction_proxy_degraded_requests",
                 "Chat requests due a summary and served without one (X-Compaction-Degraded), "
-                "by reason (summary_failed: after their own failed; backoff: the session's "
-                "summaries kept failing, none asked)",
+                "by reason (summary_failed: theirs, or the one they waited for, failed; "
+                "summary_late: the one they waited for outlived the wait; backoff: the "
+                "session's summaries kept failing, none asked)",
                 ["reason"],
                 registry=r,
             ),
             failed_summary_seconds=Counter(
                 "compaction_proxy_failed_summary_seconds",
-                "Seconds chat requests spent in their own summaries that failed",
+                "Seconds chat requests spent in summaries that failed (theirs, or waiting on "
+                "another request's)",
                 registry=r,
             ),
             sent_during_summary=Counter(

@@ -17,9 +17,11 @@ from proxy.types import ChatMessage, ChatRequest
 
 Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed"]
 # Why a turn that was due a summary was served without one (its status still says what
-# the upstream saw): its own summary failed (after spending the time), or the session's
-# back-off after earlier failures skipped it (backoff.py). A closed set: a metric label.
-Degraded = Literal["summary_failed", "backoff"]
+# the upstream saw): its own summary failed, or the one it waited for (another request's)
+# ended without a snapshot, after the time that took; the one it waited for was still
+# running when compaction.wait_for_summary_s ran out (late); or the session's back-off
+# after failures skipped it (backoff.py). A closed set: a metric label.
+Degraded = Literal["summary_failed", "summary_late", "backoff"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,14 @@ class Outcome:
         if self.degraded is not None:
             headers.append((b"x-compaction-degraded", self.degraded.encode()))
         return headers
+
+
+def counted_as(outcome: Outcome) -> str:
+    """A compaction's outcome label (metrics): its view's status, but ``failed`` for a
+    summary that failed while the view still fit (served as it was, not trimmed)."""
+    if outcome.degraded == "summary_failed" and outcome.status != "trimmed":
+        return "failed"
+    return outcome.status
 
 
 def rejected_headers(window: int | None) -> dict[str, str]:

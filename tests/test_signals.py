@@ -9,6 +9,7 @@ renders them).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -19,9 +20,25 @@ import openai
 import pytest
 
 from proxy.config import ModelSpec
+from proxy.outcome import Outcome
+from proxy.pipeline import compacted_view
+from proxy.services import Services
+from proxy.session import session_from_header
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
+from proxy.types import ChatMessage
 from tests.conftest import proxy_settings, run_proxy, run_server
+from tests.fakes import (
+    TENANT,
+    FakeClock,
+    FakeUpstream,
+    conversation,
+    error_reply,
+    fake_settings,
+    make_services,
+    turn_of,
+    until,
+)
 from tests.faulty_upstream import FaultyUpstream, answer, completion
 from tests.test_compaction import WINDOW, Chat, small_window_settings, stats
 from tests.test_precompact import metric
@@ -254,3 +271,39 @@ def test_the_first_tool_request_is_not_counted_below_the_server(
     plain_ours, plain_theirs = _first_estimate(url, model, None)
     assert plain_ours == plain_theirs
     assert ours - plain_ours > 300  # the definitions were counted
+
+
+# In-process: a turn that waited on another request's summary (tests/fakes.py).
+
+
+async def test_a_turn_that_waited_on_a_summary_that_failed_says_so() -> None:
+    """The waiter got the same old view as before, after waiting for a summary that
+    failed: degraded too (its wait on the failure on its line); a wait that ran out on a
+    holder still running says ``summary_late``."""
+    upstream, clock = FakeUpstream(), FakeClock()
+    services = make_services(fake_settings(), upstream, clock)
+    gate = asyncio.Event()
+    upstream.script(summaries=[error_reply(500, gate=gate)])
+    history = conversation(14)  # past the trigger, within the window: served as it is
+    holder = asyncio.create_task(_view(services, history, "failed"))
+    await asyncio.wait_for(upstream.summary_started.wait(), 2)
+    waiter_turn = await turn_of(services, history, "failed")
+    waiter = asyncio.create_task(compacted_view(services, waiter_turn))
+    await until(lambda: clock.sleeps >= 1)
+    clock.advance(0.5)
+    gate.set()
+    outcomes = await asyncio.wait_for(asyncio.gather(holder, waiter), 2)
+    assert [o.status for o in outcomes] == ["passthrough", "passthrough"]
+    assert [o.degraded for o in outcomes] == ["summary_failed", "summary_failed"]
+    assert waiter_turn.record.summary_failed_s >= 0.5
+
+    # A holder that outlives the wait (another replica's, dead mid-summary).
+    late = make_services(fake_settings(), FakeUpstream(), FakeClock(advance_on_sleep=True))
+    lock_ttl = late.settings.compaction.summary_timeout_s + 5
+    assert await late.store.acquire(session_from_header(TENANT, "late"), lock_ttl) is not None
+    outcome = await asyncio.wait_for(_view(late, history, "late"), 2)
+    assert (outcome.status, outcome.degraded) == ("passthrough", "summary_late")
+
+
+async def _view(services: Services, messages: list[ChatMessage], session: str) -> Outcome:
+    return await compacted_view(services, await turn_of(services, messages, session))
