@@ -153,7 +153,7 @@ def _past_the_soft_threshold(chat: Chat, then: int) -> list[float]:
         turn += 1
         assert turn < 40
     for more in range(then):
-        time.sleep(0.2)  # the background summary (if any) is on its way meanwhile
+        time.sleep(0.3)  # the background summary (if any) is on its way meanwhile
         started = time.monotonic()
         chat.say(f"More {more}: {FILLER}")
         took.append(time.monotonic() - started)
