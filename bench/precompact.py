@@ -1,6 +1,7 @@
 """Does any turn of a long agent run wait on a summary? Background pre-compaction, measured.
 
     python bench/precompact.py [--turns 200] [--chat-ms 250] [--summary-ms 2000] [--quick]
+                               [--slots 1]
 
 Starts the simulator (`compaction-proxy simulate-upstream`: chat answers take ``--chat-ms``,
 summaries ``--summary-ms``) and two proxies in front of it, as processes on loopback:
@@ -13,7 +14,9 @@ in a 16k window. A fact planted in a tool output every 10 steps is recalled at t
 
 Prints, per target: per-turn latency p50/p99/max, the turns that waited on a summary (the
 proxy's ``compaction_proxy_inline_summary_waits_total`` moved during the turn) and how many
-of them came after the first compaction, compactions by trigger, facts recalled. Writes
+of them came after the first compaction, compactions by trigger, facts recalled, and the
+turns sent while a background summary ran (``--slots 1``: a single-slot server, where they
+queue behind it: their latency shows it). Writes
 ``bench/results/precompact.json``. Exits 1 when ``proxy`` had a turn wait on a summary after
 the first compaction, failed a turn, or lost a fact.
 """
@@ -64,6 +67,10 @@ class Row:
     waited: int = 0  # turns during which the proxy called the summarizer or waited on one
     waited_after_first: int = 0  # ...of those, after the first compaction was in use
     first_compacted_turn: int | None = None
+    # Turns sent upstream while a background summary ran: a single-slot server (llama.cpp
+    # -np 1) queues them behind it, which "waited" above does not see (the simulator
+    # here has slots to spare, so they did not wait).
+    sent_during_summary: int = 0
     background: int = 0
     inline: int = 0
     planted: int = 0
@@ -111,12 +118,16 @@ def _wait_up(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
 
 
 @contextmanager
-def _servers(workdir: Path, chat_ms: float, summary_ms: float) -> Iterator[dict[str, str]]:
-    """The simulator and both proxies; yields each target's base URL."""
+def _servers(
+    workdir: Path, chat_ms: float, summary_ms: float, slots: int | None
+) -> Iterator[dict[str, str]]:
+    """The simulator (``slots``: as llama.cpp's -np) and both proxies; yields each target's
+    base URL."""
     ports = {name: _free_port() for name in ("direct", "proxy", "proxy-inline")}
     sim_yaml = workdir / "sim.yaml"
     sim_yaml.write_text(
-        f"latency_ms: {chat_ms}\nsummary_latency_ms: {summary_ms}\nmodels:\n"
+        f"latency_ms: {chat_ms}\nsummary_latency_ms: {summary_ms}\nslots: {slots or 'null'}\n"
+        "models:\n"
         f'  - {{match: "agent-16k", context_window: {WINDOW}, max_output_tokens: 8192}}\n'
         '  - {match: "agent-direct", context_window: 1000000, max_output_tokens: 8192}\n'
     )
@@ -237,15 +248,17 @@ class AgentRun:
             name = "compaction_proxy_compactions_by_trigger_total"
             self.row.background = _metric(text, name, 'trigger="background"')
             self.row.inline = _metric(text, name, 'trigger="inline"')
+            during = "compaction_proxy_turns_sent_during_summary_total"
+            self.row.sent_during_summary = _metric(text, during)
         self.http.close()
         return self.row
 
 
-def run(turns: int, chat_ms: float, summary_ms: float) -> list[Row]:
+def run(turns: int, chat_ms: float, summary_ms: float, slots: int | None = None) -> list[Row]:
     rows = []
     with (
         tempfile.TemporaryDirectory(prefix="precompact-") as tmp,
-        _servers(Path(tmp), chat_ms, summary_ms) as urls,
+        _servers(Path(tmp), chat_ms, summary_ms, slots) as urls,
     ):
         for target, url in urls.items():
             model = "agent-direct" if target == "direct" else "agent-16k"
@@ -257,7 +270,8 @@ def run(turns: int, chat_ms: float, summary_ms: float) -> list[Row]:
             s = rows[-1].summary()
             print(
                 f"{target}: p50 {s['p50_ms']:.0f} ms, p99 {s['p99_ms']:.0f} ms, "
-                f"waited {s['waited']} ({s['waited_after_first']} after the first compaction)",
+                f"waited {s['waited']} ({s['waited_after_first']} after the first compaction), "
+                f"{s['sent_during_summary']} sent during a background summary",
                 flush=True,
             )
     return rows
@@ -267,15 +281,16 @@ def table(rows: Sequence[Row]) -> str:
     head = (
         "| target | turns | p50 ms | p99 ms | max ms | turns that waited on a summary "
         "| ...after the first compaction | compactions background/inline | facts recalled "
-        "| failed |"
+        "| failed | sent during a background summary |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for row in rows:
         s = row.summary()
         lines.append(
             f"| {row.target} | {s['turns']} | {s['p50_ms']:.0f} | {s['p99_ms']:.0f} "
             f"| {s['max_ms']:.0f} | {row.waited} | {row.waited_after_first} "
-            f"| {row.background}/{row.inline} | {row.recalled}/{row.planted} | {row.failed} |"
+            f"| {row.background}/{row.inline} | {row.recalled}/{row.planted} | {row.failed} "
+            f"| {row.sent_during_summary} |"
         )
     return "\n".join(lines)
 
@@ -286,10 +301,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--chat-ms", type=float, default=CHAT_MS)
     parser.add_argument("--summary-ms", type=float, default=SUMMARY_MS)
     parser.add_argument("--quick", action="store_true", help="80 turns")
+    parser.add_argument(
+        "--slots", type=int, default=None, help="the simulator's slots (llama.cpp -np; 1: one)"
+    )
     args = parser.parse_args(argv)
     turns = 80 if args.quick else args.turns
     started = time.monotonic()
-    rows = run(turns, args.chat_ms, args.summary_ms)
+    rows = run(turns, args.chat_ms, args.summary_ms, args.slots)
     print()
     print(table(rows))
     RESULTS.parent.mkdir(exist_ok=True)

@@ -29,7 +29,7 @@ from proxy.errors import SummaryError
 from proxy.fold import Folder
 from proxy.metrics import Metrics
 from proxy.models import ModelTable
-from proxy.outcome import Outcome, Turn
+from proxy.outcome import Degraded, Outcome, Turn, counted_as
 from proxy.plan import Plan, plan_compaction
 from proxy.rebuild import rebuild_outcome
 from proxy.schedule import TRACKED_LIMIT
@@ -115,11 +115,12 @@ class Compactor:
             # Its last summary failed: trim without asking (nor taking the lock) this time.
             role = self.settings.compaction.summary_role
             outcome = trim_outcome(job.history, loaded, job.budget, role)
+            outcome = replace(outcome, degraded="backoff")
             self.metrics.compactions.labels(trigger=job.trigger, outcome="backoff").inc()
             self._log(job, loaded, outcome, started)
             return outcome
         outcome = await self._compact(job, loaded, plan)
-        self.metrics.compactions.labels(trigger=job.trigger, outcome=outcome.status).inc()
+        self.metrics.compactions.labels(trigger=job.trigger, outcome=counted_as(outcome)).inc()
         if outcome.status == "compacted":
             self.metrics.compactions_by_trigger.labels(trigger="inline").inc()
         self._log(job, loaded, outcome, started)
@@ -209,6 +210,7 @@ class Compactor:
         h, role = job.history, self.settings.compaction.summary_role
         start, end = plan.summarize
         span = h.messages[start:end]
+        started = self.clock()
         try:
             folded = await self._folder.fold(
                 job.turn, job.key, loaded.summary, span, background=job.background
@@ -220,15 +222,21 @@ class Compactor:
             log.warning(
                 "session=%s summarization failed (%s); trimming instead", job.key.log_id, exc
             )
-            return trim_outcome(h, loaded, job.budget, role)
+            return self._failed(job, trim_outcome(h, loaded, job.budget, role), started)
         if folded is None:  # far over its budget: not kept
             self.backoff.failed(job.key)
-            return trim_outcome(h, loaded, job.budget, role)
+            return self._failed(job, trim_outcome(h, loaded, job.budget, role), started)
         self.backoff.succeeded(job.key)
         plan = replace(plan, view=replace(plan.view, summary_tokens=folded.tokens))
         new = next_snapshot(loaded, folded.summary, plan, h, job.budget, job.turn.model.name)
         outcome = await self._saved(job, new, plan)
         return replace(outcome, restored=folded.restored)
+
+    def _failed(self, job: Job, fallback: Outcome, started: float) -> Outcome:
+        """``fallback`` marked as served after a failed summary, whose time the request's
+        line reports (what made the turn slow, whatever its status says)."""
+        job.turn.record.summary_failed_s += self.clock() - started
+        return replace(fallback, degraded="summary_failed")
 
     async def _saved(self, job: Job, new: Snapshot, plan: Plan) -> Outcome:
         """Write ``new`` (compare-and-swap) and show the history under it."""
@@ -252,17 +260,23 @@ class Compactor:
         if not stalled:
             self.metrics.summary_waits.labels(kind="waited").inc()
         deadline = now + (0 if stalled else self.settings.compaction.wait_for_summary_s)
+        degraded: Degraded | None = "summary_late"  # unless it lands, or is seen to fail
         while self.clock() < deadline:
             await self.sleep(_POLL_S)
             fresh = await load_snapshot(self.store, job.key, job.history)
             if fresh.stored is not None and fresh.version > before:
-                loaded = fresh
+                loaded, degraded = fresh, None
                 break
-            # The holder may have finished without a new snapshot (its summary
-            # failed, or it had nothing to do): stop waiting once the lock is free.
+            # The holder may end without a snapshot (failed, cancelled): stop once it is free.
             probe = await self.store.acquire(key, _POLL_S)
             if probe is not None:
                 await self.store.release(key, probe)
+                fresh = await load_snapshot(self.store, job.key, job.history)  # saved since?
+                if fresh.stored is not None and fresh.version > before:
+                    loaded, degraded = fresh, None
+                else:
+                    degraded = "summary_failed"
+                    job.turn.record.summary_failed_s += self.clock() - now
                 break
         else:
             if not stalled:
@@ -279,5 +293,7 @@ class Compactor:
         h, budget, role = job.history, job.budget, self.settings.compaction.summary_role
         view = loaded.view(h.pinned)
         if view_tokens(h.counts, h.results, h.pinned, view, budget) <= budget.window:
-            return rebuild_outcome(h, view, loaded.summary, loaded.version, budget, role)
-        return trim_outcome(h, loaded, budget, role)
+            outcome = rebuild_outcome(h, view, loaded.summary, loaded.version, budget, role)
+        else:
+            outcome = trim_outcome(h, loaded, budget, role)
+        return replace(outcome, degraded=degraded)

@@ -188,11 +188,10 @@ class CompactionSettings(_Section):
     elide_min_tokens: int = Field(400, ge=1)
     # Concurrent requests of a session wait this long for a running summary.
     wait_for_summary_s: float = Field(30.0, ge=0)
-    # Background pre-compaction (precompact.py): once a turn's view passes this share
-    # of the window (below trigger_ratio), its session is compacted after the answer
-    # is out, so the turn that would cross the trigger finds a snapshot ready. It
-    # compacts down to target_ratio scaled by precompact_ratio / trigger_ratio: an
-    # inline compaction's proportions, earlier. None or 0: off.
+    # Background pre-compaction (precompact.py): once a turn's view passes this share of
+    # the window (below trigger_ratio), its session is compacted after the answer is out,
+    # so the turn that would cross the trigger finds a snapshot ready. Down to target_ratio
+    # x precompact_ratio / trigger_ratio: inline's proportions, earlier. None or 0: off.
     precompact_ratio: float | None = Field(0.6, ge=0, lt=1)
     # At most this many background summaries at once per process; more are skipped.
     precompact_concurrency: int = Field(2, ge=1)
@@ -244,14 +243,15 @@ class ModelSpec(_Section):
     match: str = "*"
     context_window: int = Field(gt=0)
     max_output_tokens: int = Field(4096, gt=0)
-    # None: chosen from the model name's family (see models.default_tokenizer).
-    tokenizer: str | None = None
+    tokenizer: str | None = None  # None: from the name's family (models.default_tokenizer)
+    precompact: bool = True  # false: no background summaries (a single-slot server: README)
 
 
 class DefaultModelSpec(_Section):
     context_window: int = Field(32768, gt=0)
     max_output_tokens: int = Field(4096, gt=0)
     tokenizer: str | None = None
+    precompact: bool = True
 
 
 class Settings(BaseSettings):

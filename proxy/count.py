@@ -47,25 +47,31 @@ class History:
 
 
 async def count_history(
-    counter: TokenCounter, chat: ChatRequest, body: bytes, pin_first_user: bool, seed: int
+    counter: TokenCounter,
+    chat: ChatRequest,
+    body: bytes,
+    pin_first_user: bool,
+    seed: int,
+    templated: bool = False,
 ) -> History:
     """Digests (under ``seed``: ``digest.tenant_seed``), per-message token counts and
-    the tokens outside the messages."""
+    the tokens outside the messages (tool definitions as a chat template renders them
+    when ``templated``: ``TokenCounter.fixed``)."""
     messages = chat["messages"]
     if len(body) > _INLINE_DIGEST_BYTES or len(messages) > _INLINE_MESSAGES:
         digests, counts, fixed, results = await asyncio.to_thread(
-            _digest_and_count, counter, chat, seed
+            _digest_and_count, counter, chat, seed, templated
         )
     else:
         digests, sizes = digests_and_sizes(messages, seed)
         results = result_flags(messages)
         # The body bounds whatever is left to tokenize: small ones need no cache check.
         if len(body) > INLINE_COUNT_BYTES and (
-            counter.pending_bytes(chat, digests, sizes, seed) > INLINE_COUNT_BYTES
+            counter.pending_bytes(chat, digests, sizes, seed, templated) > INLINE_COUNT_BYTES
         ):
-            counts, fixed = await asyncio.to_thread(_count, counter, chat, digests, seed)
+            counts, fixed = await asyncio.to_thread(_count, counter, chat, digests, seed, templated)
         else:
-            counts, fixed = _count(counter, chat, digests, seed)
+            counts, fixed = _count(counter, chat, digests, seed, templated)
     pinned = count_pinned(messages, pin_first_user)
     return History(messages, digests, counts, pinned, fixed, results)
 
@@ -77,13 +83,14 @@ async def count_text(counter: TokenCounter, text: str) -> int:
 
 
 def _digest_and_count(
-    counter: TokenCounter, chat: ChatRequest, seed: int
+    counter: TokenCounter, chat: ChatRequest, seed: int, templated: bool
 ) -> tuple[list[bytes], list[int], int, bytes]:
     digests, _ = digests_and_sizes(chat["messages"], seed)
-    return (digests, *_count(counter, chat, digests, seed), result_flags(chat["messages"]))
+    counted = _count(counter, chat, digests, seed, templated)
+    return (digests, *counted, result_flags(chat["messages"]))
 
 
 def _count(
-    counter: TokenCounter, chat: ChatRequest, digests: list[bytes], seed: int
+    counter: TokenCounter, chat: ChatRequest, digests: list[bytes], seed: int, templated: bool
 ) -> tuple[list[int], int]:
-    return counter.messages(chat["messages"], digests), counter.fixed(chat, seed)
+    return counter.messages(chat["messages"], digests), counter.fixed(chat, seed, templated)

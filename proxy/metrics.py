@@ -24,6 +24,7 @@ from proxy.series import (
     ADDED_BUCKETS,
     CALL_BUCKETS,
     CHAT_STATUSES,
+    DEGRADED_REASONS,
     PRECOMPACTION_OUTCOMES,
     STORE_BUCKETS,
     STORE_OPERATIONS,
@@ -68,6 +69,9 @@ class Metrics:
     precompactions_running: Gauge
     summary_waits: Counter
     requests_cut_at_shutdown: Counter
+    degraded_requests: Counter
+    failed_summary_seconds: Counter
+    sent_during_summary: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -86,8 +90,9 @@ class Metrics:
                 "compaction_proxy_compactions",
                 "Compactions by trigger (threshold, forced, overflow_recovery, scheduled; "
                 "precompact: in the background after an answer, counted only when it "
-                "compacted) and outcome (compacted; trimmed: the summary failed; backoff: "
-                "trimmed unasked, its summaries kept failing; snapshot: another's served)",
+                "compacted) and outcome (compacted; trimmed: the summary failed; failed: it "
+                "failed, the view fit untrimmed; backoff: not asked, its summaries kept "
+                "failing; snapshot: another's served)",
                 ["trigger", "outcome"],
                 registry=r,
             ),
@@ -271,13 +276,34 @@ class Metrics:
                 "(server.shutdown_timeout_s), ended unfinished",
                 registry=r,
             ),
+            degraded_requests=Counter(
+                "compaction_proxy_degraded_requests",
+                "Chat requests due a summary and served without one (X-Compaction-Degraded), "
+                "by reason (summary_failed: theirs, or the one they waited for, failed; "
+                "summary_late: the one they waited for outlived the wait; backoff: the "
+                "session's summaries kept failing, none asked)",
+                ["reason"],
+                registry=r,
+            ),
+            failed_summary_seconds=Counter(
+                "compaction_proxy_failed_summary_seconds",
+                "Seconds chat requests spent in summaries that failed (theirs, or waiting on "
+                "another request's)",
+                registry=r,
+            ),
+            sent_during_summary=Counter(
+                "compaction_proxy_turns_sent_during_summary",
+                "Chat requests sent upstream while a background summary on the same model ran "
+                "(a single-slot server, llama.cpp -np 1, makes them wait for it)",
+                registry=r,
+            ),
         )
 
     def __post_init__(self) -> None:
         for status in CHAT_STATUSES:
             self.requests.labels(status=status)
         for trigger in TRIGGERS:
-            for outcome in ("compacted", "trimmed"):
+            for outcome in ("compacted", "trimmed", "failed"):
                 self.compactions.labels(trigger=trigger, outcome=outcome)
         # store_duration's (14 series each) come with the Redis store that times its calls.
         for operation in STORE_OPERATIONS:
@@ -299,6 +325,8 @@ class Metrics:
             self.compactions_by_trigger.labels(trigger=where)
         for kind in ("summarized", "waited"):
             self.summary_waits.labels(kind=kind)
+        for reason in DEGRADED_REASONS:
+            self.degraded_requests.labels(reason=reason)
 
     def exposition(self) -> bytes:
         return exposition(self.registry)

@@ -32,6 +32,11 @@ DEFAULT_TOKENIZER = "cl100k_base"
 _CACHE_LIMIT = 10_000
 
 
+def openai_family(model: str) -> bool:
+    """Whether ``model`` names one of OpenAI's own model families."""
+    return any(fnmatchcase(model, p) for patterns, _ in _FAMILY_TOKENIZERS for p in patterns)
+
+
 def default_tokenizer(model: str) -> str:
     for patterns, name in _FAMILY_TOKENIZERS:
         if any(fnmatchcase(model, p) for p in patterns):
@@ -46,6 +51,10 @@ class ResolvedModel:
     max_output_tokens: int
     tokenizer: str
     matched: str  # the rule that matched: a pattern, or "default"
+    precompact: bool = True  # background pre-compaction (precompact.py) for this model
+    # Count tool definitions as an open model's chat template renders them (tokens.py):
+    # every model outside OpenAI's families, which count them their own way.
+    templated_tools: bool = False
 
 
 class ModelTable:
@@ -93,6 +102,8 @@ class ModelTable:
                 max_output_tokens=spec.max_output_tokens,
                 tokenizer=spec.tokenizer or default_tokenizer(model),
                 matched=spec.match,
+                precompact=spec.precompact,
+                templated_tools=not openai_family(model),
             )
         return ResolvedModel(
             name=model,
@@ -100,6 +111,8 @@ class ModelTable:
             max_output_tokens=self._default.max_output_tokens,
             tokenizer=self._default.tokenizer or default_tokenizer(model),
             matched="default",
+            precompact=self._default.precompact,
+            templated_tools=not openai_family(model),
         )
 
     def tokenizers(self) -> set[str]:

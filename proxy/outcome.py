@@ -1,7 +1,8 @@
 """The values one chat request's compaction steps share: its ``Turn`` and its ``Outcome``.
 
 ``Outcome.headers`` renders the response headers that tell the client what the
-upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Window``).
+upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Window``),
+and ``X-Compaction-Degraded`` when the turn was due a summary it did not get.
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ from proxy.record import Record
 from proxy.types import ChatMessage, ChatRequest
 
 Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed"]
+# Why a turn that was due a summary was served without one (its status still says what
+# the upstream saw): its own summary failed, or the one it waited for (another request's)
+# ended without a snapshot, after the time that took; the one it waited for was still
+# running when compaction.wait_for_summary_s ran out (late); or the session's back-off
+# after failures skipped it (backoff.py). A closed set: a metric label.
+Degraded = Literal["summary_failed", "summary_late", "backoff"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +54,26 @@ class Outcome:
     restored: int = 0
     # To start once the answer has gone out: background pre-compaction (precompact.py).
     after: Callable[[], Awaitable[None]] | None = None
+    degraded: Degraded | None = None
 
     def headers(self) -> list[tuple[bytes, bytes]]:
-        return [
+        headers = [
             (b"x-compaction-status", self.status.encode()),
             (b"x-compaction-version", str(self.version).encode()),
             (b"x-context-tokens", str(self.tokens).encode()),
             (b"x-context-window", str(self.window).encode()),
         ]
+        if self.degraded is not None:
+            headers.append((b"x-compaction-degraded", self.degraded.encode()))
+        return headers
+
+
+def counted_as(outcome: Outcome) -> str:
+    """A compaction's outcome label (metrics): its view's status, but ``failed`` for a
+    summary that failed while the view still fit (served as it was, not trimmed)."""
+    if outcome.degraded == "summary_failed" and outcome.status != "trimmed":
+        return "failed"
+    return outcome.status
 
 
 def rejected_headers(window: int | None) -> dict[str, str]:

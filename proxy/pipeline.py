@@ -105,17 +105,16 @@ async def compacted_view(
     chat, model = turn.chat, turn.model
     window = model.context_window
     reserve = output_reserve(chat, model.max_output_tokens)
-    # Far below the trigger (and the pre-compaction threshold): no store round trip,
-    # no counting.
-    soonest = c.precompact_ratio or c.trigger_ratio
+    # Far below the trigger (and the pre-compaction threshold): no store, no counting.
+    soonest = (c.precompact_ratio if model.precompact else None) or c.trigger_ratio
     far_below = bounded_by(turn.body, chat["messages"], int(window * soonest) - reserve)
     hinted = services.schedule.take_hint(turn.tenant, turn.session_header)
     if far_below and not (force or recover or hinted):
         return Outcome("passthrough", None, 0, len(turn.body) // 4, window, counted=False)
 
-    counter = services.counters[model.tokenizer]
-    seed = tenant_seed(turn.tenant)
-    history = await count_history(counter, chat, turn.body, c.pin_first_user, seed)  # 5.
+    counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
+    templated = model.templated_tools  # 5. count (tool definitions as templates render them)
+    history = await count_history(counter, chat, turn.body, c.pin_first_user, seed, templated)
     key = await session_of(turn, history.messages)  # 3.
     slots = services.settings.session.derived_slots
     key, loaded = await load_session(services.store, key, history, slots)  # 4. snapshot
@@ -169,6 +168,7 @@ async def forward(
         # Until the answer's bytes flow, only this notices a client that gave up.
         async with cancelled_on_disconnect(request.receive):
             record.sending(outcome)
+            services.precompactor.note_sent(turn)  # queued behind a background summary?
             response = await services.client.send("POST", route.url, route.headers, first.body)
             answer: upstream.UpstreamResponse | Response = response
             status = response.status_code

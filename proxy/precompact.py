@@ -43,6 +43,7 @@ from starlette.background import BackgroundTasks
 from starlette.responses import Response
 
 from proxy.budget import Budget
+from proxy.busy import BusyModels
 from proxy.compact import Compactor, Job
 from proxy.config import CompactionSettings
 from proxy.count import History
@@ -104,6 +105,8 @@ class Precompactor:
     preempted: set[SessionKey] = field(default_factory=set)
     closed: bool = False
     share: int = field(init=False)  # slots one tenant may keep while another wants one
+    # The models that runs ask for summaries now: turns sent to them meanwhile may queue.
+    busy: BusyModels = field(default_factory=BusyModels)
 
     def __post_init__(self) -> None:
         ttl = max(self.settings.precompact_retry_s, 1e-6)  # 0: no back-off
@@ -116,11 +119,19 @@ class Precompactor:
     ) -> FollowUp | None:
         """What to start once ``turn``'s answer is out, when its view (``tokens`` under
         ``budget``) is past the soft threshold; None otherwise. O(1) on the request path."""
-        if not wants_precompaction(tokens, budget.window, self.settings):
+        if not turn.model.precompact or not wants_precompaction(
+            tokens, budget.window, self.settings
+        ):
             return None
         early = background_budget(budget, self.settings)
         job = Job(turn, key, history, early, "precompact", background=True)
         return partial(self.start, job)
+
+    def note_sent(self, turn: Turn | None) -> None:
+        """Count ``turn`` as sent upstream while a background summary on its model runs:
+        a single-slot server makes it wait for that summary (busy.py). O(1)."""
+        if turn is not None and self.busy.busy(turn.chat["model"]):
+            self.metrics.sent_during_summary.inc()
 
     async def start(self, job: Job) -> None:
         """Start compacting ``job``'s session in the background, unless a bound says no.
@@ -184,7 +195,8 @@ class Precompactor:
     async def _run(self, job: Job) -> str:
         """The run's outcome; raises nothing but ``CancelledError``."""
         try:
-            return await self._compact(job)
+            with self.busy.summarizing(self.settings.summarizer_model or job.turn.chat["model"]):
+                return await self._compact(job)
         except SummaryError as exc:  # its message names the failure, never content
             log.warning("session=%s background summary failed (%s)", job.key.log_id, exc)
             return "failed"

@@ -56,6 +56,7 @@ class Record:
     tokens_before: int | None = None  # the history as the client sent it, when counted
     trigger: str | None = None
     summary_s: float | None = None
+    summary_failed_s: float = 0.0  # in summaries that failed: its own, or waiting (compact.py)
     # Upstream calls: their time so far, when the one under way was sent (0: none is),
     # and the status of the last answer (None: never called; 0: no answer).
     upstream_s: float = 0.0

@@ -17,7 +17,7 @@ from prometheus_client import Counter, Histogram
 
 from proxy.logs import ACCESS, write_request_line
 from proxy.metrics import Metrics
-from proxy.series import CHAT_STATUSES, status_label
+from proxy.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
 from proxy.session import session_from_header
 
 if TYPE_CHECKING:
@@ -102,6 +102,9 @@ class Recorder:
         self._added: dict[str, _FastHistogram] = {}
         self._ttfb: dict[str, _FastHistogram] = {}
         self._chat = {s: _FastCounter(metrics.requests.labels(status=s)) for s in CHAT_STATUSES}
+        self._degraded = {
+            r: _FastCounter(metrics.degraded_requests.labels(reason=r)) for r in DEGRADED_REASONS
+        }
         self._before = _FastCounter(metrics.input_tokens.labels(stage="before"))
         self._after = _FastCounter(metrics.input_tokens.labels(stage="after"))
 
@@ -124,9 +127,13 @@ class Recorder:
             )
         if rec.event_stream and rec.ttfb_s is not None:
             _histogram(self._ttfb, m.stream_ttfb, route).observe(rec.ttfb_s)
+        if rec.summary_failed_s:
+            m.failed_summary_seconds.inc(rec.summary_failed_s)
         outcome = rec.outcome
         if outcome is not None and rec.upstream_status:  # chat requests the upstream answered
             self._chat[outcome.status].inc()
+            if outcome.degraded is not None:
+                self._degraded[outcome.degraded].inc()
             before = rec.tokens_before
             self._before.inc(outcome.tokens if before is None else before)
             self._after.inc(outcome.tokens)
@@ -176,6 +183,8 @@ class Recorder:
         outcome = rec.outcome
         if outcome is not None:
             fields["compaction"] = outcome.status
+            if outcome.degraded is not None:
+                fields["degraded"] = outcome.degraded
             before = rec.tokens_before
             fields["tokens_before"] = outcome.tokens if before is None else before
             fields["tokens_after"] = outcome.tokens
@@ -184,6 +193,8 @@ class Recorder:
             fields["trigger"] = rec.trigger
         if rec.summary_s is not None:
             fields["summary_ms"] = round(rec.summary_s * 1000, 2)
+        if rec.summary_failed_s:
+            fields["summary_failed_ms"] = round(rec.summary_failed_s * 1000, 2)
 
 
 def _histogram(cache: dict[str, _FastHistogram], family: Histogram, route: str) -> _FastHistogram:

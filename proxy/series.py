@@ -40,6 +40,7 @@ STORE_OPERATIONS = (
 )
 TRIGGERS = ("threshold", "forced", "overflow_recovery", "scheduled", "precompact")
 CHAT_STATUSES = ("passthrough", "snapshot", "compacted", "trimmed", "bypassed")
+DEGRADED_REASONS = ("summary_failed", "summary_late", "backoff")  # outcome.Degraded
 PRECOMPACTION_OUTCOMES = (
     "compacted",
     "covered",

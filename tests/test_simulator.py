@@ -746,6 +746,7 @@ def test_requests_are_recorded_with_relevant_headers_and_cleared(http: httpx.Cli
         "failures": 0,
         "streams_abandoned": 0,
         "calls_abandoned": 0,
+        "slot_waits": 0,
     }
     http.delete("/_sim/requests")
     assert http.get("/_sim/requests").json() == []

@@ -666,3 +666,22 @@ def test_bounded_by_agrees_with_upper_bound(
     body: bytes, messages: list[dict[str, Any]], limit: int
 ) -> None:
     assert bounded_by(body, messages, limit) == (upper_bound(body, messages) <= limit)
+
+
+def test_tool_definitions_count_as_a_template_renders_them_when_asked() -> None:
+    """Issue 21: an open model's chat template wraps each tool's spaced JSON in fixed
+    instructions; counted so when ``templated`` (cached apart from the plain count)."""
+    from proxy.tokens import TEMPLATE_TOOLS_HEAD, TEMPLATE_TOOLS_TAIL
+
+    counter = TokenCounter(ENCODER)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    request: Any = {"model": "m", "messages": [], "tools": tools}
+    rendered = TEMPLATE_TOOLS_HEAD + '\n{"type": "function", "function": {"name": "f", '
+    rendered += '"parameters": {"type": "object"}}}' + TEMPLATE_TOOLS_TAIL
+    templated = counter.fixed(request, templated=True)
+    assert templated == REPLY_PRIMING + ENCODER.count(rendered)
+    plain = counter.fixed(request)
+    assert plain == REPLY_PRIMING + ENCODER.count(orjson.dumps(tools).decode()) < templated
+    assert counter.fixed(request, templated=True) == templated  # from the cache
+    plain_chat: Any = {"model": "m", "messages": []}
+    assert counter.fixed(plain_chat, templated=True) == counter.fixed(plain_chat) == REPLY_PRIMING

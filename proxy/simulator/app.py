@@ -9,7 +9,8 @@ A chat request goes through these steps, in order (``_answer_chat``):
 4. reject ``max_tokens`` above the model's output limit;
 5. count prompt tokens and reject an overflow in the model's error format;
 6. build the deterministic reply (``replies.py``) and send it as JSON, after
-   ``latency_ms`` (a summary: ``summary_latency_ms``), or as SSE with the stream delays.
+   ``latency_ms`` (a summary: ``summary_latency_ms``), or as SSE with the stream delays,
+   holding one of ``slots`` (when set: others queue, as on a single-slot server).
 
 ``/v1/responses`` follows the same steps with the Responses API's shapes
 (responses.py). Encoders load once, here; nothing on the request path reads files.
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -77,6 +79,19 @@ class Simulator:
         self.responses = StoredResponses()  # for previous_response_id
         # Bounded: clients may invent model names. Event loop only, so no lock.
         self._profiles: LRUCache[str, ModelProfile] = LRUCache(_PROFILE_CACHE_LIMIT)
+        self._slots = asyncio.Semaphore(config.slots) if config.slots else None
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of ``config.slots`` while answering: a request beyond them waits
+        for one, as on llama.cpp's server with ``-np`` slots (summaries included)."""
+        if self._slots is None:
+            yield
+            return
+        if self._slots.locked():
+            self.recorder.bump("slot_waits")
+        async with self._slots:
+            yield
 
     def profile(self, model: str) -> ModelProfile:
         found = self._profiles.get(model)
@@ -135,7 +150,7 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
             profile.error_format, asked[0], asked[1], profile.max_output_tokens, profile.name
         )
     counter = sim.counter(profile)
-    prompt = counter.prompt(body)
+    prompt = counter.prompt(body, profile.tool_format)
     if profile.token_scale != 1.0:
         prompt = replace(prompt, total=int(prompt.total * profile.token_scale))
     window = profile.context_window
@@ -176,9 +191,10 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
         latency = sim.config.summary_latency_ms
     if overrides.latency_ms is not None:
         latency = overrides.latency_ms
-    if latency > 0 and await _abandoned_during(request, latency):
-        sim.recorder.bump("calls_abandoned")
-        return Response(status_code=499)  # nobody reads it: the client has gone
+    async with sim.slot():
+        if latency > 0 and await _abandoned_during(request, latency):
+            sim.recorder.bump("calls_abandoned")
+            return Response(status_code=499)  # nobody reads it: the client has gone
     return _json(completion_body(completion))
 
 
@@ -201,10 +217,22 @@ def _stream(
     )
     abandoned = partial(sim.recorder.bump, "streams_abandoned")
     return StreamingResponse(
-        with_thinking(events, overrides, abandoned),
+        _in_slot(sim, with_thinking(events, overrides, abandoned)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
     )
+
+
+async def _in_slot(sim: Simulator, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``events``, sent while holding a slot (``Simulator.slot``)."""
+    try:
+        async with sim.slot():
+            async for event in events:
+                yield event
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def _chat_route(sim: Simulator) -> Handler:

@@ -11,9 +11,11 @@ Every key is optional::
     reply_tokens: 24
     latency_ms: 0
     summary_latency_ms: null # summaries (X-Compaction-Purpose: summarize); null: latency_ms
+    slots: null              # chat completions served at once (llama.cpp -np); more queue
     recording: {max_requests: 10000, max_bytes: 134217728}   # for GET /_sim/requests
 
-A model rule may override ``tokenizer``, ``error_format`` and ``strict_alternation``.
+A model rule may override ``tokenizer``, ``error_format`` and ``strict_alternation``,
+and say how it counts tool definitions (``tool_format``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from proxy.errors import ConfigError
 ErrorFormat = Literal["openai", "vllm", "vllm_legacy", "anthropic", "llamacpp", "gateway413"]
 ERROR_FORMATS: tuple[str, ...] = get_args(ErrorFormat)
 SummaryStyle = Literal["ideal", "realistic"]
+ToolFormat = Literal["json", "hermes"]
 
 
 class _Section(BaseModel):
@@ -52,6 +55,9 @@ class ModelRule(_Section):
     summary_style: SummaryStyle = "ideal"
     # Forget every Nth fact (in key order) when summarizing; 0 forgets none.
     summary_forgets: int = Field(default=0, ge=0)
+    # How tool definitions count (counting.py): "json", their JSON text; "hermes", as
+    # Qwen2.5's and Hermes' chat templates render them (llama.cpp, vLLM serving those).
+    tool_format: ToolFormat = "json"
 
 
 class ModelDefaults(_Section):
@@ -81,6 +87,9 @@ class SimulatorConfig(_Section):
     latency_ms: float = Field(default=0, ge=0)
     # A summarizer slower (or faster) than the chat model; None: latency_ms.
     summary_latency_ms: float | None = Field(default=None, ge=0)
+    # Chat completions (summaries included) answered at once, as llama.cpp's -np: one
+    # beyond them queues for a slot (counted: slot_waits). None: no limit.
+    slots: int | None = Field(default=None, ge=1)
     recording: RecordingConfig = RecordingConfig()
 
     def tokenizers(self) -> list[str]:
@@ -107,6 +116,7 @@ class ModelProfile:
     token_scale: float = 1.0
     summary_style: SummaryStyle = "ideal"
     summary_forgets: int = 0
+    tool_format: ToolFormat = "json"
 
 
 def resolve_model(config: SimulatorConfig, name: str) -> ModelProfile:
@@ -138,6 +148,7 @@ def resolve_model(config: SimulatorConfig, name: str) -> ModelProfile:
         token_scale=rule.token_scale,
         summary_style=rule.summary_style,
         summary_forgets=rule.summary_forgets,
+        tool_format=rule.tool_format,
     )
 
 

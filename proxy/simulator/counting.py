@@ -7,7 +7,10 @@ The rule, deterministic and documented rather than exact:
   non-text part a flat 85), its ``name`` (+1), and for each tool call the
   tokens of the function name and the arguments;
 * 3 more tokens prime the reply;
-* ``tools`` (and legacy ``functions``) count as the text of their JSON.
+* ``tools`` (and legacy ``functions``) count as the text of their JSON, or, for a
+  model whose ``tool_format`` is ``hermes``, as Qwen2.5's and Hermes' chat templates
+  render them into the system message: fixed instructions around one line per tool,
+  the tool's JSON with Python's ``json.dumps`` spacing (jinja's ``tojson``).
 
 Long strings repeat across the requests of one conversation, so their counts
 are memoised in a bounded table; that keeps long benchmark runs cheap.
@@ -15,6 +18,7 @@ are memoised in a bounded table; that keeps long benchmark runs cheap.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +26,23 @@ import orjson
 from cachetools import LRUCache
 
 from proxy.encodings import Encoder
+from proxy.simulator.config import ToolFormat
 
 PER_MESSAGE = 3
 REPLY_PRIMING = 3
 PER_NAME = 1
 NON_TEXT_PART = 85
+
+# Qwen2.5's chat template (tokenizer_config.json), around ``{{ tool | tojson }}`` lines.
+HERMES_TOOLS_HEAD = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+HERMES_TOOLS_TAIL = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
 
 _MEMO_MIN_CHARS = 256
 _MEMO_MAX_ENTRIES = 8192
@@ -102,12 +118,15 @@ class PromptCounter:
                     total += self.text(str(fn.get("arguments", "")))
         return total
 
-    def prompt(self, body: dict[str, Any]) -> PromptCount:
+    def prompt(self, body: dict[str, Any], tool_format: ToolFormat = "json") -> PromptCount:
         messages = body.get("messages") or []
         total = REPLY_PRIMING + sum(self.message(m) for m in messages if isinstance(m, dict))
         tools = 0
         for key in ("tools", "functions"):
             defs = body.get(key)
-            if defs:
+            if defs and tool_format == "hermes" and isinstance(defs, list):
+                lines = "".join("\n" + json.dumps(d, ensure_ascii=False) for d in defs)
+                tools += self.text(HERMES_TOOLS_HEAD + lines + HERMES_TOOLS_TAIL)
+            elif defs:
                 tools += self.text(orjson.dumps(defs).decode())
         return PromptCount(total=total + tools, tools=tools)

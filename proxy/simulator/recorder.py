@@ -21,6 +21,7 @@ Counter = Literal[
     "failures",
     "streams_abandoned",
     "calls_abandoned",
+    "slot_waits",  # requests that queued for a slot (config.slots)
 ]
 COUNTERS: tuple[Counter, ...] = get_args(Counter)
 

@@ -129,7 +129,7 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any]) -> Res
     counter = sim.counter(profile)
     messages = chat_messages(body.get("instructions"), items)
     tools = body.get("tools") or []
-    prompt = counter.prompt({"messages": messages, "tools": tools})
+    prompt = counter.prompt({"messages": messages, "tools": tools}, profile.tool_format)
     total = int((prompt.total + reasoning_tokens(items, counter)) * profile.token_scale)
     window = profile.context_window
     if total + (asked or 0) > window:
