@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import TypeAlias
+
+_Node: TypeAlias = dict[str, "_Node"]  # a prefix tree: a letter to the rest; "" ends a word
 
 # Labels whose value has a digit, or is an amount, a date or a host name.
 VALUE_LABELS = (
@@ -40,7 +43,7 @@ LINK_WORDS = (
 
 def _trie(words: Iterable[str]) -> str:
     """An alternation of ``words`` as a prefix tree: ``po(?:rt|licy)`` for port, policy."""
-    root: dict[str, dict] = {}  # type: ignore[type-arg]
+    root: _Node = {}
     for word in words:
         node = root
         for char in word:
@@ -49,7 +52,7 @@ def _trie(words: Iterable[str]) -> str:
     return _render(root)
 
 
-def _render(node: dict) -> str:  # type: ignore[type-arg]
+def _render(node: _Node) -> str:
     ends = "" in node
     branches = [re.escape(char) + _render(child) for char, child in sorted(node.items()) if char]
     if not branches:
@@ -72,7 +75,8 @@ _DATE = (
 )
 _TOKEN = r"(?=[\w./:@+#-]{0,79}\d)[A-Za-z0-9#][\w./:@+-]{0,79}+"
 _HOST = r"[a-z0-9][a-z0-9-]*(?:\.[a-z0-9-]+)+\b"
-_NAME = r"[A-Z][\w'’-]*+(?:[ \t][A-Z][\w'’-]*+){0,3}|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
+# Capitalised words (O'Neil, O\u2019Neil) or an email address.
+_NAME = r"[A-Z][\w'\u2019-]*+(?:[ \t][A-Z][\w'\u2019-]*+){0,3}|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
 _LINK = rf"(?:[ \t]*(?:[:=#]|no\.|\b{_trie(LINK_WORDS)}\b)){{0,4}}[ \t]*"
 _CONST = r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+"
 # A setting's name: constant-case, or with a dot or underscore in it.

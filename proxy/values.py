@@ -153,7 +153,6 @@ def _slices(text: str) -> Iterator[str]:
 
 def _clean(match: re.Match[str]) -> Value | None:
     kind = match.lastgroup
-    group = match.group
     if kind == "labelled" or kind == "named":
         return _labelled(match, kind)
     if kind in ("kv", "spaced", "assign", "colon"):
@@ -225,19 +224,19 @@ def _context(text: str, start: int, end: int) -> str:
         before = before[stops[-1].end() :]
     elif reach > 0 and not text[reach - 1].isspace():
         before = before[_first_space(before) :]  # a word cut by the reach
-    words = [m.start() for m in _WORD.finditer(before)]
-    head = before[words[-_CONTEXT_WORDS] :] if len(words) >= _CONTEXT_WORDS else before
+    starts = [m.start() for m in _WORD.finditer(before)]
+    head = before[starts[-_CONTEXT_WORDS] :] if len(starts) >= _CONTEXT_WORDS else before
     after = text[end : end + _CONTEXT_REACH]
     stop = _SENTENCE_END.search(after)
     after = after[: stop.start()] if stop else after[: _last_space(after)]
     ends = [m.end() for m in _WORD.finditer(after)]
     tail = after[: ends[_CONTEXT_WORDS - 1]] if len(ends) >= _CONTEXT_WORDS else after
-    words = " ".join(f"{head}{text[start:end]}{tail}".split())
-    if _SECRET_NAME.search(words) or ("://" in words and ("@" in words or "?" in words)):
+    context = " ".join(f"{head}{text[start:end]}{tail}".split())
+    if _SECRET_NAME.search(context) or ("://" in context and ("@" in context or "?" in context)):
         # A credential next to the value, or a URL that may carry one: the value
         # (cleaned) is quoted without its neighbours.
         return ""
-    return words
+    return context
 
 
 def _first_space(text: str) -> int:

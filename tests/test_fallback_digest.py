@@ -105,7 +105,8 @@ def test_a_failed_summary_trims_yet_keeps_the_dropped_values_quoted_with_their_r
     assert calls >= 1  # it was asked, and failed
     for more in range(4):  # within the back-off: trimmed, never asked again
         chat.say(f"More {more}: {FILLER}")
-        assert chat.last is not None and chat.last["x-compaction-status"] == "trimmed"
+        assert chat.last is not None
+        assert chat.last["x-compaction-status"] == "trimmed"
         sent = _sent(sim)
         texts = [str(m.get("content") or "") for m in sent]
         assert not any("TCK-90417 for this outage" in t for t in texts[1:])  # dropped...

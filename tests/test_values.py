@@ -51,7 +51,8 @@ def test_a_constant_with_a_value_is_a_setting_not_an_error_code() -> None:
     """``SERVER_PORT`` alone matched the error-code rule and lost its value."""
     found = find_values("config: SERVER_PORT = 7781 and ERR_SSL_PROTOCOL again")
     assert [v.shown for v in found] == ["SERVER_PORT = 7781", "ERR_SSL_PROTOCOL"]
-    assert found[0].labelled and not found[1].labelled
+    assert found[0].labelled
+    assert not found[1].labelled
 
 
 @pytest.mark.parametrize(
@@ -172,10 +173,12 @@ def test_a_trimmed_view_carries_the_digest_as_quoted_data_never_in_a_system_mess
     h = _history(FACTS, COUNTS)
     budget = Budget(window=800, reserve=20, fixed=0, trigger=750, target=700, summary_allowance=160)
     outcome = trim_outcome(h, Loaded(None, None), budget, role)  # type: ignore[arg-type]
-    assert outcome.status == "trimmed" and outcome.messages is not None
+    assert outcome.status == "trimmed"
+    assert outcome.messages is not None
     sent = outcome.messages
     quoted = [m for m in sent if OMITTED_HEADING in str(m["content"])]
-    assert len(quoted) == 1 and quoted[0]["role"] == "user"
+    assert len(quoted) == 1
+    assert quoted[0]["role"] == "user"
     text = str(quoted[0]["content"])
     assert "- user: `ticket id: TCK-90417`" in text
     assert "- assistant: `port: 8443`" in text
@@ -194,7 +197,8 @@ def test_a_digest_that_does_not_fit_beside_the_tail_drops_one_more_group() -> No
     tight = Budget(window=800, reserve=20, fixed=0, trigger=750, target=500, summary_allowance=160)
     loose = trim_outcome(h, Loaded(None, None), roomy, "user")
     packed = trim_outcome(h, Loaded(None, None), tight, "user")
-    assert loose.messages is not None and packed.messages is not None
+    assert loose.messages is not None
+    assert packed.messages is not None
     assert len(packed.messages) < len(loose.messages)
     assert OMITTED_HEADING in str(packed.messages[1]["content"])
     assert packed.tokens <= tight.target
