@@ -26,19 +26,30 @@ from cachetools import LRUCache
 from proxy.identifiers import OMITTED_HEADING
 from proxy.transcript import span_sources
 from proxy.types import ChatMessage
-from proxy.values import SLICE_CHARS, Value, find_values, quoted, quoted_line, values_by_role
+from proxy.values import SLICE_CHARS, Value, find_values, quoted, quoted_line
 
-# The dropped span's newest text read for its digest: trimming runs on the event loop,
-# and this much costs it a few milliseconds (values.py scans about 50 MB/s).
-DIGEST_SCANNED = 64 * 1024
+# Trimming runs on the event loop: per call it reads at most this much text not read
+# before (newest first; about 15 ms at values.py's 2-3 MB/s), and keeps what each
+# message held (``_held``), so a long failing conversation reads each dropped message
+# once, and a span too big for one call is read over the next turns.
+DIGEST_SCANNED = 32 * 1024
+# No line is shorter ("- tool: `a=1`"): a digest with less room left is full.
+_SHORTEST_LINE = 14
+# Values kept per message: a tool output of a thousand settings keeps its last ones.
+_PER_MESSAGE = 32
 # Digest text is mostly digits, names and punctuation, which tokenize densely: its
 # tokens are estimated as characters / 2.5 (English prose is nearer 4).
 _CHARS_PER_TOKEN = 2.5
 # An elided output's placeholder quotes its values in at most this many characters,
 # read from its first slice; view.ELIDED_TOKENS allows for them.
 ELIDED_VALUE_CHARS = 160
-# Per process: an elided output is elided again on every later turn. Keyed by the
-# message's digest (digest.py: per tenant), bounded in entries and so in bytes.
+# Per process, keyed by a message's digest (digest.py: XXH3 seeded per tenant): the
+# values each message held (role and settled values, bounded in bytes), and the
+# values an elided output's placeholder quotes (it is elided again every turn).
+_held: LRUCache[bytes, tuple[str, tuple[Value, ...]]] = LRUCache(
+    maxsize=8 * 1024 * 1024,
+    getsizeof=lambda held: 64 + sum(64 + len(v.shown) + len(v.context) for v in held[1]),
+)
 _elided: LRUCache[bytes, str] = LRUCache(maxsize=4096)
 
 
@@ -53,16 +64,20 @@ def digest_chars(tokens: int) -> int:
 
 
 def omitted_digest(
-    messages: Sequence[ChatMessage], kept: str, max_chars: int, max_count: int
+    messages: Sequence[ChatMessage],
+    digests: Sequence[bytes],
+    kept: str,
+    max_chars: int,
+    max_count: int,
 ) -> str:
-    """The digest of ``messages`` (dropped, oldest first): their values that ``kept``
-    (the summary the view still carries) lacks, at most ``max_count`` lines in at most
-    ``max_chars`` characters heading included, the most recent first; "" if none."""
-    found = values_by_role(span_sources(messages), DIGEST_SCANNED)
+    """The digest of ``messages`` (dropped, oldest first; ``digests`` theirs): their
+    values that ``kept`` (the summary the view still carries) lacks, at most
+    ``max_count`` lines in at most ``max_chars`` characters heading included, the most
+    recent first; "" if none."""
     lines: list[str] = []
     size = len(OMITTED_HEADING) + 1
-    for value, role in reversed(found):
-        if len(lines) >= max_count:
+    for value, role in reversed(_values(messages, digests)):
+        if len(lines) >= max_count or max_chars - size < _SHORTEST_LINE:
             break
         if value.kept_in(kept):
             continue
@@ -74,6 +89,35 @@ def omitted_digest(
         return ""
     lines.reverse()
     return "\n".join((OMITTED_HEADING, *lines))
+
+
+def _values(messages: Sequence[ChatMessage], digests: Sequence[bytes]) -> list[tuple[Value, str]]:
+    """Each value ``messages`` held with the role it was last seen under, in order of
+    last occurrence; what no earlier call read is read newest first, ``DIGEST_SCANNED``
+    characters at most (the rest on later calls)."""
+    budget = DIGEST_SCANNED
+    held: list[tuple[str, tuple[Value, ...]]] = []
+    for message, digest in zip(reversed(messages), reversed(digests), strict=True):
+        known = _held.get(digest) if digest else None
+        if known is None:
+            if budget <= 0:
+                continue
+            role, text = span_sources([message])[0]
+            whole = len(text) <= budget
+            found = find_values(text[-budget:])[-_PER_MESSAGE:]
+            budget -= len(text)
+            known = (role, tuple(value.settled() for value in found))
+            if digest and whole:
+                _held[digest] = known
+        held.append(known)
+    last: dict[str, tuple[Value, str]] = {}
+    for role, values in reversed(held):
+        for value in values:
+            earlier = last.pop(value.key, None)  # re-inserted: dict order is order of use
+            if earlier and earlier[0].labelled and not value.labelled:
+                value = earlier[0]
+            last[value.key] = (value, role)
+    return list(last.values())
 
 
 def _fitted_line(role: str, value: Value, room: int) -> str | None:

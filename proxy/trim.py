@@ -65,7 +65,14 @@ def _with_digest(
     h = history
     most = budget.quoted_values_max
     room = digest_chars(budget.summary_allowance - FRAME_TOKENS)
-    digest = omitted_digest(h.messages[current.covered : view.covered], loaded.summary, room, most)
+    start = current.covered
+    digest = omitted_digest(
+        h.messages[start : view.covered],
+        h.digests[start : view.covered],
+        loaded.summary,
+        room,
+        most,
+    )
     if not digest:
         return view, ""
     extra = digest_tokens(digest) + QUOTED_FRAME_TOKENS
@@ -74,8 +81,8 @@ def _with_digest(
         return fitted, digest
     wider = trim_plan(h.counts, h.results, h.pinned, current, budget, budget.target - extra)
     # A digest of the wider span, in at most the room the first one took.
-    dropped = h.messages[current.covered : wider.covered]
-    digest = omitted_digest(dropped, loaded.summary, len(digest), most)
+    dropped, digests = h.messages[start : wider.covered], h.digests[start : wider.covered]
+    digest = omitted_digest(dropped, digests, loaded.summary, len(digest), most)
     extra = digest_tokens(digest) + QUOTED_FRAME_TOKENS if digest else 0
     fitted = replace(wider, summary_tokens=wider.summary_tokens + extra)
     if view_tokens(h.counts, h.results, h.pinned, fitted, budget) > budget.window:

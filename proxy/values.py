@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from proxy.value_rules import ID_ONLY, RULES
@@ -73,29 +73,40 @@ class Value:
     # Where it was found (text, start, end): its context is worked out only if asked
     # for, as most occurrences of a value are superseded by a later one.
     where: tuple[str, int, int] = field(default=("", 0, 0), compare=False, repr=False)
+    settled_context: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def context(self) -> str:
         """A few words of its sentence around it; "" when they say no more than ``shown``."""
+        if self.settled_context is not None:
+            return self.settled_context
         words = _context(*self.where)
         return "" if words in (self.shown, self.key) else words
 
     def kept_in(self, text: str) -> bool:
         return all(needle in text for needle in self.needles)
 
+    def settled(self) -> Value:
+        """This value with its context worked out, no longer holding the text it was
+        found in: to keep, as omitted.py does."""
+        return replace(self, where=("", 0, 0), settled_context=self.context)
+
 
 def find_values(text: str) -> list[Value]:
     """The values in ``text``, each once (by key), in order of last occurrence (most
     recent last); a value seen with a label keeps it where a later mention has none."""
     last: dict[str, Value] = {}
-    for piece in _slices(text[-MAX_SCANNED:]):
+    text = text[-MAX_SCANNED:]
+    several = len(text) > SLICE_CHARS
+    for piece in _slices(text):
         for match in _RULES.finditer(piece):
             value = _clean(match)
             if value is None:
                 continue
             earlier = last.pop(value.key, None)  # re-inserted: dict order is order of use
             last[value.key] = earlier if earlier and not value.labelled else value
-        time.sleep(0)  # let other threads (the event loop) take the GIL
+        if several:
+            time.sleep(0)  # let other threads (the event loop) take the GIL
     return list(last.values())
 
 

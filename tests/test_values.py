@@ -111,6 +111,9 @@ def test_restored_values_carry_their_label_or_their_words() -> None:
     assert again.summary.split(CARRIED_HEADING, 1)[1] == carried
 
 
+NO_DIGESTS = [b""] * 4  # no digest: nothing kept between calls
+
+
 def test_a_digest_quotes_values_with_role_and_words_within_its_bounds() -> None:
     dropped: list[ChatMessage] = [
         {"role": "user", "content": "Hi. The ticket id is TCK-90417 for this."},
@@ -118,7 +121,7 @@ def test_a_digest_quotes_values_with_role_and_words_within_its_bounds() -> None:
         {"role": "tool", "tool_call_id": "c1", "content": "SERVER_PORT = 7781\nLOG = debug"},
         {"role": "user", "content": "we had 42 of them"},
     ]
-    digest = omitted_digest(dropped, "", 1000, 10)
+    digest = omitted_digest(dropped, NO_DIGESTS, "", 1000, 10)
     assert digest.splitlines() == [
         OMITTED_HEADING,
         "- user: `ticket id: TCK-90417` (from `The ticket id is TCK-90417 for this`)",
@@ -126,13 +129,15 @@ def test_a_digest_quotes_values_with_role_and_words_within_its_bounds() -> None:
         "- tool: `SERVER_PORT = 7781`",
     ]
     # Values the kept summary already has are not quoted twice.
-    assert "TCK-90417" not in omitted_digest(dropped, "ticket TCK-90417", 1000, 10)
+    assert "TCK-90417" not in omitted_digest(dropped, NO_DIGESTS, "ticket TCK-90417", 1000, 10)
     # Bounded: the most recent first, context dropped before a value is.
-    assert omitted_digest(dropped, "", 1000, 1).splitlines()[1:] == ["- tool: `SERVER_PORT = 7781`"]
-    small = omitted_digest(dropped, "", len(OMITTED_HEADING) + 60, 10)
+    assert omitted_digest(dropped, NO_DIGESTS, "", 1000, 1).splitlines()[1:] == [
+        "- tool: `SERVER_PORT = 7781`"
+    ]
+    small = omitted_digest(dropped, NO_DIGESTS, "", len(OMITTED_HEADING) + 60, 10)
     assert len(small) <= len(OMITTED_HEADING) + 60
     assert small.splitlines()[1:] == ["- assistant: `port: 8443`", "- tool: `SERVER_PORT = 7781`"]
-    assert omitted_digest(dropped[3:], "", 1000, 10) == ""
+    assert omitted_digest(dropped[3:], NO_DIGESTS[3:], "", 1000, 10) == ""
 
 
 def test_an_elided_output_keeps_its_values_in_reading_order_and_bounded() -> None:
