@@ -5,8 +5,8 @@ check after a summary (identifiers.py) and the digest a trimmed view or an elide
 tool output carries instead of the messages it left out (omitted.py). No model
 call, no judgement: the same text gives the same values.
 
-What counts (``_RULES``, first match wins at a position; ``Value.shown`` is how it
-is quoted):
+What counts (``value_rules.RULES``, first match wins at a position; ``Value.shown``
+is how it is quoted):
 
 * ``KEY=VALUE`` facts (``color=teal``, ``PORT=8080``), and with spaces around the
   ``=`` when the key reads as a setting (``SERVER_PORT = 7781``, ``db.port = 5432``;
@@ -25,10 +25,11 @@ is quoted):
   ``call_8f3a2c``, ``JIRA-4711``), error codes (``ERR_SSL_PROTOCOL``, ``E0425``,
   ``ECONNREFUSED``).
 
-Each value keeps a few words of the sentence it came from (``context``). The scan
-works on bounded slices and yields the GIL between them (it may run in a worker
-thread beside the event loop), and reads only the most recent ``MAX_SCANNED``
-characters of what it is given.
+Each value keeps a few words of the sentence it came from (``context``), left out
+when they name a secret or hold a URL that may carry one. The scan works on bounded
+slices and yields the GIL between them when there are several (it may run in a
+worker thread beside the event loop), and reads only the most recent
+``MAX_SCANNED`` characters of what it is given.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from proxy.value_rules import ID_ONLY, RULES
 
-_RULES = RULES
+_RULES = RULES  # the one pattern (tests watch the scan call it here)
 _TRAILING = ".,:;!?"
 _UNLABELLED = frozenset({"url", "path", "quoted", "id", "code"})
 # Values never copied anywhere: credentials are not facts to carry forward, and
