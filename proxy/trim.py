@@ -80,9 +80,12 @@ def _with_digest(
     if view_tokens(h.counts, h.results, h.pinned, fitted, budget) <= budget.target:
         return fitted, digest
     wider = trim_plan(h.counts, h.results, h.pinned, current, budget, budget.target - extra)
-    # A digest of the wider span, in at most the room the first one took.
+    # A digest of the wider span, in the room the first one took or the wider view
+    # leaves under the target if that is more.
+    slack = budget.target - view_tokens(h.counts, h.results, h.pinned, wider, budget)
+    fits = min(room, max(len(digest), digest_chars(slack - QUOTED_FRAME_TOKENS)))
     dropped, digests = h.messages[start : wider.covered], h.digests[start : wider.covered]
-    digest = omitted_digest(dropped, digests, loaded.summary, len(digest), most)
+    digest = omitted_digest(dropped, digests, loaded.summary, fits, most)
     extra = digest_tokens(digest) + QUOTED_FRAME_TOKENS if digest else 0
     fitted = replace(wider, summary_tokens=wider.summary_tokens + extra)
     if view_tokens(h.counts, h.results, h.pinned, fitted, budget) > budget.window:

@@ -54,10 +54,13 @@ def _summary_calls(sim: str) -> int:
     )
 
 
+TICKET = "Note for later: the ticket id is TCK-90417 for this outage."
+
+
 def _facts(chat: Chat) -> None:
     """A user, an assistant and a tool each state a value a later turn asks about."""
     chat.history += [
-        {"role": "user", "content": "Note for later: the ticket id is TCK-90417 for this outage."},
+        {"role": "user", "content": TICKET},
         {"role": "assistant", "content": "Noted. And the port is 8443 on the staging box."},
         {"role": "user", "content": "Read the service config please."},
         {
@@ -109,7 +112,7 @@ def test_a_failed_summary_trims_yet_keeps_the_dropped_values_quoted_with_their_r
         assert chat.last["x-compaction-status"] == "trimmed"
         sent = _sent(sim)
         texts = [str(m.get("content") or "") for m in sent]
-        assert not any("TCK-90417 for this outage" in t for t in texts[1:])  # dropped...
+        assert TICKET not in texts  # dropped...
         quoted = [m for m in sent if DIGEST in str(m.get("content") or "")]
         assert len(quoted) == 1, texts  # ...yet its values are quoted, once
         assert quoted[0]["role"] != "system"
