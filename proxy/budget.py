@@ -31,6 +31,8 @@ class Budget:
     summary_allowance: int  # a new summary with its framing
     min_tail_messages: int = 4
     elide_min_tokens: int = 400
+    # Most values quoted into a summary or a trimmed view's digest (omitted.py).
+    quoted_values_max: int = 64
 
     @classmethod
     def for_model(
@@ -48,6 +50,7 @@ class Budget:
             summary_allowance=summary_limit(model, settings) + FRAME_TOKENS,
             min_tail_messages=settings.min_tail_messages,
             elide_min_tokens=settings.elide_min_tokens,
+            quoted_values_max=settings.restored_identifiers_max,
         )
 
 

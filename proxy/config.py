@@ -181,7 +181,7 @@ class CompactionSettings(_Section):
     # "user": a user/assistant handoff pair (valid for strict chat templates);
     # "system": one extra system message after the pinned ones.
     summary_role: Literal["user", "system"] = "user"
-    # Most identifiers restored into one summary (identifiers.py), quoted with their role.
+    # Most values restored into a summary or quoted in a trimmed view's digest, with role.
     restored_identifiers_max: int = Field(64, ge=0, le=1000)
     pin_first_user: bool = False
     min_tail_messages: int = Field(4, ge=1)

@@ -1,8 +1,12 @@
-"""The deterministic fallback: drop whole oldest groups and mark the gap.
+"""The deterministic fallback: drop whole oldest groups, mark the gap, keep their values.
 
-Used when summarization fails, times out or has nothing left to fold in while
-the view is still over the window. No model call, nothing stored: the next
-turn tries summarizing again.
+Used when summarization fails, times out, is backed off (backoff.py) or has
+nothing left to fold in while the view is still over the window. No model call,
+nothing stored: the next turn (past any back-off) tries summarizing again. The
+marker is followed by a digest of the values the dropped messages held
+(omitted.py), within a summary's budget and within the room the trim leaves:
+when the digest does not fit beside the kept turns, one more group is dropped
+for it, never past the window.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from proxy.budget import Budget
+from proxy.budget import FRAME_TOKENS, Budget
 from proxy.count import History
 from proxy.errors import ContextTooLarge
+from proxy.identifiers import split_carried
+from proxy.omitted import digest_chars, digest_tokens, omitted_digest
 from proxy.outcome import Outcome
 from proxy.plan import first_within, next_group_start, protected_start
 from proxy.rebuild import SummaryRole, omitted_marker, rebuild_outcome
@@ -21,6 +27,9 @@ from proxy.view import Totals, View, check_view, view_tokens
 
 TRIM_MARKER_TOKENS: int = 30
 """Estimated tokens of the one-line marker that stands for trimmed messages."""
+QUOTED_FRAME_TOKENS: int = 40
+"""Estimated tokens around a digest: its heading, and after a system handoff the user
+turn's introduction and the acknowledgement (rebuild.py)."""
 
 
 def trim_outcome(
@@ -36,17 +45,59 @@ def trim_outcome(
             history, current, loaded.summary, loaded.version, budget, summary_role
         )
     view = trim_plan(counts, results, pinned, current, budget, budget.target)
-    dropped = view.covered - current.covered
-    previous = loaded.summary
-    summary = previous
-    if dropped:
-        marker = omitted_marker(dropped)
-        summary = f"{previous}\n\n{marker}" if previous else marker
+    summary = loaded.summary
+    if view.covered > current.covered:
+        view, digest = _with_digest(history, loaded, current, view, budget)
+        summary = _trimmed_summary(loaded.summary, view.covered - current.covered, digest)
     outcome = rebuild_outcome(history, view, summary, loaded.version, budget, summary_role)
     outcome = replace(outcome, status="trimmed")
     if outcome.tokens + budget.reserve > budget.window:
         _raise_if_newest_too_large(history, budget)
     return outcome
+
+
+def _with_digest(
+    history: History, loaded: Loaded, current: View, view: View, budget: Budget
+) -> tuple[View, str]:
+    """``view`` (which drops messages) with room for the digest of what it drops, and
+    the digest: the same view when it fits beside it, else one that drops more for it;
+    ``view`` and no digest when nothing to quote, or when even that would not fit."""
+    h = history
+    most = budget.quoted_values_max
+    room = digest_chars(budget.summary_allowance - FRAME_TOKENS)
+    start = current.covered
+    digest = omitted_digest(
+        h.messages[start : view.covered],
+        h.digests[start : view.covered],
+        loaded.summary,
+        room,
+        most,
+    )
+    if not digest:
+        return view, ""
+    extra = digest_tokens(digest) + QUOTED_FRAME_TOKENS
+    fitted = replace(view, summary_tokens=view.summary_tokens + extra)
+    if view_tokens(h.counts, h.results, h.pinned, fitted, budget) <= budget.target:
+        return fitted, digest
+    wider = trim_plan(h.counts, h.results, h.pinned, current, budget, budget.target - extra)
+    # A digest of the wider span, in the room the first one took or the wider view
+    # leaves under the target if that is more.
+    slack = budget.target - view_tokens(h.counts, h.results, h.pinned, wider, budget)
+    fits = min(room, max(len(digest), digest_chars(slack - QUOTED_FRAME_TOKENS)))
+    dropped, digests = h.messages[start : wider.covered], h.digests[start : wider.covered]
+    digest = omitted_digest(dropped, digests, loaded.summary, fits, most)
+    extra = digest_tokens(digest) + QUOTED_FRAME_TOKENS if digest else 0
+    fitted = replace(wider, summary_tokens=wider.summary_tokens + extra)
+    if view_tokens(h.counts, h.results, h.pinned, fitted, budget) > budget.window:
+        return view, ""
+    return fitted, digest
+
+
+def _trimmed_summary(previous: str, dropped: int, digest: str) -> str:
+    """The summary a trimmed view carries: the previous one's text, the marker, then the
+    quoted sections (its restored values, the digest) for rebuild.py to keep together."""
+    written, quoted = split_carried(previous)
+    return "\n\n".join(part for part in (written, omitted_marker(dropped), quoted, digest) if part)
 
 
 def _raise_if_newest_too_large(history: History, budget: Budget) -> None:

@@ -17,8 +17,9 @@ from itertools import accumulate, compress
 from proxy.budget import Budget
 from proxy.types import ChatMessage
 
-ELIDED_TOKENS: int = 40
-"""Estimated tokens of an elision placeholder (message overhead included)."""
+ELIDED_TOKENS: int = 110
+"""Estimated tokens of an elision placeholder (message overhead included), with the
+values it quotes (omitted.ELIDED_VALUE_CHARS: at most 160 characters, ~64 tokens)."""
 
 # Results belong to the assistant message that asked for them; only they are elided.
 RESULT_ROLES = ("tool", "function")

@@ -60,8 +60,9 @@ def test_lost_identifiers_are_restored_verbatim_and_counted() -> None:
     assert result.dropped == 0
     carried = result.summary.split(CARRIED_HEADING, 1)[1]
     assert "- summary: `color=teal`" in carried
-    assert "- user: `JIRA-4711`" in carried
-    assert "src/a/b.py" not in carried  # the summary kept it itself
+    # An id without a label brings a few words of its sentence.
+    assert "- user: `JIRA-4711` (from `open JIRA-4711 in src/a/b.py`)" in carried
+    assert "- user: `src/a/b.py`" not in carried  # the summary kept it itself
 
 
 def test_nothing_is_appended_when_nothing_was_lost() -> None:
@@ -127,7 +128,7 @@ def test_scanning_a_huge_span_comes_up_for_air_between_bounded_slices(
     yields the GIL after each one."""
     import types
 
-    import proxy.identifiers as ids
+    import proxy.values as ids  # the one scan, for the identifier check and the digest
 
     events: list[int | str] = []
     rules = ids._RULES
@@ -144,6 +145,6 @@ def test_scanning_a_huge_span_comes_up_for_air_between_bounded_slices(
     assert found == ["/srv/app/main.py"]
     calls = [e for e in events if isinstance(e, int)]
     assert len(calls) > 10
-    assert max(calls) <= ids._SLICE_CHARS
+    assert max(calls) <= ids.SLICE_CHARS
     # each regex call is followed by a yield before the next one
     assert events == [x for n in calls for x in (n, "y")]

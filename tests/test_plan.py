@@ -107,7 +107,7 @@ _TOOL_COUNTS = [10, 20, 30, 500, 40, 50]
         (View(2, 99, 4), 400, 10 + 99 + 30 + ELIDED_TOKENS + 40 + 50 + 10),
         (View(2, 99, 3), 400, 739),  # elide_before is exclusive
         (View(1, 0, 6), 400, 10 + 20 + 30 + ELIDED_TOKENS + 40 + 50 + 10),
-        (View(1, 0, 6), 500, 200),  # exactly elide_min_tokens is elided
+        (View(1, 0, 6), 500, 10 + 20 + 30 + ELIDED_TOKENS + 40 + 50 + 10),  # exactly elide_min
         (View(1, 0, 6), 501, 660),
         (View(4, 99, 6), 400, 10 + 99 + 40 + 50 + 10),  # summarised, not elided
     ],
@@ -212,16 +212,33 @@ def agent_budget(**kw: int) -> Budget:
 @pytest.mark.parametrize(
     ("changes", "summarize", "view", "tokens"),
     [
-        ({"target": 1500}, (1, 1), View(1, 0, 6), 1440),  # elision alone: no model call
-        ({"target": 1440}, (1, 1), View(1, 0, 6), 1440),
-        # 50 + 100 + 1340 at cut 2 and 1290 at cut 3 (elision alone's total) miss it.
-        ({"target": 1439}, (1, 4), View(4, 100, 6), 1400),
+        # Elision alone: no model call (2400 - 1000 + ELIDED_TOKENS).
+        ({"target": 1460 + ELIDED_TOKENS}, (1, 1), View(1, 0, 6), 1400 + ELIDED_TOKENS),
+        ({"target": 1400 + ELIDED_TOKENS}, (1, 1), View(1, 0, 6), 1400 + ELIDED_TOKENS),
+        # 50 + 100 + 1300 + ELIDED_TOKENS at cut 2 and 1250 + ELIDED_TOKENS at cut 3
+        # (elision alone's total) miss it.
+        ({"target": 1399 + ELIDED_TOKENS}, (1, 4), View(4, 100, 6), 1400),
         ({"target": 1400}, (1, 4), View(4, 100, 6), 1400),
         ({"target": 1399}, (1, 5), View(5, 100, 6), 1350),
-        ({"target": 1500, "min_tail_messages": 2}, (1, 1), View(1, 0, 8), 480),
-        ({"target": 1500, "elide_min_tokens": 1001}, (1, 4), View(4, 100, 6), 1400),
+        (
+            {"target": 1460 + ELIDED_TOKENS, "min_tail_messages": 2},
+            (1, 1),
+            View(1, 0, 8),
+            400 + 2 * ELIDED_TOKENS,
+        ),
+        (
+            {"target": 1460 + ELIDED_TOKENS, "elide_min_tokens": 1001},
+            (1, 4),
+            View(4, 100, 6),
+            1400,
+        ),
         # A 5000-token summary would cost more than it saves: elision only.
-        ({"target": 1000, "summary_allowance": 5000}, (1, 1), View(1, 0, 6), 1440),
+        (
+            {"target": 1000, "summary_allowance": 5000},
+            (1, 1),
+            View(1, 0, 6),
+            1400 + ELIDED_TOKENS,
+        ),
     ],
 )
 def test_plan_elides_before_summarizing(
@@ -323,7 +340,7 @@ def test_trim_plan_drops_oldest_groups(current: View, limit: int, expected: View
 @pytest.mark.parametrize(
     ("limit", "expected"),
     [
-        (1500, View(1, 0, 6)),
+        (1460 + ELIDED_TOKENS, View(1, 0, 6)),
         (1000, View(8, 30, 6)),  # cut 8 is the first that fits: 50 + 30 + 100
         (100, View(9, 30, 6)),
     ],

@@ -1,0 +1,113 @@
+"""The patterns values.py finds values with: one regex, compiled at import.
+
+Rules in the order they are tried at a position (the first that matches wins); the
+named groups are what ``values._clean`` reads. Label words are plain lists, compiled
+into a prefix tree (``_trie``): at each word the scan then tests its first letter
+once, not every label in turn, which halves the cost of the labels on prose.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import TypeAlias
+
+_Node: TypeAlias = dict[str, "_Node"]  # a prefix tree: a letter to the rest; "" ends a word
+
+# Labels whose value has a digit, or is an amount, a date or a host name.
+VALUE_LABELS = (
+    *("port", "build", "ticket", "issue", "bug", "incident", "pr", "pull request", "commit"),
+    *("invoice", "host", "hostname", "server", "ip", "ip address", "database", "db"),
+    *("region", "cluster", "bucket", "extension", "ref", "reference", "tracking"),
+    *("budget", "cost", "price", "amount", "fee", "spend", "salary"),
+    *("due", "due date", "deadline", "date", "launch", "launch date", "go-live", "cutoff"),
+    *("cut-off", "expiry", "expiry date", "expires", "expiration", "expiration date"),
+    *("release date", "order", "request", "job", "run", "task", "trace", "case", "user"),
+)
+# "ticket id", "order id": any label may end in id; "order 66" alone is not a label.
+ID_ONLY = frozenset({"order", "request", "job", "run", "task", "trace", "case", "user"})
+# Labels that name someone or something: their value may be capitalised words.
+NAME_LABELS = (
+    *("owner", "assignee", "contact", "manager", "reviewer", "approver", "author"),
+    *("sponsor", "customer", "client", "on-call", "oncall", "tech lead", "team lead"),
+    *("project lead", "codename", "code name", "project", "project name", "team", "name"),
+)
+# Words between a label and its value: "the port is now 8443", "build number 48213".
+LINK_WORDS = (
+    *("id", "number", "num", "is", "was", "are", "were", "will", "be", "should", "must"),
+    *("of", "at", "to", "set", "on", "by", "now", "currently", "the", "about", "around"),
+    *("roughly", "approximately", "exactly", "still", "changed", "moved", "updated"),
+    *("bumped", "raised", "lowered", "increased", "reduced"),
+)
+
+
+def _trie(words: Iterable[str]) -> str:
+    """An alternation of ``words`` as a prefix tree: ``po(?:rt|licy)`` for port, policy."""
+    root: _Node = {}
+    for word in words:
+        node = root
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}
+    return _render(root)
+
+
+def _render(node: _Node) -> str:
+    ends = "" in node
+    branches = [re.escape(char) + _render(child) for char, child in sorted(node.items()) if char]
+    if not branches:
+        return ""
+    body = branches[0] if len(branches) == 1 and not ends else f"(?:{'|'.join(branches)})"
+    return f"{body}?" if ends else body
+
+
+ERROR_WORDS = r"(?i:error|exception|failed|failure|denied|refused|invalid|not found|timed? ?out)"
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]{0,6}\.?"
+# What a label's value looks like: an amount, a date, a token with a digit in it
+# (8443, TCK-90417, 2026-03-14, db-01:5432), a dotted host name.
+_AMOUNT = (
+    r"[$€£¥][ \t]?\d[\d,]*(?:\.\d+)?(?:[ \t]?(?:[kKmM]\b|million|thousand|billion|bn))?"
+    r"|\d[\d,]*(?:\.\d+)?[ \t]?(?:[kKmM][ \t]?)?(?:dollars|USD|EUR|euros?|GBP|pounds)\b"
+)
+_DATE = (
+    rf"{_MONTH}[ \t]\d{{1,2}}(?:st|nd|rd|th)?(?:,?[ \t]\d{{4}})?\b"
+    rf"|\d{{1,2}}(?:st|nd|rd|th)?[ \t]{_MONTH}(?:,?[ \t]\d{{4}})?\b"
+)
+_TOKEN = r"(?=[\w./:@+#-]{0,79}\d)[A-Za-z0-9#][\w./:@+-]{0,79}+"
+_HOST = r"[a-z0-9][a-z0-9-]*(?:\.[a-z0-9-]+)+\b"
+# Capitalised words (O'Neil, O\u2019Neil) or an email address.
+_NAME = r"[A-Z][\w'\u2019-]*+(?:[ \t][A-Z][\w'\u2019-]*+){0,3}|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
+_LINK = rf"(?:[ \t]*(?:[:=#]|no\.|\b{_trie(LINK_WORDS)}\b)){{0,4}}[ \t]*"
+_CONST = r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+"
+# A setting's name: constant-case, or with a dot or underscore in it.
+_SETTING = rf"(?:{_CONST}|[A-Za-z][\w-]*(?:[._][\w-]+)+)"
+_VALUE_CHARS = r"[^\s,;'\"`)\]}(]"
+_WORD_RULES = (
+    r"(?P<kv>(?P<kvk>[A-Za-z_][\w.-]{0,63})=[^\s,;'\"`)\]}]{1,200})",
+    rf"(?P<spaced>(?P<sk>{_SETTING})(?:[ \t]+=[ \t]*|=[ \t]+)"
+    rf"(?P<sv>[^\s=]{_VALUE_CHARS}{{0,199}}+)(?!\())",
+    rf"(?P<assign>(?P<ak>{_CONST})(?:[ \t]+(?:is|was|to|at)[ \t]+|:[ \t]*)"
+    rf"(?P<av>{_AMOUNT}|{_TOKEN}|{_HOST}))",
+    rf"(?P<colon>(?P<ck>[A-Za-z][\w-]*(?:[._][\w-]+)+):[ \t]+(?P<cv>{_AMOUNT}|{_TOKEN}|{_HOST}))",
+    rf"(?P<labelled>(?P<ll>(?i:{_trie(VALUE_LABELS)})(?i:[ _-]?id)?)\b(?P<link>{_LINK})"
+    rf"(?P<lv>{_AMOUNT}|{_DATE}|{_TOKEN}|{_HOST}))",
+    rf"(?P<named>(?P<nl>(?i:{_trie(NAME_LABELS)}))\b{_LINK}(?P<nv>{_NAME}))",
+)
+_OTHER_RULES = (
+    r"(?P<url>https?://[^\s<>\"'`)\]}]{2,500})",
+    r"(?P<path>(?<![/.])(?:\.{1,2}/|/)?(?:[\w.-]+/)+[\w-]+\.[A-Za-z0-9]{1,10}(?![\w/]))",
+    # Cheap to try: the digit check is one scan of the token; the rest is in _clean.
+    r"(?P<id>(?=[\w-]*[0-9])[A-Za-z0-9][\w-]{5,79}(?![\w-]))",
+    r"(?P<code>[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+(?![\w-])|E[0-9]{3,6}(?![\w-])"
+    r"|E(?:CONN|NO|ACCES|TIMEDOUT|ADDR|PIPE|HOST|NET|PERM|EXIST|INVAL|AGAIN"
+    r"|BUSY|ISDIR|NOTDIR|MFILE)[A-Z]*(?![\w-]))",
+)
+_QUOTED = (
+    rf"(?P<quoted>`[^`\n]{{0,200}}{ERROR_WORDS}[^`\n]{{0,200}}`"
+    rf"|\"[^\"\n]{{0,200}}{ERROR_WORDS}[^\"\n]{{0,200}}\")"
+)
+# Every rule but the quoted error starts a word: one shared look-behind rejects the
+# middle of a word before any rule is tried, which keeps the scan near one pass.
+RULES = re.compile(
+    rf"(?<![\w-])(?:(?<!\.)(?:{'|'.join(_WORD_RULES)})|{'|'.join(_OTHER_RULES)})|{_QUOTED}"
+)
