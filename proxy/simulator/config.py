@@ -30,7 +30,7 @@ from proxy.errors import ConfigError
 
 ErrorFormat = Literal["openai", "vllm", "vllm_legacy", "anthropic", "llamacpp", "gateway413"]
 ERROR_FORMATS: tuple[str, ...] = get_args(ErrorFormat)
-SummaryStyle = Literal["ideal", "realistic"]
+SummaryStyle = Literal["ideal", "realistic", "echo", "short", "cut_off"]
 
 
 class _Section(BaseModel):
@@ -48,7 +48,9 @@ class ModelRule(_Section):
     # tokenizer adds tokens the client cannot see.
     token_scale: float = Field(default=1.0, gt=0)
     # How this model writes summaries (replies.py): "ideal" always fits every fact;
-    # "realistic" writes prose first and the facts last, and is cut off at max_tokens.
+    # "realistic" writes prose first and the facts last, and is cut off at max_tokens;
+    # weak models: "echo" copies its prompt, "short" answers a line, "cut_off" always
+    # runs to max_tokens.
     summary_style: SummaryStyle = "ideal"
     # Forget every Nth fact (in key order) when summarizing; 0 forgets none.
     summary_forgets: int = Field(default=0, ge=0)
