@@ -127,9 +127,7 @@ class Folder:
             return
         for reason in reasons:
             self.metrics.summaries_rejected.labels(reason=reason).inc()
-        log.warning(
-            "session=%s summarizer answers rejected: %s", key.log_id, ", ".join(reasons)
-        )
+        log.warning("session=%s summarizer answers rejected: %s", key.log_id, ", ".join(reasons))
 
     def _timed(self, turn: Turn, started: float, outcome: str) -> None:
         elapsed = time.perf_counter() - started

@@ -19,7 +19,6 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
-from proxy.summary_check import REASONS as REJECTIONS
 from proxy.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
 from proxy.series import (
     ADDED_BUCKETS,
@@ -33,6 +32,7 @@ from proxy.series import (
     TTFB_BUCKETS,
     ModelGauge,
 )
+from proxy.summary_check import REASONS as REJECTIONS
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess"]
 

@@ -39,9 +39,9 @@ from proxy.budget import FRAME_TOKENS, summary_limit
 from proxy.config import Settings
 from proxy.errors import SummaryError, SummaryRejected, SummaryTruncated, UpstreamError
 from proxy.models import ModelTable
-from proxy.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
 from proxy.outcome import Turn
 from proxy.overflow import classify_error
+from proxy.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
 from proxy.rebuild import omitted_marker
 from proxy.summary_api import PATHS, SummarizerApi, read_answer, request_body
 from proxy.summary_check import Reason, check_summary
@@ -196,6 +196,12 @@ class _Run:
             self.rejected.append("truncated")
             raise _cut_off(f"cut off at {limit} tokens twice", self.retries)
         return answer
+
+
+def _cut_off(what: str, retries: int) -> SummaryTruncated:
+    cut = SummaryTruncated(f"summary {what}; keeping the previous one")
+    cut.length_retries = retries
+    return cut
 
 
 def _newest_within(chunks: list[list[Entry]], max_calls: int) -> tuple[list[list[Entry]], int]:

@@ -66,11 +66,9 @@ def check_summary(text: str, prompt: Prompt, max_tokens: int, span_chars: int) -
     content = [line for line in body if line.lower() not in _EMPTY_LINES]
     if _echoes(" ".join(content), prompt):
         return "echo"
-    if len(headings) < max(min(2, len(sections)), -(-len(sections) // 2)):
+    if len(headings) < -(-len(sections) // 2):  # half of them, rounded up
         return "structure"
-    floor = min(
-        int(max_tokens * _CHARS_PER_TOKEN * _BUDGET_SHARE), int(span_chars * _SPAN_SHARE)
-    )
+    floor = min(int(max_tokens * _CHARS_PER_TOKEN * _BUDGET_SHARE), int(span_chars * _SPAN_SHARE))
     if sum(len(line) for line in content) < min(floor, _FLOOR_CAP):
         return "too_short"
     return None
