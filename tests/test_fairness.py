@@ -271,6 +271,7 @@ def test_a_summarizer_always_cut_off_is_backed_off_per_session(
         cut_off_summaries,
         summarizer_model="cut-off",
         summarizer_max_output_tokens=24,
+        summarizer_context_window=WINDOW,  # chunks fit it: a cut-off answer, not an overflow
     )  # compaction.summary_backoff_s: its default, 30 s, is longer than the test
     url = start_proxy(settings)
     chat = Chat(url, key="sk-cut", session="cut")
