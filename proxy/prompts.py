@@ -61,6 +61,18 @@ _GUIDANCE = (
     "everything from the previous summary that is still true."
 )
 
+# The same for the core sections only: a small window pays for every word of it.
+_CORE_GUIDANCE = (
+    "You compact a conversation between a user and an AI assistant so that another "
+    "assistant can continue it from your summary alone. Write the sections listed below, "
+    "each under its heading, in that order; under a heading with nothing to report, write "
+    "none. Under the first three write short factual lines: the user's latest request that "
+    "is not yet fulfilled, quoted verbatim; where the work stands, errors quoted verbatim; "
+    "what is left to do. Under Critical values list every identifier, number, name, path "
+    "and stated fact that later turns may need, one per line, each as its name, an equals "
+    "sign and its value, copied exactly, and carry forward what the previous summary lists."
+)
+
 _SIMPLE_GUIDANCE = (
     "Summarize the conversation below so that another assistant can continue it from your "
     "summary alone. Write two sections, each under its heading: first a few plain "
@@ -92,7 +104,7 @@ def _prompt(name: str, guidance: str, sections: tuple[str, ...]) -> Prompt:
 
 
 FULL = _prompt("full", _GUIDANCE, _FULL_SECTIONS)
-CORE = _prompt("core", _GUIDANCE, _CORE_SECTIONS)
+CORE = _prompt("core", _CORE_GUIDANCE, _CORE_SECTIONS)
 SIMPLE = _prompt("simple", _SIMPLE_GUIDANCE, _SIMPLE_SECTIONS)
 
 

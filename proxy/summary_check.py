@@ -51,6 +51,7 @@ _FLOOR_CAP = 200
 _CHARS_PER_TOKEN = 4
 _WORD = re.compile(r"[a-z0-9_]+")
 _HEADING_MARKS = "#*_ \t"
+_NUMBERED = re.compile(r"^\d{1,2}[.)]\s*")
 _EMPTY_LINES = frozenset({"", "none", "-", "- none", "n/a", "none.", "nothing"})
 
 
@@ -75,8 +76,9 @@ def check_summary(text: str, prompt: Prompt, max_tokens: int, span_chars: int) -
 
 
 def _heading(line: str) -> str:
-    """``line`` as a heading's name (``## Goal``, ``**Goal:**``, ``Goal:``), lower-case."""
-    return line.strip().strip(_HEADING_MARKS).rstrip(":*_ \t").lower()
+    """``line`` as a heading's name (``## Goal``, ``**Goal:**``, ``2. Goal:``), lower-case."""
+    name = _NUMBERED.sub("", line.strip().strip(_HEADING_MARKS))
+    return name.strip(_HEADING_MARKS).rstrip(":*_ \t").lower()
 
 
 def _echoes(content: str, prompt: Prompt) -> bool:

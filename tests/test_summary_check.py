@@ -58,6 +58,10 @@ def test_headings_in_other_markdown_forms_count() -> None:
         "## Current state", "Current state:"
     )
     assert check_summary(bold, CORE, 400, SPAN_CHARS) is None
+    numbered = GOOD.replace("## Active task", "### 1. Active task").replace(
+        "## Current", "2) Current"
+    )
+    assert check_summary(numbered, CORE, 400, SPAN_CHARS) is None
 
 
 def test_the_placeholder_echoed_is_rejected_as_an_echo() -> None:

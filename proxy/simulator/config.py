@@ -13,7 +13,9 @@ Every key is optional::
     summary_latency_ms: null # summaries (X-Compaction-Purpose: summarize); null: latency_ms
     recording: {max_requests: 10000, max_bytes: 134217728}   # for GET /_sim/requests
 
-A model rule may override ``tokenizer``, ``error_format`` and ``strict_alternation``.
+A model rule may override ``tokenizer``, ``error_format`` and ``strict_alternation``, and
+say how the model summarizes: ``summary_style`` (ideal | realistic, or a weak model's echo |
+short | cut_off: replies.py) and ``summary_forgets``.
 """
 
 from __future__ import annotations
