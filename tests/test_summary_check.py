@@ -111,6 +111,18 @@ def test_a_first_compaction_has_no_previous_summary_block_and_no_placeholder() -
 
 
 @pytest.mark.parametrize("prompt", [FULL, CORE, SIMPLE], ids=lambda p: p.name)
+def test_the_request_names_its_marker_and_the_instructions_explain_the_framing(
+    prompt: Any,
+) -> None:
+    """A real 0.5B model copied the request's framing preamble over and over instead of
+    summarizing: the request now names its marker in one line."""
+    request = frame_prompt("", render_transcript(span(4)))
+    preamble = request[: request.index("<new_turns_")]
+    assert re.fullmatch(r"The quoted text uses the marker [0-9a-f]{12}\.\n\n", preamble)
+    assert "a line holding the marker and a role" in prompt.system
+
+
+@pytest.mark.parametrize("prompt", [FULL, CORE, SIMPLE], ids=lambda p: p.name)
 def test_section_guidance_is_stated_once_not_under_each_heading(prompt: Any) -> None:
     headings, listed = prompt.system.split("The sections:\n")
     assert "## " not in headings  # the guidance names no heading as a heading
