@@ -44,7 +44,7 @@ from proxy.overflow import classify_error
 from proxy.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
 from proxy.rebuild import omitted_marker
 from proxy.summary_api import PATHS, SummarizerApi, read_answer, request_body
-from proxy.summary_check import Reason, check_summary
+from proxy.summary_check import Reason, check_summary, echoes
 from proxy.transcript import Entry, chunk_transcript, frame_prompt, render_transcript
 from proxy.types import ChatMessage
 from proxy.urls import upstream_url
@@ -160,7 +160,8 @@ class _Run:
         """The summary updated with one framed chunk of ``span_chars`` characters."""
         req = self.req
         answer = await self._finished(framed)
-        reason = check_summary(answer.text, req.prompt, answer.max_tokens, span_chars)
+        reason: Reason | None = "echo" if answer.finish_reason == "length" else None
+        reason = reason or check_summary(answer.text, req.prompt, answer.max_tokens, span_chars)
         if reason is None:
             return answer.text
         self.rejected.append(reason)
@@ -182,7 +183,8 @@ class _Run:
         req = self.req
         answer = await _call(req, req.prompt, framed, req.max_tokens, self._spare())
         self.calls += answer.posts
-        if answer.finish_reason != "length":
+        if answer.finish_reason != "length" or echoes(answer.text, req.prompt):
+            # An echo cut off is an echo: asked again with the simple prompt, not tersely.
             return answer
         self.retries += 1
         self.rejected.append("truncated")

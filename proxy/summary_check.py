@@ -55,11 +55,9 @@ def check_summary(text: str, prompt: Prompt, max_tokens: int, span_chars: int) -
     ``span_chars`` characters, is not a summary to keep; None: it passes."""
     if not text.strip():
         return "empty"
-    lines = text.splitlines()
     sections = {s.lower() for s in prompt.sections}
-    headings = {h for h in map(_heading, lines) if h in sections}
-    body = [line.strip() for line in lines if _heading(line) not in sections]
-    content = [line for line in body if line.lower() not in _EMPTY_LINES]
+    headings = {h for h in map(_heading, text.splitlines()) if h in sections}
+    content = _content(text, sections)
     if _echoes(" ".join(content), prompt):
         return "echo"
     if len(headings) < -(-len(sections) // 2):  # half of them, rounded up
@@ -68,6 +66,17 @@ def check_summary(text: str, prompt: Prompt, max_tokens: int, span_chars: int) -
     if sum(len(line) for line in content) < min(floor, _FLOOR_CAP):
         return "too_short"
     return None
+
+
+def echoes(text: str, prompt: Prompt) -> bool:
+    """Whether ``text`` (a cut-off answer too) mostly repeats the instructions."""
+    return _echoes(" ".join(_content(text, {s.lower() for s in prompt.sections})), prompt)
+
+
+def _content(text: str, sections: set[str]) -> list[str]:
+    """``text``'s lines but the asked headings and the empty ones (``none``)."""
+    body = [line.strip() for line in text.splitlines() if _heading(line) not in sections]
+    return [line for line in body if line.lower() not in _EMPTY_LINES]
 
 
 def _heading(line: str) -> str:

@@ -180,6 +180,18 @@ async def test_an_echo_is_asked_for_once_more_with_the_simple_prompt_and_kept_if
     assert made.calls == 2
 
 
+async def test_an_echo_cut_off_is_asked_for_with_the_simple_prompt_not_tersely() -> None:
+    """A real 0.5B model repeated a framing preamble until its budget ran out: asking it
+    to be terse costs a call and gets the same."""
+    upstream = FakeUpstream()
+    echo = summary_reply(CORE.system, finish_reason="length")
+    upstream.script(summaries=[echo, summary_reply(GOOD)])
+    made = await summarize(request(upstream), "", span())
+    assert (made.text, made.rejected, made.length_retries) == (GOOD, ("echo",), 0)
+    assert systems(upstream) == [CORE.system, SIMPLE.system]
+    assert "tersely" not in upstream.summary_calls[1].messages[-1]["content"]
+
+
 async def test_a_second_failed_check_fails_the_summary() -> None:
     upstream = FakeUpstream()
     short = "## Summary\nok\n## Critical values\nnone"
