@@ -14,8 +14,6 @@ from proxy.models import ResolvedModel
 FRAME_TOKENS = 60
 """Framing tokens around a summary: the handoff text and the acknowledgement turn."""
 
-# A summary takes at most this share of the chat model's window (4k window: ~600).
-_SUMMARY_SHARE = 0.15
 _MIN_SUMMARY = 128
 
 
@@ -56,6 +54,7 @@ class Budget:
 
 def summary_limit(model: ResolvedModel, settings: CompactionSettings) -> int:
     """How long a summary may be: the configured maximum, but never so much of a
-    small window that no recent turn could stay verbatim beside it."""
-    share = int(model.context_window * _SUMMARY_SHARE)
+    small window that no recent turn could stay verbatim beside it: at most
+    ``summary_budget_ratio`` of it (by default 0.15: about 600 tokens of a 4k window)."""
+    share = int(model.context_window * settings.summary_budget_ratio)
     return max(min(settings.summary_max_tokens, share), _MIN_SUMMARY)

@@ -169,6 +169,8 @@ class CompactionSettings(_Section):
     target_ratio: float = Field(0.5, gt=0, le=1)
     summarizer_model: str | None = None
     summary_max_tokens: int = Field(2000, gt=0)
+    # ...and at most this share of the chat model's window (raise it for small windows).
+    summary_budget_ratio: float = Field(0.15, gt=0, le=0.5)
     summary_timeout_s: float = Field(60.0, gt=0)
     # The summarizer's own window when it is a different model than the request's.
     summarizer_context_window: int | None = Field(None, gt=0)
@@ -178,8 +180,7 @@ class CompactionSettings(_Section):
     # Most summarizer calls (so windows of tokens) of one compaction, retries included: a
     # span that needs more keeps its newest chunks, the oldest left out behind a marker.
     max_summary_calls: int = Field(16, ge=2)
-    # "user": a user/assistant handoff pair (valid for strict chat templates);
-    # "system": one extra system message after the pinned ones.
+    # "user": a user/assistant handoff pair (strict templates); "system": one after the pinned.
     summary_role: Literal["user", "system"] = "user"
     # Most values restored into a summary or quoted in a trimmed view's digest, with role.
     restored_identifiers_max: int = Field(64, ge=0, le=1000)
@@ -188,11 +189,10 @@ class CompactionSettings(_Section):
     elide_min_tokens: int = Field(400, ge=1)
     # Concurrent requests of a session wait this long for a running summary.
     wait_for_summary_s: float = Field(30.0, ge=0)
-    # Background pre-compaction (precompact.py): once a turn's view passes this share of
-    # the window (below trigger_ratio), its session is compacted after the answer is out,
-    # so the turn that would cross the trigger finds a snapshot ready. Down to target_ratio
-    # x precompact_ratio / trigger_ratio: inline's proportions, earlier. None or 0: off.
-    precompact_ratio: float | None = Field(0.6, ge=0, lt=1)
+    # Background pre-compaction (precompact.py): past this share of the window (below
+    # trigger_ratio) a session is compacted after the answer, so the turn that crosses the
+    # trigger finds a snapshot ready; down to target_ratio * precompact_ratio / trigger_ratio.
+    precompact_ratio: float | None = Field(0.6, ge=0, lt=1)  # None or 0: off
     # At most this many background summaries at once per process; more are skipped.
     precompact_concurrency: int = Field(2, ge=1)
     # ...of which one tenant keeps at most this many while another tenant wants one (it

@@ -114,11 +114,16 @@ class StoreError(ProxyError):
 
 
 class SummaryError(ProxyError):
-    pass
+    # Why each answer of this summary was not kept (summary_check.Reason), for metrics.
+    rejected: tuple[str, ...] = ()
 
 
 class SummaryTruncated(SummaryError):
     length_retries: int = 1  # calls retried for length before giving up
+
+
+class SummaryRejected(SummaryError):
+    pass
 
 
 class UpstreamError(ProxyError):

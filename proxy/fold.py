@@ -1,6 +1,7 @@
 """Step 7 for a compaction: fold a span of the history into the session's summary.
 
-The upstream writes the new summary (summarize.py); what it dropped of the
+The upstream writes the new summary (summarize.py), which checks each answer
+(summary_check.py: rejected ones are counted and logged here); what it dropped of the
 identifiers in the previous summary and the span is put back
 (identifiers.py); the result is counted as the upstream will see it. A
 summary counted far over its budget is not kept. The caller decides what a
@@ -77,12 +78,14 @@ class Folder:
             made = await summarize(request, previous, span)
         except SummaryError as exc:
             self._timed(turn, started, "failed")
+            self._rejected(key, exc.rejected)
             self.metrics.summary_failures.inc()
             if isinstance(exc, SummaryTruncated):
                 self.metrics.summaries_truncated.inc()
                 self.metrics.summary_length_retries.inc(exc.length_retries)
             raise
         self._timed(turn, started, "ok")
+        self._rejected(key, made.rejected)
         if made.omitted:
             log.warning(
                 "session=%s span needs more than %d summarizer calls: its %d oldest messages "
@@ -117,6 +120,14 @@ class Folder:
             )
             return None
         return Folded(kept.summary, tokens + FRAME_TOKENS, kept.restored)
+
+    def _rejected(self, key: SessionKey, reasons: Sequence[str]) -> None:
+        """Count (and log, without content) the answers of a summary that were not kept."""
+        if not reasons:
+            return
+        for reason in reasons:
+            self.metrics.summaries_rejected.labels(reason=reason).inc()
+        log.warning("session=%s summarizer answers rejected: %s", key.log_id, ", ".join(reasons))
 
     def _timed(self, turn: Turn, started: float, outcome: str) -> None:
         elapsed = time.perf_counter() - started

@@ -33,6 +33,7 @@ from proxy.series import (
     TTFB_BUCKETS,
     ModelGauge,
 )
+from proxy.summary_check import REASONS as REJECTIONS
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess"]
 
@@ -50,6 +51,7 @@ class Metrics:
     client_disconnects: Counter
     summaries_truncated: Counter
     summary_length_retries: Counter
+    summaries_rejected: Counter
     identifiers_restored: Counter
     snapshots_unreadable: Counter
     lock_release_retries: Counter
@@ -135,6 +137,12 @@ class Metrics:
                 "Summarizer calls retried because the answer was cut off by its token limit",
                 registry=r,
             ),
+            summaries_rejected=Counter(
+                "compaction_proxy_summaries_rejected",
+                "Summarizer answers not kept, by reason (summary_check.py; truncated: cut off)",
+                ["reason"],
+                registry=r,
+            ),
             identifiers_restored=Counter(
                 "compaction_proxy_identifiers_restored",
                 "Identifiers a new summary had lost, put back by the proxy's check",
@@ -142,8 +150,7 @@ class Metrics:
             ),
             client_disconnects=Counter(
                 "compaction_proxy_client_disconnects",
-                "Chat requests whose client went away before the answer, by phase "
-                "(upstream: its upstream call was cancelled)",
+                "Chat requests whose client left before the answer, by phase (upstream: cancelled)",
                 ["phase"],
                 registry=r,
             ),
@@ -156,8 +163,7 @@ class Metrics:
             ),
             snapshots_unreadable=Counter(
                 "compaction_proxy_snapshots_unreadable",
-                "Stored values that could not be read (bad data, another key or format) and "
-                "were treated as absent, by kind (snapshot, window)",
+                "Stored values unreadable (bad data, other key or format) taken as absent, by kind",
                 ["kind"],
                 registry=r,
             ),
@@ -272,8 +278,7 @@ class Metrics:
             ),
             requests_cut_at_shutdown=Counter(
                 "compaction_proxy_requests_cut_at_shutdown",
-                "Requests (streams included) still running at the shutdown deadline "
-                "(server.shutdown_timeout_s), ended unfinished",
+                "Requests still running at the shutdown deadline (server.shutdown_timeout_s), cut",
                 registry=r,
             ),
             degraded_requests=Counter(
@@ -300,33 +305,28 @@ class Metrics:
         )
 
     def __post_init__(self) -> None:
-        for status in CHAT_STATUSES:
-            self.requests.labels(status=status)
         for trigger in TRIGGERS:
             for outcome in ("compacted", "trimmed", "failed"):
                 self.compactions.labels(trigger=trigger, outcome=outcome)
         # store_duration's (14 series each) come with the Redis store that times its calls.
-        for operation in STORE_OPERATIONS:
-            self.store_errors.labels(operation=operation)
-        for stage in ("before", "after"):
-            self.input_tokens.labels(stage=stage)
-        for outcome in ("ok", "failed"):
-            self.summarization_duration.labels(outcome=outcome)
-        for scope in ("tenant", "shared"):
-            self.learned_windows.labels(scope=scope)
-        for kind in ("snapshot", "window"):
-            self.snapshots_unreadable.labels(kind=kind)
-        for outcome in ("released", "expired", "cancelled", "gave_up"):
-            self.lock_release_retries.labels(outcome=outcome)
-        self.client_disconnects.labels(phase="upstream")
-        for outcome in PRECOMPACTION_OUTCOMES:
-            self.precompactions.labels(outcome=outcome)
-        for where in ("inline", "background"):
-            self.compactions_by_trigger.labels(trigger=where)
-        for kind in ("summarized", "waited"):
-            self.summary_waits.labels(kind=kind)
-        for reason in DEGRADED_REASONS:
-            self.degraded_requests.labels(reason=reason)
+        closed: tuple[tuple[Counter | Histogram, str, tuple[str, ...]], ...] = (
+            (self.requests, "status", CHAT_STATUSES),
+            (self.store_errors, "operation", STORE_OPERATIONS),
+            (self.input_tokens, "stage", ("before", "after")),
+            (self.summarization_duration, "outcome", ("ok", "failed")),
+            (self.learned_windows, "scope", ("tenant", "shared")),
+            (self.snapshots_unreadable, "kind", ("snapshot", "window")),
+            (self.lock_release_retries, "outcome", ("released", "expired", "cancelled", "gave_up")),
+            (self.client_disconnects, "phase", ("upstream",)),
+            (self.precompactions, "outcome", PRECOMPACTION_OUTCOMES),
+            (self.compactions_by_trigger, "trigger", ("inline", "background")),
+            (self.summary_waits, "kind", ("summarized", "waited")),
+            (self.summaries_rejected, "reason", REJECTIONS),
+            (self.degraded_requests, "reason", DEGRADED_REASONS),
+        )
+        for metric, label, values in closed:
+            for value in values:
+                metric.labels(**{label: value})
 
     def exposition(self) -> bytes:
         return exposition(self.registry)

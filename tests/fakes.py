@@ -55,6 +55,7 @@ from proxy.tokens import TokenCounter
 from proxy.types import ChatMessage
 from proxy.upstream import UpstreamResponse
 from proxy.windows import LearnedWindows, WindowPolicy
+from tests.faulty_upstream import handoff
 
 _CASES = Path(__file__).parent / "fixtures" / "overflow" / "cases.json"
 _JSON = (("content-type", "application/json"),)
@@ -121,7 +122,7 @@ def chat_reply(text: str = "ok", *, prompt_tokens: int | None = None) -> Reply:
 
 
 def summary_reply(
-    text: str = "## Active task\nnone",
+    text: str = handoff(),
     *,
     finish_reason: str = "stop",
     gate: asyncio.Event | None = None,

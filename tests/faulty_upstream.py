@@ -97,6 +97,19 @@ class Exchange:
 Behaviour = Callable[["FaultyUpstream", Exchange], Awaitable[None]]
 
 
+def handoff(note: str = "none") -> str:
+    """A summary the proxy's check keeps (proxy/summary_check.py: the headings it asks
+    for, none of its instructions' words, not degenerately short), carrying ``note``."""
+    return (
+        f"## Active task\n{note}\n"
+        "## Current state\nThe helper answered each question in turn and the work goes on; "
+        "nothing is blocked and no error came up in these turns.\n"
+        "## Remaining work\nKeep answering the questions that come next, in the same "
+        "tone and at the same length as before, until the conversation ends.\n"
+        "## Critical values\nnone"
+    )
+
+
 def completion(text: str = "fine", *, prompt_tokens: int = 10) -> bytes:
     return orjson.dumps(
         {
@@ -253,7 +266,7 @@ class FaultyUpstream:
 
     def __init__(self) -> None:
         self.chat: Behaviour = answer()
-        self.summary: Behaviour = answer(body=completion("## Active task\nnone"))
+        self.summary: Behaviour = answer(body=completion(handoff()))
         self.seen: list[Seen] = []
         self.open = 0
         self.busy = 0

@@ -71,6 +71,7 @@ from tests.faulty_upstream import (
     chunk_event,
     completion,
     gated,
+    handoff,
     hang,
     partial,
     stream,
@@ -190,7 +191,7 @@ def up(upstream: FaultyUpstream) -> Iterator[FaultyUpstream]:
     yield upstream
     upstream.release()
     upstream.open_gate(False)
-    upstream.chat, upstream.summary = answer(), answer(body=completion("## Active task\nnone"))
+    upstream.chat, upstream.summary = answer(), answer(body=completion(handoff("none")))
 
 
 def assert_clean(proxy: Proxy, upstream: FaultyUpstream, session: str | None = None) -> None:
@@ -475,7 +476,7 @@ def test_summarizer_faults(proxy: Proxy, up: FaultyUpstream, name: str, streamed
     # No half-made snapshot: unknown, or seen (noted after its answer) with no summary.
     assert sessions.status_code == 404 or sessions.json()["summary"] is None, sessions.text
 
-    up.summary = answer(body=completion("## Active task\nkeep going"))
+    up.summary = answer(body=completion(handoff("keep going")))
     response = post(proxy, chat_body("and again", stream=streamed, history=HISTORY), session)
     assert response.status_code == 200, response.text
     assert response.headers["x-compaction-status"] == "compacted"
@@ -495,7 +496,7 @@ def test_a_summary_far_over_its_budget_is_not_kept(
     the window or be summarized again every turn. Within twice the budget it is kept
     (tokenizers differ); beyond, the turn is trimmed to fit and nothing is stored."""
     session = f"long-summary-{words}"
-    up.summary = answer(body=completion("word " * words))
+    up.summary = answer(body=completion(handoff("word " * words)))
     failures = proxy.metric("summary_failures")
     response = post(proxy, chat_body("the newest question", history=HISTORY), session)
     assert response.status_code == 200, response.text
@@ -547,7 +548,7 @@ def test_client_leaves_mid_stream_and_the_upstream_is_hung_up_on(
 
 @pytest.mark.parametrize(
     ("summary", "version"),
-    [(gated(answer(body=completion("## Active task\nslow"))), 1), (hang(), None)],
+    [(gated(answer(body=completion(handoff("slow")))), 1), (hang(), None)],
     ids=["summary-finishes", "summary-times-out"],
 )
 def test_client_leaves_during_summarization(
@@ -572,7 +573,7 @@ def test_client_leaves_during_summarization(
         assert stored.status_code == 404
     else:
         assert stored.json()["version"] == version
-    up.summary = answer(body=completion("## Active task\nnext"))
+    up.summary = answer(body=completion(handoff("next")))
     started = time.monotonic()
     response = post(proxy, chat_body("next turn", history=HISTORY), session)
     assert response.status_code == 200, response.text
@@ -607,7 +608,7 @@ def test_client_leaves_during_overflow_recovery(proxy: Proxy, up: FaultyUpstream
         await answer(*((400, OVERFLOW) if calls[0] == 1 else ()))(upstream, ex)
 
     up.chat = too_long_once
-    up.summary = gated(answer(body=completion("## Active task\nrecovered")))
+    up.summary = gated(answer(body=completion(handoff("recovered"))))
     body = chat_body("too long?", history=12, model=model)
     leave_when(proxy, body, session, lambda: bool(up.requests(summaries=True)))
     up.open_gate()

@@ -43,6 +43,7 @@ from tests.fakes import (
     turn_of,
     until,
 )
+from tests.faulty_upstream import handoff
 
 T = TypeVar("T")
 CONCURRENT = 5
@@ -90,7 +91,7 @@ async def test_concurrent_requests_for_one_session_ask_for_one_summary(
     services: Services, upstream: FakeUpstream, clock: FakeClock
 ) -> None:
     gate = asyncio.Event()
-    upstream.script(summaries=[summary_reply("## Goal\nshared summary", gate=gate)])
+    upstream.script(summaries=[summary_reply(handoff("shared summary"), gate=gate)])
     history = conversation(14)
 
     tasks = [asyncio.create_task(view(services, history)) for _ in range(CONCURRENT)]
@@ -111,7 +112,7 @@ async def test_concurrent_requests_for_one_session_ask_for_one_summary(
     assert all(o.messages == first for o in outcomes), "waiters send the holder's view"
     snapshot = await stored(services)
     assert snapshot is not None
-    assert (snapshot.version, snapshot.summary) == (1, "## Goal\nshared summary")
+    assert (snapshot.version, snapshot.summary) == (1, handoff("shared summary"))
     assert metric(services.metrics, "compactions", trigger="threshold", outcome="compacted") == 1
     snapshots = metric(services.metrics, "compactions", trigger="threshold", outcome="snapshot")
     assert snapshots == CONCURRENT - 1
@@ -171,7 +172,7 @@ async def test_an_unreachable_summarizer_trims_instead(
 async def test_a_summary_cut_off_twice_is_not_kept(
     services: Services, upstream: FakeUpstream
 ) -> None:
-    cut = summary_reply("## Goal\nhalf a sum", finish_reason="length")
+    cut = summary_reply(handoff("half a sum"), finish_reason="length")
     upstream.script(summaries=[cut, cut])
     outcome = await view(services, conversation(22))
 
@@ -192,15 +193,15 @@ async def test_a_summary_cut_off_once_is_asked_again_tersely_and_kept(
 ) -> None:
     upstream.script(
         summaries=[
-            summary_reply("## Goal\nhalf a sum", finish_reason="length"),
-            summary_reply("## Goal\nterse and whole"),
+            summary_reply(handoff("half a sum"), finish_reason="length"),
+            summary_reply(handoff("terse and whole")),
         ]
     )
     outcome = await view(services, conversation(14))
     assert outcome.status == "compacted"
     snapshot = await stored(services)
     assert snapshot is not None
-    assert snapshot.summary == "## Goal\nterse and whole"
+    assert snapshot.summary == handoff("terse and whole")
     assert metric(services.metrics, "summary_length_retries") == 1
     assert metric(services.metrics, "summaries_truncated") == 0
 
@@ -276,7 +277,7 @@ async def test_a_request_that_finds_the_compaction_done_under_the_lock_uses_it(
     upstream: FakeUpstream, clock: FakeClock
 ) -> None:
     a, b, paused = replicas(upstream, clock)
-    upstream.script(summaries=[summary_reply("## Goal\nby replica b")])
+    upstream.script(summaries=[summary_reply(handoff("by replica b"))])
     history = conversation(14)
 
     late = asyncio.create_task(view(a, history))  # planned against no snapshot
@@ -299,7 +300,7 @@ async def test_a_grown_history_re_planned_under_the_lock_summarizes_only_whats_n
 ) -> None:
     a, b, paused = replicas(upstream, clock)
     upstream.script(
-        summaries=[summary_reply("## Goal\nby replica b"), summary_reply("## Goal\nfolded")]
+        summaries=[summary_reply(handoff("by replica b")), summary_reply(handoff("folded"))]
     )
     history = conversation(14)
     grown = conversation(14, extra=10)  # the same conversation ten turns later
@@ -315,13 +316,14 @@ async def test_a_grown_history_re_planned_under_the_lock_summarizes_only_whats_n
     first, second = upstream.summary_calls
     prompt = second.messages[-1]["content"]
     assert re.search(
-        r"<previous_summary_(\w+)>\n## Goal\nby replica b\n</previous_summary_\1>", prompt
+        rf"<previous_summary_(\w+)>\n{re.escape(handoff('by replica b'))}\n</previous_summary_\1>",
+        prompt,
     )
     assert "Turn 0:" in first.messages[-1]["content"]
     assert "Turn 0:" not in prompt, "what b's summary covers is not summarized again"
     snapshot = await b.store.load(key())
     assert snapshot is not None
-    assert (snapshot.version, snapshot.summary) == (2, "## Goal\nfolded")
+    assert (snapshot.version, snapshot.summary) == (2, handoff("folded"))
     assert snapshot.covered > covered
 
 
@@ -330,7 +332,7 @@ async def test_a_summary_that_outlived_its_lock_loses_the_write_to_the_next_hold
 ) -> None:
     gate = asyncio.Event()
     upstream.script(
-        summaries=[summary_reply("## Goal\nslow", gate=gate), summary_reply("## Goal\nfast")]
+        summaries=[summary_reply(handoff("slow"), gate=gate), summary_reply(handoff("fast"))]
     )
     history = conversation(14)
     slow = asyncio.create_task(view(services, history))
@@ -347,7 +349,7 @@ async def test_a_summary_that_outlived_its_lock_loses_the_write_to_the_next_hold
     assert any("lost a write race" in r.message for r in caplog.records)
     snapshot = await stored(services)
     assert snapshot is not None
-    assert snapshot.summary == "## Goal\nfast", "a stale writer never replaces the snapshot"
+    assert snapshot.summary == handoff("fast"), "a stale writer never replaces the snapshot"
 
 
 # --- what gets a compaction ------------------------------------------------------------
@@ -403,7 +405,7 @@ async def test_identifiers_the_summary_dropped_are_put_back(
 ) -> None:
     history = conversation(14)
     history[1] = {"role": "user", "content": f"FACT deploy_id=ZX-4471-QQ {FILLER}"}
-    upstream.script(summaries=[summary_reply("## Goal\nship it")])
+    upstream.script(summaries=[summary_reply(handoff("ship it"))])
     outcome = await view(services, history)
     assert outcome.restored >= 1
     snapshot = await stored(services)

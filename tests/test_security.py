@@ -79,7 +79,7 @@ import yaml
 
 from proxy import admin_api, upstream
 from tests.conftest import free_port, proxy_settings, run_proxy
-from tests.faulty_upstream import FaultyUpstream, Seen, answer, completion, stream
+from tests.faulty_upstream import FaultyUpstream, Seen, answer, completion, handoff, stream
 
 pytestmark = pytest.mark.e2e
 
@@ -206,7 +206,7 @@ def up(faulty: FaultyUpstream) -> Iterator[FaultyUpstream]:
     faulty.seen.clear()
     yield faulty
     faulty.release()
-    faulty.chat, faulty.summary = answer(), answer(body=completion("## Active task\nnone"))
+    faulty.chat, faulty.summary = answer(), answer(body=completion(handoff("none")))
 
 
 @pytest.fixture
@@ -692,7 +692,7 @@ def test_upstream_cookies_never_reach_another_tenant() -> None:
     cookie = {"set-cookie": "upstream_session=alice-only; Path=/"}
     with FaultyUpstream() as faulty:
         faulty.chat = answer(headers=cookie)
-        faulty.summary = answer(body=completion("## Active task\nnone"), headers=cookie)
+        faulty.summary = answer(body=completion(handoff("none")), headers=cookie)
         # A host name: aiohttp's default jar ignores cookies from IP addresses.
         settings = settings_for(faulty.url.replace("127.0.0.1", "localhost"))
         with run_proxy(settings) as url:  # stops before the upstream does

@@ -16,10 +16,11 @@ import orjson
 import pytest
 
 from proxy.config import Settings
+from proxy.prompts import CORE, FULL, SIMPLE, TERSER
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.simulator.replies import collect_facts
-from proxy.summarize import SYSTEM_PROMPT, TERSER, SummaryRequest, summarize
+from proxy.summarize import SummaryRequest, summarize
 from proxy.transcript import frame_prompt, render_transcript
 from proxy.types import ChatMessage
 from proxy.upstream import UpstreamClient
@@ -248,7 +249,7 @@ def test_a_configured_summarizer_output_limit_is_asked_for_directly(
 
 # The instructions the summarizer reads besides the conversation: whatever they contain,
 # a model may copy into a summary as if the conversation had said it.
-_INSTRUCTIONS = (SYSTEM_PROMPT, TERSER.format(limit="{limit}"))
+_INSTRUCTIONS = (FULL.system, CORE.system, SIMPLE.system, TERSER.format(limit="{limit}"))
 
 
 @pytest.mark.parametrize("text", _INSTRUCTIONS)

@@ -91,7 +91,7 @@ def test_a_summary_cut_off_on_the_responses_api_is_never_kept(
     assert chat.statuses["trimmed"] >= 1
     assert [c for c in summary_calls(sim) if "tersely" in c["body"]["input"]]
     stored = httpx.get(f"{url}/sessions/tight", headers={"Authorization": "Bearer sk-tenant-a"})
-    if stored.status_code == 200:
+    if stored.status_code == 200 and stored.json()["summary"] is not None:
         assert "## Critical values" in stored.json()["summary"]
 
 

@@ -15,7 +15,9 @@ Every key is optional::
     recording: {max_requests: 10000, max_bytes: 134217728}   # for GET /_sim/requests
 
 A model rule may override ``tokenizer``, ``error_format`` and ``strict_alternation``,
-and say how it counts tool definitions (``tool_format``).
+say how it counts tool definitions (``tool_format``) and how the model summarizes:
+``summary_style`` (ideal | realistic, or a weak model's echo | short | cut_off:
+replies.py) and ``summary_forgets``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from proxy.errors import ConfigError
 
 ErrorFormat = Literal["openai", "vllm", "vllm_legacy", "anthropic", "llamacpp", "gateway413"]
 ERROR_FORMATS: tuple[str, ...] = get_args(ErrorFormat)
-SummaryStyle = Literal["ideal", "realistic"]
+SummaryStyle = Literal["ideal", "realistic", "echo", "short", "cut_off"]
 ToolFormat = Literal["json", "hermes"]
 
 
@@ -51,7 +53,9 @@ class ModelRule(_Section):
     # tokenizer adds tokens the client cannot see.
     token_scale: float = Field(default=1.0, gt=0)
     # How this model writes summaries (replies.py): "ideal" always fits every fact;
-    # "realistic" writes prose first and the facts last, and is cut off at max_tokens.
+    # "realistic" writes prose first and the facts last, and is cut off at max_tokens;
+    # weak models: "echo" copies its prompt, "short" answers a line, "cut_off" always
+    # runs to max_tokens.
     summary_style: SummaryStyle = "ideal"
     # Forget every Nth fact (in key order) when summarizing; 0 forgets none.
     summary_forgets: int = Field(default=0, ge=0)

@@ -15,6 +15,12 @@ Rules, first match wins:
    word at the budget with ``finish_reason: "length"``; asked to be terse (the
    prompt says "tersely"), it keeps the prose to a quarter of the budget.
    ``summary_forgets: N`` leaves out every Nth fact, as a lossy model would.
+   Both write the headings the system message lists (``## Name`` lines): ideal a
+   few words under each, realistic its prose under the first and ``none`` under
+   the rest. Weak models: ``echo`` copies its prompt (the previous-summary block's
+   text, then the instructions) up to the budget; ``short`` writes one line and
+   the bare headings; ``cut_off`` is realistic but always runs to the budget
+   (``finish_reason: "length"``).
 2. Last message from a tool: ``observed <n> tool results`` (n trailing tool
    messages).
 3. Last message from the user, the request has ``tools`` and the text says
@@ -162,29 +168,68 @@ def _text_reply(text: str, budget: int, encoder: Encoder) -> Reply:
     return Reply(content, (), "length" if cut else "stop", encoder.count(content))
 
 
+_ASKED = re.compile(r"(?m)^## (.+?)[ \t]*$")
+_CRITICAL = "Critical values"
+
+
+def _asked_sections(messages: list[dict[str, Any]]) -> list[str]:
+    """The headings the summarizer's instructions (its system message) list."""
+    first = messages[0] if messages else {}
+    if first.get("role") not in ("system", "developer"):
+        return []
+    return _ASKED.findall(text_of(first.get("content")))
+
+
 def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Voice) -> Reply:
     encoder = voice.encoder
     facts = collect_facts(messages)
     keys = sorted(facts)
     # Messages summarized: those the framed transcript quotes (the proxy's prompt),
     # else the request's own.
-    quoted = read_transcript(text_of(messages[-1].get("content")))
+    prompt = text_of(messages[-1].get("content"))
+    quoted = read_transcript(prompt)
     count = len(quoted) if quoted is not None else len(messages)
+    sections = _asked_sections(messages)
+    if voice.summary_style == "echo":
+        return _echo(messages, prompt, budget, encoder)
+    if voice.summary_style == "short":
+        content = "\n".join([f"SUMMARY of {count} messages.", *(f"## {s}" for s in sections)])
+        return Reply(content, (), "stop", encoder.count(content))
     if voice.summary_forgets:
         keys = [k for i, k in enumerate(keys) if (i + 1) % voice.summary_forgets]
     fact_lines = [f"FACT {key}={facts[key]}" for key in keys]
     header = f"SUMMARY of {count} messages, {len(keys)} facts carried forward."
-    if voice.summary_style == "realistic":
-        prompt = text_of(messages[-1].get("content"))
+    others = [s for s in sections if s != _CRITICAL]
+    if voice.summary_style in ("realistic", "cut_off"):
         # About a word of prose per 40 characters summarized; a quarter of the budget
-        # when asked to be terse.
+        # when asked to be terse; cut_off: always more than the budget.
         prose = max(len(prompt) // 40, 8) if "tersely" not in prompt else max(budget // 4, 1)
-        words = [header, *filler_words(seed, prose), "\n## Critical values\n", *fact_lines]
-        content, cut = fit_words("", words, budget, encoder)
+        if voice.summary_style == "cut_off":
+            prose = budget + 16
+        first = [f"\n## {others[0]}\n"] if others else []
+        rest = [f"\n## {s}\nnone" for s in others[1:]]
+        words = [header, *first, *filler_words(seed, prose), *rest, f"\n## {_CRITICAL}\n"]
+        content, cut = fit_words("", [*words, *fact_lines], budget, encoder)
         return Reply(content, (), "length" if cut else "stop", encoder.count(content))
-    head = "\n".join([header, *fact_lines]) + "\nContext:"
+    # A few words under each asked heading, the facts under Critical values.
+    notes = filler_words(seed[::-1], 3 * len(others))
+    body = [f"## {s}\n{' '.join(notes[3 * i : 3 * i + 3])}" for i, s in enumerate(others)]
+    if sections:
+        body.append(f"## {_CRITICAL}")
+    head = "\n".join([header, *body, *fact_lines]) + "\nContext:"
     content, _ = fit_words(head, filler_words(seed, voice.reply_tokens), budget, encoder)
     # Cutting filler is not a truncated summary: the facts are all there.
+    return Reply(content, (), "stop", encoder.count(content))
+
+
+def _echo(messages: list[dict[str, Any]], prompt: str, budget: int, encoder: Encoder) -> Reply:
+    """What a weak model writes when it copies its prompt: the previous-summary block's
+    text (a placeholder there, once), then the instructions, up to the budget."""
+    previous = re.search(r"<previous_summary_(\w+)>\n(.*?)\n</previous_summary_\1>", prompt, re.S)
+    parts = [previous.group(2)] if previous else []
+    first = messages[0] if messages and messages[0].get("role") != "user" else {}
+    parts.append(text_of(first.get("content")))
+    content, _ = fit_words("", "\n".join(parts).split(" "), budget, encoder)
     return Reply(content, (), "stop", encoder.count(content))
 
 

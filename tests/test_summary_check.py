@@ -1,0 +1,362 @@
+"""Issue 21 items 2 and 4: a summarizer's answer is checked before it replaces anything
+(summary_check.py), and the prompt and budget fit small windows (prompts.py, budget.py).
+
+Unit tests judge answers and prompts as values and drive ``summarize`` against a
+scripted upstream; the end-to-end tests run the real proxy over HTTP in front of the
+simulator playing a weak summarizer (``summary_style``: echo, short, cut_off)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from proxy.budget import summary_limit
+from proxy.config import CompactionSettings, Settings
+from proxy.errors import SummaryRejected, SummaryTruncated
+from proxy.models import ModelTable
+from proxy.prompts import CORE, FULL, SIMPLE, prompt_for
+from proxy.simulator import create_simulator_app
+from proxy.simulator.config import ModelRule, SimulatorConfig, SummaryStyle
+from proxy.summarize import SummaryRequest, summarize
+from proxy.summary_check import LEGACY_PLACEHOLDER, check_summary
+from proxy.transcript import frame_prompt, render_transcript
+from proxy.types import ChatMessage
+from tests.conftest import proxy_settings, run_server
+from tests.fakes import FakeUpstream, summary_reply
+from tests.faulty_upstream import handoff
+from tests.test_compaction import FILLER, Chat, upstream_requests
+
+GOOD = handoff("Answer the questions about the release plan.")
+SPAN_CHARS = 10_000  # forty messages of about 250 characters
+
+
+def span(count: int = 40) -> list[ChatMessage]:
+    return [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: {FILLER}"}
+        for i in range(count)
+    ]
+
+
+# --- the check ----------------------------------------------------------------------------
+
+
+def test_a_summary_with_its_headings_and_content_passes() -> None:
+    assert check_summary(GOOD, CORE, 400, SPAN_CHARS) is None
+    full = "\n".join(f"## {s}\nThe release ships on the planned day." for s in FULL.sections)
+    assert check_summary(full, FULL, 2000, SPAN_CHARS) is None
+
+
+def test_headings_in_other_markdown_forms_count() -> None:
+    bold = GOOD.replace("## Active task", "**Active task:**").replace(
+        "## Current state", "Current state:"
+    )
+    assert check_summary(bold, CORE, 400, SPAN_CHARS) is None
+    numbered = GOOD.replace("## Active task", "### 1. Active task").replace(
+        "## Current", "2) Current"
+    )
+    assert check_summary(numbered, CORE, 400, SPAN_CHARS) is None
+
+
+def test_the_placeholder_echoed_is_rejected_as_an_echo() -> None:
+    """Issue 21: a 19-token echo of the placeholder was stored as version 1."""
+    assert check_summary(LEGACY_PLACEHOLDER, FULL, 614, SPAN_CHARS) == "echo"
+    assert check_summary(f"## Active task\n{LEGACY_PLACEHOLDER}", CORE, 300, SPAN_CHARS) == "echo"
+
+
+@pytest.mark.parametrize("prompt", [FULL, CORE, SIMPLE], ids=lambda p: p.name)
+def test_the_instructions_echoed_are_rejected(prompt: Any) -> None:
+    assert check_summary(prompt.system, prompt, 2000, SPAN_CHARS) == "echo"
+    # Copied under real headings, between a real value or two: still an echo.
+    guidance = prompt.system.split("\n\n")[0]
+    copied = "\n".join(f"## {s}\n{guidance}" for s in prompt.sections) + "\n- port = 8443"
+    assert check_summary(copied, prompt, 2000, SPAN_CHARS) == "echo"
+
+
+def test_an_answer_without_the_asked_headings_is_rejected() -> None:
+    prose = "The user and the assistant talked about the release plan for a long while. " * 5
+    assert check_summary(prose, FULL, 2000, SPAN_CHARS) == "structure"
+    assert check_summary("## Active task\nnone", FULL, 2000, SPAN_CHARS) == "structure"
+
+
+def test_a_degenerately_short_summary_of_a_long_span_is_rejected() -> None:
+    bare = "\n".join(f"## {s}\nnone" for s in CORE.sections)
+    assert check_summary(bare, CORE, 400, SPAN_CHARS) == "too_short"
+    tiny = "## Active task\nship it\n## Critical values\nnone"
+    assert check_summary(tiny, CORE, 400, SPAN_CHARS) == "too_short"
+    # The same few words for a span of a few words are a fine summary.
+    assert check_summary(tiny, CORE, 400, 200) is None
+
+
+def test_an_empty_answer_is_rejected() -> None:
+    assert check_summary("  \n", CORE, 400, SPAN_CHARS) == "empty"
+
+
+# --- the prompt ---------------------------------------------------------------------------
+
+
+def test_a_first_compaction_has_no_previous_summary_block_and_no_placeholder() -> None:
+    first = frame_prompt("", render_transcript(span(4)))
+    assert "previous_summary" not in first
+    assert "(none" not in first
+    assert "first compaction" not in first
+    later = frame_prompt("## Active task\nship", render_transcript(span(4)))
+    assert re.search(r"<previous_summary_\w+>\n## Active task\nship\n</previous_summary_", later)
+
+
+@pytest.mark.parametrize("prompt", [FULL, CORE, SIMPLE], ids=lambda p: p.name)
+def test_the_request_names_its_marker_and_the_instructions_explain_the_framing(
+    prompt: Any,
+) -> None:
+    """A real 0.5B model copied the request's framing preamble over and over instead of
+    summarizing: the request now names its marker in one line."""
+    request = frame_prompt("", render_transcript(span(4)))
+    preamble = request[: request.index("<new_turns_")]
+    assert re.fullmatch(r"The quoted text uses the marker [0-9a-f]{12}\.\n\n", preamble)
+    assert "a line holding the marker and a role" in prompt.system
+
+
+@pytest.mark.parametrize("prompt", [FULL, CORE, SIMPLE], ids=lambda p: p.name)
+def test_section_guidance_is_stated_once_not_under_each_heading(prompt: Any) -> None:
+    headings, listed = prompt.system.split("The sections:\n")
+    assert "## " not in headings  # the guidance names no heading as a heading
+    assert listed.splitlines() == [f"## {s}" for s in prompt.sections]  # bare headings
+
+
+def test_a_small_budget_asks_for_the_core_sections_only() -> None:
+    assert prompt_for(307) is CORE  # 15% of a 2k window
+    assert prompt_for(614) is FULL  # 15% of a 4k window
+    assert len(CORE.sections) < len(FULL.sections) // 2
+    assert "Critical values" in CORE.sections
+
+
+def test_the_summary_budgets_share_of_the_window_is_configurable() -> None:
+    settings = Settings(models=[{"match": "small", "context_window": 2048}])
+    model = ModelTable(settings).resolve("small")
+    assert summary_limit(model, settings.compaction) == 307  # 15% by default
+    raised = CompactionSettings(summary_budget_ratio=0.3)
+    assert summary_limit(model, raised) == 614
+    capped = CompactionSettings(summary_budget_ratio=0.3, summary_max_tokens=500)
+    assert summary_limit(model, capped) == 500  # summary_max_tokens still caps it
+    with pytest.raises(ValidationError):
+        CompactionSettings(summary_budget_ratio=0.6)
+
+
+# --- summarize() against a scripted upstream ------------------------------------------------
+
+
+def request(upstream: FakeUpstream, max_calls: int = 16, max_tokens: int = 400) -> SummaryRequest:
+    return SummaryRequest(
+        client=upstream,
+        api="chat",
+        url="http://upstream.invalid/v1/chat/completions",
+        headers=[],
+        model="fake",
+        max_tokens=max_tokens,
+        timeout_s=10,
+        max_chunk_chars=1_000_000,
+        max_calls=max_calls,
+        prompt=prompt_for(max_tokens),
+    )
+
+
+def systems(upstream: FakeUpstream) -> list[str]:
+    return [c.messages[0]["content"] for c in upstream.summary_calls]
+
+
+async def test_an_echo_is_asked_for_once_more_with_the_simple_prompt_and_kept_if_good() -> None:
+    upstream = FakeUpstream()
+    upstream.script(summaries=[summary_reply(CORE.system), summary_reply(GOOD)])
+    made = await summarize(request(upstream), "", span())
+    assert made.text == GOOD
+    assert made.rejected == ("echo",)
+    assert systems(upstream) == [CORE.system, SIMPLE.system]
+    assert made.calls == 2
+
+
+async def test_an_echo_cut_off_is_asked_for_with_the_simple_prompt_not_tersely() -> None:
+    """A real 0.5B model repeated a framing preamble until its budget ran out: asking it
+    to be terse costs a call and gets the same."""
+    upstream = FakeUpstream()
+    echo = summary_reply(CORE.system, finish_reason="length")
+    upstream.script(summaries=[echo, summary_reply(GOOD)])
+    made = await summarize(request(upstream), "", span())
+    assert (made.text, made.rejected, made.length_retries) == (GOOD, ("echo",), 0)
+    assert systems(upstream) == [CORE.system, SIMPLE.system]
+    assert "tersely" not in upstream.summary_calls[1].messages[-1]["content"]
+
+
+async def test_a_second_failed_check_fails_the_summary() -> None:
+    upstream = FakeUpstream()
+    short = "## Summary\nok\n## Critical values\nnone"
+    upstream.script(summaries=[summary_reply(LEGACY_PLACEHOLDER), summary_reply(short)])
+    with pytest.raises(SummaryRejected) as failed:
+        await summarize(request(upstream), "", span())
+    assert failed.value.rejected == ("echo", "too_short")
+    assert len(upstream.summary_calls) == 2  # retried once, not more
+
+
+async def test_the_simple_retry_counts_against_max_summary_calls() -> None:
+    """Two calls allowed: a cut-off answer and its terser retry use both; the echo that
+    came back is not asked for a third time."""
+    upstream = FakeUpstream()
+    upstream.script(
+        summaries=[summary_reply(GOOD, finish_reason="length"), summary_reply(CORE.system)]
+    )
+    with pytest.raises(SummaryRejected) as failed:
+        await summarize(request(upstream, max_calls=2), "", span())
+    assert failed.value.rejected == ("truncated", "echo")
+    assert len(upstream.summary_calls) == 2
+
+
+async def test_a_simple_retry_cut_off_is_a_failure_counted_as_truncated() -> None:
+    upstream = FakeUpstream()
+    upstream.script(summaries=[summary_reply(""), summary_reply(GOOD, finish_reason="length")])
+    with pytest.raises(SummaryRejected) as failed:
+        await summarize(request(upstream), "", span())
+    assert failed.value.rejected == ("empty", "truncated")
+
+
+async def test_cut_off_twice_still_raises_truncated_with_its_reasons() -> None:
+    upstream = FakeUpstream()
+    cut = summary_reply(GOOD, finish_reason="length")
+    upstream.script(summaries=[cut, cut])
+    with pytest.raises(SummaryTruncated) as failed:
+        await summarize(request(upstream), "", span())
+    assert failed.value.rejected == ("truncated", "truncated")
+
+
+# --- end to end: the real proxy, a simulator playing a weak summarizer ----------------------
+
+WINDOW = 4096
+
+
+@pytest.fixture
+def weak_sim() -> Iterator[Callable[[SummaryStyle], str]]:
+    with ExitStack() as stack:
+
+        def start(style: SummaryStyle) -> str:
+            rule = ModelRule(match="sim-4k", summary_style=style)
+            return stack.enter_context(
+                run_server(create_simulator_app(SimulatorConfig(models=(rule,))))
+            )
+
+        yield start
+
+
+def settings(sim: str, **compaction: Any) -> Any:
+    return proxy_settings(
+        sim,
+        models=[{"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": 256}],
+        compaction={"summary_max_tokens": 400, "precompact_ratio": None, **compaction},
+    )
+
+
+def rejected(url: str, reason: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    found = re.search(
+        rf'^compaction_proxy_summaries_rejected_total{{reason="{reason}"}} (\S+)$', text, re.M
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+def summary_calls(sim: str) -> list[dict[str, Any]]:
+    return [
+        r for r in upstream_requests(sim) if r["headers"].get("x-compaction-purpose") == "summarize"
+    ]
+
+
+def talk_past_the_trigger(chat: Chat, turns: int = 40) -> None:
+    for turn in range(turns):
+        chat.say(f"Turn {turn}: {FILLER}")
+        if chat.statuses["trimmed"] >= 3:
+            return
+
+
+@pytest.mark.parametrize(("style", "reason"), [("echo", "echo"), ("short", "too_short")])
+def test_a_weak_summarizers_answer_is_rejected_retried_once_and_never_stored(
+    weak_sim: Callable[[SummaryStyle], str],
+    start_proxy: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+    style: SummaryStyle,
+    reason: str,
+) -> None:
+    sim = weak_sim(style)
+    url = start_proxy(settings(sim))
+    chat = Chat(url, session=f"weak-{style}")
+    with caplog.at_level(logging.INFO, logger="proxy.compaction"):
+        talk_past_the_trigger(chat)
+    assert chat.statuses["trimmed"] >= 1
+    assert chat.statuses["compacted"] == 0
+    stored = httpx.get(
+        f"{url}/sessions/weak-{style}", headers={"Authorization": "Bearer sk-tenant-a"}
+    )
+    assert stored.status_code == 200, stored.text
+    assert (stored.json()["version"], stored.json()["summary"]) == (0, None)
+    calls = summary_calls(sim)
+    # One compaction's two answers: the first with the instructions, then the simple prompt;
+    # then the session backs off (compaction.summary_backoff_s): no call on later turns.
+    assert [c["body"]["messages"][0]["content"] for c in calls] == [CORE.system, SIMPLE.system]
+    assert rejected(url, reason) == 2
+    # Logged without content: the reasons only.
+    lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert lines
+    assert all(FILLER[:20] not in line and "compact" not in line for line in lines)
+    first = calls[0]["body"]["messages"][-1]["content"]
+    assert "previous_summary" not in first
+    assert "first compaction" not in first
+
+
+def test_a_summarizer_that_always_runs_to_length_is_counted_as_truncated(
+    weak_sim: Callable[[SummaryStyle], str], start_proxy: Callable[..., str]
+) -> None:
+    sim = weak_sim("cut_off")
+    url = start_proxy(settings(sim))
+    chat = Chat(url, session="cut")
+    talk_past_the_trigger(chat)
+    assert chat.statuses["compacted"] == 0
+    assert chat.statuses["trimmed"] >= 1
+    assert rejected(url, "truncated") == 2  # the answer and its terser retry
+    stored = httpx.get(f"{url}/sessions/cut", headers={"Authorization": "Bearer sk-tenant-a"})
+    assert stored.json()["version"] == 0
+
+
+def test_a_good_summarizer_still_passes_with_the_headings_it_was_asked_for(
+    weak_sim: Callable[[SummaryStyle], str], start_proxy: Callable[..., str]
+) -> None:
+    sim = weak_sim("ideal")
+    url = start_proxy(settings(sim))
+    chat = Chat(url, session="good")
+    for turn in range(40):
+        chat.say(f"Turn {turn}: {FILLER}{' FACT port=8443' if turn == 1 else ''}")
+        if chat.statuses["compacted"]:
+            break
+    assert chat.statuses["compacted"] == 1
+    summary = httpx.get(f"{url}/sessions/good", headers={"Authorization": "Bearer sk-tenant-a"})
+    text = summary.json()["summary"]
+    assert all(f"## {s}" in text for s in CORE.sections)
+    assert "port=8443" in text
+    assert all(rejected(url, r) == 0 for r in ("echo", "structure", "too_short", "empty"))
+
+
+def test_a_raised_budget_share_asks_a_small_window_for_a_longer_fuller_summary(
+    weak_sim: Callable[[SummaryStyle], str], start_proxy: Callable[..., str]
+) -> None:
+    sim = weak_sim("ideal")
+    # Without the key: 15% of the 4k window caps summary_max_tokens' 2000 at 614.
+    url = start_proxy(settings(sim, summary_max_tokens=2000, summary_budget_ratio=0.25))
+    chat = Chat(url, session="share")
+    for turn in range(40):
+        chat.say(f"Turn {turn}: {FILLER}")
+        if chat.statuses["compacted"]:
+            break
+    calls = summary_calls(sim)
+    assert calls
+    assert {c["body"]["max_tokens"] for c in calls} == {1024}
+    assert calls[0]["body"]["messages"][0]["content"] == FULL.system
