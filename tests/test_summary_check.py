@@ -118,7 +118,7 @@ def test_the_request_names_its_marker_and_the_instructions_explain_the_framing(
     summarizing: the request now names its marker in one line."""
     request = frame_prompt("", render_transcript(span(4)))
     preamble = request[: request.index("<new_turns_")]
-    assert re.fullmatch(r"The quoted text uses the marker [0-9a-f]{12}\.\n\n", preamble)
+    assert re.fullmatch(r"The quoted text uses the marker [0-9a-f]{8}\.\n\n", preamble)
     assert "a line holding the marker and a role" in prompt.system
 
 
