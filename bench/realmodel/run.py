@@ -35,6 +35,7 @@ import os
 import platform
 import random
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -166,6 +167,25 @@ def proxy_config(args: argparse.Namespace, window: int, upstream: str) -> dict[s
     return config
 
 
+def proxy_log(path: Path) -> dict[str, Any]:
+    """The proxy's compaction lines: outcomes by trigger, and its warnings (distinct)."""
+    outcomes: Counter[str] = Counter()
+    warnings: Counter[str] = Counter()
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if entry.get("msg") == "compaction":
+            outcomes[f"{entry.get('trigger')}:{entry.get('outcome')}"] += 1
+        elif entry.get("level") in ("warning", "error"):
+            # session hashes differ run to run: keep the text after them
+            warnings[re.sub(r"session=\w+ ", "", str(entry.get("msg")))[:240]] += 1
+    return {"outcomes": dict(outcomes), "warnings": dict(warnings.most_common(12))}
+
+
 @contextmanager
 def proxy(args: argparse.Namespace, window: int, upstream: str, workdir: Path) -> Iterator[str]:
     port = free_port()
@@ -177,6 +197,10 @@ def proxy(args: argparse.Namespace, window: int, upstream: str, workdir: Path) -
     base = f"http://127.0.0.1:{port}"
     with process(cmd, workdir / f"proxy-{window}-{port}.log", base + "/healthz", "proxy"):
         yield base
+
+
+def proxy_log_path(workdir: Path, target: str, window: int) -> Path:
+    return workdir / f"proxy-{window}-{target.rsplit(':', 1)[1]}.log"
 
 
 # -- token counting (the trimming client) -------------------------------------------------
@@ -267,6 +291,8 @@ class Run:
     seconds: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
     recall_detail: dict[str, bool] = field(default_factory=dict)
+    session: dict[str, Any] = field(default_factory=dict)  # GET /sessions/{id} at the end
+    proxy_log: dict[str, Any] = field(default_factory=dict)  # outcomes and warnings
 
     def summary(self) -> dict[str, Any]:
         secs = sorted(t.seconds for t in self.turns if t.ok)
@@ -291,6 +317,9 @@ class Run:
             "summary_failures": self.metrics.get("summary_failures", 0),
             "turns_with_summary": sum(1 for t in self.turns if t.summary_calls),
             "statuses": dict(statuses),
+            "compaction_outcomes": self.proxy_log.get("outcomes", {}),
+            "summary_version": self.session.get("version", 0),
+            "summary_tokens": self.session.get("summary_tokens", 0),
             "filler_cut_short": self.filler_cut_short,
             "seconds": round(self.seconds, 1),
         }
@@ -403,12 +432,13 @@ def play(
     steps = make(seed, window, args.fill, args.reply_tokens, counter.text_tokens)
     if mode == "control":
         steps = [s for s in steps if s.phase != "filler"]
+    session = f"rb-{scenario}-{window}-{seed}-{time.time_ns()}"
     client = openai.OpenAI(
         base_url=f"{target}/v1",
         api_key="sk-bench",
         max_retries=0,
         timeout=args.request_timeout,
-        default_headers={"X-Session-Id": f"rb-{scenario}-{window}-{seed}-{time.time_ns()}"},
+        default_headers={"X-Session-Id": session},
     )
 
     def count_view(view: list[dict[str, Any]]) -> int:
@@ -464,6 +494,12 @@ def play(
         time.sleep(1)
         after = proxy_metrics(target)
         run.metrics = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        r = httpx.get(
+            f"{target}/sessions/{session}",
+            headers={"Authorization": "Bearer sk-bench"},
+            timeout=10,
+        )
+        run.session = r.json() if r.status_code == 200 else {"status": r.status_code}
     client.close()
     return run
 
@@ -578,6 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--verbose", "-v", action="store_true", help="one line per turn")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so every server started is stopped by its PID.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     paths = cached_paths()
     args.server_bin = args.server_bin or paths["server"]
     args.model_path = args.model_path or paths[args.model]
@@ -609,6 +647,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         if mode == "proxy":
                             with proxy(args, window, server, workdir) as target:
                                 run = play(args, scenario, mode, window, seed, target, counter)
+                            time.sleep(0.2)  # the log writer flushes every 50 ms
+                            run.proxy_log = proxy_log(proxy_log_path(workdir, target, window))
                         else:
                             run = play(args, scenario, mode, window, seed, server, counter)
                         rows.append(run.summary())
