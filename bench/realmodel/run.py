@@ -132,6 +132,7 @@ def llama_server(args: argparse.Namespace, window: int, workdir: Path) -> Iterat
         "--port",
         str(port),
         "--jinja",
+        "--metrics",
     ]
     log = workdir / f"llama-server-{window}.log"
     base = f"http://127.0.0.1:{port}"
@@ -291,6 +292,7 @@ class Run:
     seconds: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
     recall_detail: dict[str, bool] = field(default_factory=dict)
+    server: dict[str, float] = field(default_factory=dict)  # llama-server /metrics deltas
     session: dict[str, Any] = field(default_factory=dict)  # GET /sessions/{id} at the end
     proxy_log: dict[str, Any] = field(default_factory=dict)  # outcomes and warnings
 
@@ -312,6 +314,9 @@ class Run:
             "p95_s": percentile(secs, 0.95),
             "tokens_sent": sum(t.prompt_tokens for t in self.turns),
             "tokens_processed": sum(t.processed_tokens for t in self.turns),
+            # every prompt token the server computed, the proxy's summary calls included
+            "server_prompt_tokens": self.server.get("prompt_tokens", 0),
+            "server_predicted_tokens": self.server.get("predicted_tokens", 0),
             "summary_calls": self.metrics.get("summaries", 0),
             "summary_seconds": round(self.metrics.get("summary_seconds", 0.0), 1),
             "summary_failures": self.metrics.get("summary_failures", 0),
@@ -354,10 +359,24 @@ def proxy_metrics(base: str) -> dict[str, float]:
     out["identifiers_restored"] = total("compaction_proxy_identifiers_restored_total")
     out["inline_waits"] = total("compaction_proxy_inline_summary_waits_total")
     out["overflows"] = total("compaction_proxy_upstream_overflows_total")
+    out["precompactions_running"] = total("compaction_proxy_precompactions_running")
     for k, v in raw.items():
         if k.startswith("compaction_proxy_compactions_total{") and v:
             out[k.removeprefix("compaction_proxy_")] = v
     return out
+
+
+_LLAMA = re.compile(r"^llamacpp:(prompt_tokens_total|tokens_predicted_total) (\S+)$", re.M)
+
+
+def server_counters(base: str) -> dict[str, float]:
+    """llama-server's own totals (``--metrics``): prompt tokens computed, tokens generated."""
+    text = httpx.get(base + "/metrics", timeout=10).text
+    found = {name: float(value) for name, value in _LLAMA.findall(text)}
+    return {
+        "prompt_tokens": found.get("prompt_tokens_total", 0.0),
+        "predicted_tokens": found.get("tokens_predicted_total", 0.0),
+    }
 
 
 @dataclass(slots=True)
@@ -421,6 +440,7 @@ def play(
     mode: str,
     window: int,
     seed: int,
+    server: str,
     target: str,
     counter: LlamaTokens,
 ) -> Run:
@@ -447,6 +467,7 @@ def play(
     history: list[dict[str, Any]] = [{"role": "system", "content": system}]
     start = 0  # the trimming client's first kept message (after the system prompt)
     before = proxy_metrics(target) if mode == "proxy" else {}
+    server_before = server_counters(server)
     last = dict(before)
     began = time.monotonic()
     deadline = began + args.run_seconds
@@ -491,7 +512,11 @@ def play(
             )
     run.seconds = time.monotonic() - began
     if mode == "proxy":
-        time.sleep(1)
+        time.sleep(1)  # a background summary started by the last turn is counted
+        for _ in range(int(args.request_timeout)):
+            if not proxy_metrics(target).get("precompactions_running"):
+                break
+            time.sleep(1)
         after = proxy_metrics(target)
         run.metrics = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         r = httpx.get(
@@ -500,6 +525,8 @@ def play(
             timeout=10,
         )
         run.session = r.json() if r.status_code == 200 else {"status": r.status_code}
+    server_after = server_counters(server)
+    run.server = {k: server_after[k] - server_before[k] for k in server_after}
     client.close()
     return run
 
@@ -565,8 +592,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| scenario | model | window | mode | reps | recalled | error turns | fails at turn "
         "| turns | p50 s | p95 s | p50 vs direct | summaries (failed) | summary s "
-        "| tokens sent | tokens processed |",
-        "|" + "---|" * 16,
+        "| tokens sent | tokens processed | server prompt tokens |",
+        "|" + "---|" * 17,
     ]
     for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], MODES.index(k[3]))):
         items = groups[key]
@@ -583,7 +610,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {med(items, 'turns'):g} | {med(items, 'p50_s'):.1f} | {med(items, 'p95_s'):.1f} "
             f"| {ratio} | {med(items, 'summary_calls'):g} ({med(items, 'summary_failures'):g}) "
             f"| {med(items, 'summary_seconds'):.0f} | {med(items, 'tokens_sent'):g} "
-            f"| {med(items, 'tokens_processed'):g} |"
+            f"| {med(items, 'tokens_processed'):g} | {med(items, 'server_prompt_tokens'):g} |"
         )
     return "\n".join(lines)
 
@@ -646,11 +673,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         print(f"{scenario} {args.model} {window} {mode} seed {seed}", flush=True)
                         if mode == "proxy":
                             with proxy(args, window, server, workdir) as target:
-                                run = play(args, scenario, mode, window, seed, target, counter)
+                                run = play(
+                                    args, scenario, mode, window, seed, server, target, counter
+                                )
                             time.sleep(0.2)  # the log writer flushes every 50 ms
                             run.proxy_log = proxy_log(proxy_log_path(workdir, target, window))
                         else:
-                            run = play(args, scenario, mode, window, seed, server, counter)
+                            run = play(args, scenario, mode, window, seed, server, server, counter)
                         rows.append(run.summary())
                         runs.append(asdict(run))
                         s = rows[-1]
