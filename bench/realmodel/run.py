@@ -661,6 +661,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     started = time.monotonic()
+    out = args.out / f"{stamp}-{args.model}-{args.scenario.replace(',', '+')}.json"
+
+    def save() -> None:
+        document = {
+            "date": datetime.now(UTC).isoformat(timespec="minutes"),
+            "commit": commit,
+            "machine": f"{platform.system()} {platform.machine()} {os.cpu_count()} cpus",
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "seconds": round(time.monotonic() - started),
+            "rows": rows,
+            "table": table(rows),
+            "runs": runs,
+        }
+        out.write_text(json.dumps(document, indent=1))
+
     for window in (int(w) for w in args.windows.split(",")):
         with llama_server(args, window, workdir) as server:
             counter = LlamaTokens(server)
@@ -682,6 +697,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             run = play(args, scenario, mode, window, seed, server, server, counter)
                         rows.append(run.summary())
                         runs.append(asdict(run))
+                        save()  # after every run: an interrupted invocation keeps its runs
                         s = rows[-1]
                         print(
                             f"  recalled {s['recalled']}/{s['asked']}, {s['turns']} turns, "
@@ -692,25 +708,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             flush=True,
                         )
             counter.close()
-    report = table(rows)
     print()
-    print(report)
-    out = args.out / f"{stamp}-{args.model}-{args.scenario.replace(',', '+')}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "date": datetime.now(UTC).isoformat(timespec="minutes"),
-                "commit": commit,
-                "machine": f"{platform.system()} {platform.machine()} {os.cpu_count()} cpus",
-                "args": {k: str(v) for k, v in vars(args).items()},
-                "seconds": round(time.monotonic() - started),
-                "rows": rows,
-                "table": report,
-                "runs": runs,
-            },
-            indent=1,
-        )
-    )
+    print(table(rows))
     print(f"\nwrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return 0
 
