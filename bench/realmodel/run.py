@@ -245,7 +245,7 @@ def trim_view(
     view = pinned + rest[start:]
     if count(view) + budget <= TRIM_HIGH * window:
         return view, start
-    while True:
+    while True:  # bounded: start moves strictly forward, at most len(rest) times
         later = [i for i in range(start + 1, len(rest)) if rest[i]["role"] == "user"]
         if not later:
             return pinned + rest[start:], start
