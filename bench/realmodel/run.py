@@ -1,0 +1,718 @@
+"""Real-model bench: planted facts and tool values, recalled past the window, three ways.
+
+    python bench/realmodel/run.py --model 0.5b --scenario facts --windows 4096 --replicates 1
+
+Starts llama.cpp's ``llama-server`` (built by ``setup.sh``) on loopback with one thread, and
+for each window, seed and mode plays one scripted conversation with the official ``openai``
+SDK:
+
+- ``control``: straight to llama-server, the facts and the questions with no filler (the
+  model can read its answers from its context: the ceiling);
+- ``direct``: straight to llama-server until it refuses the conversation (the turn it
+  fails at is recorded; its latencies are the baseline);
+- ``trim``: a client that drops its oldest turns (whole user-led groups) once the view
+  passes 90% of the window, down to 60%: the leanest correct alternative to the proxy;
+- ``proxy``: through ``python -m proxy serve`` with a generated config (the window in
+  ``models``, the compaction settings given by ``--proxy-set``).
+
+Scenarios: ``facts`` (8 planted facts, filler chat to ``--fill`` times the window, one
+question per fact) and ``agent`` (scripted tool calls whose outputs carry ``KEY = VALUE``
+values, bulky build/test outputs to ``--fill`` times the window, one question per value;
+the bench writes the assistant's tool calls into the history as a client replays them and
+asks the model only for its reply after the tool results and for the answers).
+
+Every process it starts is stopped by PID when it ends; every run is bounded by
+``--run-seconds`` (the filler is cut short past it; the questions are always asked) and
+every request by ``--request-timeout``. Writes one JSON per invocation to
+``bench/realmodel/results/`` and prints a markdown table of medians over replicates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import scenarios
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+RESULTS = HERE / "results"
+MODEL_NAME = "bench-model"
+MODES = ("control", "direct", "trim", "proxy")
+TRIM_HIGH, TRIM_LOW = 0.9, 0.6
+QUESTION_TOKENS = 32
+SETTLE_S = 0.2  # after a turn, before reading /metrics (background summaries start after it)
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cached_paths() -> dict[str, Path]:
+    """``setup.sh paths``: where the server binary and the models are cached."""
+    out = subprocess.run(
+        ["bash", str(HERE / "setup.sh"), "paths"], check=True, capture_output=True, text=True
+    ).stdout
+    return {k: Path(v) for k, v in (line.split(" ", 1) for line in out.splitlines() if line)}
+
+
+def wait_up(url: str, proc: subprocess.Popen[bytes], what: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"{what} did not become ready in {seconds:.0f} s")
+
+
+@contextmanager
+def process(cmd: list[str], log: Path, ready_url: str, what: str) -> Iterator[int]:
+    """Start ``cmd`` (output to ``log``), wait for ``ready_url``, stop it by PID on exit."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        wait_up(ready_url, proc, what, 180)
+        yield proc.pid
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=15)
+
+
+@contextmanager
+def llama_server(args: argparse.Namespace, window: int, workdir: Path) -> Iterator[str]:
+    port = free_port()
+    cmd = [
+        str(args.server_bin),
+        "-m",
+        str(args.model_path),
+        "-c",
+        str(window * args.parallel),  # each slot gets the whole window
+        "-t",
+        str(args.threads),
+        "-np",
+        str(args.parallel),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--jinja",
+        "--metrics",
+    ]
+    log = workdir / f"llama-server-{window}.log"
+    base = f"http://127.0.0.1:{port}"
+    with process(cmd, log, base + "/health", "llama-server"):
+        yield base
+
+
+def _yaml_value(text: str) -> Any:
+    """``--proxy-set`` values: JSON where it parses (numbers, null, true), else a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def proxy_config(args: argparse.Namespace, window: int, upstream: str) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "upstream": {"base_url": f"{upstream}/v1", "api_key": "", "timeout_s": 600},
+        "store": {"url": "memory://"},
+        "models": [
+            {
+                "match": MODEL_NAME,
+                "context_window": window,
+                "max_output_tokens": max(args.reply_tokens, QUESTION_TOKENS),
+            }
+        ],
+        "compaction": {},
+    }
+    for item in args.proxy_set:
+        key, _, value = item.partition("=")
+        section, _, name = key.rpartition(".")
+        config.setdefault(section or "compaction", {})[name] = _yaml_value(value)
+    return config
+
+
+def proxy_log(path: Path) -> dict[str, Any]:
+    """The proxy's compaction lines: outcomes by trigger, and its warnings (distinct)."""
+    outcomes: Counter[str] = Counter()
+    warnings: Counter[str] = Counter()
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if entry.get("msg") == "compaction":
+            outcomes[f"{entry.get('trigger')}:{entry.get('outcome')}"] += 1
+        elif entry.get("level") in ("warning", "error"):
+            # session hashes differ run to run: keep the text after them
+            warnings[re.sub(r"session=\w+ ", "", str(entry.get("msg")))[:240]] += 1
+    return {"outcomes": dict(outcomes), "warnings": dict(warnings.most_common(12))}
+
+
+@contextmanager
+def proxy(args: argparse.Namespace, window: int, upstream: str, workdir: Path) -> Iterator[str]:
+    port = free_port()
+    path = workdir / f"proxy-{window}-{port}.yaml"
+    # JSON is YAML: no YAML writer needed.
+    path.write_text(json.dumps(proxy_config(args, window, upstream), indent=2))
+    cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(path)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    base = f"http://127.0.0.1:{port}"
+    with process(cmd, workdir / f"proxy-{window}-{port}.log", base + "/healthz", "proxy"):
+        yield base
+
+
+def proxy_log_path(workdir: Path, target: str, window: int) -> Path:
+    return workdir / f"proxy-{window}-{target.rsplit(':', 1)[1]}.log"
+
+
+# -- token counting (the trimming client) -------------------------------------------------
+
+
+class LlamaTokens:
+    """Exact prompt tokens of a view: llama-server's own template and tokenizer."""
+
+    def __init__(self, base: str) -> None:
+        self.http = httpx.Client(base_url=base, timeout=60)
+
+    def prompt_tokens(self, messages: list[dict[str, Any]], tools: Any = None) -> int:
+        body: dict[str, Any] = {"messages": messages}
+        if tools:
+            body["tools"] = tools
+        prompt = self.http.post("/apply-template", json=body).raise_for_status().json()["prompt"]
+        tokens = self.http.post("/tokenize", json={"content": prompt}).raise_for_status().json()
+        return len(tokens["tokens"])
+
+    def text_tokens(self, text: str) -> int:
+        r = self.http.post("/tokenize", json={"content": text}).raise_for_status()
+        return len(r.json()["tokens"])
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def trim_view(
+    history: list[dict[str, Any]],
+    start: int,
+    budget: int,
+    count: Callable[[list[dict[str, Any]]], int],
+    window: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """The trimming client: pinned system + history[start:], cut by whole user-led groups.
+
+    Past ``TRIM_HIGH`` of the window (reply reserve included) it drops oldest groups down
+    to ``TRIM_LOW``; between cuts the view only grows, so the server's prompt cache hits.
+    """
+    pinned, rest = history[:1], history[1:]
+    view = pinned + rest[start:]
+    if count(view) + budget <= TRIM_HIGH * window:
+        return view, start
+    while True:  # bounded: start moves strictly forward, at most len(rest) times
+        later = [i for i in range(start + 1, len(rest)) if rest[i]["role"] == "user"]
+        if not later:
+            return pinned + rest[start:], start
+        start = later[0]
+        view = pinned + rest[start:]
+        if count(view) + budget <= TRIM_LOW * window:
+            return view, start
+
+
+# -- one run -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Turn:
+    index: int
+    phase: str  # plant, filler, question
+    ok: bool
+    seconds: float
+    error: str = ""
+    status: str = ""  # X-Compaction-Status (proxy)
+    version: int = 0
+    context_tokens: int = 0  # X-Context-Tokens (proxy's estimate of what it sent)
+    prompt_tokens: int = 0  # usage.prompt_tokens (the server's count)
+    processed_tokens: int = 0  # timings.prompt_n: prompt tokens not served from cache
+    completion_tokens: int = 0
+    summary_calls: int = 0  # proxy summaries finished during this turn (from /metrics)
+    summary_seconds: float = 0.0
+    answer: str = ""
+    recalled: bool | None = None
+
+
+@dataclass(slots=True)
+class Run:
+    scenario: str
+    model: str
+    window: int
+    mode: str
+    seed: int
+    turns: list[Turn] = field(default_factory=list)
+    asked: int = 0
+    recalled: int = 0
+    first_error_turn: int | None = None
+    filler_cut_short: bool = False
+    seconds: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    recall_detail: dict[str, bool] = field(default_factory=dict)
+    server: dict[str, float] = field(default_factory=dict)  # llama-server /metrics deltas
+    session: dict[str, Any] = field(default_factory=dict)  # GET /sessions/{id} at the end
+    proxy_log: dict[str, Any] = field(default_factory=dict)  # outcomes and warnings
+
+    def summary(self) -> dict[str, Any]:
+        secs = sorted(t.seconds for t in self.turns if t.ok)
+        statuses = Counter(t.status for t in self.turns if t.status)
+        return {
+            "scenario": self.scenario,
+            "model": self.model,
+            "window": self.window,
+            "mode": self.mode,
+            "seed": self.seed,
+            "turns": len(self.turns),
+            "error_turns": sum(1 for t in self.turns if not t.ok),
+            "first_error_turn": self.first_error_turn,
+            "asked": self.asked,
+            "recalled": self.recalled,
+            "p50_s": percentile(secs, 0.5),
+            "p95_s": percentile(secs, 0.95),
+            "tokens_sent": sum(t.prompt_tokens for t in self.turns),
+            "tokens_processed": sum(t.processed_tokens for t in self.turns),
+            # every prompt token the server computed, the proxy's summary calls included
+            "server_prompt_tokens": self.server.get("prompt_tokens", 0),
+            "server_predicted_tokens": self.server.get("predicted_tokens", 0),
+            "summary_calls": self.metrics.get("summaries", 0),
+            "summary_seconds": round(self.metrics.get("summary_seconds", 0.0), 1),
+            "summary_failures": self.metrics.get("summary_failures", 0),
+            "turns_with_summary": sum(1 for t in self.turns if t.summary_calls),
+            "statuses": dict(statuses),
+            "compaction_outcomes": self.proxy_log.get("outcomes", {}),
+            "summary_version": self.session.get("version", 0),
+            "summary_tokens": self.session.get("summary_tokens", 0),
+            "filler_cut_short": self.filler_cut_short,
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+
+_SERIES = re.compile(r"^(compaction_proxy_[a-z_]+)(\{[^}]*\})? (\S+)$", re.MULTILINE)
+
+
+def proxy_metrics(base: str) -> dict[str, float]:
+    """The proxy's counters that the table reports, from ``/metrics``."""
+    text = httpx.get(base + "/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    raw: dict[str, float] = {}
+    for name, labels, value in _SERIES.findall(text):
+        raw[name + (labels or "")] = float(value)
+
+    def total(prefix: str, labels: str = "") -> float:
+        return sum(v for k, v in raw.items() if k.split("{")[0] == prefix and labels in k)
+
+    out["summaries"] = total("compaction_proxy_summarization_duration_seconds_count")
+    out["summary_seconds"] = total("compaction_proxy_summarization_duration_seconds_sum")
+    out["summary_failures"] = total("compaction_proxy_summary_failures_total")
+    out["summaries_truncated"] = total("compaction_proxy_summaries_truncated_total")
+    out["length_retries"] = total("compaction_proxy_summary_length_retries_total")
+    out["identifiers_restored"] = total("compaction_proxy_identifiers_restored_total")
+    out["inline_waits"] = total("compaction_proxy_inline_summary_waits_total")
+    out["overflows"] = total("compaction_proxy_upstream_overflows_total")
+    out["precompactions_running"] = total("compaction_proxy_precompactions_running")
+    for k, v in raw.items():
+        if k.startswith("compaction_proxy_compactions_total{") and v:
+            out[k.removeprefix("compaction_proxy_")] = v
+    return out
+
+
+_LLAMA = re.compile(r"^llamacpp:(prompt_tokens_total|tokens_predicted_total) (\S+)$", re.M)
+
+
+def server_counters(base: str) -> dict[str, float]:
+    """llama-server's own totals (``--metrics``): prompt tokens computed, tokens generated."""
+    text = httpx.get(base + "/metrics", timeout=10).text
+    found = {name: float(value) for name, value in _LLAMA.findall(text)}
+    return {
+        "prompt_tokens": found.get("prompt_tokens_total", 0.0),
+        "predicted_tokens": found.get("tokens_predicted_total", 0.0),
+    }
+
+
+@dataclass(slots=True)
+class Step:
+    phase: str
+    messages: list[dict[str, Any]]  # appended to the history before the request
+    max_tokens: int
+    check: scenarios.Fact | scenarios.ToolValue | None = None
+
+
+def facts_script(
+    seed: int, window: int, fill: float, reply: int, count: Callable[[str], int]
+) -> list[Step]:
+    rnd = random.Random(seed)
+    planted = scenarios.facts(seed)
+    order = list(planted)
+    rnd.shuffle(order)
+    steps = [Step("plant", [{"role": "user", "content": f.plant}], reply) for f in order]
+    total, goal = 0, fill * window
+    while total < goal and len(steps) < 400:
+        text = scenarios.filler(rnd)
+        total += count(text) + reply + 10
+        steps.append(Step("filler", [{"role": "user", "content": text}], reply))
+    asked = list(planted)
+    rnd.shuffle(asked)
+    for f in asked:
+        msg = {"role": "user", "content": f.question}
+        steps.append(Step("question", [msg], QUESTION_TOKENS, f))
+    return steps
+
+
+def agent_script(
+    seed: int, window: int, fill: float, reply: int, count: Callable[[str], int]
+) -> list[Step]:
+    values = scenarios.tool_values(seed)
+    probe = scenarios.agent_steps(seed, values, 1)[-1]
+    per_step = count(probe.ask) + count(probe.results[0]) + reply + 40
+    filler = max(1, int(fill * window / per_step) + 1)
+    steps = []
+    for s in scenarios.agent_steps(seed, values, min(filler, 300)):
+        msgs: list[dict[str, Any]] = [
+            {"role": "user", "content": s.ask},
+            {"role": "assistant", "content": None, "tool_calls": s.calls},
+        ]
+        for call, result in zip(s.calls, s.results, strict=True):
+            msgs.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        phase = "plant" if s.calls[0]["function"]["name"] == "read_config" else "filler"  # type: ignore[index]
+        steps.append(Step(phase, msgs, reply))
+    asked = list(values)
+    random.Random(seed).shuffle(asked)
+    for v in asked:
+        steps.append(
+            Step("question", [{"role": "user", "content": v.question}], QUESTION_TOKENS, v)
+        )
+    return steps
+
+
+def play(
+    args: argparse.Namespace,
+    scenario: str,
+    mode: str,
+    window: int,
+    seed: int,
+    server: str,
+    target: str,
+    counter: LlamaTokens,
+) -> Run:
+    """One conversation against one target; stops at the first error when ``direct``."""
+    run = Run(scenario, args.model, window, mode, seed)
+    tools = scenarios.TOOLS if scenario == "agent" else None
+    system = scenarios.AGENT_SYSTEM_PROMPT if tools else scenarios.SYSTEM_PROMPT
+    make = agent_script if scenario == "agent" else facts_script
+    steps = make(seed, window, args.fill, args.reply_tokens, counter.text_tokens)
+    if mode == "control":
+        steps = [s for s in steps if s.phase != "filler"]
+    session = f"rb-{scenario}-{window}-{seed}-{time.time_ns()}"
+    client = openai.OpenAI(
+        base_url=f"{target}/v1",
+        api_key="sk-bench",
+        max_retries=0,
+        timeout=args.request_timeout,
+        default_headers={"X-Session-Id": session},
+    )
+
+    def count_view(view: list[dict[str, Any]]) -> int:
+        return counter.prompt_tokens(view, tools)
+
+    history: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    start = 0  # the trimming client's first kept message (after the system prompt)
+    before = proxy_metrics(target) if mode == "proxy" else {}
+    server_before = server_counters(server)
+    last = dict(before)
+    began = time.monotonic()
+    deadline = began + args.run_seconds
+    for step in steps:
+        if step.phase == "filler" and time.monotonic() > deadline:
+            run.filler_cut_short = True
+            continue
+        if time.monotonic() > began + 2 * args.run_seconds:
+            break  # hard stop: even the questions are past twice the budget
+        history.extend(step.messages)
+        view = history
+        if mode == "trim":
+            view, start = trim_view(history, start, step.max_tokens, count_view, window)
+        turn = send(client, view, step, tools, len(run.turns) + 1, seed)
+        if mode == "proxy":
+            time.sleep(SETTLE_S)
+            now = proxy_metrics(target)
+            turn.summary_calls = int(now["summaries"] - last["summaries"])
+            turn.summary_seconds = round(now["summary_seconds"] - last["summary_seconds"], 2)
+            last = now
+        run.turns.append(turn)
+        if step.check is not None:
+            run.asked += 1
+            turn.recalled = turn.ok and step.check.recalled(turn.answer)
+            run.recalled += int(bool(turn.recalled))
+            key = step.check.kind if isinstance(step.check, scenarios.Fact) else step.check.key
+            run.recall_detail[key] = bool(turn.recalled)
+        if turn.ok:
+            history.append({"role": "assistant", "content": turn.answer})
+        else:
+            del history[len(history) - len(step.messages) :]  # the client gives the turn up
+            if run.first_error_turn is None:
+                run.first_error_turn = turn.index
+            if mode == "direct":
+                break
+        if args.verbose:
+            print(
+                f"    {mode} turn {turn.index} {turn.phase} {turn.seconds:.1f}s "
+                f"{turn.status or ('ok' if turn.ok else 'ERR ' + turn.error[:60])} "
+                f"tok={turn.prompt_tokens} {turn.answer[:50]!r}",
+                flush=True,
+            )
+    run.seconds = time.monotonic() - began
+    if mode == "proxy":
+        time.sleep(1)  # a background summary started by the last turn is counted
+        for _ in range(int(args.request_timeout)):
+            if not proxy_metrics(target).get("precompactions_running"):
+                break
+            time.sleep(1)
+        after = proxy_metrics(target)
+        run.metrics = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        r = httpx.get(
+            f"{target}/sessions/{session}",
+            headers={"Authorization": "Bearer sk-bench"},
+            timeout=10,
+        )
+        run.session = r.json() if r.status_code == 200 else {"status": r.status_code}
+    server_after = server_counters(server)
+    run.server = {k: server_after[k] - server_before[k] for k in server_after}
+    client.close()
+    return run
+
+
+def send(
+    client: openai.OpenAI,
+    view: list[dict[str, Any]],
+    step: Step,
+    tools: Any,
+    index: int,
+    seed: int,
+) -> Turn:
+    extra: dict[str, Any] = {}
+    if tools:
+        extra = {"tools": tools, "tool_choice": "none"}
+    started = time.perf_counter()
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL_NAME,
+            messages=view,  # type: ignore[arg-type]
+            max_tokens=step.max_tokens,
+            temperature=0,
+            seed=seed,
+            **extra,
+        )
+        completion = raw.parse()
+    except openai.APIError as exc:
+        seconds = time.perf_counter() - started
+        return Turn(index, step.phase, False, round(seconds, 3), error=str(exc)[:300])
+    seconds = time.perf_counter() - started
+    headers = raw.headers
+    timings = (completion.model_extra or {}).get("timings") or {}
+    usage = completion.usage
+    return Turn(
+        index,
+        step.phase,
+        True,
+        round(seconds, 3),
+        status=headers.get("x-compaction-status", ""),
+        version=int(headers.get("x-compaction-version", "0") or 0),
+        context_tokens=int(headers.get("x-context-tokens", "0") or 0),
+        prompt_tokens=usage.prompt_tokens if usage else 0,
+        processed_tokens=int(timings.get("prompt_n", 0)),
+        completion_tokens=usage.completion_tokens if usage else 0,
+        answer=(completion.choices[0].message.content or "").strip(),
+    )
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Medians over replicates, per scenario, window and mode."""
+    groups: dict[tuple[str, str, int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        key = (row["scenario"], row["model"], row["window"], row["mode"])
+        groups.setdefault(key, []).append(row)
+
+    def med(items: list[dict[str, Any]], k: str) -> float:
+        values = [r[k] for r in items if r[k] is not None]
+        return statistics.median(values) if values else float("nan")
+
+    lines = [
+        "| scenario | model | window | mode | reps | recalled | error turns | fails at turn "
+        "| turns | p50 s | p95 s | p50 vs direct | summaries (failed) | summary s "
+        "| tokens sent | tokens processed | server prompt tokens |",
+        "|" + "---|" * 17,
+    ]
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], MODES.index(k[3]))):
+        items = groups[key]
+        direct = groups.get((key[0], key[1], key[2], "direct"))
+        ratio = "-"
+        if direct and med(direct, "p50_s"):
+            ratio = f"{med(items, 'p50_s') / med(direct, 'p50_s'):.1f}x"
+        asked = med(items, "asked")
+        recalled = f"{med(items, 'recalled'):g}/{asked:g}" if asked else "-"
+        fails = [r["first_error_turn"] for r in items if r["first_error_turn"] is not None]
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {len(items)} | {recalled} "
+            f"| {med(items, 'error_turns'):g} | {statistics.median(fails) if fails else '-'} "
+            f"| {med(items, 'turns'):g} | {med(items, 'p50_s'):.1f} | {med(items, 'p95_s'):.1f} "
+            f"| {ratio} | {med(items, 'summary_calls'):g} ({med(items, 'summary_failures'):g}) "
+            f"| {med(items, 'summary_seconds'):.0f} | {med(items, 'tokens_sent'):g} "
+            f"| {med(items, 'tokens_processed'):g} | {med(items, 'server_prompt_tokens'):g} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--model", default="0.5b", choices=["0.5b", "1.5b", "135m"])
+    parser.add_argument("--scenario", default="facts", help="facts, agent or facts,agent")
+    parser.add_argument("--windows", default="4096", help="comma-separated, e.g. 2048,4096")
+    parser.add_argument("--modes", default="direct,trim,proxy", help=f"any of {MODES}")
+    parser.add_argument("--replicates", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="first seed; replicates add 1")
+    parser.add_argument("--fill", type=float, default=3.0, help="filler, in windows")
+    parser.add_argument("--reply-tokens", type=int, default=48, help="max_tokens per turn")
+    parser.add_argument("--threads", type=int, default=1, help="llama-server -t")
+    parser.add_argument("--parallel", type=int, default=1, help="llama-server -np (1 or 2)")
+    parser.add_argument("--run-seconds", type=float, default=600, help="budget per run")
+    parser.add_argument("--request-timeout", type=float, default=300)
+    parser.add_argument(
+        "--proxy-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="proxy config: compaction.summary_timeout_s=90 (section defaults to compaction)",
+    )
+    parser.add_argument("--server-bin", type=Path, help="default: setup.sh's cache")
+    parser.add_argument("--model-path", type=Path, help="default: setup.sh's cache")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--verbose", "-v", action="store_true", help="one line per turn")
+    args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so every server started is stopped by its PID.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    paths = cached_paths()
+    args.server_bin = args.server_bin or paths["server"]
+    args.model_path = args.model_path or paths[args.model]
+    for need in (args.server_bin, args.model_path):
+        if not need.exists():
+            raise SystemExit(f"{need} is missing: run bench/realmodel/setup.sh all")
+    modes = [m for m in args.modes.split(",") if m]
+    if bad := [m for m in modes if m not in MODES]:
+        raise SystemExit(f"unknown modes {bad}")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    workdir = args.out / f"run-{stamp}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    rows: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    started = time.monotonic()
+    out = args.out / f"{stamp}-{args.model}-{args.scenario.replace(',', '+')}.json"
+
+    def save() -> None:
+        document = {
+            "date": datetime.now(UTC).isoformat(timespec="minutes"),
+            "commit": commit,
+            "machine": f"{platform.system()} {platform.machine()} {os.cpu_count()} cpus",
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "seconds": round(time.monotonic() - started),
+            "rows": rows,
+            "table": table(rows),
+            "runs": runs,
+        }
+        out.write_text(json.dumps(document, indent=1))
+
+    for window in (int(w) for w in args.windows.split(",")):
+        with llama_server(args, window, workdir) as server:
+            counter = LlamaTokens(server)
+            for scenario in args.scenario.split(","):
+                for rep in range(args.replicates):
+                    seed = args.seed + rep
+                    for mode in modes:
+                        if mode == "control" and scenario != "facts":
+                            continue
+                        print(f"{scenario} {args.model} {window} {mode} seed {seed}", flush=True)
+                        if mode == "proxy":
+                            with proxy(args, window, server, workdir) as target:
+                                run = play(
+                                    args, scenario, mode, window, seed, server, target, counter
+                                )
+                            time.sleep(0.2)  # the log writer flushes every 50 ms
+                            run.proxy_log = proxy_log(proxy_log_path(workdir, target, window))
+                        else:
+                            run = play(args, scenario, mode, window, seed, server, server, counter)
+                        rows.append(run.summary())
+                        runs.append(asdict(run))
+                        save()  # after every run: an interrupted invocation keeps its runs
+                        s = rows[-1]
+                        print(
+                            f"  recalled {s['recalled']}/{s['asked']}, {s['turns']} turns, "
+                            f"{s['error_turns']} errors (first {s['first_error_turn']}), "
+                            f"p50 {s['p50_s']} s, p95 {s['p95_s']} s, summaries "
+                            f"{s['summary_calls']:g} ({s['summary_seconds']} s), "
+                            f"{s['seconds']} s",
+                            flush=True,
+                        )
+            counter.close()
+    print()
+    print(table(rows))
+    print(f"\nwrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
