@@ -683,8 +683,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for rep in range(args.replicates):
                     seed = args.seed + rep
                     for mode in modes:
-                        if mode == "control" and scenario != "facts":
-                            continue
                         print(f"{scenario} {args.model} {window} {mode} seed {seed}", flush=True)
                         if mode == "proxy":
                             with proxy(args, window, server, workdir) as target:
