@@ -99,3 +99,26 @@ def test_nothing_to_trim_remembers_no_cut() -> None:
     outcome, kept = trimmed(conversation(3), Loaded(None, None), BUDGET, "user", cut)
     assert outcome.status != "trimmed"
     assert kept is None
+
+
+def test_a_kept_cut_serves_its_digest_as_served_even_over_a_long_span() -> None:
+    """The digest of a span longer than omitted.DIGEST_SCANNED is read over several
+    calls (newest first, the rest on later ones), so reading it again could give other
+    bytes: a kept cut serves the digest's text as it was served."""
+    filler = "and then we talked about nothing in particular for a while " * 180
+    history = conversation(12)
+    messages = [
+        {**m, "content": f"{m['content']} {filler}"} if 1 < i < 22 else m
+        for i, m in enumerate(history.messages)
+    ]
+    assert sum(len(str(m["content"])) for m in messages[1:13]) > omitted.DIGEST_SCANNED
+    digests, _ = digests_and_sizes(messages)
+    history = replace(history, messages=messages, digests=digests)
+    omitted._held.clear()
+    first, cut = trim(history, None)
+    grown = conversation(13)
+    grown = replace(grown, messages=[*messages, grown.messages[-2], grown.messages[-1]])
+    digests, _ = digests_and_sizes(grown.messages)
+    second, again = trim(replace(grown, digests=digests), cut)
+    assert again == cut
+    assert sent(second)[: len(sent(first))] == sent(first)
