@@ -6,6 +6,7 @@ the target again. Pure values here; tests/test_sticky_e2e.py runs it over HTTP."
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 from proxy import omitted
 from proxy.budget import Budget
@@ -75,7 +76,7 @@ def test_a_cut_that_no_longer_fits_trims_to_the_target_again_and_then_holds() ->
         if cut.view.covered != covered[-1]:  # a re-trim: down to the target
             assert outcome.tokens + BUDGET.reserve <= BUDGET.target
         covered.append(cut.view.covered)
-    retrims = sum(1 for a, b in zip(covered, covered[1:], strict=False) if a != b)
+    retrims = sum(1 for a, b in pairwise(covered) if a != b)
     assert 1 <= retrims <= len(covered) // 2
 
 

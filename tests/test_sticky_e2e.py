@@ -8,6 +8,7 @@ a summarizer model whose window no summary fits; assertions read what it receive
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -53,9 +54,9 @@ def test_turns_served_trimmed_keep_the_prefix_the_upstream_saw(
         assert chat.last["x-compaction-status"] == "trimmed"
     sent = [list(r["body"]["messages"]) for r in chat_requests(sim)[first:]]
     assert len(sent) == 13
-    kept = [_is_prefix(a, b) for a, b in zip(sent, sent[1:], strict=False)]
+    kept = [_is_prefix(a, b) for a, b in pairwise(sent)]
     retrims = [i for i, same in enumerate(kept) if not same]
     # Each turn adds ~300 tokens; a re-trim drops to the target (half the window), so
     # the cut holds for several turns, then moves once.
     assert 1 <= len(retrims) <= 3, kept
-    assert all(b - a >= 3 for a, b in zip(retrims, retrims[1:], strict=False)), kept
+    assert all(b - a >= 3 for a, b in pairwise(retrims)), kept
