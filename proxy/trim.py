@@ -79,12 +79,14 @@ def trimmed(
             history, current, loaded.summary, loaded.version, budget, summary_role
         )
         return outcome, None
-    if previous is not None and _reusable(history, loaded, budget, previous):
-        view, digest = previous.view, previous.digest
-    else:
+    cut = previous if previous and _reusable(history, loaded, budget, previous) else None
+    if cut is None:
         view, digest = trim_plan(counts, results, pinned, current, budget, budget.target), ""
         if view.covered > current.covered:
             view, digest = _with_digest(history, loaded, current, view, budget)
+        prefix = prefix_hash(history.digests, view.covered)
+        cut = Cut(loaded.version, current.covered, view, prefix, digest)
+    view, digest = cut.view, cut.digest
     summary = loaded.summary
     if view.covered > current.covered:
         summary = _trimmed_summary(loaded.summary, view.covered - current.covered, digest)
@@ -92,8 +94,7 @@ def trimmed(
     outcome = replace(outcome, status="trimmed")
     if outcome.tokens + budget.reserve > budget.window:
         _raise_if_newest_too_large(history, budget)
-    prefix = prefix_hash(history.digests, view.covered)
-    return outcome, Cut(loaded.version, current.covered, view, prefix, digest)
+    return outcome, cut
 
 
 def _reusable(history: History, loaded: Loaded, budget: Budget, cut: Cut) -> bool:
