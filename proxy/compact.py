@@ -35,9 +35,9 @@ from proxy.rebuild import rebuild_outcome
 from proxy.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey
 from proxy.snapshots import Loaded, load_snapshot, next_snapshot
+from proxy.sticky import TrimCuts
 from proxy.store import LockStore, Snapshot, Snapshots
 from proxy.tokens import TokenCounter
-from proxy.trim import trim_outcome
 from proxy.upstream import Upstream
 from proxy.view import view_tokens
 
@@ -99,12 +99,14 @@ class Compactor:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     backoff: SummaryBackoff = field(init=False)  # sessions whose summaries keep failing
+    trims: TrimCuts = field(init=False)  # sessions' last trimmed cuts, reused (sticky.py)
     _folder: Folder = field(init=False)
 
     def __post_init__(self) -> None:
         self._folder = Folder(self.settings, self.models, self.client, self.counters, self.metrics)
         c = self.settings.compaction
         self.backoff = SummaryBackoff(c.summary_backoff_s, c.summary_backoff_max_s, self.clock)
+        self.trims = TrimCuts(c.summary_role)
 
     async def compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Carry out ``plan`` (against ``loaded``), once per session at a time; log it."""
@@ -113,9 +115,7 @@ class Compactor:
         start, end = plan.summarize
         if start != end and self.backoff.active(job.key):
             # Its last summary failed: trim without asking (nor taking the lock) this time.
-            role = self.settings.compaction.summary_role
-            outcome = trim_outcome(job.history, loaded, job.budget, role)
-            outcome = replace(outcome, degraded="backoff")
+            outcome = replace(self.trims.for_job(job, loaded), degraded="backoff")
             self.metrics.compactions.labels(trigger=job.trigger, outcome="backoff").inc()
             self._log(job, loaded, outcome, started)
             return outcome
@@ -169,7 +169,7 @@ class Compactor:
             role = self.settings.compaction.summary_role
             h, budget = job.history, job.budget
             return rebuild_outcome(h, plan.view, loaded.summary, loaded.version, budget, role)
-        return trim_outcome(job.history, loaded, job.budget, self.settings.compaction.summary_role)
+        return self.trims.for_job(job, loaded)
 
     async def _compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         start, end = plan.summarize
@@ -207,7 +207,7 @@ class Compactor:
 
     async def _summarize(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Fold ``plan.summarize`` into the summary and save it; the caller holds the lock."""
-        h, role = job.history, self.settings.compaction.summary_role
+        h = job.history
         start, end = plan.summarize
         span = h.messages[start:end]
         started = self.clock()
@@ -222,10 +222,10 @@ class Compactor:
             log.warning(
                 "session=%s summarization failed (%s); trimming instead", job.key.log_id, exc
             )
-            return self._failed(job, trim_outcome(h, loaded, job.budget, role), started)
+            return self._failed(job, self.trims.for_job(job, loaded), started)
         if folded is None:  # far over its budget: not kept
             self.backoff.failed(job.key)
-            return self._failed(job, trim_outcome(h, loaded, job.budget, role), started)
+            return self._failed(job, self.trims.for_job(job, loaded), started)
         self.backoff.succeeded(job.key)
         plan = replace(plan, view=replace(plan.view, summary_tokens=folded.tokens))
         new = next_snapshot(loaded, folded.summary, plan, h, job.budget, job.turn.model.name)
@@ -295,5 +295,5 @@ class Compactor:
         if view_tokens(h.counts, h.results, h.pinned, view, budget) <= budget.window:
             outcome = rebuild_outcome(h, view, loaded.summary, loaded.version, budget, role)
         else:
-            outcome = trim_outcome(h, loaded, budget, role)
+            outcome = self.trims.for_job(job, loaded)
         return replace(outcome, degraded=degraded)

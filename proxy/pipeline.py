@@ -47,7 +47,6 @@ from proxy.session import SessionKey, session_key, session_name, tenant_from_hea
 from proxy.snapshots import load_session
 from proxy.stream_head import Held, Recovery, respond
 from proxy.tokens import bounded_by, output_reserve
-from proxy.trim import trim_outcome
 from proxy.types import ChatMessage
 from proxy.urls import passthrough_url, upstream_url
 
@@ -137,8 +136,8 @@ async def compacted_view(
         # Past the soft threshold: compact in the background once the answer is out.
         after = services.precompactor.offer(turn, key, history, budget, plan.tokens)
         return outcome if after is None else replace(outcome, after=after)
-    # Nothing worth summarizing, yet over the window: trim what we can.
-    return trim_outcome(history, loaded, budget, c.summary_role)
+    # Nothing worth summarizing, yet over the window: trim what we can (sticky.py).
+    return services.compactor.trims.outcome(key, history, loaded, budget, reuse=not recover)
 
 
 async def session_of(turn: Turn, messages: Sequence[ChatMessage]) -> SessionKey:

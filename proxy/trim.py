@@ -7,15 +7,22 @@ marker is followed by a digest of the values the dropped messages held
 (omitted.py), within a summary's budget and within the room the trim leaves:
 when the digest does not fit beside the kept turns, one more group is dropped
 for it, never past the window.
+
+A trim drops down to ``budget.target``, and its ``Cut`` (the view and the digest's
+text) is handed back for the caller to keep (sticky.py): the next turn of the same
+history reuses it while it fits the window, so the upstream sees the same prefix,
+byte for byte, turn after turn (a provider's prefix cache hits, DESIGN.md invariant
+5), and only re-trims, again to the target, once it no longer fits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from proxy.budget import FRAME_TOKENS, Budget
 from proxy.count import History
+from proxy.digest import prefix_hash
 from proxy.errors import ContextTooLarge
 from proxy.identifiers import split_carried
 from proxy.omitted import digest_chars, digest_tokens, omitted_digest
@@ -32,28 +39,77 @@ QUOTED_FRAME_TOKENS: int = 40
 turn's introduction and the acknowledgement (rebuild.py)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A trimmed view as served, for the next turn to reuse: trimmed from snapshot
+    ``version``'s view (covering up to ``start``) to ``view``, whose dropped span
+    ``digest`` quotes; ``prefix``: ``digest.prefix_hash`` of the messages before
+    ``view.covered``, so a history that no longer starts with them is not served it."""
+
+    version: int
+    start: int
+    view: View
+    prefix: str
+    digest: str
+
+
 def trim_outcome(
     history: History, loaded: Loaded, budget: Budget, summary_role: SummaryRole
 ) -> Outcome:
     """The view with the oldest groups dropped until it fits; the history as it is when
     it already fits. Raises ``ContextTooLarge`` when even the newest message cannot."""
+    return trimmed(history, loaded, budget, summary_role, None)[0]
+
+
+def trimmed(
+    history: History,
+    loaded: Loaded,
+    budget: Budget,
+    summary_role: SummaryRole,
+    previous: Cut | None,
+) -> tuple[Outcome, Cut | None]:
+    """``trim_outcome``, reusing ``previous`` (the last turn's cut) while this history
+    still starts with what it dropped and its view still fits the window; with the cut
+    served (None when nothing was trimmed)."""
     results, counts, pinned = history.results, history.counts, history.pinned
     current = loaded.view(pinned)
     if view_tokens(counts, results, pinned, current, budget) <= budget.window:
         # It still fits as it is: forward without losing anything.
-        return rebuild_outcome(
+        outcome = rebuild_outcome(
             history, current, loaded.summary, loaded.version, budget, summary_role
         )
-    view = trim_plan(counts, results, pinned, current, budget, budget.target)
+        return outcome, None
+    cut = previous if previous and _reusable(history, loaded, budget, previous) else None
+    if cut is None:
+        view, digest = trim_plan(counts, results, pinned, current, budget, budget.target), ""
+        if view.covered > current.covered:
+            view, digest = _with_digest(history, loaded, current, view, budget)
+        prefix = prefix_hash(history.digests, view.covered)
+        cut = Cut(loaded.version, current.covered, view, prefix, digest)
+    view, digest = cut.view, cut.digest
     summary = loaded.summary
     if view.covered > current.covered:
-        view, digest = _with_digest(history, loaded, current, view, budget)
         summary = _trimmed_summary(loaded.summary, view.covered - current.covered, digest)
     outcome = rebuild_outcome(history, view, summary, loaded.version, budget, summary_role)
     outcome = replace(outcome, status="trimmed")
     if outcome.tokens + budget.reserve > budget.window:
         _raise_if_newest_too_large(history, budget)
-    return outcome
+    return outcome, cut
+
+
+def _reusable(history: History, loaded: Loaded, budget: Budget, cut: Cut) -> bool:
+    """Whether ``cut`` still applies to ``history`` under ``loaded`` and fits the window:
+    same snapshot, the same messages before its cut (their per-message digests), a cut
+    that still starts a group, the newest message kept."""
+    h, covered = history, cut.view.covered
+    return (
+        cut.version == loaded.version
+        and cut.start == loaded.view(h.pinned).covered
+        and covered < len(h.messages)
+        and (covered == 0 or not h.results[covered])
+        and cut.prefix == prefix_hash(h.digests, covered)
+        and view_tokens(h.counts, h.results, h.pinned, cut.view, budget) <= budget.window
+    )
 
 
 def _with_digest(
