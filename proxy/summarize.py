@@ -45,7 +45,13 @@ from proxy.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
 from proxy.rebuild import omitted_marker
 from proxy.summary_api import PATHS, SummarizerApi, read_answer, request_body
 from proxy.summary_check import Reason, check_summary, echoes
-from proxy.transcript import Entry, chunk_transcript, frame_prompt, render_transcript
+from proxy.transcript import (
+    Entry,
+    chunk_transcript,
+    frame_prompt,
+    framed_marker,
+    render_transcript,
+)
 from proxy.types import ChatMessage
 from proxy.urls import upstream_url
 
@@ -160,7 +166,10 @@ class _Run:
         """The summary updated with one framed chunk of ``span_chars`` characters."""
         req = self.req
         answer = await self._finished(framed)
-        reason: Reason | None = "echo" if answer.finish_reason == "length" else None
+        # The call's marker is in no quoted text: an answer holding it copied the framing.
+        marker = framed_marker(framed)
+        copied = answer.finish_reason == "length" or (bool(marker) and marker in answer.text)
+        reason: Reason | None = "echo" if copied else None
         reason = reason or check_summary(answer.text, req.prompt, answer.max_tokens, span_chars)
         if reason is None:
             return answer.text
@@ -172,6 +181,8 @@ class _Run:
         answer = await _call(req, SIMPLE, framed, answer.max_tokens, self._spare())
         self.calls += answer.posts
         retried: Reason | None = "truncated" if answer.finish_reason == "length" else None
+        if retried is None and marker and marker in answer.text:
+            retried = "echo"
         retried = retried or check_summary(answer.text, SIMPLE, answer.max_tokens, span_chars)
         if retried is not None:
             self.rejected.append(retried)

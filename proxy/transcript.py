@@ -133,6 +133,17 @@ def frame_prompt(previous: str, entries: Sequence[Entry]) -> str:
     )
 
 
+def framed_marker(framed: str) -> str:
+    """The marker ``frame_prompt`` drew for ``framed``; "" for other text. It is in none of
+    the quoted texts, so an answer that holds it copied the framing (issue 21: a 0.5B
+    model wrote "the conversation between tags that carry a marker 05563640" under three
+    headings, and that summary was stored)."""
+    head = "The quoted text uses the marker "
+    if not framed.startswith(head):
+        return ""
+    return framed[len(head) :].split(".", 1)[0]
+
+
 def span_sources(messages: Sequence[ChatMessage]) -> list[tuple[str, str]]:
     """Everything a span says, whole (tool outputs and call arguments included), as
     (role, text) per message, for the identifier check: the transcript the summarizer

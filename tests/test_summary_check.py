@@ -360,3 +360,26 @@ def test_a_raised_budget_share_asks_a_small_window_for_a_longer_fuller_summary(
     assert calls
     assert {c["body"]["max_tokens"] for c in calls} == {1024}
     assert calls[0]["body"]["messages"][0]["content"] == FULL.system
+
+
+async def test_an_answer_holding_the_calls_marker_is_an_echo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real 0.5B run (bench/README.md, real models): "The user wants to summarize the
+    conversation between tags that carry a marker 05563640" under three headings passed
+    every other check and was stored. The marker is in no quoted text: it was copied."""
+    monkeypatch.setattr("proxy.transcript.secrets.token_hex", lambda _: "05563640")
+    copied = GOOD.replace(
+        "Answer the questions", "Summarize the tags that carry a marker 05563640 and answer"
+    )
+    assert check_summary(copied, CORE, 400, SPAN_CHARS) is None  # the other checks pass it
+    upstream = FakeUpstream()
+    upstream.script(summaries=[summary_reply(copied), summary_reply(GOOD)])
+    made = await summarize(request(upstream), "", span())
+    assert (made.text, made.rejected) == (GOOD, ("echo",))
+    assert systems(upstream) == [CORE.system, SIMPLE.system]
+    upstream = FakeUpstream()
+    upstream.script(summaries=[summary_reply(copied), summary_reply(copied)])
+    with pytest.raises(SummaryRejected) as failed:
+        await summarize(request(upstream), "", span())
+    assert failed.value.rejected == ("echo", "echo")

@@ -266,6 +266,7 @@ class Turn:
     seconds: float
     error: str = ""
     status: str = ""  # X-Compaction-Status (proxy)
+    degraded: str = ""  # X-Compaction-Degraded (proxy): due a summary, served without one
     version: int = 0
     context_tokens: int = 0  # X-Context-Tokens (proxy's estimate of what it sent)
     prompt_tokens: int = 0  # usage.prompt_tokens (the server's count)
@@ -360,6 +361,12 @@ def proxy_metrics(base: str) -> dict[str, float]:
     out["inline_waits"] = total("compaction_proxy_inline_summary_waits_total")
     out["overflows"] = total("compaction_proxy_upstream_overflows_total")
     out["precompactions_running"] = total("compaction_proxy_precompactions_running")
+    out["summaries_rejected"] = total("compaction_proxy_summaries_rejected_total")
+    out["degraded_requests"] = total("compaction_proxy_degraded_requests_total")
+    out["failed_summary_seconds"] = total("compaction_proxy_failed_summary_seconds_total")
+    for k, v in raw.items():
+        if k.startswith("compaction_proxy_summaries_rejected_total{") and v:
+            out[k.removeprefix("compaction_proxy_")] = v
     for k, v in raw.items():
         if k.startswith("compaction_proxy_compactions_total{") and v:
             out[k.removeprefix("compaction_proxy_")] = v
@@ -566,6 +573,7 @@ def send(
         True,
         round(seconds, 3),
         status=headers.get("x-compaction-status", ""),
+        degraded=headers.get("x-compaction-degraded", ""),
         version=int(headers.get("x-compaction-version", "0") or 0),
         context_tokens=int(headers.get("x-context-tokens", "0") or 0),
         prompt_tokens=usage.prompt_tokens if usage else 0,
