@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# A summary budget below this many tokens asks for the core sections only.
-SMALL_BUDGET = 600
+# A summary budget below this many tokens asks for the core sections only. Measured with
+# Qwen2.5-Coder-0.5B at a 4k window (bench/README.md, "After the fidelity fixes"): with
+# 614 tokens the 13-section prompt was cut off at its limit twice in two runs of three.
+SMALL_BUDGET = 1000
 
 _FULL_SECTIONS = (
     "Active task",

@@ -32,6 +32,8 @@ def shown(text: str) -> list[str]:
         ("the budget is 37,500 dollars", "budget: 37,500 dollars"),
         ("The report is due 2026-03-14, no later.", "due: 2026-03-14"),
         ("launch date March 14, 2026 it is", "launch date: March 14, 2026"),
+        # A real-model bench fact that no rule read (issue 21's run F): never recalled.
+        ("The public launch date has been fixed: 2027-03-22.", "launch date: 2027-03-22"),
         ("The owner is Dana Whitfield, ask her.", "owner: Dana Whitfield"),
         ("our codename is Bluefin", "codename: Bluefin"),
         ("export SERVER_PORT = 7781", "SERVER_PORT = 7781"),
