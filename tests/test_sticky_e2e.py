@@ -7,29 +7,12 @@ a summarizer model whose window no summary fits; assertions read what it receive
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from itertools import pairwise
 from typing import Any
 
-import pytest
-
-from proxy.simulator import create_simulator_app
-from proxy.simulator.config import ModelRule, SimulatorConfig
-from tests.conftest import run_server
-from tests.test_compaction import FILLER, WINDOW, Chat, chat_requests, small_window_settings
-
-
-@pytest.fixture
-def broken_summarizer() -> Iterator[str]:
-    """A simulator whose "broken" model has a 64-token window: every summary overflows."""
-    config = SimulatorConfig(
-        models=(
-            ModelRule(match="sim-4k", context_window=WINDOW),
-            ModelRule(match="broken", context_window=64),
-        )
-    )
-    with run_server(create_simulator_app(config)) as url:
-        yield url
+from tests.test_compaction import FILLER, Chat, chat_requests, small_window_settings
+from tests.test_fallback_digest import broken_summarizer  # noqa: F401 (a fixture)
 
 
 def _is_prefix(before: list[Any], after: list[Any]) -> bool:
@@ -37,7 +20,8 @@ def _is_prefix(before: list[Any], after: list[Any]) -> bool:
 
 
 def test_turns_served_trimmed_keep_the_prefix_the_upstream_saw(
-    broken_summarizer: str, start_proxy: Callable[..., str]
+    broken_summarizer: str,  # noqa: F811 (the fixture imported above)
+    start_proxy: Callable[..., str],
 ) -> None:
     sim = broken_summarizer
     url = start_proxy(small_window_settings(sim, summarizer_model="broken"))
