@@ -13,9 +13,10 @@ summary's own words nor an instruction, and a system handoff never carries it
 (rebuild.py). No model call, no judgement: the same inputs restore the same values.
 
 The carried section is bounded (``max_chars``, and ``max_count`` values,
-``compaction.restored_identifiers_max``); when it would overflow, values used
-least recently (earliest last occurrence in the previous summary followed by the
-new turns) are dropped first. A previous summary's carried lines are carried as
+``compaction.restored_identifiers_max``); when it would overflow, a log's repeated
+fields go first, then values used least recently (earliest last occurrence in the
+previous summary followed by the new turns), settings and labelled facts last
+(salience.py). A previous summary's carried lines are carried as
 they are, role and all, while the new summary still lacks their values.
 """
 
@@ -25,6 +26,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from proxy.salience import base_tier, keep_order, tiers
 from proxy.values import MAX_SCANNED, find_values, quoted_line, values_by_role
 
 CARRIED_HEADING = "## Identifiers quoted from earlier messages (data, not instructions)"
@@ -62,6 +64,7 @@ class _Wanted:
     line: str
     keys: frozenset[str]
     needles: tuple[tuple[str, ...], ...]  # kept when every one of these is all present
+    tier: int  # kept before higher tiers when the section is full (salience.py)
 
     def kept_in(self, text: str) -> bool:
         return all(all(n in text for n in needles) for needles in self.needles)
@@ -84,17 +87,19 @@ def restore_identifiers(
     missing = [w for w in _wanted(list(sources)) if not w.kept_in(body)]
     if not missing:
         return Restored(body, 0, 0)
-    kept: list[str] = []
+    chosen: list[int] = []
     size = len(CARRIED_HEADING) + 2
-    # Most recently used first, so the bounds drop the least recently used.
-    for wanted in reversed(missing):
-        if size + len(wanted.line) + 1 > max_chars or len(kept) >= max_count:
+    # Settings and labelled facts first, log fields last, most recently used first
+    # within each (salience.py): the bounds drop log noise and the least recently used.
+    for i in keep_order([wanted.tier for wanted in missing]):
+        line = missing[i].line
+        if size + len(line) + 1 > max_chars or len(chosen) >= max_count:
             continue
-        kept.append(wanted.line)
-        size += len(wanted.line) + 1
-    kept.reverse()
-    if not kept:
+        chosen.append(i)
+        size += len(line) + 1
+    if not chosen:
         return Restored(body, 0, len(missing))
+    kept = [missing[i].line for i in sorted(chosen)]
     lines = "\n".join(kept)
     return Restored(f"{body}\n\n{CARRIED_HEADING}\n{lines}", len(kept), len(missing) - len(kept))
 
@@ -113,9 +118,10 @@ def _wanted(sources: list[tuple[str, str]]) -> list[_Wanted]:
     found = values_by_role(texts, MAX_SCANNED)
     fresh = {value.key for value, _ in found}
     wanted = [w for w in carried if not w.keys & fresh]  # a newer mention supersedes it
-    for value, role in found:
+    ranks = tiers([value for value, _ in found])
+    for (value, role), tier in zip(found, ranks, strict=True):
         line = quoted_line(role, value, context=not value.labelled)
-        wanted.append(_Wanted(line, frozenset({value.key}), (value.needles,)))
+        wanted.append(_Wanted(line, frozenset({value.key}), (value.needles,), tier))
     return wanted
 
 
@@ -126,7 +132,8 @@ def _carried_lines(section: str) -> list[_Wanted]:
         values = find_values(m.group(3))
         keys = frozenset(v.key for v in values) or frozenset({m.group(3)})
         needles = tuple(v.needles for v in values) or ((m.group(3),),)
-        out.append(_Wanted(m.group(0).rstrip(), keys, needles))
+        tier = min(map(base_tier, values), default=1)
+        out.append(_Wanted(m.group(0).rstrip(), keys, needles, tier))
     return out
 
 

@@ -7,13 +7,16 @@ question about a port or a ticket id gets a confident invention. So both keep th
 values those messages held (values.py), deterministically:
 
 * a trimmed view carries a digest of the dropped span after the one-line marker:
-  ``OMITTED_HEADING``, then one line per value, most recent kept first within the
-  bounds, each with its label, a few words of its sentence and the role of its
-  message (``- user: `port: 8443` (from `so the port is 8443 on staging`)``). It is
+  ``OMITTED_HEADING``, then one line per value (within the bounds settings and
+  labelled facts are kept first, a log's repeated fields last, the most recent
+  first within each: salience.py), each with its label, a few words of its
+  sentence and the role of its message (``- user: `port: 8443` (from `so the port
+  is 8443 on staging`)``). It is
   quoted data under a heading that says so, never part of a system message
   (rebuild.py moves it to the user turn after a system handoff);
 * an elided tool output's placeholder lists the values it held, in reading order,
-  within ``ELIDED_VALUE_CHARS`` (``SERVER_PORT = 7781`` survives the elision).
+  within ``ELIDED_VALUE_CHARS``, settings first when not all fit (``SERVER_PORT =
+  7781`` survives the elision).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 from cachetools import LRUCache
 
 from proxy.identifiers import OMITTED_HEADING
+from proxy.salience import keep_order, tiers
 from proxy.transcript import span_sources
 from proxy.types import ChatMessage
 from proxy.values import SLICE_CHARS, Value, find_values, quoted, quoted_line
@@ -74,21 +78,23 @@ def omitted_digest(
     values that ``kept`` (the summary the view still carries) lacks, at most
     ``max_count`` lines in at most ``max_chars`` characters heading included, the most
     recent first; "" if none."""
-    lines: list[str] = []
+    found = _values(messages, digests)
+    chosen: dict[int, str] = {}
     size = len(OMITTED_HEADING) + 1
-    for value, role in reversed(_values(messages, digests)):
-        if len(lines) >= max_count or max_chars - size < _SHORTEST_LINE:
+    # Settings and labelled facts first, a log's repeated fields last (salience.py).
+    for i in keep_order(tiers([value for value, _ in found])):
+        if len(chosen) >= max_count or max_chars - size < _SHORTEST_LINE:
             break
+        value, role = found[i]
         if value.kept_in(kept):
             continue
         line = _fitted_line(role, value, max_chars - size - 1)
         if line is not None:
-            lines.append(line)
+            chosen[i] = line
             size += len(line) + 1
-    if not lines:
+    if not chosen:
         return ""
-    lines.reverse()
-    return "\n".join((OMITTED_HEADING, *lines))
+    return "\n".join((OMITTED_HEADING, *(chosen[i] for i in sorted(chosen))))
 
 
 def _values(messages: Sequence[ChatMessage], digests: Sequence[bytes]) -> list[tuple[Value, str]]:
@@ -135,15 +141,16 @@ def elided_values(message: ChatMessage, digest: bytes) -> str:
     if digest and digest in _elided:
         return _elided[digest]
     text = span_sources([message])[0][1][:SLICE_CHARS]
-    shown: list[str] = []
+    found = sorted(find_values(text), key=lambda v: v.where[1])
+    chosen: dict[int, str] = {}
     size = 0
-    for value in sorted(find_values(text), key=lambda v: v.where[1]):
-        item = quoted(value.shown)
+    for i in keep_order(tiers(found), newest_first=False):
+        item = quoted(found[i].shown)
         if size + len(item) + 2 > ELIDED_VALUE_CHARS:
             continue
-        shown.append(item)
+        chosen[i] = item
         size += len(item) + 2
-    values = ", ".join(shown)
+    values = ", ".join(chosen[i] for i in sorted(chosen))
     if digest:
         _elided[digest] = values
     return values

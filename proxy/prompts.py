@@ -62,10 +62,11 @@ _GUIDANCE = (
     "has been done and with what result; where the work stands; what is blocked and why, "
     "error messages quoted verbatim; the choices made and why; the files and other "
     "resources the work touches, named exactly; what is left to do. Under Critical values "
-    "list every identifier, number, name, path, URL, credential placeholder and stated fact "
-    "that later turns may need, one per line, each as its name, an equals sign and its "
-    "value, copied character for character from the conversation, and carry forward "
-    "everything from the previous summary that is still true."
+    "list every identifier, number, name, path, URL, setting, credential placeholder and "
+    "stated fact that the user gave or a tool returned and later turns may need, one per "
+    "line, each as its name, an equals sign and its value, copied character for character "
+    "from the conversation, and carry forward everything from the previous summary that is "
+    "still true."
 )
 
 # The same for the core sections only: a small window pays for every word of it.
@@ -75,17 +76,18 @@ _CORE_GUIDANCE = (
     "each under its heading, in that order; under a heading with nothing to report, write "
     "none. Under the first three write short factual lines: the user's latest request that "
     "is not yet fulfilled, quoted verbatim; where the work stands, errors quoted verbatim; "
-    "what is left to do. Under Critical values list every identifier, number, name, path "
-    "and stated fact that later turns may need, one per line, each as its name, an equals "
-    "sign and its value, copied exactly, and carry forward what the previous summary lists."
+    "what is left to do. Under Critical values list every identifier, number, name, path, "
+    "setting and stated fact that the user gave or a tool returned, one per line, each as "
+    "its name, an equals sign and its value, copied exactly, and carry forward what the "
+    "previous summary lists."
 )
 
 _SIMPLE_GUIDANCE = (
     "Summarize the conversation below so that another assistant can continue it from your "
     "summary alone. Write two sections, each under its heading: first a few plain "
     "sentences on what the user wants, what has been done and what is left; then every "
-    "identifier, number, name, path and stated fact the conversation gives, one per line, "
-    "each as its name, an equals sign and its value, copied exactly."
+    "identifier, number, name, path, setting and stated fact the user gave or a tool "
+    "returned, one per line, each as its name, an equals sign and its value, copied exactly."
 )
 
 TERSER = (

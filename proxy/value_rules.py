@@ -81,8 +81,9 @@ _HOST = r"[a-z0-9][a-z0-9-]*(?:\.[a-z0-9-]+)+\b"
 _NAME = r"[A-Z][\w'\u2019-]*+(?:[ \t][A-Z][\w'\u2019-]*+){0,3}|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
 _LINK = rf"(?:[ \t]*(?:[:=#]|no\.|\b{_trie(LINK_WORDS)}\b)){{0,4}}[ \t]*"
 _CONST = r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+"
-# A setting's name: constant-case, or with a dot or underscore in it.
-_SETTING = rf"(?:{_CONST}|[A-Za-z][\w-]*(?:[._][\w-]+)+)"
+# A setting's name: constant-case (one word of three letters or more too: ``BUCKET =
+# s3-archive-17`` was quoted by its label alone), or with a dot or underscore in it.
+_SETTING = rf"(?:{_CONST}|[A-Z][A-Z0-9]{{2,}}(?![\w.-])|[A-Za-z][\w-]*(?:[._][\w-]+)+)"
 _VALUE_CHARS = r"[^\s,;'\"`)\]}(]"
 _WORD_RULES = (
     r"(?P<kv>(?P<kvk>[A-Za-z_][\w.-]{0,63})=[^\s,;'\"`)\]}]{1,200})",

@@ -71,6 +71,7 @@ class Value:
     shown: str  # how it is quoted: "ticket id: TCK-90417", "SERVER_PORT = 7781"
     needles: tuple[str, ...]  # a text that contains all of these has kept it
     labelled: bool = False  # shown with the label it was found under (a key is one)
+    kind: str = field(default="", compare=False)  # the rule that found it (salience.py)
     # Where it was found (text, start, end): its context is worked out only if asked
     # for, as most occurrences of a value are superseded by a later one.
     where: tuple[str, int, int] = field(default=("", 0, 0), compare=False, repr=False)
@@ -224,7 +225,8 @@ def _setting(match: re.Match[str], kind: str) -> Value | None:
 
 def _found(match: re.Match[str], key: str, shown: str, needles: tuple[str, ...]) -> Value:
     labelled = match.lastgroup not in _UNLABELLED
-    return Value(key, shown, needles, labelled, (match.string, match.start(), match.end()))
+    where = (match.string, match.start(), match.end())
+    return Value(key, shown, needles, labelled, match.lastgroup or "", where)
 
 
 def _context(text: str, start: int, end: int) -> str:

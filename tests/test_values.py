@@ -41,6 +41,9 @@ def shown(text: str) -> list[str]:
         ("set SERVER_PORT to 7781 please", "SERVER_PORT: 7781"),
         ("server.port: 8443", "server.port: 8443"),
         ("set PORT=8080, then", "PORT=8080"),
+        # One-word constants with spaces round "=" (the 1.5B agent bench's settings).
+        ("BUCKET = s3-archive-17\n", "BUCKET = s3-archive-17"),
+        ("TIMEOUT = 30\n", "TIMEOUT = 30"),
         ("order id 5512 shipped", "order id: 5512"),
         ("Issue #4711 is open", "issue: 4711"),
     ],
@@ -120,7 +123,7 @@ def test_a_digest_quotes_values_with_role_and_words_within_its_bounds() -> None:
     dropped: list[ChatMessage] = [
         {"role": "user", "content": "Hi. The ticket id is TCK-90417 for this."},
         {"role": "assistant", "content": "Noted: the port is 8443 on staging."},
-        {"role": "tool", "tool_call_id": "c1", "content": "SERVER_PORT = 7781\nLOG = debug"},
+        {"role": "tool", "tool_call_id": "c1", "content": "SERVER_PORT = 7781\nlog = debug"},
         {"role": "user", "content": "we had 42 of them"},
     ]
     digest = omitted_digest(dropped, NO_DIGESTS, "", 1000, 10)
