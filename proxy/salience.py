@@ -12,8 +12,9 @@ bench, 0/10 recalled). So values are kept by tier, newest first within a tier:
    ``db.port: 5432``, ``port: 8443``, ``owner: Dana Whitfield``;
 1. the rest: a bare lower-case ``key=value`` (``color=teal``), ids, paths, URLs,
    error codes and quoted errors;
-2. fields a log repeats: a name seen with ``LOG_FIELD_VALUES`` or more values in
-   what is ranked (``pid=…``); its newest value stays in its own tier.
+2. fields a log repeats: a name or a label seen with ``LOG_FIELD_VALUES`` or more
+   values in what is ranked (``pid=…``; ``build: 10``, ``build: 11``, … when every
+   request names a build); its newest value stays in its own tier.
 
 Pure: values in, an order out.
 """
@@ -35,8 +36,13 @@ _SETTING_NAME = re.compile(r"[A-Z][A-Z0-9_]+|[A-Za-z][\w-]*(?:[._][\w-]+)+")
 
 
 def name_of(value: Value) -> str | None:
-    """The name a setting-like value assigns to (``SERVER_PORT``); None for other kinds."""
-    return value.key.split("=", 1)[0] if value.kind in _SETTING_KINDS else None
+    """What a setting or a labelled value is the value of (``SERVER_PORT``, ``build``);
+    None for other kinds."""
+    if value.kind in _SETTING_KINDS:
+        return value.key.split("=", 1)[0]
+    if value.kind in _LABELLED_KINDS:
+        return "label:" + value.shown.split(": ", 1)[0]
+    return None
 
 
 def base_tier(value: Value) -> int:

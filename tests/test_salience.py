@@ -83,6 +83,8 @@ def test_tiers_settings_labels_other_values_and_repeated_fields() -> None:
     assert ranks["pid=11"] == ranks["pid=12"] == 2  # a log's field, seen three times
     assert ranks["pid=13"] == 1  # its newest value keeps its own tier
     assert ranks["SERVER_PORT=7781"] == 0
+    builds = find_values("Run build 10. Run build 11. Run build 12.")
+    assert tiers(builds) == [2, 2, 0]  # a label every request repeats: only the newest
 
 
 def test_keep_order_is_by_tier_then_newest_first() -> None:
