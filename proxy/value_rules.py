@@ -105,6 +105,11 @@ _OTHER_RULES = (
     r"|E(?:CONN|NO|ACCES|TIMEDOUT|ADDR|PIPE|HOST|NET|PERM|EXIST|INVAL|AGAIN"
     r"|BUSY|ISDIR|NOTDIR|MFILE)[A-Z]*(?![\w-]))",
 )
+# "the release manager for this project is X": the label is the one a name ends
+# before "for/of ... <label>", not the nearest (X was quoted as ``project: X``).
+OWNER_OF = re.compile(
+    rf"(?i:\b({_trie(NAME_LABELS)})[ \t]+(?:for|of|on)[ \t]+(?:(?:the|this|that|our)[ \t]+)?)$"
+)
 _QUOTED = (
     rf"(?P<quoted>`[^`\n]{{0,200}}{ERROR_WORDS}[^`\n]{{0,200}}`"
     rf"|\"[^\"\n]{{0,200}}{ERROR_WORDS}[^\"\n]{{0,200}}\")"

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from proxy.value_rules import ID_ONLY, RULES
+from proxy.value_rules import ID_ONLY, OWNER_OF, RULES
 
 _RULES = RULES  # the one pattern (tests watch the scan call it here)
 _TRAILING = ".,:;!?"
@@ -190,6 +190,10 @@ def _labelled(match: re.Match[str], kind: str) -> Value | None:
     """A label, a few linking words and a value: ``port: 8443``."""
     group = match.group
     label, raw = (group("ll"), group("lv")) if kind == "labelled" else (group("nl"), group("nv"))
+    if kind == "named":
+        start = match.start()
+        owner = OWNER_OF.search(match.string, max(0, start - _CONTEXT_REACH), start)
+        label = owner.group(1) if owner else label
     name = " ".join(label.lower().replace("_", " ").split())
     if kind == "labelled":
         if name in ID_ONLY:

@@ -44,6 +44,9 @@ def shown(text: str) -> list[str]:
         # One-word constants with spaces round "=" (the 1.5B agent bench's settings).
         ("BUCKET = s3-archive-17\n", "BUCKET = s3-archive-17"),
         ("TIMEOUT = 30\n", "TIMEOUT = 30"),
+        # The label a name belongs to is the one before "for this project", not project.
+        ("the release manager for this project is Tobias Moreau.", "manager: Tobias Moreau"),
+        ("the contact of the team is Ann Lee", "contact: Ann Lee"),
         ("order id 5512 shipped", "order id: 5512"),
         ("Issue #4711 is open", "issue: 4711"),
     ],

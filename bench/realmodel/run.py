@@ -164,6 +164,9 @@ def proxy_config(args: argparse.Namespace, window: int, upstream: str) -> dict[s
     for item in args.proxy_set:
         key, _, value = item.partition("=")
         section, _, name = key.rpartition(".")
+        if section == "model":  # the bench model's own entry: model.precompact=false
+            config["models"][0][name] = _yaml_value(value)
+            continue
         config.setdefault(section or "compaction", {})[name] = _yaml_value(value)
     return config
 
@@ -642,7 +645,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="proxy config: compaction.summary_timeout_s=90 (section defaults to compaction)",
+        help="proxy config: compaction.summary_timeout_s=90 (section defaults to "
+        "compaction; model.KEY sets the bench model's entry: model.precompact=false)",
     )
     parser.add_argument("--server-bin", type=Path, help="default: setup.sh's cache")
     parser.add_argument("--model-path", type=Path, help="default: setup.sh's cache")
