@@ -76,7 +76,7 @@ def _print_learned_windows(settings: Settings) -> None:
 
 def _setup_logging(settings: LoggingSettings) -> None:
     """JSON lines or text for the ``proxy`` loggers (``logging`` in the config)."""
-    from proxy.logs import configure_logging
+    from proxy.observe.logs import configure_logging
 
     configure_logging(settings)
 

@@ -19,10 +19,10 @@ from proxy.assemble import build_services
 from proxy.config import Settings
 from proxy.endpoints import endpoint
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, Overloaded, ProxyError
-from proxy.metrics import CONTENT_TYPE_LATEST
+from proxy.observe.metrics import CONTENT_TYPE_LATEST
+from proxy.observe.record import RecordRequests, record_of
+from proxy.observe.recorder import Recorder
 from proxy.outcome import rejected_headers
-from proxy.record import RecordRequests, record_of
-from proxy.recorder import Recorder
 from proxy.services import Services
 from proxy.session import has_credential
 from proxy.shutdown import Drain

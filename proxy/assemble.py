@@ -17,8 +17,8 @@ from proxy.config import Settings
 from proxy.encodings import Encoder, load_encoders
 from proxy.headers import HeaderPolicy
 from proxy.inflight import BodyBudget
-from proxy.metrics import Metrics
 from proxy.models import ModelTable
+from proxy.observe.metrics import Metrics
 from proxy.precompact import Precompactor
 from proxy.schedule import Schedule
 from proxy.services import Services

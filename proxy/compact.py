@@ -27,8 +27,8 @@ from proxy.config import Settings
 from proxy.count import History
 from proxy.errors import SummaryError
 from proxy.fold import Folder
-from proxy.metrics import Metrics
 from proxy.models import ModelTable
+from proxy.observe.metrics import Metrics
 from proxy.outcome import Degraded, Outcome, Turn, counted_as
 from proxy.plan import Plan, plan_compaction
 from proxy.rebuild import rebuild_outcome
@@ -149,7 +149,7 @@ class Compactor:
     def _log(self, job: Job, loaded: Loaded, outcome: Outcome, started: float) -> None:
         h = job.history
         previous = view_tokens(h.counts, h.results, h.pinned, loaded.view(h.pinned), job.budget)
-        # Fields: JSON lines carry them as keys, text lines as key=value (proxy/logs.py).
+        # Fields: JSON lines carry them as keys, text lines as key=value (proxy/observe/logs.py).
         fields = {
             "session": job.key.log_id,
             "trigger": job.trigger,

@@ -21,8 +21,8 @@ from proxy.config import Settings
 from proxy.count import INLINE_COUNT_BYTES, count_text
 from proxy.errors import SummaryError, SummaryTruncated
 from proxy.identifiers import SUMMARY_ROLE, Restored, restore_identifiers, split_carried
-from proxy.metrics import Metrics
 from proxy.models import ModelTable
+from proxy.observe.metrics import Metrics
 from proxy.outcome import Turn
 from proxy.rebuild import ACKNOWLEDGEMENT, QUOTED_INTRO, handoff_text
 from proxy.session import SessionKey

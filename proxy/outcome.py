@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from proxy.models import ResolvedModel
-from proxy.record import Record
+from proxy.observe.record import Record
 from proxy.types import ChatMessage, ChatRequest
 
 Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed"]

@@ -31,13 +31,13 @@ from proxy.digest import tenant_seed
 from proxy.disconnect import cancelled_on_disconnect
 from proxy.errors import ClientDisconnected
 from proxy.models import ResolvedModel
+from proxy.observe.record import record_of
 from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow
 from proxy.parse import parse_chat_request, read_body
 from proxy.plan import plan_compaction
 from proxy.precompact import run_after
 from proxy.rebuild import rebuild_outcome
-from proxy.record import record_of
 from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, lower_output, retry_once
 from proxy.relay import relay
 from proxy.route import Route

@@ -48,7 +48,7 @@ from proxy.compact import Compactor, Job
 from proxy.config import CompactionSettings
 from proxy.count import History
 from proxy.errors import SummaryError
-from proxy.metrics import Metrics
+from proxy.observe.metrics import Metrics
 from proxy.outcome import Turn
 from proxy.plan import plan_compaction
 from proxy.schedule import TRACKED_LIMIT

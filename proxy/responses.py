@@ -32,11 +32,11 @@ from starlette.responses import Response
 from proxy.calibrate import find_input_tokens
 from proxy.errors import InvalidRequest
 from proxy.items import Item, to_items, to_messages
+from proxy.observe.record import record_of
 from proxy.outcome import Outcome, Turn
 from proxy.overflow import Overflow
 from proxy.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, read_body
 from proxy.pipeline import PARSE_INLINE_BYTES, compacted_view, effective_model, forward
-from proxy.record import record_of
 from proxy.recover import Attempt
 from proxy.route import Route
 from proxy.services import Services

@@ -9,8 +9,8 @@ from proxy.compact import Compactor
 from proxy.config import Settings
 from proxy.headers import HeaderPolicy
 from proxy.inflight import BodyBudget
-from proxy.metrics import Metrics
 from proxy.models import ModelTable
+from proxy.observe.metrics import Metrics
 from proxy.precompact import Precompactor
 from proxy.schedule import Schedule
 from proxy.sightings import SessionSightings

@@ -39,7 +39,7 @@ from types import FrameType
 import uvicorn
 
 from proxy.config import ServerSettings
-from proxy.metrics import Metrics
+from proxy.observe.metrics import Metrics
 
 log = logging.getLogger("proxy.shutdown")
 

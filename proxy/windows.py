@@ -41,8 +41,8 @@ from dataclasses import dataclass, replace
 from cachetools import LRUCache, TTLCache
 
 from proxy.config import Settings
-from proxy.metrics import Metrics
 from proxy.models import ResolvedModel
+from proxy.observe.metrics import Metrics
 from proxy.store import WindowStore
 
 log = logging.getLogger("proxy.windows")

@@ -42,7 +42,7 @@ from types import FrameType
 from prometheus_client.multiprocess import mark_process_dead
 
 from proxy.config import Settings
-from proxy.metrics import enable_multiprocess
+from proxy.observe.metrics import enable_multiprocess
 
 log = logging.getLogger("proxy.workers")
 

@@ -39,12 +39,12 @@ from proxy.encodings import EstimateEncoder
 from proxy.errors import UpstreamError
 from proxy.headers import HeaderPolicy
 from proxy.inflight import BodyBudget
-from proxy.metrics import Metrics
 from proxy.models import ModelTable
+from proxy.observe.metrics import Metrics
+from proxy.observe.record import Record
 from proxy.outcome import Turn
 from proxy.pipeline import effective_model
 from proxy.precompact import Precompactor
-from proxy.record import Record
 from proxy.schedule import Schedule
 from proxy.services import Services
 from proxy.sightings import SessionSightings

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from proxy.calibrate import Calibration, find_input_tokens, find_prompt_tokens
-from proxy.metrics import Metrics
+from proxy.observe.metrics import Metrics
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.store.memory import MemoryStore

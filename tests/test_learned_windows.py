@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.metrics import Metrics
 from proxy.models import ResolvedModel
+from proxy.observe.metrics import Metrics
 from proxy.store.memory import MemoryStore
 from proxy.windows import (
     LOWERED_MARKER,

@@ -16,7 +16,7 @@ import orjson
 import pytest
 import redis
 
-from proxy.metrics import Metrics
+from proxy.observe.metrics import Metrics
 from proxy.session import SessionKey, session_from_header, tenant_from_headers
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from proxy.errors import StoreError
-from proxy.metrics import Metrics
+from proxy.observe.metrics import Metrics
 from proxy.pipeline import compacted_view
 from proxy.services import Services
 from proxy.session import SessionKey, session_from_header

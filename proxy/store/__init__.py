@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from proxy.config import Settings
 
 if TYPE_CHECKING:
-    from proxy.metrics import Metrics
+    from proxy.observe.metrics import Metrics
     from proxy.session import SessionKey
 
 

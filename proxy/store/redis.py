@@ -61,7 +61,7 @@ from proxy.store.codec import (
 )
 
 if TYPE_CHECKING:
-    from proxy.metrics import Metrics
+    from proxy.observe.metrics import Metrics
 
 log = logging.getLogger("proxy.store")
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from proxy.errors import StoreError
-from proxy.metrics import Metrics
-from proxy.series import STORE_OPERATIONS
+from proxy.observe.metrics import Metrics
+from proxy.observe.series import STORE_OPERATIONS
 from proxy.session import SessionKey
 from proxy.store import Sighting, Snapshot, Store
 from proxy.store.memory import MemoryStore

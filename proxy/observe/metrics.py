@@ -3,8 +3,8 @@
 Series whose labels are a closed set are declared at start-up (``__post_init__``), so
 dashboards and alerts see zeros rather than no data before the first event. A request's
 own series (durations, tokens, streams) are observed in one place, ``recorder.Recorder.finish``.
-Label sets and buckets are in proxy.series: all closed, whatever clients send. With several
-workers, ``/metrics`` sums them (proxy.exposition); gauges say how (``multiprocess_mode``).
+Label sets and buckets are in proxy.observe.series: all closed, whatever clients send. With several
+workers, ``/metrics`` sums them (proxy.observe.exposition); gauges say how (``multiprocess_mode``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
-from proxy.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
-from proxy.series import (
+from proxy.observe.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
+from proxy.observe.series import (
     ADDED_BUCKETS,
     CALL_BUCKETS,
     CHAT_STATUSES,

@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.logs import REQUEST_ID
-from proxy.request_id import HEADER, new_request_id, request_id_from, response_headers
+from proxy.observe.logs import REQUEST_ID
+from proxy.observe.request_id import HEADER, new_request_id, request_id_from, response_headers
 from proxy.session import SessionKey
 
 if TYPE_CHECKING:
     from proxy.count import History
+    from proxy.observe.recorder import Recorder
     from proxy.outcome import Outcome, Turn
-    from proxy.recorder import Recorder
 
 _UNRECORDED = frozenset({"/healthz", "/readyz", "/metrics"})
-_SCOPE_KEY = "proxy.record"
+_SCOPE_KEY = "proxy.observe.record"
 
 
 @dataclass(slots=True)

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
 
-from proxy.logs import ACCESS, write_request_line
-from proxy.metrics import Metrics
-from proxy.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
+from proxy.observe.logs import ACCESS, write_request_line
+from proxy.observe.metrics import Metrics
+from proxy.observe.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
 from proxy.session import session_from_header
 
 if TYPE_CHECKING:
     from proxy.config import Settings
-    from proxy.record import Record
+    from proxy.observe.record import Record
 
 # Answered with no response at all (the client left, or shutdown cut it): nginx's code.
 NO_RESPONSE = 499
@@ -94,7 +94,7 @@ class Recorder:
     def __init__(self, metrics: Metrics, settings: Settings) -> None:
         self.metrics = metrics
         self._include_sensitive = settings.logging.include_sensitive
-        # Keyed by route (a route name) and status label: closed sets (proxy.series).
+        # Keyed by route (a route name) and status label: closed sets (proxy.observe.series).
         self._durations: dict[str, _FastHistogram] = {}
         self._upstream: dict[str, _FastHistogram] = {}
         self._responses: dict[tuple[str, str], _FastCounter] = {}

@@ -28,7 +28,7 @@ import orjson
 
 from proxy.config import LoggingSettings
 
-# Each request's line (proxy/record.py); its level decides whether they are written.
+# Each request's line (proxy/observe/record.py); its level decides whether they are written.
 ACCESS = logging.getLogger("proxy.access")
 _REQUEST_HEAD = {"level": "info", "logger": ACCESS.name, "msg": "request"}
 # The id of the request being served, for every line logged while serving it.
