@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 update={"server": settings.server.model_copy(update=server)}
             )
         _setup_logging(settings.logging)
-        from proxy.server import serve as serve_proxy
+        from proxy.serve.server import serve as serve_proxy
 
         return serve_proxy(settings)
     except ConfigError as exc:

@@ -23,9 +23,9 @@ from proxy.observe.metrics import CONTENT_TYPE_LATEST
 from proxy.observe.record import RecordRequests, record_of
 from proxy.observe.recorder import Recorder
 from proxy.outcome import rejected_headers
+from proxy.serve.shutdown import Drain
 from proxy.services import Services
 from proxy.session import has_credential
-from proxy.shutdown import Drain
 
 log = logging.getLogger("proxy.app")
 
@@ -178,7 +178,7 @@ ROUTES = [
 def create_app(settings: Settings, drain: Drain | None = None) -> Starlette:
     """The proxy as an ASGI app; its services open and close with its lifespan.
 
-    ``drain``: shared with the server that runs the app (proxy.shutdown), which sets it
+    ``drain``: shared with the server that runs the app (proxy.serve.shutdown), which sets it
     when told to stop; the app then fails readiness and hands it its metrics.
     """
     drain = Drain() if drain is None else drain

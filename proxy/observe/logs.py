@@ -122,7 +122,7 @@ class _Writer:
     loop a hand-over of the GIL). A line reaches stderr at most ``_FLUSH_S`` late.
 
     A thread does not survive ``fork``: the thread stops before one (writing what is
-    queued, so no thread crosses it: proxy.workers forks its workers from a process
+    queued, so no thread crosses it: proxy.serve.workers forks its workers from a process
     without threads) and starts again after it, in the parent and in the child.
     """
 
@@ -219,7 +219,7 @@ def _after_fork() -> None:
 
 
 def _finalize_in_worker(_: object) -> None:
-    # A multiprocessing worker (proxy.workers) ends through os._exit, which skips atexit;
+    # A multiprocessing worker (proxy.serve.workers) ends through os._exit, which skips atexit;
     # its finalizers still run, and this one writes what is queued. (Registered once the
     # worker has started: multiprocessing clears the finalizers it forked with.)
     multiprocessing.util.Finalize(None, _stop_writer, exitpriority=0)

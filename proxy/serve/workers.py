@@ -12,7 +12,7 @@ single process does. The supervisor:
   everything if a worker fails to start (uvicorn's exit status 3, which the
   supervisor exits with too: the app's start-up failed, and would again);
 - on SIGTERM or SIGINT closes its copy of the socket and sends SIGTERM to every
-  worker, which drain as proxy.shutdown describes (the socket closes, refusing
+  worker, which drain as proxy.serve.shutdown describes (the socket closes, refusing
   connections, once the last worker stops accepting); it waits for them for
   ``drain_delay_s + shutdown_timeout_s`` and a margin, kills any left, and exits
   0 if every worker stopped cleanly.
@@ -44,7 +44,7 @@ from prometheus_client.multiprocess import mark_process_dead
 from proxy.config import Settings
 from proxy.observe.metrics import enable_multiprocess
 
-log = logging.getLogger("proxy.workers")
+log = logging.getLogger("proxy.serve.workers")
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _STARTUP_FAILURE = 3  # uvicorn's exit status when the app's lifespan fails to start
@@ -167,6 +167,6 @@ def _work(settings: Settings, listener: socket.socket, directory: str, parent_pi
         signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
     enable_multiprocess(directory)
-    from proxy.server import serve_process
+    from proxy.serve.server import serve_process
 
     serve_process(settings, sockets=[listener], parent_pid=parent_pid)

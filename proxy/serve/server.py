@@ -1,10 +1,10 @@
 """Running the app under uvicorn.
 
 ``serve(settings)`` is ``compaction-proxy serve``: one process, or with
-``server.workers`` > 1 a supervisor and that many workers (proxy.workers);
-each serving process stops gracefully on SIGTERM (proxy.shutdown).
+``server.workers`` > 1 a supervisor and that many workers (proxy.serve.workers);
+each serving process stops gracefully on SIGTERM (proxy.serve.shutdown).
 ``uvicorn_config(settings)`` is what each one runs and what the tests serve:
-uvloop when installed, no access log, and the HTTP protocol of proxy.limits,
+uvloop when installed, no access log, and the HTTP protocol of proxy.serve.limits,
 which bounds slow and hostile clients.
 """
 
@@ -17,10 +17,10 @@ from typing import Any
 import uvicorn
 
 from proxy.config import Settings
-from proxy.limits import limited_protocol
-from proxy.shutdown import Drain, GracefulServer
+from proxy.serve.limits import limited_protocol
+from proxy.serve.shutdown import Drain, GracefulServer
 
-log = logging.getLogger("proxy.server")
+log = logging.getLogger("proxy.serve.server")
 
 
 def uvicorn_config(
@@ -67,9 +67,9 @@ def uvicorn_config(
 
 
 def serve(settings: Settings) -> int:
-    """Run until SIGINT/SIGTERM, then drain (proxy.shutdown); the exit status."""
+    """Run until SIGINT/SIGTERM, then drain (proxy.serve.shutdown); the exit status."""
     if settings.server.workers > 1:
-        from proxy.workers import run_workers
+        from proxy.serve.workers import run_workers
 
         return run_workers(settings)
     serve_process(settings)
