@@ -48,7 +48,7 @@ def _print_learned_windows(settings: Settings) -> None:
         return
     from proxy.errors import StoreError
     from proxy.store.redis import RedisStore
-    from proxy.windows import parse_window_key
+    from proxy.upstream.windows import parse_window_key
 
     async def read() -> dict[str, int]:
         store = RedisStore(settings.store.url, settings.store.ttl_s, prefix=settings.store.prefix)

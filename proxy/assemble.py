@@ -11,11 +11,9 @@ import asyncio
 from contextlib import AsyncExitStack
 from functools import partial
 
-from proxy.calibrate import Calibration
 from proxy.compact import Compactor
 from proxy.config import Settings
 from proxy.encodings import Encoder, load_encoders
-from proxy.headers import HeaderPolicy
 from proxy.inflight import BodyBudget
 from proxy.models import ModelTable
 from proxy.observe.metrics import Metrics
@@ -25,8 +23,10 @@ from proxy.services import Services
 from proxy.sightings import SessionSightings
 from proxy.store import build_store
 from proxy.tokens import TokenCounter
-from proxy.upstream import UpstreamClient
-from proxy.windows import LearnedWindows, WindowPolicy
+from proxy.upstream.calibrate import Calibration
+from proxy.upstream.client import UpstreamClient
+from proxy.upstream.headers import HeaderPolicy
+from proxy.upstream.windows import LearnedWindows, WindowPolicy
 
 
 async def load_models(settings: Settings) -> tuple[ModelTable, dict[str, Encoder]]:

@@ -38,7 +38,7 @@ from proxy.snapshots import Loaded, load_snapshot, next_snapshot
 from proxy.sticky import TrimCuts
 from proxy.store import LockStore, Snapshot, Snapshots
 from proxy.tokens import TokenCounter
-from proxy.upstream import Upstream
+from proxy.upstream.client import Upstream
 from proxy.view import view_tokens
 
 log = logging.getLogger("proxy.compaction")

@@ -30,7 +30,7 @@ from proxy.summarize import SummaryRequest, summarize
 from proxy.tokens import TokenCounter
 from proxy.transcript import span_sources
 from proxy.types import ChatMessage
-from proxy.upstream import Upstream
+from proxy.upstream.client import Upstream
 
 log = logging.getLogger("proxy.compaction")
 

@@ -29,20 +29,20 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.calibrate import find_input_tokens
 from proxy.errors import InvalidRequest
 from proxy.items import Item, to_items, to_messages
 from proxy.observe.record import record_of
 from proxy.outcome import Outcome, Turn
-from proxy.overflow import Overflow
 from proxy.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, read_body
 from proxy.pipeline import PARSE_INLINE_BYTES, compacted_view, effective_model, forward
-from proxy.recover import Attempt
 from proxy.route import Route
 from proxy.services import Services
 from proxy.session import session_name, tenant_from_headers
 from proxy.types import ChatRequest
-from proxy.urls import upstream_url
+from proxy.upstream.calibrate import find_input_tokens
+from proxy.upstream.overflow import Overflow
+from proxy.upstream.recover import Attempt
+from proxy.upstream.urls import upstream_url
 
 # Fields that put the conversation at the provider, beyond what the request shows.
 _CHAINED = ("previous_response_id", "conversation")

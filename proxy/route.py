@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.outcome import Outcome
-from proxy.overflow import Overflow
-from proxy.stream_head import chat_stream_error
+from proxy.upstream.overflow import Overflow
+from proxy.upstream.stream_head import chat_stream_error
 
 
 @dataclass(frozen=True, slots=True)

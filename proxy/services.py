@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.calibrate import Calibration
 from proxy.compact import Compactor
 from proxy.config import Settings
-from proxy.headers import HeaderPolicy
 from proxy.inflight import BodyBudget
 from proxy.models import ModelTable
 from proxy.observe.metrics import Metrics
@@ -16,8 +14,10 @@ from proxy.schedule import Schedule
 from proxy.sightings import SessionSightings
 from proxy.store import Store
 from proxy.tokens import TokenCounter
-from proxy.upstream import Upstream
-from proxy.windows import LearnedWindows
+from proxy.upstream.calibrate import Calibration
+from proxy.upstream.client import Upstream
+from proxy.upstream.headers import HeaderPolicy
+from proxy.upstream.windows import LearnedWindows
 
 
 @dataclass(slots=True)

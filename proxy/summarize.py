@@ -34,13 +34,11 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from proxy import upstream
 from proxy.budget import FRAME_TOKENS, summary_limit
 from proxy.config import Settings
 from proxy.errors import SummaryError, SummaryRejected, SummaryTruncated, UpstreamError
 from proxy.models import ModelTable
 from proxy.outcome import Turn
-from proxy.overflow import classify_error
 from proxy.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
 from proxy.rebuild import omitted_marker
 from proxy.summary_api import PATHS, SummarizerApi, read_answer, request_body
@@ -53,7 +51,9 @@ from proxy.transcript import (
     render_transcript,
 )
 from proxy.types import ChatMessage
-from proxy.urls import upstream_url
+from proxy.upstream import client as upstream
+from proxy.upstream.overflow import classify_error
+from proxy.upstream.urls import upstream_url
 
 PURPOSE_HEADER = (b"x-compaction-purpose", b"summarize")
 

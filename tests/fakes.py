@@ -1,7 +1,7 @@
 """In-process fakes for the orchestration tests: the upstream behind its seam, and a clock.
 
-``FakeUpstream`` stands where ``proxy.upstream.UpstreamClient`` stands (it satisfies
-``proxy.upstream.Upstream``) and answers from scripts: the proxy's own summary calls
+``FakeUpstream`` stands where ``proxy.upstream.client.UpstreamClient`` stands (it satisfies
+``proxy.upstream.client.Upstream``) and answers from scripts: the proxy's own summary calls
 (they carry ``x-compaction-purpose: summarize``) from one queue, every other call from
 another, a default answer when a queue is empty. An answer may wait for an
 ``asyncio.Event`` (to hold a summary in flight while other requests arrive), fail to
@@ -32,12 +32,10 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from proxy.calibrate import Calibration
 from proxy.compact import Compactor
 from proxy.config import Settings
 from proxy.encodings import EstimateEncoder
 from proxy.errors import UpstreamError
-from proxy.headers import HeaderPolicy
 from proxy.inflight import BodyBudget
 from proxy.models import ModelTable
 from proxy.observe.metrics import Metrics
@@ -53,8 +51,10 @@ from proxy.store.memory import MemoryStore
 from proxy.summarize import PURPOSE_HEADER
 from proxy.tokens import TokenCounter
 from proxy.types import ChatMessage
-from proxy.upstream import UpstreamResponse
-from proxy.windows import LearnedWindows, WindowPolicy
+from proxy.upstream.calibrate import Calibration
+from proxy.upstream.client import UpstreamResponse
+from proxy.upstream.headers import HeaderPolicy
+from proxy.upstream.windows import LearnedWindows, WindowPolicy
 from tests.faulty_upstream import handoff
 
 _CASES = Path(__file__).parent / "fixtures" / "overflow" / "cases.json"

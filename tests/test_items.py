@@ -14,7 +14,7 @@ from proxy.items import to_items, to_messages
 from proxy.plan import count_pinned
 from proxy.rebuild import HANDOFF_INTRO, rebuild_messages
 from proxy.responses import chat_view, outgoing_body, parse_responses_request
-from proxy.stream_head import error_event
+from proxy.upstream.stream_head import error_event
 from proxy.view import View, result_flags
 from tests.conversations import group_starts
 

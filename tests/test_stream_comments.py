@@ -18,7 +18,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.stream_head import comments_ahead
+from proxy.upstream.stream_head import comments_ahead
 from tests.conftest import proxy_settings, run_proxy
 from tests.faulty_upstream import DONE, FaultyUpstream, answer, chunk_event, stream
 from tests.test_compaction import chat_requests, stats

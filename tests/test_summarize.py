@@ -23,7 +23,7 @@ from proxy.simulator.replies import collect_facts
 from proxy.summarize import SummaryRequest, summarize
 from proxy.transcript import frame_prompt, render_transcript
 from proxy.types import ChatMessage
-from proxy.upstream import UpstreamClient
+from proxy.upstream.client import UpstreamClient
 from tests.conftest import run_server
 from tests.test_compaction import FILLER, WINDOW, Chat, small_window_settings, stats
 

@@ -29,12 +29,12 @@ from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
 from proxy.errors import ProxyError
-from proxy.headers import response_headers
 from proxy.outcome import Outcome
-from proxy.overflow import Overflow, classify_error
-from proxy.upstream import UpstreamResponse
+from proxy.upstream.client import UpstreamResponse
+from proxy.upstream.headers import response_headers
+from proxy.upstream.overflow import Overflow, classify_error
 
-log = logging.getLogger("proxy.recover")
+log = logging.getLogger("proxy.upstream.recover")
 
 # Past this much head without a first event, the stream is not one we can classify.
 MAX_HEAD_BYTES = 256 * 1024

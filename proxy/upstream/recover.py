@@ -23,17 +23,23 @@ from dataclasses import dataclass, replace
 import orjson
 from starlette.responses import Response
 
-from proxy import upstream
 from proxy.errors import ContextTooLarge
 from proxy.outcome import Outcome, Turn
-from proxy.overflow import Overflow, classify_error, echoed, mentions, request_text
-from proxy.relay import buffered, relay
 from proxy.services import Services
-from proxy.stream_head import MAX_HEAD_BYTES, Held, comments_ahead, error_event, first_event
 from proxy.tokens import output_reserve
-from proxy.windows import MIN_WINDOW
+from proxy.upstream import client as upstream
+from proxy.upstream.overflow import Overflow, classify_error, echoed, mentions, request_text
+from proxy.upstream.relay import buffered, relay
+from proxy.upstream.stream_head import (
+    MAX_HEAD_BYTES,
+    Held,
+    comments_ahead,
+    error_event,
+    first_event,
+)
+from proxy.upstream.windows import MIN_WINDOW
 
-log = logging.getLogger("proxy.recover")
+log = logging.getLogger("proxy.upstream.recover")
 
 # Statuses an overflow can come back with (overflow.py has the rules).
 RECOVERABLE = frozenset({400, 413, 422, 500, 503})

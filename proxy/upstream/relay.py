@@ -13,11 +13,11 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from proxy.errors import UpstreamStreamBroken
-from proxy.headers import response_headers
-from proxy.upstream import UpstreamResponse
+from proxy.upstream.client import UpstreamResponse
+from proxy.upstream.headers import response_headers
 
 # Named for what broke (the upstream's answer), as it was before relaying had a module.
-log = logging.getLogger("proxy.upstream")
+log = logging.getLogger("proxy.upstream.client")
 
 # Responses bigger than this (or of unknown size) are streamed, not buffered.
 _BUFFER_LIMIT = 1024 * 1024

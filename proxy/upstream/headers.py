@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from proxy.config import Settings
 
 if TYPE_CHECKING:
-    from proxy.upstream import UpstreamResponse
+    from proxy.upstream.client import UpstreamResponse
 
 # RFC 9110 7.6.1 hop-by-hop headers, plus what the HTTP client recomputes.
 HOP_BY_HOP = frozenset(
