@@ -11,16 +11,16 @@ import asyncio
 from contextlib import AsyncExitStack
 from functools import partial
 
-from proxy.compact import Compactor
+from proxy.compaction.compact import Compactor
+from proxy.compaction.inflight import BodyBudget
+from proxy.compaction.precompact import Precompactor
+from proxy.compaction.schedule import Schedule
+from proxy.compaction.sightings import SessionSightings
 from proxy.config import Settings
 from proxy.encodings import Encoder, load_encoders
-from proxy.inflight import BodyBudget
 from proxy.models import ModelTable
 from proxy.observe.metrics import Metrics
-from proxy.precompact import Precompactor
-from proxy.schedule import Schedule
 from proxy.services import Services
-from proxy.sightings import SessionSightings
 from proxy.store import build_store
 from proxy.tokens import TokenCounter
 from proxy.upstream.calibrate import Calibration

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.inflight import release
+from proxy.compaction.inflight import release
 
 
 class FastHeaders(Headers):

@@ -18,9 +18,9 @@ from typing import Any, cast
 import orjson
 from starlette.requests import ClientDisconnect, Request
 
+from proxy.compaction.inflight import BodyBudget
 from proxy.config import ServerSettings
 from proxy.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge, UnsupportedEncoding
-from proxy.inflight import BodyBudget
 from proxy.types import ChatRequest
 
 _DEFAULT_MAX_MESSAGES: int = ServerSettings.model_fields["max_messages"].default
@@ -29,7 +29,7 @@ DEFAULT_MAX_MODEL_BYTES: int = ServerSettings.model_fields["max_model_bytes"].de
 
 async def read_body(request: Request, limit: int, budget: BodyBudget | None = None) -> bytes:
     """The chat body, read whole and bounded by ``limit``, its bytes taken from
-    ``budget`` before they are read (proxy.inflight). A compressed body is refused,
+    ``budget`` before they are read (proxy.compaction.inflight). A compressed body is refused,
     not decoded: the proxy reads the JSON and may send a rewritten body upstream, where
     the client's Content-Encoding header would then lie; the official SDKs never
     compress, and inflating is memory and CPU a hostile body could make unbounded."""

@@ -22,8 +22,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from proxy.budget import Budget
-from proxy.compact import Job, trigger_for
-from proxy.count import count_history
+from proxy.compaction.compact import Job, trigger_for
+from proxy.compaction.count import count_history
+from proxy.compaction.precompact import run_after
+from proxy.compaction.schedule import scheduled
+from proxy.compaction.snapshots import load_session
 from proxy.digest import tenant_seed
 from proxy.errors import ClientDisconnected
 from proxy.models import ResolvedModel
@@ -31,13 +34,10 @@ from proxy.observe.record import record_of
 from proxy.outcome import Outcome, Turn
 from proxy.parse import parse_chat_request, read_body
 from proxy.plan import plan_compaction
-from proxy.precompact import run_after
 from proxy.rebuild import rebuild_outcome
 from proxy.route import Route
-from proxy.schedule import scheduled
 from proxy.services import Services
 from proxy.session import SessionKey, session_key, session_name, tenant_from_headers
-from proxy.snapshots import load_session
 from proxy.tokens import bounded_by, output_reserve
 from proxy.types import ChatMessage
 from proxy.upstream import client as upstream

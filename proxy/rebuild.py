@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Literal
 
 from proxy.budget import Budget
-from proxy.count import History
+from proxy.compaction.count import History
 from proxy.identifiers import split_carried
 from proxy.omitted import elided_values
 from proxy.outcome import Outcome

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.compact import Compactor
+from proxy.compaction.compact import Compactor
+from proxy.compaction.inflight import BodyBudget
+from proxy.compaction.precompact import Precompactor
+from proxy.compaction.schedule import Schedule
+from proxy.compaction.sightings import SessionSightings
 from proxy.config import Settings
-from proxy.inflight import BodyBudget
 from proxy.models import ModelTable
 from proxy.observe.metrics import Metrics
-from proxy.precompact import Precompactor
-from proxy.schedule import Schedule
-from proxy.sightings import SessionSightings
 from proxy.store import Store
 from proxy.tokens import TokenCounter
 from proxy.upstream.calibrate import Calibration

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from proxy.budget import FRAME_TOKENS, Budget
-from proxy.count import History
+from proxy.compaction.count import History
+from proxy.compaction.snapshots import Loaded
 from proxy.digest import prefix_hash
 from proxy.errors import ContextTooLarge
 from proxy.identifiers import split_carried
@@ -29,7 +30,6 @@ from proxy.omitted import digest_chars, digest_tokens, omitted_digest
 from proxy.outcome import Outcome
 from proxy.plan import first_within, next_group_start, protected_start
 from proxy.rebuild import SummaryRole, omitted_marker, rebuild_outcome
-from proxy.snapshots import Loaded
 from proxy.view import Totals, View, check_view, view_tokens
 
 TRIM_MARKER_TOKENS: int = 30

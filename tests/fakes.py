@@ -32,23 +32,23 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from proxy.compact import Compactor
+from proxy.compaction.compact import Compactor
+from proxy.compaction.inflight import BodyBudget
+from proxy.compaction.precompact import Precompactor
+from proxy.compaction.schedule import Schedule
+from proxy.compaction.sightings import SessionSightings
+from proxy.compaction.summarize import PURPOSE_HEADER
 from proxy.config import Settings
 from proxy.encodings import EstimateEncoder
 from proxy.errors import UpstreamError
-from proxy.inflight import BodyBudget
 from proxy.models import ModelTable
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import Record
 from proxy.outcome import Turn
 from proxy.pipeline import effective_model
-from proxy.precompact import Precompactor
-from proxy.schedule import Schedule
 from proxy.services import Services
-from proxy.sightings import SessionSightings
 from proxy.store import Store
 from proxy.store.memory import MemoryStore
-from proxy.summarize import PURPOSE_HEADER
 from proxy.tokens import TokenCounter
 from proxy.types import ChatMessage
 from proxy.upstream.calibrate import Calibration

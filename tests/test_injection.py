@@ -15,7 +15,7 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from proxy.count import History
+from proxy.compaction.count import History
 from proxy.identifiers import CARRIED_HEADING, restore_identifiers, split_carried
 from proxy.rebuild import HANDOFF_INTRO, rebuild_messages
 from proxy.simulator.replies import collect_facts, read_transcript

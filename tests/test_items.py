@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.count import History
+from proxy.compaction.count import History
 from proxy.digest import message_digests
 from proxy.errors import InvalidRequest
 from proxy.items import to_items, to_messages

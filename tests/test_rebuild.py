@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.budget import Budget
-from proxy.count import History
+from proxy.compaction.count import History
 from proxy.plan import count_pinned, plan_compaction
 from proxy.rebuild import (
     ACKNOWLEDGEMENT,

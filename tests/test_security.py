@@ -48,7 +48,7 @@ unless another is named; ``[x]`` is a parametrized case):
 
 Scheduled compactions (``POST /sessions/{id}/compact``) are written into the session's
 own snapshot, so they are bounded by the tenant's sessions. The per-process hint that
-lets a scheduled session skip the far-below fast path (``proxy.schedule``, at most
+lets a scheduled session skip the far-below fast path (``proxy.compaction.schedule``, at most
 10,000) is shared: a tenant filling it delays another's schedule until its next turn
 that reads the store, and never fails or blocks a request. The background
 pre-compaction slots (``precompact_concurrency``) are shared fairly: a tenant under its

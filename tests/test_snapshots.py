@@ -10,16 +10,9 @@ import pytest
 from cachetools import LRUCache
 
 from proxy.budget import FRAME_TOKENS, Budget, summary_limit
-from proxy.config import CompactionSettings
-from proxy.count import History
-from proxy.digest import LEGACY_ANCHOR, digests_and_sizes, legacy_digests, prefix_hash
-from proxy.errors import ContextTooLarge
-from proxy.models import ResolvedModel
-from proxy.plan import Plan
-from proxy.rebuild import omitted_marker
-from proxy.schedule import Schedule, scheduled
-from proxy.session import derived_slots, session_from_header, session_from_history
-from proxy.snapshots import (
+from proxy.compaction.count import History
+from proxy.compaction.schedule import Schedule, scheduled
+from proxy.compaction.snapshots import (
     Loaded,
     load_session,
     load_snapshot,
@@ -27,6 +20,13 @@ from proxy.snapshots import (
     valid_snapshot,
     view_of,
 )
+from proxy.config import CompactionSettings
+from proxy.digest import LEGACY_ANCHOR, digests_and_sizes, legacy_digests, prefix_hash
+from proxy.errors import ContextTooLarge
+from proxy.models import ResolvedModel
+from proxy.plan import Plan
+from proxy.rebuild import omitted_marker
+from proxy.session import derived_slots, session_from_header, session_from_history
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.trim import trim_outcome

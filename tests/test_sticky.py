@@ -10,11 +10,11 @@ from itertools import pairwise
 
 from proxy import omitted
 from proxy.budget import Budget
-from proxy.count import History
+from proxy.compaction.count import History
+from proxy.compaction.snapshots import Loaded
 from proxy.digest import digests_and_sizes
 from proxy.identifiers import OMITTED_HEADING
 from proxy.outcome import Outcome
-from proxy.snapshots import Loaded
 from proxy.trim import Cut, trimmed
 from proxy.types import ChatMessage
 from proxy.view import result_flags

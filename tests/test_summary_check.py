@@ -18,13 +18,13 @@ import pytest
 from pydantic import ValidationError
 
 from proxy.budget import summary_limit
+from proxy.compaction.summarize import SummaryRequest, summarize
 from proxy.config import CompactionSettings, Settings
 from proxy.errors import SummaryRejected, SummaryTruncated
 from proxy.models import ModelTable
 from proxy.prompts import CORE, FULL, SIMPLE, prompt_for
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig, SummaryStyle
-from proxy.summarize import SummaryRequest, summarize
 from proxy.summary_check import LEGACY_PLACEHOLDER, check_summary
 from proxy.transcript import frame_prompt, render_transcript
 from proxy.types import ChatMessage

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from proxy.budget import Budget
-from proxy.count import History
+from proxy.compaction.count import History
+from proxy.compaction.snapshots import Loaded
 from proxy.digest import digests_and_sizes
 from proxy.identifiers import CARRIED_HEADING, OMITTED_HEADING, restore_identifiers
 from proxy.omitted import digest_tokens, elided_values, omitted_digest
 from proxy.rebuild import QUOTED_INTRO
-from proxy.snapshots import Loaded
 from proxy.trim import trim_outcome
 from proxy.types import ChatMessage
 from proxy.values import find_values

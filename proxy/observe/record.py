@@ -26,7 +26,7 @@ from proxy.observe.request_id import HEADER, new_request_id, request_id_from, re
 from proxy.session import SessionKey
 
 if TYPE_CHECKING:
-    from proxy.count import History
+    from proxy.compaction.count import History
     from proxy.observe.recorder import Recorder
     from proxy.outcome import Outcome, Turn
 

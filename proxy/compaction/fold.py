@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.budget import FRAME_TOKENS, summary_limit
+from proxy.compaction.count import INLINE_COUNT_BYTES, count_text
+from proxy.compaction.summarize import SummaryRequest, summarize
 from proxy.config import Settings
-from proxy.count import INLINE_COUNT_BYTES, count_text
 from proxy.errors import SummaryError, SummaryTruncated
 from proxy.identifiers import SUMMARY_ROLE, Restored, restore_identifiers, split_carried
 from proxy.models import ModelTable
@@ -26,7 +27,6 @@ from proxy.observe.metrics import Metrics
 from proxy.outcome import Turn
 from proxy.rebuild import ACKNOWLEDGEMENT, QUOTED_INTRO, handoff_text
 from proxy.session import SessionKey
-from proxy.summarize import SummaryRequest, summarize
 from proxy.tokens import TokenCounter
 from proxy.transcript import span_sources
 from proxy.types import ChatMessage

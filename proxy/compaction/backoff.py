@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from cachetools import LRUCache
 
-from proxy.schedule import TRACKED_LIMIT
+from proxy.compaction.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey
 
 

@@ -20,10 +20,10 @@ from functools import partial
 
 from cachetools import TTLCache
 
+from proxy.compaction.precompact import FollowUp
+from proxy.compaction.schedule import TRACKED_LIMIT
 from proxy.errors import StoreError
 from proxy.outcome import Outcome, Turn
-from proxy.precompact import FollowUp
-from proxy.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey, session_from_header
 from proxy.store import Sighting, Sightings
 

@@ -20,12 +20,12 @@ from typing import Protocol
 from cachetools import LRUCache
 
 from proxy.budget import Budget
-from proxy.count import History
+from proxy.compaction.count import History
+from proxy.compaction.schedule import TRACKED_LIMIT
+from proxy.compaction.snapshots import Loaded
 from proxy.outcome import Outcome
 from proxy.rebuild import SummaryRole
-from proxy.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey
-from proxy.snapshots import Loaded
 from proxy.trim import Cut, trimmed
 
 # An entry weighs this plus its digest's characters (the digest is the bulk of it,

@@ -43,17 +43,17 @@ from starlette.background import BackgroundTasks
 from starlette.responses import Response
 
 from proxy.budget import Budget
-from proxy.busy import BusyModels
-from proxy.compact import Compactor, Job
+from proxy.compaction.busy import BusyModels
+from proxy.compaction.compact import Compactor, Job
+from proxy.compaction.count import History
+from proxy.compaction.schedule import TRACKED_LIMIT
+from proxy.compaction.snapshots import load_snapshot
 from proxy.config import CompactionSettings
-from proxy.count import History
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
 from proxy.outcome import Turn
 from proxy.plan import plan_compaction
-from proxy.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey
-from proxy.snapshots import load_snapshot
 from proxy.view import view_tokens
 
 log = logging.getLogger("proxy.compaction")

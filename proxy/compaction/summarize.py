@@ -35,13 +35,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.budget import FRAME_TOKENS, summary_limit
+from proxy.compaction.summary_api import PATHS, SummarizerApi, read_answer, request_body
 from proxy.config import Settings
 from proxy.errors import SummaryError, SummaryRejected, SummaryTruncated, UpstreamError
 from proxy.models import ModelTable
 from proxy.outcome import Turn
 from proxy.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
 from proxy.rebuild import omitted_marker
-from proxy.summary_api import PATHS, SummarizerApi, read_answer, request_body
 from proxy.summary_check import Reason, check_summary, echoes
 from proxy.transcript import (
     Entry,

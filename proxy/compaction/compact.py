@@ -21,21 +21,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
-from proxy.backoff import SummaryBackoff
 from proxy.budget import Budget
+from proxy.compaction.backoff import SummaryBackoff
+from proxy.compaction.count import History
+from proxy.compaction.fold import Folder
+from proxy.compaction.schedule import TRACKED_LIMIT
+from proxy.compaction.snapshots import Loaded, load_snapshot, next_snapshot
+from proxy.compaction.sticky import TrimCuts
 from proxy.config import Settings
-from proxy.count import History
 from proxy.errors import SummaryError
-from proxy.fold import Folder
 from proxy.models import ModelTable
 from proxy.observe.metrics import Metrics
 from proxy.outcome import Degraded, Outcome, Turn, counted_as
 from proxy.plan import Plan, plan_compaction
 from proxy.rebuild import rebuild_outcome
-from proxy.schedule import TRACKED_LIMIT
 from proxy.session import SessionKey
-from proxy.snapshots import Loaded, load_snapshot, next_snapshot
-from proxy.sticky import TrimCuts
 from proxy.store import LockStore, Snapshot, Snapshots
 from proxy.tokens import TokenCounter
 from proxy.upstream.client import Upstream

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from proxy.budget import Budget
-from proxy.count import History
+from proxy.compaction.count import History
 from proxy.digest import anchor_matches, prefix_hash
 from proxy.plan import Plan
 from proxy.session import SessionKey, derived_slots

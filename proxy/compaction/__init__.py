@@ -1,0 +1,1 @@
+"""Compaction: counting, planning calls, summarizing, snapshots and when to compact."""
