@@ -32,10 +32,10 @@ from proxy.errors import ClientDisconnected
 from proxy.models import ResolvedModel
 from proxy.observe.record import record_of
 from proxy.outcome import Outcome, Turn
-from proxy.parse import parse_chat_request, read_body
 from proxy.plan import plan_compaction
 from proxy.rebuild import rebuild_outcome
-from proxy.route import Route
+from proxy.routes.parse import parse_chat_request, read_body
+from proxy.routes.route import Route
 from proxy.services import Services
 from proxy.session import SessionKey, session_key, session_name, tenant_from_headers
 from proxy.tokens import bounded_by, output_reserve

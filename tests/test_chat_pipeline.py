@@ -19,7 +19,7 @@ from starlette.types import Message
 
 from proxy.errors import ClientDisconnected
 from proxy.pipeline import handle_chat, handle_passthrough
-from proxy.responses import handle_responses
+from proxy.routes.responses import handle_responses
 from proxy.services import Services
 from proxy.session import tenant_from_headers
 from proxy.types import ChatMessage

@@ -1,4 +1,4 @@
-"""Responses input items <-> the chat messages compaction plans over (proxy/items.py)."""
+"""Responses input items <-> the chat messages compaction plans over (proxy/routes/items.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from proxy.compaction.count import History
 from proxy.digest import message_digests
 from proxy.errors import InvalidRequest
-from proxy.items import to_items, to_messages
 from proxy.plan import count_pinned
 from proxy.rebuild import HANDOFF_INTRO, rebuild_messages
-from proxy.responses import chat_view, outgoing_body, parse_responses_request
+from proxy.routes.items import to_items, to_messages
+from proxy.routes.responses import chat_view, outgoing_body, parse_responses_request
 from proxy.upstream.stream_head import error_event
 from proxy.view import View, result_flags
 from tests.conversations import group_starts

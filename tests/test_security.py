@@ -77,7 +77,7 @@ import orjson
 import pytest
 import yaml
 
-from proxy import admin_api
+from proxy.routes import admin_api
 from proxy.upstream import client as upstream
 from tests.conftest import free_port, proxy_settings, run_proxy
 from tests.faulty_upstream import FaultyUpstream, Seen, answer, completion, handoff, stream

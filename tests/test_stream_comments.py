@@ -235,7 +235,7 @@ def test_only_comments_before_the_first_event_go_ahead(
 
 
 def test_a_failed_retry_on_a_responses_stream_is_an_error_event_in_its_shape() -> None:
-    from proxy.responses import _stream_error
+    from proxy.routes.responses import _stream_error
 
     error = orjson.loads(OVERFLOW_ERROR)["error"]
     event = _stream_error(error)

@@ -30,12 +30,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.errors import InvalidRequest
-from proxy.items import Item, to_items, to_messages
 from proxy.observe.record import record_of
 from proxy.outcome import Outcome, Turn
-from proxy.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, read_body
 from proxy.pipeline import PARSE_INLINE_BYTES, compacted_view, effective_model, forward
-from proxy.route import Route
+from proxy.routes.items import Item, to_items, to_messages
+from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, read_body
+from proxy.routes.route import Route
 from proxy.services import Services
 from proxy.session import session_name, tenant_from_headers
 from proxy.types import ChatRequest
