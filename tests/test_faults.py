@@ -61,7 +61,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from proxy.app import create_app
-from proxy.session import session_from_header, tenant_from_headers
+from proxy.core.session import session_from_header, tenant_from_headers
 from tests.conftest import OPEN_CLIENTS, free_port, proxy_settings, run_proxy
 from tests.faulty_upstream import (
     DONE,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.models import ResolvedModel
+from proxy.core.models import ResolvedModel
 from proxy.observe.metrics import Metrics
 from proxy.store.memory import MemoryStore
 from proxy.upstream.windows import (

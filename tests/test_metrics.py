@@ -15,9 +15,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.core.session import SessionKey
 from proxy.observe.metrics import Metrics
 from proxy.observe.recorder import _FastCounter, _FastHistogram
-from proxy.session import SessionKey
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore

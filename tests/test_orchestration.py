@@ -20,11 +20,11 @@ import pytest
 
 from proxy.compaction.compact import _POLL_S
 from proxy.compaction.summarize import TERSER
+from proxy.core.outcome import Outcome
+from proxy.core.session import SessionKey, session_from_header
 from proxy.errors import UpstreamUnavailable
-from proxy.outcome import Outcome
 from proxy.pipeline import compacted_view
 from proxy.services import Services
-from proxy.session import SessionKey, session_from_header
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage, ToolCall

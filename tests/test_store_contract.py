@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from proxy.core.session import SessionKey
 from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
-from proxy.session import SessionKey
 from proxy.store import Sighting, Snapshot, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore

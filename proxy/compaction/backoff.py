@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from cachetools import LRUCache
 
 from proxy.compaction.schedule import TRACKED_LIMIT
-from proxy.session import SessionKey
+from proxy.core.session import SessionKey
 
 
 @dataclass(slots=True)

@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
-from proxy.budget import Budget
 from proxy.compaction.backoff import SummaryBackoff
 from proxy.compaction.count import History
 from proxy.compaction.fold import Folder
@@ -29,17 +28,18 @@ from proxy.compaction.schedule import TRACKED_LIMIT
 from proxy.compaction.snapshots import Loaded, load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
 from proxy.config import Settings
+from proxy.core.budget import Budget
+from proxy.core.models import ModelTable
+from proxy.core.outcome import Degraded, Outcome, Turn, counted_as
+from proxy.core.plan import Plan, plan_compaction
+from proxy.core.rebuild import rebuild_outcome
+from proxy.core.session import SessionKey
+from proxy.core.tokens import TokenCounter
+from proxy.core.view import view_tokens
 from proxy.errors import SummaryError
-from proxy.models import ModelTable
 from proxy.observe.metrics import Metrics
-from proxy.outcome import Degraded, Outcome, Turn, counted_as
-from proxy.plan import Plan, plan_compaction
-from proxy.rebuild import rebuild_outcome
-from proxy.session import SessionKey
 from proxy.store import LockStore, Snapshot, Snapshots
-from proxy.tokens import TokenCounter
 from proxy.upstream.client import Upstream
-from proxy.view import view_tokens
 
 log = logging.getLogger("proxy.compaction")
 

@@ -12,11 +12,11 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.digest import digests_and_sizes
-from proxy.plan import count_pinned
-from proxy.tokens import TokenCounter
+from proxy.core.digest import digests_and_sizes
+from proxy.core.plan import count_pinned
+from proxy.core.tokens import TokenCounter
+from proxy.core.view import result_flags
 from proxy.types import ChatMessage, ChatRequest
-from proxy.view import result_flags
 
 # CPU on the event loop stalls every request, /healthz included; a hop to a worker
 # thread costs ~0.1 ms, more than a usual turn's counting (a few dozen cached

@@ -16,19 +16,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.budget import FRAME_TOKENS, summary_limit
 from proxy.compaction.count import INLINE_COUNT_BYTES, count_text
 from proxy.compaction.summarize import SummaryRequest, summarize
 from proxy.config import Settings
+from proxy.core.budget import FRAME_TOKENS, summary_limit
+from proxy.core.identifiers import SUMMARY_ROLE, Restored, restore_identifiers, split_carried
+from proxy.core.models import ModelTable
+from proxy.core.outcome import Turn
+from proxy.core.rebuild import ACKNOWLEDGEMENT, QUOTED_INTRO, handoff_text
+from proxy.core.session import SessionKey
+from proxy.core.tokens import TokenCounter
+from proxy.core.transcript import span_sources
 from proxy.errors import SummaryError, SummaryTruncated
-from proxy.identifiers import SUMMARY_ROLE, Restored, restore_identifiers, split_carried
-from proxy.models import ModelTable
 from proxy.observe.metrics import Metrics
-from proxy.outcome import Turn
-from proxy.rebuild import ACKNOWLEDGEMENT, QUOTED_INTRO, handoff_text
-from proxy.session import SessionKey
-from proxy.tokens import TokenCounter
-from proxy.transcript import span_sources
 from proxy.types import ChatMessage
 from proxy.upstream.client import Upstream
 

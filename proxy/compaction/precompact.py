@@ -42,19 +42,19 @@ from cachetools import TTLCache
 from starlette.background import BackgroundTasks
 from starlette.responses import Response
 
-from proxy.budget import Budget
 from proxy.compaction.busy import BusyModels
 from proxy.compaction.compact import Compactor, Job
 from proxy.compaction.count import History
 from proxy.compaction.schedule import TRACKED_LIMIT
 from proxy.compaction.snapshots import load_snapshot
 from proxy.config import CompactionSettings
+from proxy.core.budget import Budget
+from proxy.core.outcome import Turn
+from proxy.core.plan import plan_compaction
+from proxy.core.session import SessionKey
+from proxy.core.view import view_tokens
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
-from proxy.outcome import Turn
-from proxy.plan import plan_compaction
-from proxy.session import SessionKey
-from proxy.view import view_tokens
 
 log = logging.getLogger("proxy.compaction")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from cachetools import LRUCache
 
-from proxy.session import SessionKey, session_from_header
+from proxy.core.session import SessionKey, session_from_header
 from proxy.store import Snapshot, Snapshots
 
 # Most sessions with a pending or recent forced compaction tracked per process. Every

@@ -22,9 +22,9 @@ from cachetools import TTLCache
 
 from proxy.compaction.precompact import FollowUp
 from proxy.compaction.schedule import TRACKED_LIMIT
+from proxy.core.outcome import Outcome, Turn
+from proxy.core.session import SessionKey, session_from_header
 from proxy.errors import StoreError
-from proxy.outcome import Outcome, Turn
-from proxy.session import SessionKey, session_from_header
 from proxy.store import Sighting, Sightings
 
 log = logging.getLogger("proxy.store")

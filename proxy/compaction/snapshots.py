@@ -14,13 +14,13 @@ import logging
 import time
 from dataclasses import dataclass
 
-from proxy.budget import Budget
 from proxy.compaction.count import History
-from proxy.digest import anchor_matches, prefix_hash
-from proxy.plan import Plan
-from proxy.session import SessionKey, derived_slots
+from proxy.core.budget import Budget
+from proxy.core.digest import anchor_matches, prefix_hash
+from proxy.core.plan import Plan
+from proxy.core.session import SessionKey, derived_slots
+from proxy.core.view import View
 from proxy.store import Snapshot, Snapshots
-from proxy.view import View
 
 log = logging.getLogger("proxy.compaction")
 

@@ -19,14 +19,14 @@ from typing import Protocol
 
 from cachetools import LRUCache
 
-from proxy.budget import Budget
 from proxy.compaction.count import History
 from proxy.compaction.schedule import TRACKED_LIMIT
 from proxy.compaction.snapshots import Loaded
-from proxy.outcome import Outcome
-from proxy.rebuild import SummaryRole
-from proxy.session import SessionKey
-from proxy.trim import Cut, trimmed
+from proxy.core.budget import Budget
+from proxy.core.outcome import Outcome
+from proxy.core.rebuild import SummaryRole
+from proxy.core.session import SessionKey
+from proxy.core.trim import Cut, trimmed
 
 # An entry weighs this plus its digest's characters (the digest is the bulk of it,
 # a few KB at most: within a summary's allowance), so at most TRACKED_LIMIT sessions

@@ -34,22 +34,22 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from proxy.budget import FRAME_TOKENS, summary_limit
 from proxy.compaction.summary_api import PATHS, SummarizerApi, read_answer, request_body
 from proxy.config import Settings
-from proxy.errors import SummaryError, SummaryRejected, SummaryTruncated, UpstreamError
-from proxy.models import ModelTable
-from proxy.outcome import Turn
-from proxy.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
-from proxy.rebuild import omitted_marker
-from proxy.summary_check import Reason, check_summary, echoes
-from proxy.transcript import (
+from proxy.core.budget import FRAME_TOKENS, summary_limit
+from proxy.core.models import ModelTable
+from proxy.core.outcome import Turn
+from proxy.core.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
+from proxy.core.rebuild import omitted_marker
+from proxy.core.summary_check import Reason, check_summary, echoes
+from proxy.core.transcript import (
     Entry,
     chunk_transcript,
     frame_prompt,
     framed_marker,
     render_transcript,
 )
+from proxy.errors import SummaryError, SummaryRejected, SummaryTruncated, UpstreamError
 from proxy.types import ChatMessage
 from proxy.upstream import client as upstream
 from proxy.upstream.overflow import classify_error

@@ -19,6 +19,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from proxy.core.summary_check import REASONS as REJECTIONS
 from proxy.observe.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
 from proxy.observe.series import (
     ADDED_BUCKETS,
@@ -33,7 +34,6 @@ from proxy.observe.series import (
     TTFB_BUCKETS,
     ModelGauge,
 )
-from proxy.summary_check import REASONS as REJECTIONS
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess"]
 

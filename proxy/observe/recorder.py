@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
 
+from proxy.core.session import session_from_header
 from proxy.observe.logs import ACCESS, write_request_line
 from proxy.observe.metrics import Metrics
 from proxy.observe.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
-from proxy.session import session_from_header
 
 if TYPE_CHECKING:
     from proxy.config import Settings

@@ -29,15 +29,15 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.core.outcome import Outcome, Turn
+from proxy.core.session import session_name, tenant_from_headers
 from proxy.errors import InvalidRequest
 from proxy.observe.record import record_of
-from proxy.outcome import Outcome, Turn
 from proxy.pipeline import PARSE_INLINE_BYTES, compacted_view, effective_model, forward
 from proxy.routes.items import Item, to_items, to_messages
 from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, read_body
 from proxy.routes.route import Route
 from proxy.services import Services
-from proxy.session import session_name, tenant_from_headers
 from proxy.types import ChatRequest
 from proxy.upstream.calibrate import find_input_tokens
 from proxy.upstream.overflow import Overflow

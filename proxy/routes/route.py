@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.outcome import Outcome
+from proxy.core.outcome import Outcome
 from proxy.upstream.overflow import Overflow
 from proxy.upstream.stream_head import chat_stream_error
 

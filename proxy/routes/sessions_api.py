@@ -15,9 +15,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from proxy.core.session import SessionKey, session_from_header, tenant_from_headers
 from proxy.errors import NotFound, RateLimited
 from proxy.services import Services
-from proxy.session import SessionKey, session_from_header, tenant_from_headers
 from proxy.store import Snapshot
 
 

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from cachetools import LRUCache
 
-from proxy.models import ResolvedModel
+from proxy.core.models import ResolvedModel
 
 _USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,9})')
 _INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d{1,9})')

@@ -23,10 +23,10 @@ from dataclasses import dataclass, replace
 import orjson
 from starlette.responses import Response
 
+from proxy.core.outcome import Outcome, Turn
+from proxy.core.tokens import output_reserve
 from proxy.errors import ContextTooLarge
-from proxy.outcome import Outcome, Turn
 from proxy.services import Services
-from proxy.tokens import output_reserve
 from proxy.upstream import client as upstream
 from proxy.upstream.overflow import Overflow, classify_error, echoed, mentions, request_text
 from proxy.upstream.relay import buffered, relay

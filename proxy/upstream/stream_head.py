@@ -28,8 +28,8 @@ import orjson
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
+from proxy.core.outcome import Outcome
 from proxy.errors import ProxyError
-from proxy.outcome import Outcome
 from proxy.upstream.client import UpstreamResponse
 from proxy.upstream.headers import response_headers
 from proxy.upstream.overflow import Overflow, classify_error

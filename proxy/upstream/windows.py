@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from cachetools import LRUCache, TTLCache
 
 from proxy.config import Settings
-from proxy.models import ResolvedModel
+from proxy.core.models import ResolvedModel
 from proxy.observe.metrics import Metrics
 from proxy.store import WindowStore
 

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 
 from cachetools import LRUCache
 
-from proxy.identifiers import OMITTED_HEADING
-from proxy.transcript import span_sources
+from proxy.core.identifiers import OMITTED_HEADING
+from proxy.core.transcript import span_sources
+from proxy.core.values import SLICE_CHARS, Value, find_values, quoted, quoted_line
 from proxy.types import ChatMessage
-from proxy.values import SLICE_CHARS, Value, find_values, quoted, quoted_line
 
 # Trimming runs on the event loop: per call it reads at most this much text not read
 # before (newest first; about 15 ms at values.py's 2-3 MB/s), and keeps what each

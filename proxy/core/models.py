@@ -14,7 +14,7 @@ from fnmatch import fnmatchcase
 from cachetools import LRUCache
 
 from proxy.config import Settings
-from proxy.encodings import Encoder, warn_inexact
+from proxy.core.encodings import Encoder, warn_inexact
 
 # Model families whose tokenizer we know; everything else counts with
 # cl100k_base, the closest widely shared vocabulary (open models' own

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.config import CompactionSettings
-from proxy.models import ResolvedModel
+from proxy.core.models import ResolvedModel
 
 FRAME_TOKENS = 60
 """Framing tokens around a summary: the handoff text and the acknowledgement turn."""

@@ -25,7 +25,7 @@ import orjson
 from cachetools import LRUCache
 from xxhash import xxh3_128_digest
 
-from proxy.encodings import Encoder
+from proxy.core.encodings import Encoder
 from proxy.types import ChatMessage, ChatRequest
 
 # OpenAI's cookbook accounting for chat models: 3 tokens wrap every message,

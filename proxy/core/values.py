@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from proxy.value_rules import ID_ONLY, RULES
+from proxy.core.value_rules import ID_ONLY, RULES
 
 _RULES = RULES  # the one pattern (tests watch the scan call it here)
 _TRAILING = ".,:;!?"

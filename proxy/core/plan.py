@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from proxy.budget import Budget
+from proxy.core.budget import Budget
+from proxy.core.view import Totals, View, check_view, view_tokens
 from proxy.types import ChatMessage
-from proxy.view import Totals, View, check_view, view_tokens
 
 _LEADING_ROLES = ("system", "developer")
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from proxy.models import ResolvedModel
+from proxy.core.models import ResolvedModel
 from proxy.observe.record import Record
 from proxy.types import ChatMessage, ChatRequest
 

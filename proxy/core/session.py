@@ -23,7 +23,7 @@ from hashlib import blake2b
 from typing import Literal
 
 from proxy.config import SessionSettings
-from proxy.digest import legacy_digests
+from proxy.core.digest import legacy_digests
 from proxy.routes.parse import check_length
 from proxy.types import ChatMessage
 

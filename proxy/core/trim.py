@@ -20,17 +20,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from proxy.budget import FRAME_TOKENS, Budget
 from proxy.compaction.count import History
 from proxy.compaction.snapshots import Loaded
-from proxy.digest import prefix_hash
+from proxy.core.budget import FRAME_TOKENS, Budget
+from proxy.core.digest import prefix_hash
+from proxy.core.identifiers import split_carried
+from proxy.core.omitted import digest_chars, digest_tokens, omitted_digest
+from proxy.core.outcome import Outcome
+from proxy.core.plan import first_within, next_group_start, protected_start
+from proxy.core.rebuild import SummaryRole, omitted_marker, rebuild_outcome
+from proxy.core.view import Totals, View, check_view, view_tokens
 from proxy.errors import ContextTooLarge
-from proxy.identifiers import split_carried
-from proxy.omitted import digest_chars, digest_tokens, omitted_digest
-from proxy.outcome import Outcome
-from proxy.plan import first_within, next_group_start, protected_start
-from proxy.rebuild import SummaryRole, omitted_marker, rebuild_outcome
-from proxy.view import Totals, View, check_view, view_tokens
 
 TRIM_MARKER_TOKENS: int = 30
 """Estimated tokens of the one-line marker that stands for trimmed messages."""

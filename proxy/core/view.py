@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress
 
-from proxy.budget import Budget
+from proxy.core.budget import Budget
 from proxy.types import ChatMessage
 
 ELIDED_TOKENS: int = 110

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from proxy.budget import Budget
 from proxy.compaction.count import History
-from proxy.identifiers import split_carried
-from proxy.omitted import elided_values
-from proxy.outcome import Outcome
+from proxy.core.budget import Budget
+from proxy.core.identifiers import split_carried
+from proxy.core.omitted import elided_values
+from proxy.core.outcome import Outcome
+from proxy.core.view import View, is_elided, view_tokens
 from proxy.types import ChatMessage
-from proxy.view import View, is_elided, view_tokens
 
 SummaryRole = Literal["user", "system"]
 

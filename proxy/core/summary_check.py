@@ -24,7 +24,7 @@ import re
 from functools import cache
 from typing import Literal, get_args
 
-from proxy.prompts import TERSER, Prompt
+from proxy.core.prompts import TERSER, Prompt
 
 Reason = Literal["empty", "echo", "structure", "too_short", "truncated"]
 REASONS: tuple[str, ...] = get_args(Reason)
