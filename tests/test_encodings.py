@@ -88,7 +88,7 @@ def baked(offline: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_an_encoding_in_tiktokens_cache_loads_from_there(
     baked: Path, offline: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="proxy.core.encodings")
+    caplog.set_level(logging.WARNING, logger="proxy.encodings")
     encoder = load_encoder("cl100k_base")
     assert offline == [], "loading must never touch the network"
     assert encoder.exact
@@ -133,7 +133,7 @@ def test_a_corrupt_cached_file_falls_back_instead_of_downloading_again(
 def test_uncached_o200k_loads_offline_as_an_approximation(
     offline: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="proxy.core.encodings")
+    caplog.set_level(logging.WARNING, logger="proxy.encodings")
     encoder = load_encoder("o200k_base")
     assert offline == [], "loading must never touch the network"
     assert encoder.name == "o200k_base"
@@ -203,7 +203,7 @@ def test_start_up_loading_never_waits_on_the_network(tmp_path: Path) -> None:
 async def test_a_tokenizer_no_configured_model_names_is_warned_about_at_first_use_only(
     offline: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="proxy.core.encodings")
+    caplog.set_level(logging.WARNING, logger="proxy.encodings")
     # The README's simulator config: its one rule counts with cl100k_base, which is bundled.
     settings = Settings(models=[{"match": "sim-*", "context_window": 4096}])
     models, encoders = await load_models(settings)
@@ -219,7 +219,7 @@ async def test_a_tokenizer_no_configured_model_names_is_warned_about_at_first_us
 async def test_a_tokenizer_a_configured_model_names_is_warned_about_at_start_up(
     offline: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="proxy.core.encodings")
+    caplog.set_level(logging.WARNING, logger="proxy.encodings")
     models, _ = await load_models(Settings(models=[{"match": "gpt-4o*", "context_window": 8192}]))
     [warning] = caplog.records
     assert "o200k_base is not cached locally" in warning.getMessage()

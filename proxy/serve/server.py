@@ -20,7 +20,7 @@ from proxy.config import Settings
 from proxy.serve.limits import limited_protocol
 from proxy.serve.shutdown import Drain, GracefulServer
 
-log = logging.getLogger("proxy.serve.server")
+log = logging.getLogger("proxy.server")
 
 
 def uvicorn_config(

@@ -41,7 +41,7 @@ import uvicorn
 from proxy.config import ServerSettings
 from proxy.observe.metrics import Metrics
 
-log = logging.getLogger("proxy.serve.shutdown")
+log = logging.getLogger("proxy.shutdown")
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # After the deadline, how long cancelled requests get to run their clean-up (closing

@@ -44,7 +44,7 @@ from prometheus_client.multiprocess import mark_process_dead
 from proxy.config import Settings
 from proxy.observe.metrics import enable_multiprocess
 
-log = logging.getLogger("proxy.serve.workers")
+log = logging.getLogger("proxy.workers")
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _STARTUP_FAILURE = 3  # uvicorn's exit status when the app's lifespan fails to start

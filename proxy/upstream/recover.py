@@ -39,7 +39,7 @@ from proxy.upstream.stream_head import (
 )
 from proxy.upstream.windows import MIN_WINDOW
 
-log = logging.getLogger("proxy.upstream.recover")
+log = logging.getLogger("proxy.recover")
 
 # Statuses an overflow can come back with (overflow.py has the rules).
 RECOVERABLE = frozenset({400, 413, 422, 500, 503})

@@ -17,7 +17,7 @@ from proxy.upstream.client import UpstreamResponse
 from proxy.upstream.headers import response_headers
 
 # Named for what broke (the upstream's answer), as it was before relaying had a module.
-log = logging.getLogger("proxy.upstream.client")
+log = logging.getLogger("proxy.upstream")
 
 # Responses bigger than this (or of unknown size) are streamed, not buffered.
 _BUFFER_LIMIT = 1024 * 1024

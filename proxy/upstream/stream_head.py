@@ -34,7 +34,7 @@ from proxy.upstream.client import UpstreamResponse
 from proxy.upstream.headers import response_headers
 from proxy.upstream.overflow import Overflow, classify_error
 
-log = logging.getLogger("proxy.upstream.recover")
+log = logging.getLogger("proxy.recover")
 
 # Past this much head without a first event, the stream is not one we can classify.
 MAX_HEAD_BYTES = 256 * 1024

@@ -45,7 +45,7 @@ from proxy.core.models import ResolvedModel
 from proxy.observe.metrics import Metrics
 from proxy.store import WindowStore
 
-log = logging.getLogger("proxy.upstream.windows")
+log = logging.getLogger("proxy.windows")
 
 _LOCAL_S = 5.0
 _LOCAL_LIMIT = 10_000  # model names come from clients, capped in bytes at parse
