@@ -1,1 +1,2 @@
-"""Compaction: counting, planning calls, summarizing, snapshots and when to compact."""
+"""Compaction: counting a history, loading snapshots, summarizing under the session's lock,
+and deciding when to compact (and the request-body budget, inflight)."""
