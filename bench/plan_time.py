@@ -17,10 +17,10 @@ import statistics
 import time
 from typing import Any
 
-from proxy.budget import Budget
-from proxy.plan import plan_compaction
+from proxy.core.budget import Budget
+from proxy.core.plan import plan_compaction
+from proxy.core.view import View, result_flags
 from proxy.types import ChatMessage
-from proxy.view import View, result_flags
 
 SIZES = (1_000, 5_000, 10_000, 50_000)
 _FRESH = View(covered=1, summary_tokens=0, elide_before=1)

@@ -245,8 +245,8 @@ class Conversation:
 
 
 def run_config(config: Config, min_compactions: int, max_turns: int, workdir: Path) -> Row:
-    from proxy.encodings import load_encoders
-    from proxy.tokens import TokenCounter
+    from proxy.core.encodings import load_encoders
+    from proxy.core.tokens import TokenCounter
 
     counter = TokenCounter(load_encoders(["cl100k_base"])["cl100k_base"])
     started = time.monotonic()

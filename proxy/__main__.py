@@ -16,7 +16,7 @@ log = logging.getLogger("proxy")
 def _check_config(settings: Settings) -> None:
     import asyncio
 
-    from proxy.assemble import load_models
+    from proxy.services import load_models
 
     # The model table and tokenizers, built as the server's lifespan builds them.
     table, encoders = asyncio.run(load_models(settings))
@@ -48,7 +48,7 @@ def _print_learned_windows(settings: Settings) -> None:
         return
     from proxy.errors import StoreError
     from proxy.store.redis import RedisStore
-    from proxy.windows import parse_window_key
+    from proxy.upstream.windows import parse_window_key
 
     async def read() -> dict[str, int]:
         store = RedisStore(settings.store.url, settings.store.ttl_s, prefix=settings.store.prefix)
@@ -76,7 +76,7 @@ def _print_learned_windows(settings: Settings) -> None:
 
 def _setup_logging(settings: LoggingSettings) -> None:
     """JSON lines or text for the ``proxy`` loggers (``logging`` in the config)."""
-    from proxy.logs import configure_logging
+    from proxy.observe.logs import configure_logging
 
     configure_logging(settings)
 
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 update={"server": settings.server.model_copy(update=server)}
             )
         _setup_logging(settings.logging)
-        from proxy.server import serve as serve_proxy
+        from proxy.serve.server import serve as serve_proxy
 
         return serve_proxy(settings)
     except ConfigError as exc:

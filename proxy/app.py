@@ -14,18 +14,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy import admin_api, pipeline, responses, sessions_api
-from proxy.assemble import build_services
+from proxy import pipeline
 from proxy.config import Settings
-from proxy.endpoints import endpoint
+from proxy.core.outcome import rejected_headers
+from proxy.core.session import has_credential
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, Overloaded, ProxyError
-from proxy.metrics import CONTENT_TYPE_LATEST
-from proxy.outcome import rejected_headers
-from proxy.record import RecordRequests, record_of
-from proxy.recorder import Recorder
-from proxy.services import Services
-from proxy.session import has_credential
-from proxy.shutdown import Drain
+from proxy.observe.metrics import CONTENT_TYPE_LATEST
+from proxy.observe.record import RecordRequests, record_of
+from proxy.observe.recorder import Recorder
+from proxy.routes import admin_api, responses, sessions_api
+from proxy.routes.endpoints import endpoint
+from proxy.serve.shutdown import Drain
+from proxy.services import Services, build_services
 
 log = logging.getLogger("proxy.app")
 
@@ -178,7 +178,7 @@ ROUTES = [
 def create_app(settings: Settings, drain: Drain | None = None) -> Starlette:
     """The proxy as an ASGI app; its services open and close with its lifespan.
 
-    ``drain``: shared with the server that runs the app (proxy.shutdown), which sets it
+    ``drain``: shared with the server that runs the app (proxy.serve.shutdown), which sets it
     when told to stop; the app then fails readiness and hands it its metrics.
     """
     drain = Drain() if drain is None else drain

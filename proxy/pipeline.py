@@ -21,34 +21,34 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from proxy import recover as recovery
-from proxy import upstream
-from proxy.budget import Budget
-from proxy.calibrate import find_prompt_tokens
-from proxy.compact import Job, trigger_for
-from proxy.count import count_history
-from proxy.digest import tenant_seed
-from proxy.disconnect import cancelled_on_disconnect
+from proxy.compaction.compact import Job, trigger_for
+from proxy.compaction.count import count_history
+from proxy.compaction.precompact import run_after
+from proxy.compaction.schedule import scheduled
+from proxy.compaction.snapshots import load_session
+from proxy.core.budget import Budget
+from proxy.core.digest import tenant_seed
+from proxy.core.models import ResolvedModel
+from proxy.core.outcome import Outcome, Turn
+from proxy.core.plan import plan_compaction
+from proxy.core.rebuild import rebuild_outcome
+from proxy.core.session import SessionKey, session_key, session_name, tenant_from_headers
+from proxy.core.tokens import bounded_by, output_reserve
 from proxy.errors import ClientDisconnected
-from proxy.models import ResolvedModel
-from proxy.outcome import Outcome, Turn
-from proxy.overflow import Overflow
-from proxy.parse import parse_chat_request, read_body
-from proxy.plan import plan_compaction
-from proxy.precompact import run_after
-from proxy.rebuild import rebuild_outcome
-from proxy.record import record_of
-from proxy.recover import RECOVERABLE, Attempt, diagnose, learn_window, lower_output, retry_once
-from proxy.relay import relay
-from proxy.route import Route
-from proxy.schedule import scheduled
+from proxy.observe.record import record_of
+from proxy.routes.parse import parse_chat_request, read_body
+from proxy.routes.route import Route
 from proxy.services import Services
-from proxy.session import SessionKey, session_key, session_name, tenant_from_headers
-from proxy.snapshots import load_session
-from proxy.stream_head import Held, Recovery, respond
-from proxy.tokens import bounded_by, output_reserve
 from proxy.types import ChatMessage
-from proxy.urls import passthrough_url, upstream_url
+from proxy.upstream import client as upstream
+from proxy.upstream import recover as recovery
+from proxy.upstream.calibrate import find_prompt_tokens
+from proxy.upstream.disconnect import cancelled_on_disconnect
+from proxy.upstream.overflow import Overflow
+from proxy.upstream.recover import RECOVERABLE, Attempt, diagnose, lower_output
+from proxy.upstream.relay import relay
+from proxy.upstream.stream_head import Held, Recovery, respond
+from proxy.upstream.urls import passthrough_url, upstream_url
 
 # Bodies above this are parsed in a worker thread, so the loop keeps serving others.
 PARSE_INLINE_BYTES = 1024 * 1024
@@ -226,7 +226,7 @@ async def _second_attempt(
             return None
         second = Attempt(lowered, first.outcome)
     else:
-        window, stated = await learn_window(services, turn, first, verdict)
+        window, stated = await recovery.learn_window(services, turn, first, verdict)
         model = replace(turn.model, context_window=window)
         view = compacted_view(services, replace(turn, model=model), recover=True)
         outcome = await recovery.retry_view(view, stated=stated)
@@ -235,7 +235,7 @@ async def _second_attempt(
             return None
         second = Attempt(body, outcome)
     turn.record.sending(second.outcome)
-    return await retry_once(services, verdict, second, route.headers, route.url)
+    return await recovery.retry_once(services, verdict, second, route.headers, route.url)
 
 
 def _outgoing_body(turn: Turn, outcome: Outcome) -> bytes:

@@ -1,23 +1,33 @@
-"""The long-lived objects a request needs, built once per app by ``build_services``."""
+"""The long-lived objects a request needs (``Services``), and the composition root that
+builds them once per app: ``build_services(settings)``.
+
+The app's lifespan and ``check-config`` both assemble through here, so what
+``check-config`` validates (the model table, the tokenizers) is built exactly
+as the server builds it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 
-from proxy.calibrate import Calibration
-from proxy.compact import Compactor
+from proxy.compaction.compact import Compactor
+from proxy.compaction.inflight import BodyBudget
+from proxy.compaction.precompact import Precompactor
+from proxy.compaction.schedule import Schedule
+from proxy.compaction.sightings import SessionSightings
 from proxy.config import Settings
-from proxy.headers import HeaderPolicy
-from proxy.inflight import BodyBudget
-from proxy.metrics import Metrics
-from proxy.models import ModelTable
-from proxy.precompact import Precompactor
-from proxy.schedule import Schedule
-from proxy.sightings import SessionSightings
-from proxy.store import Store
-from proxy.tokens import TokenCounter
-from proxy.upstream import Upstream
-from proxy.windows import LearnedWindows
+from proxy.core.encodings import Encoder, load_encoders
+from proxy.core.models import ModelTable
+from proxy.core.tokens import TokenCounter
+from proxy.observe.metrics import Metrics
+from proxy.store import Store, build_store
+from proxy.upstream.calibrate import Calibration
+from proxy.upstream.client import Upstream, UpstreamClient
+from proxy.upstream.headers import HeaderPolicy
+from proxy.upstream.windows import LearnedWindows, WindowPolicy
 
 
 @dataclass(slots=True)
@@ -45,3 +55,60 @@ class Services:
             await self.store.aclose()
         finally:
             await self.client.aclose()
+
+
+async def load_models(settings: Settings) -> tuple[ModelTable, dict[str, Encoder]]:
+    """The model table and one encoder per tokenizer it names (``ConfigError`` if unknown)."""
+    models = ModelTable(settings)
+    # A model family's tokenizer that no configured model names is loaded in case a
+    # client asks for such a model; should it be approximated, that is said then.
+    unnamed = models.tokenizers() - models.configured_tokenizers()
+    # Tokenizer files load in a thread: seconds of CPU and disk, never on the loop.
+    encoders = await asyncio.to_thread(
+        partial(load_encoders, sorted(models.tokenizers()), quiet=unnamed)
+    )
+    models.announce_on_first_use({name: encoders[name] for name in unnamed})
+    return models, encoders
+
+
+async def build_services(settings: Settings) -> Services:
+    """Everything a request needs, with metrics of its own; the caller must ``aclose`` it.
+
+    Must run inside the event loop that will serve (the upstream client binds to it).
+    If building fails half-way, whatever was already opened is closed again.
+    """
+    metrics = Metrics.create()
+    models, encoders = await load_models(settings)
+    metrics.learned_window.entry_of = models.entry_of
+    counters = {name: TokenCounter(enc) for name, enc in encoders.items()}
+    async with AsyncExitStack() as opened:
+        client = UpstreamClient(settings)
+        opened.push_async_callback(client.aclose)
+        store = build_store(settings, metrics)
+        opened.push_async_callback(store.aclose)
+        compactor = Compactor(
+            settings=settings,
+            store=store,
+            counters=counters,
+            client=client,
+            models=models,
+            metrics=metrics,
+        )
+        services = Services(
+            settings=settings,
+            client=client,
+            headers=HeaderPolicy(settings),
+            models=models,
+            store=store,
+            counters=counters,
+            calibration=Calibration(),
+            schedule=Schedule(force_interval_s=settings.compaction.force_interval_s),
+            compactor=compactor,
+            precompactor=Precompactor(settings.compaction, compactor, metrics),
+            sightings=SessionSightings(store),
+            windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics),
+            metrics=metrics,
+            bodies=BodyBudget(settings.server),
+        )
+        opened.pop_all()  # built: from here on, closing is Services.aclose's
+    return services

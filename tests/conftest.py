@@ -112,9 +112,9 @@ def run_server(app: Any) -> Iterator[str]:
 
 @contextmanager
 def run_proxy(settings: Any, app: Any = None) -> Iterator[str]:
-    """Serve the proxy as production does (proxy.server's protocol and limits);
+    """Serve the proxy as production does (proxy.serve.server's protocol and limits);
     ``app``: the proxy's app wrapped by the test (default: ``create_app(settings)``)."""
-    from proxy.server import uvicorn_config
+    from proxy.serve.server import uvicorn_config
 
     config = uvicorn_config(settings, app, host="127.0.0.1", port=0, log_level="warning")
     with _run_config(config) as url:

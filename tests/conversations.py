@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.plan import next_group_start
+from proxy.core.plan import next_group_start
 from proxy.types import ChatMessage, ToolCall
 
 

@@ -1,7 +1,7 @@
 """In-process fakes for the orchestration tests: the upstream behind its seam, and a clock.
 
-``FakeUpstream`` stands where ``proxy.upstream.UpstreamClient`` stands (it satisfies
-``proxy.upstream.Upstream``) and answers from scripts: the proxy's own summary calls
+``FakeUpstream`` stands where ``proxy.upstream.client.UpstreamClient`` stands (it satisfies
+``proxy.upstream.client.Upstream``) and answers from scripts: the proxy's own summary calls
 (they carry ``x-compaction-purpose: summarize``) from one queue, every other call from
 another, a default answer when a queue is empty. An answer may wait for an
 ``asyncio.Event`` (to hold a summary in flight while other requests arrive), fail to
@@ -12,7 +12,7 @@ them from ``tests/fixtures/overflow/cases.json``). Every call is recorded.
 ``sleep``) are given: time passes only when a test says so, or, with
 ``advance_on_sleep``, by exactly what the code under test sleeps.
 
-``make_services`` assembles what ``proxy.assemble.build_services`` does, around
+``make_services`` assembles what ``proxy.services.build_services`` does, around
 these fakes and an in-process store: no server, no socket. ``conversation`` makes
 histories sized against the fake model's 4k window, ``turn_of`` a request of them.
 """
@@ -32,29 +32,29 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from proxy.calibrate import Calibration
-from proxy.compact import Compactor
+from proxy.compaction.compact import Compactor
+from proxy.compaction.inflight import BodyBudget
+from proxy.compaction.precompact import Precompactor
+from proxy.compaction.schedule import Schedule
+from proxy.compaction.sightings import SessionSightings
+from proxy.compaction.summarize import PURPOSE_HEADER
 from proxy.config import Settings
-from proxy.encodings import EstimateEncoder
+from proxy.core.encodings import EstimateEncoder
+from proxy.core.models import ModelTable
+from proxy.core.outcome import Turn
+from proxy.core.tokens import TokenCounter
 from proxy.errors import UpstreamError
-from proxy.headers import HeaderPolicy
-from proxy.inflight import BodyBudget
-from proxy.metrics import Metrics
-from proxy.models import ModelTable
-from proxy.outcome import Turn
+from proxy.observe.metrics import Metrics
+from proxy.observe.record import Record
 from proxy.pipeline import effective_model
-from proxy.precompact import Precompactor
-from proxy.record import Record
-from proxy.schedule import Schedule
 from proxy.services import Services
-from proxy.sightings import SessionSightings
 from proxy.store import Store
 from proxy.store.memory import MemoryStore
-from proxy.summarize import PURPOSE_HEADER
-from proxy.tokens import TokenCounter
 from proxy.types import ChatMessage
-from proxy.upstream import UpstreamResponse
-from proxy.windows import LearnedWindows, WindowPolicy
+from proxy.upstream.calibrate import Calibration
+from proxy.upstream.client import UpstreamResponse
+from proxy.upstream.headers import HeaderPolicy
+from proxy.upstream.windows import LearnedWindows, WindowPolicy
 from tests.faulty_upstream import handoff
 
 _CASES = Path(__file__).parent / "fixtures" / "overflow" / "cases.json"

@@ -98,7 +98,7 @@ Behaviour = Callable[["FaultyUpstream", Exchange], Awaitable[None]]
 
 
 def handoff(note: str = "none") -> str:
-    """A summary the proxy's check keeps (proxy/summary_check.py: the headings it asks
+    """A summary the proxy's check keeps (proxy/core/summary_check.py: the headings it asks
     for, none of its instructions' words, not degenerately short), carrying ``note``."""
     return (
         f"## Active task\n{note}\n"

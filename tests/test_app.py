@@ -10,9 +10,9 @@ from pydantic import SecretStr
 from starlette.testclient import TestClient
 
 from proxy.app import create_app
-from proxy.assemble import build_services, load_models
 from proxy.config import Settings
 from proxy.errors import ConfigError
+from proxy.services import build_services, load_models
 
 
 def _open_sessions() -> set[int]:

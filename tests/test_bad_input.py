@@ -239,7 +239,7 @@ def test_too_many_messages_is_a_400(small_window_proxy: str) -> None:
 
 def test_max_messages_is_the_callers_limit() -> None:
     from proxy.errors import InvalidRequest
-    from proxy.parse import parse_chat_request
+    from proxy.routes.parse import parse_chat_request
 
     chat = {"model": "m", "messages": [{"role": "user", "content": "x"}] * 11}
     with pytest.raises(InvalidRequest) as raised:

@@ -28,10 +28,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.errors import InvalidRequest
-from proxy.parse import parse_chat_request
-from proxy.recorder import LOGGED_VALUE_CHARS, clipped
-from proxy.responses import parse_responses_request
-from proxy.series import ModelGauge, status_label
+from proxy.observe.recorder import LOGGED_VALUE_CHARS, clipped
+from proxy.observe.series import ModelGauge, status_label
+from proxy.routes.parse import parse_chat_request
+from proxy.routes.responses import parse_responses_request
 from tests.conftest import proxy_settings, run_server
 from tests.faulty_upstream import completion
 from tests.processes import serve_process

@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from proxy.calibrate import Calibration, find_input_tokens, find_prompt_tokens
-from proxy.metrics import Metrics
+from proxy.observe.metrics import Metrics
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.store.memory import MemoryStore
-from proxy.windows import LearnedWindows, WindowPolicy, window_key
+from proxy.upstream.calibrate import Calibration, find_input_tokens, find_prompt_tokens
+from proxy.upstream.windows import LearnedWindows, WindowPolicy, window_key
 from tests.conftest import run_server
 from tests.test_compaction import FILLER, Chat, small_window_settings, stats
 
@@ -58,9 +58,9 @@ def test_factor_tracks_undercounting_and_ignores_overcounting() -> None:
 def test_ratios_are_bounded_and_forget_the_least_recently_used_model(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import proxy.calibrate
+    import proxy.upstream.calibrate
 
-    monkeypatch.setattr(proxy.calibrate, "_KEYS_LIMIT", 2)  # clients choose model names
+    monkeypatch.setattr(proxy.upstream.calibrate, "_KEYS_LIMIT", 2)  # clients choose model names
     cal = Calibration()
     cal.observe("t", "kept", ours=1000, theirs=1500)
     cal.observe("t", "invented-1", ours=1000, theirs=1500)

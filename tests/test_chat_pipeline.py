@@ -17,11 +17,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
 
+from proxy.core.session import tenant_from_headers
 from proxy.errors import ClientDisconnected
 from proxy.pipeline import handle_chat, handle_passthrough
-from proxy.responses import handle_responses
+from proxy.routes.responses import handle_responses
 from proxy.services import Services
-from proxy.session import tenant_from_headers
 from proxy.types import ChatMessage
 from tests.fakes import (
     MODEL,

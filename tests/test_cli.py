@@ -176,7 +176,7 @@ def test_the_installed_console_script_serves_from_environment_alone(sim_reset: s
 def test_serve_applies_the_client_limits_from_the_config(
     sim_reset: str, spawn_proxy: Callable[[dict[str, Any]], str]
 ) -> None:
-    """`serve` runs proxy.server's protocol: server.max_header_bytes comes from the YAML."""
+    """`serve` runs proxy.serve.server's protocol: server.max_header_bytes comes from the YAML."""
     import httpx
 
     config = {"upstream": {"base_url": f"{sim_reset}/v1"}, "server": {"max_header_bytes": 2048}}

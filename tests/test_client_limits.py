@@ -1,7 +1,7 @@
 """Issue 8: slow and hostile clients are bounded; SIGTERM has a deadline.
 
 Real sockets on 127.0.0.1 against the proxy served as production serves it
-(proxy.server's protocol, via the conftest fixtures).
+(proxy.serve.server's protocol, via the conftest fixtures).
 """
 
 from __future__ import annotations

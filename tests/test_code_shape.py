@@ -9,12 +9,12 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "proxy"
 MAX_PARAMETERS = 6
 MAX_LINES = 300
-# The simulator is a test double, and overflow.py is mostly the providers' error
+# The simulator is a test double, and upstream/overflow.py is mostly the providers' error
 # wordings and their fixtures: data, not logic to follow.
-EXEMPT = ("simulator/", "overflow.py")
+EXEMPT = ("simulator/", "upstream/overflow.py")
 # Over the limit today: they may shrink, not grow. Remove an entry once its module is
-# split. metrics.py is the declaration of every series, one block each, in one place.
-CEILINGS = {"metrics.py": 332}
+# split. observe/metrics.py is the declaration of every series, one block each, in one place.
+CEILINGS = {"observe/metrics.py": 332}
 
 
 def modules() -> list[tuple[str, Path]]:

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import Metrics
+from proxy.observe.metrics import Metrics
 from proxy.store.memory import MemoryStore
 from proxy.store.resilient import ResilientStore
 from tests.conftest import proxy_settings

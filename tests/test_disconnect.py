@@ -106,7 +106,7 @@ async def test_watching_for_a_disconnect_leaves_no_reference_cycle() -> None:
     import asyncio
     import gc
 
-    from proxy.disconnect import cancelled_on_disconnect
+    from proxy.upstream.disconnect import cancelled_on_disconnect
 
     async def never_disconnects() -> dict[str, Any]:
         await asyncio.Event().wait()

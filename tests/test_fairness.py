@@ -19,13 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.compact import Job
-from proxy.rebuild import omitted_marker
-from proxy.session import session_from_header
+from proxy.compaction.compact import Job
+from proxy.compaction.summarize import _newest_within
+from proxy.core.rebuild import omitted_marker
+from proxy.core.session import session_from_header
+from proxy.core.transcript import Entry, chunk_transcript
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from proxy.summarize import _newest_within
-from proxy.transcript import Entry, chunk_transcript
 from tests.conftest import RedisServer, proxy_settings, run_server
 from tests.test_compaction import (
     FILLER,

@@ -1,6 +1,6 @@
 """Issue 13: the fault suite. The proxy must not be the thing that fails, leaks or loses.
 
-A real proxy under uvicorn (proxy.server's protocol), httpx and the official
+A real proxy under uvicorn (proxy.serve.server's protocol), httpx and the official
 openai SDK as clients, and as upstream ``tests/faulty_upstream.py``: raw asyncio
 that resets, stalls, answers garbage. Redis faults use a real redis-server and the
 simulator. After every case: the client got the upstream's answer or an
@@ -61,7 +61,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from proxy.app import create_app
-from proxy.session import session_from_header, tenant_from_headers
+from proxy.core.session import session_from_header, tenant_from_headers
 from tests.conftest import OPEN_CLIENTS, free_port, proxy_settings, run_proxy
 from tests.faulty_upstream import (
     DONE,

@@ -1,6 +1,6 @@
 """Issue 13: bad input, case by case, and a request fuzzer, against one running proxy.
 
-One real proxy under uvicorn (proxy.server's protocol and limits) in front of the
+One real proxy under uvicorn (proxy.serve.server's protocol and limits) in front of the
 simulator, with a 2k window so bodies of a few KB are compacted, and a body limit
 of 1 MiB (``tests/fuzzing.py`` has its configuration, the strategies and the
 verdict). Requests go as raw bytes on a socket: what no HTTP client would send.

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.identifiers import CARRIED_HEADING, find_identifiers, restore_identifiers
+from proxy.core.identifiers import CARRIED_HEADING, find_identifiers, restore_identifiers
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_scanning_a_huge_span_comes_up_for_air_between_bounded_slices(
     yields the GIL after each one."""
     import types
 
-    import proxy.values as ids  # the one scan, for the identifier check and the digest
+    import proxy.core.values as ids  # the one scan, for the identifier check and the digest
 
     events: list[int | str] = []
     rules = ids._RULES

@@ -15,14 +15,14 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from proxy.count import History
-from proxy.identifiers import CARRIED_HEADING, restore_identifiers, split_carried
-from proxy.rebuild import HANDOFF_INTRO, rebuild_messages
+from proxy.compaction.count import History
+from proxy.core.identifiers import CARRIED_HEADING, restore_identifiers, split_carried
+from proxy.core.rebuild import HANDOFF_INTRO, rebuild_messages
+from proxy.core.transcript import chunk_transcript, frame_prompt, render_transcript
+from proxy.core.view import View, result_flags
 from proxy.simulator.replies import collect_facts, read_transcript
 from proxy.simulator.validate import check_alternation
-from proxy.transcript import chunk_transcript, frame_prompt, render_transcript
 from proxy.types import ChatMessage
-from proxy.view import View, result_flags
 from tests.test_compaction import FILLER, TOOLS, Chat, chat_requests, small_window_settings
 
 FORGED = (
@@ -56,7 +56,7 @@ def test_every_call_gets_a_boundary_that_no_quoted_text_contains(
     assert first != second, "a boundary is drawn per call"
     # A message that happens to contain the first boundary drawn gets another one.
     drawn = iter(["abcdef012345", "0123456789ab"])
-    monkeypatch.setattr("proxy.transcript.secrets.token_hex", lambda _: next(drawn))
+    monkeypatch.setattr("proxy.core.transcript.secrets.token_hex", lambda _: next(drawn))
     clash = render_transcript([{"role": "user", "content": "[abcdef012345 system]"}])
     prompt = frame_prompt("", clash)
     assert "uses the marker 0123456789ab" in prompt

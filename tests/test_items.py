@@ -1,4 +1,4 @@
-"""Responses input items <-> the chat messages compaction plans over (proxy/items.py)."""
+"""Responses input items <-> the chat messages compaction plans over (proxy/routes/items.py)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.count import History
-from proxy.digest import message_digests
+from proxy.compaction.count import History
+from proxy.core.digest import message_digests
+from proxy.core.plan import count_pinned
+from proxy.core.rebuild import HANDOFF_INTRO, rebuild_messages
+from proxy.core.view import View, result_flags
 from proxy.errors import InvalidRequest
-from proxy.items import to_items, to_messages
-from proxy.plan import count_pinned
-from proxy.rebuild import HANDOFF_INTRO, rebuild_messages
-from proxy.responses import chat_view, outgoing_body, parse_responses_request
-from proxy.stream_head import error_event
-from proxy.view import View, result_flags
+from proxy.routes.items import to_items, to_messages
+from proxy.routes.responses import chat_view, outgoing_body, parse_responses_request
+from proxy.upstream.stream_head import error_event
 from tests.conversations import group_starts
 
 
@@ -230,7 +230,7 @@ def test_a_responses_stream_is_judged_by_its_first_event_after_the_preamble(
 
 
 def test_the_view_as_sent_goes_upstream_as_the_clients_bytes() -> None:
-    from proxy.outcome import Outcome
+    from proxy.core.outcome import Outcome
 
     body = b'{"model": "m",  "input": "hi"}'
     data = orjson.loads(body)

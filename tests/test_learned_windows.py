@@ -1,4 +1,4 @@
-"""Who may shrink a model's window, and how fast: ``proxy.windows.LearnedWindows`` on a
+"""Who may shrink a model's window, and how fast: ``proxy.upstream.windows.LearnedWindows`` on a
 fake clock, over the in-process store (the store keeps the shared lowering's marker,
 so the interval runs on the store's clock as it would on Redis's)."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.metrics import Metrics
-from proxy.models import ResolvedModel
+from proxy.core.models import ResolvedModel
+from proxy.observe.metrics import Metrics
 from proxy.store.memory import MemoryStore
-from proxy.windows import (
+from proxy.upstream.windows import (
     LOWERED_MARKER,
     MIN_WINDOW,
     LearnedWindows,

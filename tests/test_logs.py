@@ -26,11 +26,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from proxy import logs
 from proxy.config import LoggingSettings
-from proxy.logs import REQUEST_ID, configure_logging, write_request_line
-from proxy.recorder import api_resource
-from proxy.request_id import request_id_from
+from proxy.observe import logs
+from proxy.observe.logs import REQUEST_ID, configure_logging, write_request_line
+from proxy.observe.recorder import api_resource
+from proxy.observe.request_id import request_id_from
 from tests.conftest import OPEN_CLIENTS, free_port, proxy_settings, run_server
 from tests.processes import CHAT, SlowStream, serve_process
 from tests.test_compaction import WINDOW, small_window_settings, upstream_requests
@@ -175,7 +175,7 @@ def test_the_level_applies_to_the_proxy_and_other_libraries_stay_at_warnings(
 _FORKED_WORKER = """
 import logging, multiprocessing
 from proxy.config import LoggingSettings
-from proxy.logs import configure_logging
+from proxy.observe.logs import configure_logging
 
 def leave():
     logging.getLogger("proxy.test").warning("last words")  # then the process ends at once

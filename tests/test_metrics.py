@@ -15,9 +15,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import Metrics
-from proxy.recorder import _FastCounter, _FastHistogram
-from proxy.session import SessionKey
+from proxy.core.session import SessionKey
+from proxy.observe.metrics import Metrics
+from proxy.observe.recorder import _FastCounter, _FastHistogram
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
@@ -279,7 +279,7 @@ def _samples(metrics: Metrics) -> Samples:
 
 def test_the_recorders_fast_observe_matches_prometheus_clients_own() -> None:
     """Each request's series are observed through prometheus-client's internals
-    (proxy.recorder): the same sums and buckets as its public API, bounds included."""
+    (proxy.observe.recorder): the same sums and buckets as its public API, bounds included."""
     ours, theirs = Metrics.create(), Metrics.create()
     fast = _FastHistogram(ours.added_latency.labels(route="chat"))
     public = theirs.added_latency.labels(route="chat")

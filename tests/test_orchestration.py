@@ -1,5 +1,5 @@
 """The compaction orchestration in-process: single flight, waiters, re-planning after
-the lock, compare-and-swap, summarizer failures (``proxy.compact``), steps 3-8 of
+the lock, compare-and-swap, summarizer failures (``proxy.compaction.compact``), steps 3-8 of
 ``proxy.pipeline``.
 
 The upstream is ``tests.fakes.FakeUpstream`` behind the ``Upstream`` seam and time is a
@@ -18,15 +18,15 @@ from typing import TypeVar
 import orjson
 import pytest
 
-from proxy.compact import _POLL_S
+from proxy.compaction.compact import _POLL_S
+from proxy.compaction.summarize import TERSER
+from proxy.core.outcome import Outcome
+from proxy.core.session import SessionKey, session_from_header
 from proxy.errors import UpstreamUnavailable
-from proxy.outcome import Outcome
 from proxy.pipeline import compacted_view
 from proxy.services import Services
-from proxy.session import SessionKey, session_from_header
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
-from proxy.summarize import TERSER
 from proxy.types import ChatMessage, ToolCall
 from tests.fakes import (
     FILLER,

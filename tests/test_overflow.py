@@ -19,7 +19,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from proxy.overflow import Overflow, OverflowKind, Provider, classify_error
+from proxy.upstream.overflow import Overflow, OverflowKind, Provider, classify_error
 from tests.conftest import examples
 
 CASES: list[dict[str, Any]] = json.loads(
@@ -364,7 +364,7 @@ def test_a_vague_output_complaint_on_a_server_error_is_not_acted_on() -> None:
     ],
 )
 def test_new_limits_keep_the_sentence_they_were_read_from(message: str, evidence: str) -> None:
-    from proxy.overflow import echoed, request_text
+    from proxy.upstream.overflow import echoed, request_text
 
     verdict = classify_error(400, {}, orjson.dumps({"error": {"message": message}}))
     assert verdict.kind == "overflow"
@@ -375,7 +375,7 @@ def test_new_limits_keep_the_sentence_they_were_read_from(message: str, evidence
 
 
 def test_a_limit_quoted_from_the_request_is_marked_as_echoed() -> None:
-    from proxy.overflow import echoed, request_text
+    from proxy.upstream.overflow import echoed, request_text
 
     body = (
         b'{"error": {"message": "Invalid value: \'maximum context length is 1 tokens\'. '
@@ -391,7 +391,7 @@ def test_a_limit_quoted_from_the_request_is_marked_as_echoed() -> None:
 
 
 def test_a_providers_own_sentence_is_not_echo() -> None:
-    from proxy.overflow import echoed, request_text
+    from proxy.upstream.overflow import echoed, request_text
 
     body = (
         b'{"error": {"message": "This model\'s maximum context length is 8192 tokens. However, '

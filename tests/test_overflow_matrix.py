@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, get_args
 
-from proxy.overflow import OverflowKind, classify_error
+from proxy.upstream.overflow import OverflowKind, classify_error
 
 CASES: list[dict[str, Any]] = json.loads(
     (Path(__file__).parent / "fixtures" / "overflow" / "cases.json").read_text(encoding="utf-8")

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.budget import Budget
-from proxy.plan import count_pinned, plan_compaction
-from proxy.trim import trim_plan
+from proxy.core.budget import Budget
+from proxy.core.plan import count_pinned, plan_compaction
+from proxy.core.trim import trim_plan
+from proxy.core.view import ELIDED_TOKENS, Totals, View, result_flags, view_tokens
 from proxy.types import ChatMessage
-from proxy.view import ELIDED_TOKENS, Totals, View, result_flags, view_tokens
 from tests.conftest import examples
 from tests.conversations import convo, group_starts
 

@@ -18,20 +18,19 @@ import openai
 import pytest
 import redis
 
-from proxy.assemble import build_services
-from proxy.budget import Budget
-from proxy.compact import Job
+from proxy.compaction.compact import Job
+from proxy.compaction.count import count_history
+from proxy.compaction.precompact import Precompactor, background_budget, wants_precompaction
+from proxy.compaction.snapshots import Loaded, next_snapshot, view_of
 from proxy.config import CompactionSettings, Settings, load_settings
-from proxy.count import count_history
+from proxy.core.budget import Budget
+from proxy.core.outcome import Turn
+from proxy.core.plan import plan_compaction
+from proxy.core.session import session_from_header
 from proxy.errors import ConfigError
-from proxy.outcome import Turn
-from proxy.plan import plan_compaction
-from proxy.precompact import Precompactor, background_budget, wants_precompaction
-from proxy.services import Services
-from proxy.session import session_from_header
+from proxy.services import Services, build_services
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from proxy.snapshots import Loaded, next_snapshot, view_of
 from tests.conftest import RedisServer, run_proxy, run_server
 from tests.test_compaction import FILLER, WINDOW, Chat, small_window_settings, stats
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.budget import Budget
-from proxy.count import History
-from proxy.omitted import elided_values
-from proxy.plan import count_pinned, plan_compaction
-from proxy.rebuild import (
+from proxy.compaction.count import History
+from proxy.core.budget import Budget
+from proxy.core.omitted import elided_values
+from proxy.core.plan import count_pinned, plan_compaction
+from proxy.core.rebuild import (
     ACKNOWLEDGEMENT,
     CONTINUE,
     SummaryRole,
@@ -24,10 +24,10 @@ from proxy.rebuild import (
     omitted_marker,
     rebuild_messages,
 )
+from proxy.core.view import ELIDED_TOKENS, View, result_flags
 from proxy.simulator.errors import SimError
 from proxy.simulator.validate import check_alternation, check_tool_pairing
 from proxy.types import ChatMessage, ToolCall
-from proxy.view import ELIDED_TOKENS, View, result_flags
 from tests.conftest import examples
 from tests.conversations import convo
 

@@ -16,8 +16,14 @@ import orjson
 import pytest
 import redis
 
-from proxy.digest import LEGACY_ANCHOR, legacy_digests, message_digests, prefix_hash, tenant_seed
-from proxy.session import SessionKey
+from proxy.core.digest import (
+    LEGACY_ANCHOR,
+    legacy_digests,
+    message_digests,
+    prefix_hash,
+    tenant_seed,
+)
+from proxy.core.session import SessionKey
 from proxy.store import Snapshot
 from proxy.store.redis import RedisStore
 from tests.conftest import OPEN_CLIENTS, RedisServer

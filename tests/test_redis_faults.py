@@ -16,8 +16,8 @@ import orjson
 import pytest
 import redis
 
-from proxy.metrics import Metrics
-from proxy.session import SessionKey, session_from_header, tenant_from_headers
+from proxy.core.session import SessionKey, session_from_header, tenant_from_headers
+from proxy.observe.metrics import Metrics
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore

@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from proxy.core.session import SessionKey, session_from_header
 from proxy.errors import StoreError
-from proxy.metrics import Metrics
+from proxy.observe.metrics import Metrics
 from proxy.pipeline import compacted_view
 from proxy.services import Services
-from proxy.session import SessionKey, session_from_header
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.store.resilient import COOLDOWN_S, LOG_INTERVAL_S, ResilientStore

@@ -5,10 +5,10 @@ then build logs whose lines carry ``pid=…`` and ``key=session:…``, newest la
 
 from __future__ import annotations
 
-from proxy.identifiers import CARRIED_HEADING, restore_identifiers
-from proxy.omitted import elided_values, omitted_digest
-from proxy.salience import keep_order, tiers
-from proxy.values import find_values
+from proxy.core.identifiers import CARRIED_HEADING, restore_identifiers
+from proxy.core.omitted import elided_values, omitted_digest
+from proxy.core.salience import keep_order, tiers
+from proxy.core.values import find_values
 
 SETTINGS = [
     ("SERVER_PORT", "7939"),

@@ -1,7 +1,7 @@
 """Issue 13: the security suite. One caller must never reach another's data, steer the
 proxy somewhere else, slip a second request past it, or find its secrets in a log.
 
-A real proxy under uvicorn (proxy.server's protocol), in front of the simulator or
+A real proxy under uvicorn (proxy.serve.server's protocol), in front of the simulator or
 of ``tests/faulty_upstream.py`` (raw asyncio, records every header it receives).
 Requests whose bytes matter are written to raw sockets: httpx would normalise them.
 ``Elsewhere`` is a port the proxy must never connect to: it listens, never answers,
@@ -48,7 +48,7 @@ unless another is named; ``[x]`` is a parametrized case):
 
 Scheduled compactions (``POST /sessions/{id}/compact``) are written into the session's
 own snapshot, so they are bounded by the tenant's sessions. The per-process hint that
-lets a scheduled session skip the far-below fast path (``proxy.schedule``, at most
+lets a scheduled session skip the far-below fast path (``proxy.compaction.schedule``, at most
 10,000) is shared: a tenant filling it delays another's schedule until its next turn
 that reads the store, and never fails or blocks a request. The background
 pre-compaction slots (``precompact_concurrency``) are shared fairly: a tenant under its
@@ -77,7 +77,8 @@ import orjson
 import pytest
 import yaml
 
-from proxy import admin_api, upstream
+from proxy.routes import admin_api
+from proxy.upstream import client as upstream
 from tests.conftest import free_port, proxy_settings, run_proxy
 from tests.faulty_upstream import FaultyUpstream, Seen, answer, completion, handoff, stream
 

@@ -9,14 +9,14 @@ import orjson
 import pytest
 
 from proxy.config import SessionSettings
-from proxy.errors import InvalidRequest
-from proxy.session import (
+from proxy.core.session import (
     SessionKey,
     session_from_header,
     session_from_history,
     session_name,
     tenant_of,
 )
+from proxy.errors import InvalidRequest
 from proxy.types import ChatMessage
 
 SYSTEM: ChatMessage = {"role": "system", "content": "You are a helpful assistant."}
@@ -246,8 +246,8 @@ async def test_a_derived_session_of_a_big_body_is_hashed_off_the_loop(
     import threading
 
     from proxy import pipeline
-    from proxy.models import ResolvedModel
-    from proxy.outcome import Turn
+    from proxy.core.models import ResolvedModel
+    from proxy.core.outcome import Turn
 
     on_loop: list[bool] = []
     real = pipeline.session_key

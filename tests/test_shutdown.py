@@ -1,5 +1,5 @@
 """SIGTERM: readiness fails, new connections stop, requests in flight finish or are cut at
-the deadline, the process exits 0 (proxy.shutdown). The proxy runs as its own process
+the deadline, the process exits 0 (proxy.serve.shutdown). The proxy runs as its own process
 (`python -m proxy serve`) in front of the simulator, which streams slowly."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import ServerSettings
-from proxy.server import uvicorn_config
-from proxy.shutdown import Drain, GracefulServer
+from proxy.serve.server import uvicorn_config
+from proxy.serve.shutdown import Drain, GracefulServer
 from tests.conftest import proxy_settings
 from tests.processes import SlowStream, refused, serve_process, wait_until_refused
 

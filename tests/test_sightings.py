@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from proxy.outcome import Outcome
-from proxy.session import session_from_header
-from proxy.sightings import REFRESH_S, SessionSightings
+from proxy.compaction.sightings import REFRESH_S, SessionSightings
+from proxy.core.outcome import Outcome
+from proxy.core.session import session_from_header
 from proxy.store import Sighting
 from proxy.store.memory import MemoryStore
 from tests.fakes import (

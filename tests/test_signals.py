@@ -20,10 +20,10 @@ import openai
 import pytest
 
 from proxy.config import ModelSpec
-from proxy.outcome import Outcome
+from proxy.core.outcome import Outcome
+from proxy.core.session import session_from_header
 from proxy.pipeline import compacted_view
 from proxy.services import Services
-from proxy.session import session_from_header
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.types import ChatMessage

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.logs import TextFormatter
+from proxy.observe.logs import TextFormatter
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from tests.conftest import run_server

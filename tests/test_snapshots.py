@@ -9,17 +9,9 @@ from dataclasses import replace
 import pytest
 from cachetools import LRUCache
 
-from proxy.budget import FRAME_TOKENS, Budget, summary_limit
-from proxy.config import CompactionSettings
-from proxy.count import History
-from proxy.digest import LEGACY_ANCHOR, digests_and_sizes, legacy_digests, prefix_hash
-from proxy.errors import ContextTooLarge
-from proxy.models import ResolvedModel
-from proxy.plan import Plan
-from proxy.rebuild import omitted_marker
-from proxy.schedule import Schedule, scheduled
-from proxy.session import derived_slots, session_from_header, session_from_history
-from proxy.snapshots import (
+from proxy.compaction.count import History
+from proxy.compaction.schedule import Schedule, scheduled
+from proxy.compaction.snapshots import (
     Loaded,
     load_session,
     load_snapshot,
@@ -27,11 +19,19 @@ from proxy.snapshots import (
     valid_snapshot,
     view_of,
 )
+from proxy.config import CompactionSettings
+from proxy.core.budget import FRAME_TOKENS, Budget, summary_limit
+from proxy.core.digest import LEGACY_ANCHOR, digests_and_sizes, legacy_digests, prefix_hash
+from proxy.core.models import ResolvedModel
+from proxy.core.plan import Plan
+from proxy.core.rebuild import omitted_marker
+from proxy.core.session import derived_slots, session_from_header, session_from_history
+from proxy.core.trim import trim_outcome
+from proxy.core.view import View, result_flags
+from proxy.errors import ContextTooLarge
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
-from proxy.trim import trim_outcome
 from proxy.types import ChatMessage
-from proxy.view import View, result_flags
 from tests.conversations import convo
 
 
@@ -82,7 +82,7 @@ def test_a_format_1_anchor_is_checked_against_blake2b_digests() -> None:
 def test_a_format_1_anchor_is_checked_once_per_history(monkeypatch: pytest.MonkeyPatch) -> None:
     """A turn checks its snapshot more than once (under the lock, while it waits on a
     summary); the BLAKE2b pass over the history is paid by the first check only."""
-    import proxy.digest
+    import proxy.core.digest
 
     passes: list[int] = []
 
@@ -90,8 +90,8 @@ def test_a_format_1_anchor_is_checked_once_per_history(monkeypatch: pytest.Monke
         passes.append(len(messages))
         return legacy_digests(messages)
 
-    monkeypatch.setattr(proxy.digest, "legacy_digests", counted)
-    monkeypatch.setattr(proxy.digest, "_legacy_verdicts", LRUCache(16))  # none from before
+    monkeypatch.setattr(proxy.core.digest, "legacy_digests", counted)
+    monkeypatch.setattr(proxy.core.digest, "_legacy_verdicts", LRUCache(16))  # none from before
     messages = convo("s u a u a u a u a u")
     h = history(messages)
     snap = snapshot_of(

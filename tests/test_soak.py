@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.session import SessionKey
+from proxy.core.session import SessionKey
 from proxy.store.redis import RedisStore
 from tests.conftest import RedisServer, _redis_binary, proxy_settings, run_proxy
 from tests.faulty_upstream import Behaviour, Exchange, FaultyUpstream, answer

@@ -8,16 +8,16 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import pairwise
 
-from proxy import omitted
-from proxy.budget import Budget
-from proxy.count import History
-from proxy.digest import digests_and_sizes
-from proxy.identifiers import OMITTED_HEADING
-from proxy.outcome import Outcome
-from proxy.snapshots import Loaded
-from proxy.trim import Cut, trimmed
+from proxy.compaction.count import History
+from proxy.compaction.snapshots import Loaded
+from proxy.core import omitted
+from proxy.core.budget import Budget
+from proxy.core.digest import digests_and_sizes
+from proxy.core.identifiers import OMITTED_HEADING
+from proxy.core.outcome import Outcome
+from proxy.core.trim import Cut, trimmed
+from proxy.core.view import result_flags
 from proxy.types import ChatMessage
-from proxy.view import result_flags
 
 # 100 tokens a message: each turn (a reply and the next question) adds 200. The view
 # re-trims to 1400 once it passes 2000, so a cut holds for two or three turns.

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from proxy.core.session import SessionKey
 from proxy.errors import StoreError
-from proxy.metrics import Metrics
-from proxy.session import SessionKey
+from proxy.observe.metrics import Metrics
 from proxy.store import Sighting, Snapshot, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
@@ -378,7 +378,7 @@ async def test_memory_store_keeps_the_most_recently_used_sessions() -> None:
 
 async def test_build_store_honours_store_max_sessions() -> None:
     from proxy.config import Settings
-    from proxy.metrics import Metrics
+    from proxy.observe.metrics import Metrics
     from proxy.store import build_store
 
     store = build_store(Settings(store={"max_sessions": 2}), Metrics.create())
@@ -480,7 +480,7 @@ async def test_memory_store_holds_max_sessions_summaries_and_no_more() -> None:
 
 async def test_build_store_honours_store_max_sessions_per_tenant() -> None:
     from proxy.config import Settings
-    from proxy.metrics import Metrics
+    from proxy.observe.metrics import Metrics
     from proxy.store import build_store
 
     settings = Settings(store={"max_sessions": 10, "max_sessions_per_tenant": 2})

@@ -18,7 +18,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.stream_head import comments_ahead
+from proxy.upstream.stream_head import comments_ahead
 from tests.conftest import proxy_settings, run_proxy
 from tests.faulty_upstream import DONE, FaultyUpstream, answer, chunk_event, stream
 from tests.test_compaction import chat_requests, stats
@@ -235,7 +235,7 @@ def test_only_comments_before_the_first_event_go_ahead(
 
 
 def test_a_failed_retry_on_a_responses_stream_is_an_error_event_in_its_shape() -> None:
-    from proxy.responses import _stream_error
+    from proxy.routes.responses import _stream_error
 
     error = orjson.loads(OVERFLOW_ERROR)["error"]
     event = _stream_error(error)

@@ -9,7 +9,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.stream_head import error_event
+from proxy.upstream.stream_head import error_event
 from tests.conftest import proxy_settings
 from tests.test_compaction import chat_requests
 

@@ -15,15 +15,15 @@ import httpx
 import orjson
 import pytest
 
+from proxy.compaction.summarize import SummaryRequest, summarize
 from proxy.config import Settings
-from proxy.prompts import CORE, FULL, SIMPLE, TERSER
+from proxy.core.prompts import CORE, FULL, SIMPLE, TERSER
+from proxy.core.transcript import frame_prompt, render_transcript
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.simulator.replies import collect_facts
-from proxy.summarize import SummaryRequest, summarize
-from proxy.transcript import frame_prompt, render_transcript
 from proxy.types import ChatMessage
-from proxy.upstream import UpstreamClient
+from proxy.upstream.client import UpstreamClient
 from tests.conftest import run_server
 from tests.test_compaction import FILLER, WINDOW, Chat, small_window_settings, stats
 

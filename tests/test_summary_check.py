@@ -17,16 +17,16 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from proxy.budget import summary_limit
+from proxy.compaction.summarize import SummaryRequest, summarize
 from proxy.config import CompactionSettings, Settings
+from proxy.core.budget import summary_limit
+from proxy.core.models import ModelTable
+from proxy.core.prompts import CORE, FULL, SIMPLE, prompt_for
+from proxy.core.summary_check import LEGACY_PLACEHOLDER, check_summary
+from proxy.core.transcript import frame_prompt, render_transcript
 from proxy.errors import SummaryRejected, SummaryTruncated
-from proxy.models import ModelTable
-from proxy.prompts import CORE, FULL, SIMPLE, prompt_for
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig, SummaryStyle
-from proxy.summarize import SummaryRequest, summarize
-from proxy.summary_check import LEGACY_PLACEHOLDER, check_summary
-from proxy.transcript import frame_prompt, render_transcript
 from proxy.types import ChatMessage
 from tests.conftest import proxy_settings, run_server
 from tests.fakes import FakeUpstream, summary_reply
@@ -369,7 +369,7 @@ async def test_an_answer_holding_the_calls_marker_is_an_echo(
     """Real 0.5B run (bench/README.md, real models): "The user wants to summarize the
     conversation between tags that carry a marker 05563640" under three headings passed
     every other check and was stored. The marker is in no quoted text: it was copied."""
-    monkeypatch.setattr("proxy.transcript.secrets.token_hex", lambda _: "05563640")
+    monkeypatch.setattr("proxy.core.transcript.secrets.token_hex", lambda _: "05563640")
     copied = GOOD.replace(
         "Answer the questions", "Summarize the tags that carry a marker 05563640 and answer"
     )

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.digest import digests_and_sizes, message_digests, tenant_seed
-from proxy.encodings import Encoder, EstimateEncoder, TiktokenEncoder, load_encoder
-from proxy.tokens import REPLY_PRIMING, TokenCounter, bounded_by, output_reserve, upper_bound
+from proxy.core.digest import digests_and_sizes, message_digests, tenant_seed
+from proxy.core.encodings import Encoder, EstimateEncoder, TiktokenEncoder, load_encoder
+from proxy.core.tokens import REPLY_PRIMING, TokenCounter, bounded_by, output_reserve, upper_bound
 from proxy.types import ChatMessage, ChatRequest
 from tests.conftest import examples
 
@@ -581,9 +581,9 @@ def test_one_tenant_s_cached_counts_are_not_another_s() -> None:
 def test_message_cache_is_bounded_and_forgets_the_oldest_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import proxy.tokens
+    import proxy.core.tokens
 
-    monkeypatch.setattr(proxy.tokens, "_CACHE_LIMIT", 3)
+    monkeypatch.setattr(proxy.core.tokens, "_CACHE_LIMIT", 3)
     spy = CountingEncoder(ENCODER)
     counter = TokenCounter(spy)
     turns: list[ChatMessage] = [{"role": "user", "content": f"TURN-{i}"} for i in range(5)]
@@ -600,9 +600,9 @@ def test_definitions_cache_keeps_the_recently_used_when_full(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Agent loops resend the same tools every turn: those must survive one-off definitions."""
-    import proxy.tokens
+    import proxy.core.tokens
 
-    monkeypatch.setattr(proxy.tokens, "_FIXED_CACHE_LIMIT", 2)
+    monkeypatch.setattr(proxy.core.tokens, "_FIXED_CACHE_LIMIT", 2)
     spy = CountingEncoder(ENCODER)
     counter = TokenCounter(spy)
 
@@ -624,9 +624,9 @@ def test_threads_sharing_a_counter_evicting_at_once_get_exact_counts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Requests counted in worker threads share one cache; evictions must not collide."""
-    import proxy.tokens
+    import proxy.core.tokens
 
-    monkeypatch.setattr(proxy.tokens, "_CACHE_LIMIT", 4)  # every insert evicts
+    monkeypatch.setattr(proxy.core.tokens, "_CACHE_LIMIT", 4)  # every insert evicts
     counter = TokenCounter(EstimateEncoder(name="estimate"))
     batches: list[list[ChatMessage]] = [
         [{"role": "user", "content": f"thread {t} message {i}"} for i in range(3000)]
@@ -671,7 +671,7 @@ def test_bounded_by_agrees_with_upper_bound(
 def test_tool_definitions_count_as_a_template_renders_them_when_asked() -> None:
     """Issue 21: an open model's chat template wraps each tool's spaced JSON in fixed
     instructions; counted so when ``templated`` (cached apart from the plain count)."""
-    from proxy.tokens import TEMPLATE_TOOLS_HEAD, TEMPLATE_TOOLS_TAIL
+    from proxy.core.tokens import TEMPLATE_TOOLS_HEAD, TEMPLATE_TOOLS_TAIL
 
     counter = TokenCounter(ENCODER)
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from proxy.errors import UpstreamStreamBroken, UpstreamTimeout, UpstreamUnavailable
-from proxy.upstream import UpstreamClient, UpstreamResponse
+from proxy.upstream.client import UpstreamClient, UpstreamResponse
 from tests.conftest import proxy_settings
 
 CHUNKS = [b'data: {"n": 0}\n\n', b'data: {"n": 1}\n\n']
@@ -224,7 +224,7 @@ async def test_client_no_headers_within_the_total_timeout_is_a_timeout() -> None
 
 
 def test_only_the_upstream_module_imports_aiohttp() -> None:
-    """upstream.py is the one place that knows the HTTP client."""
+    """upstream/client.py is the one place that knows the HTTP client."""
     package = Path(__file__).resolve().parent.parent / "proxy"
     importers = []
     for path in sorted(package.rglob("*.py")):
@@ -236,4 +236,4 @@ def test_only_the_upstream_module_imports_aiohttp() -> None:
                 names = [node.module]
             if any(n == "aiohttp" or n.startswith("aiohttp.") for n in names):
                 importers.append(path.relative_to(package).as_posix())
-    assert set(importers) == {"upstream.py"}
+    assert set(importers) == {"upstream/client.py"}

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.budget import Budget
-from proxy.count import History
-from proxy.digest import digests_and_sizes
-from proxy.identifiers import CARRIED_HEADING, OMITTED_HEADING, restore_identifiers
-from proxy.omitted import digest_tokens, elided_values, omitted_digest
-from proxy.rebuild import QUOTED_INTRO
-from proxy.snapshots import Loaded
-from proxy.trim import trim_outcome
+from proxy.compaction.count import History
+from proxy.compaction.snapshots import Loaded
+from proxy.core.budget import Budget
+from proxy.core.digest import digests_and_sizes
+from proxy.core.identifiers import CARRIED_HEADING, OMITTED_HEADING, restore_identifiers
+from proxy.core.omitted import digest_tokens, elided_values, omitted_digest
+from proxy.core.rebuild import QUOTED_INTRO
+from proxy.core.trim import trim_outcome
+from proxy.core.values import find_values
+from proxy.core.view import result_flags
 from proxy.types import ChatMessage
-from proxy.values import find_values
-from proxy.view import result_flags
 
 
 def shown(text: str) -> list[str]:

@@ -1,5 +1,6 @@
 """server.workers > 1: worker processes share the port, /metrics sums over all of them, a
-worker that dies is replaced, SIGTERM to the supervisor drains every worker (proxy.workers)."""
+worker that dies is replaced, SIGTERM to the supervisor drains every worker
+(proxy.serve.workers)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy.encodings import load_encoders
+from proxy.core.encodings import load_encoders
 from proxy.simulator.completion import Completion, completion_body, completion_chunks
 from proxy.simulator.config import ModelProfile, SimulatorConfig, resolve_model
 from proxy.simulator.counting import PromptCounter

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
-from proxy.encodings import Encoder
+from proxy.core.encodings import Encoder
 from proxy.simulator.config import ToolFormat
 
 PER_MESSAGE = 3

@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import orjson
 
-from proxy.encodings import Encoder
+from proxy.core.encodings import Encoder
 from proxy.simulator.config import SummaryStyle
 from proxy.simulator.counting import text_of
 from proxy.simulator.structured import structured_text

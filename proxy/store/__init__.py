@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 from proxy.config import Settings
 
 if TYPE_CHECKING:
-    from proxy.metrics import Metrics
-    from proxy.session import SessionKey
+    from proxy.core.session import SessionKey
+    from proxy.observe.metrics import Metrics
 
 
 @dataclass(frozen=True, slots=True)

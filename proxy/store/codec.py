@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from proxy.digest import LEGACY_ANCHOR
+from proxy.core.digest import LEGACY_ANCHOR
 from proxy.errors import ConfigError, StoreError
 from proxy.store import Sighting, Snapshot
 

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-from proxy.session import SessionKey
+from proxy.core.session import SessionKey
 from proxy.store import Sighting, Snapshot
 
 _K = TypeVar("_K", bound=Hashable)

@@ -45,8 +45,8 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
+from proxy.core.session import SessionKey
 from proxy.errors import StoreError
-from proxy.session import SessionKey
 from proxy.store import Sighting, Snapshot, lua
 from proxy.store import redis_scans as scans
 from proxy.store.codec import (
@@ -61,7 +61,7 @@ from proxy.store.codec import (
 )
 
 if TYPE_CHECKING:
-    from proxy.metrics import Metrics
+    from proxy.observe.metrics import Metrics
 
 log = logging.getLogger("proxy.store")
 

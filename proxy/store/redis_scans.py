@@ -6,8 +6,8 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
+from proxy.core.session import SessionKey
 from proxy.errors import StoreError
-from proxy.session import SessionKey
 from proxy.store import Snapshot
 from proxy.store.codec import (
     NewerFormat,

@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from proxy.core.session import SessionKey
 from proxy.errors import StoreError
-from proxy.metrics import Metrics
-from proxy.series import STORE_OPERATIONS
-from proxy.session import SessionKey
+from proxy.observe.metrics import Metrics
+from proxy.observe.series import STORE_OPERATIONS
 from proxy.store import Sighting, Snapshot, Store
 from proxy.store.memory import MemoryStore
 

@@ -1,0 +1,48 @@
+"""Per-session back-off for summaries that keep failing.
+
+A summarizer that fails or is always cut off (``finish_reason: length``) costs
+calls on every turn past the trigger, and each of those turns is trimmed anyway.
+After a failed summary the session's summaries are not asked for again for
+``compaction.summary_backoff_s``, doubling with each failure in a row up to
+``summary_backoff_max_s``; meanwhile its turns are trimmed without a call (counted
+as compactions with outcome ``backoff``). A summary that succeeds ends the back-off.
+Per process: with several replicas each backs off on its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cachetools import LRUCache
+
+from proxy.compaction.schedule import TRACKED_LIMIT
+from proxy.core.session import SessionKey
+
+
+@dataclass(slots=True)
+class SummaryBackoff:
+    first_s: float  # 0: off
+    max_s: float
+    clock: Callable[[], float] = time.monotonic
+    # Per session: until when not to ask, and the failures in a row so far. Kept past
+    # the deadline (so the next failure waits longer); bounded, as clients choose ids.
+    entries: LRUCache[SessionKey, tuple[float, int]] = field(
+        default_factory=lambda: LRUCache(TRACKED_LIMIT)
+    )
+
+    def active(self, key: SessionKey) -> bool:
+        """Whether ``key``'s summaries are not to be asked for now."""
+        entry = self.entries.get(key)
+        return entry is not None and entry[0] > self.clock()
+
+    def failed(self, key: SessionKey) -> None:
+        if self.first_s <= 0:
+            return
+        failures = self.entries[key][1] + 1 if key in self.entries else 1
+        delay = min(self.first_s * 2 ** min(failures - 1, 30), self.max_s)
+        self.entries[key] = (self.clock() + delay, failures)
+
+    def succeeded(self, key: SessionKey) -> None:
+        self.entries.pop(key, None)

@@ -1,0 +1,299 @@
+"""Steps 7-8 for a plan that compacts: summarize under the session's single-flight lock.
+
+One summarization per session at a time, across replicas: the request that
+takes the session's lock re-reads the snapshot (another replica may have
+compacted between its plan and the lock) and plans again from it, folds the
+span into the summary (fold.py), writes the new snapshot (compare-and-swap on the
+version) and rebuilds the messages. Concurrent requests wait, bounded, for that
+result, or use the last valid snapshot. A failing summarizer never fails the
+request: the view falls back to deterministic trimming (trim.py) and
+summarization is retried on a later turn, once the session's back-off after the
+failure has passed (backoff.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
+
+from proxy.compaction.backoff import SummaryBackoff
+from proxy.compaction.count import History
+from proxy.compaction.fold import Folder
+from proxy.compaction.schedule import TRACKED_LIMIT
+from proxy.compaction.snapshots import Loaded, load_snapshot, next_snapshot
+from proxy.compaction.sticky import TrimCuts
+from proxy.config import Settings
+from proxy.core.budget import Budget
+from proxy.core.models import ModelTable
+from proxy.core.outcome import Degraded, Outcome, Turn, counted_as
+from proxy.core.plan import Plan, plan_compaction
+from proxy.core.rebuild import rebuild_outcome
+from proxy.core.session import SessionKey
+from proxy.core.tokens import TokenCounter
+from proxy.core.view import view_tokens
+from proxy.errors import SummaryError
+from proxy.observe.metrics import Metrics
+from proxy.store import LockStore, Snapshot, Snapshots
+from proxy.upstream.client import Upstream
+
+log = logging.getLogger("proxy.compaction")
+
+_POLL_S = 0.05
+
+# What made a session compact: crossing the trigger ratio, X-Compaction: force, the
+# upstream rejecting the request as too long, POST /sessions/{id}/compact, or crossing
+# the pre-compaction ratio (in the background, after an answer: precompact.py).
+Trigger = Literal["threshold", "forced", "overflow_recovery", "scheduled", "precompact"]
+
+
+def trigger_for(*, recover: bool, scheduled: bool, forced: bool) -> Trigger | None:
+    """What asks for a compaction now, whatever the threshold says (None: nothing);
+    a recovery first, since it compacts whatever else was asked."""
+    if recover:
+        return "overflow_recovery"
+    if scheduled:
+        return "scheduled"
+    return "forced" if forced else None
+
+
+class CompactionStore(Snapshots, LockStore, Protocol):
+    """What compaction needs of a store: snapshots, and the lock around summarizing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One request whose plan compacts: built only then, never on the hot path."""
+
+    turn: Turn
+    key: SessionKey
+    history: History
+    budget: Budget
+    trigger: Trigger
+    # Pre-compaction after an answer (precompact.py): nobody waits for it, nor does it wait.
+    background: bool = False
+
+    @property
+    def force(self) -> bool:
+        """Planned with force: something asked for this compaction, not a ratio."""
+        return self.trigger not in ("threshold", "precompact")
+
+
+@dataclass(slots=True)
+class Compactor:
+    """Per-process single-flight state; one per app, built in the lifespan."""
+
+    settings: Settings
+    store: CompactionStore
+    counters: dict[str, TokenCounter]
+    client: Upstream  # summaries are asked of the upstream through it
+    models: ModelTable
+    metrics: Metrics
+    # Sessions whose summarization lock outlived a full wait: until when not to wait again.
+    stalled_locks: OrderedDict[SessionKey, float] = field(default_factory=OrderedDict)
+    # Waiting runs on these: tests pass a fake clock and let time pass without sleeping.
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    backoff: SummaryBackoff = field(init=False)  # sessions whose summaries keep failing
+    trims: TrimCuts = field(init=False)  # sessions' last trimmed cuts, reused (sticky.py)
+    _folder: Folder = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._folder = Folder(self.settings, self.models, self.client, self.counters, self.metrics)
+        c = self.settings.compaction
+        self.backoff = SummaryBackoff(c.summary_backoff_s, c.summary_backoff_max_s, self.clock)
+        self.trims = TrimCuts(c.summary_role)
+
+    async def compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
+        """Carry out ``plan`` (against ``loaded``), once per session at a time; log it."""
+        started = self.clock()
+        job.turn.record.trigger = job.trigger
+        start, end = plan.summarize
+        if start != end and self.backoff.active(job.key):
+            # Its last summary failed: trim without asking (nor taking the lock) this time.
+            outcome = replace(self.trims.for_job(job, loaded), degraded="backoff")
+            self.metrics.compactions.labels(trigger=job.trigger, outcome="backoff").inc()
+            self._log(job, loaded, outcome, started)
+            return outcome
+        outcome = await self._compact(job, loaded, plan)
+        self.metrics.compactions.labels(trigger=job.trigger, outcome=counted_as(outcome)).inc()
+        if outcome.status == "compacted":
+            self.metrics.compactions_by_trigger.labels(trigger="inline").inc()
+        self._log(job, loaded, outcome, started)
+        return outcome
+
+    async def try_compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome | None:
+        """``compact`` for a background job, which nobody waits for: None at once when
+        another request holds the session's lock. A failed summary raises its
+        ``SummaryError`` (nothing to trim for). The caller counts the outcome."""
+        started = self.clock()
+        start, end = plan.summarize
+        if start == end:
+            outcome = await self._compact(job, loaded, plan)  # elision only: no lock
+        else:
+            token = await self.store.acquire(job.key, self._lock_ttl)
+            if token is None:
+                return None
+            outcome = await self._locked(job, loaded, plan, token)
+        self._log(job, loaded, outcome, started)
+        return outcome
+
+    @property
+    def _lock_ttl(self) -> float:
+        return self.settings.compaction.summary_timeout_s + 5
+
+    def _log(self, job: Job, loaded: Loaded, outcome: Outcome, started: float) -> None:
+        h = job.history
+        previous = view_tokens(h.counts, h.results, h.pinned, loaded.view(h.pinned), job.budget)
+        # Fields: JSON lines carry them as keys, text lines as key=value (proxy/observe/logs.py).
+        fields = {
+            "session": job.key.log_id,
+            "trigger": job.trigger,
+            "outcome": outcome.status,
+            # Input tokens, as the request line counts them: the output reserve is not sent.
+            "tokens_before": previous - job.budget.reserve,
+            "tokens_after": outcome.tokens,
+            "version": outcome.version,
+            "restored_identifiers": outcome.restored,
+            "duration_ms": round((self.clock() - started) * 1000),
+        }
+        log.info("compaction", extra={"fields": fields})
+
+    def _shown(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
+        """``plan.view`` under ``loaded``'s summary, trimmed if it does not fit."""
+        if plan.fits:
+            role = self.settings.compaction.summary_role
+            h, budget = job.history, job.budget
+            return rebuild_outcome(h, plan.view, loaded.summary, loaded.version, budget, role)
+        return self.trims.for_job(job, loaded)
+
+    async def _compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
+        start, end = plan.summarize
+        if start == end:
+            # Elision alone was enough: no model call, no lock needed.
+            new = next_snapshot(
+                loaded, loaded.summary, plan, job.history, job.budget, job.turn.model.name
+            )
+            return await self._saved(job, new, plan)
+
+        token = await self.store.acquire(job.key, self._lock_ttl)
+        if token is None:
+            return await self._wait_for_other(job, loaded)
+        return await self._locked(job, loaded, plan, token)
+
+    async def _locked(self, job: Job, loaded: Loaded, plan: Plan, token: str) -> Outcome:
+        """Summarize under the session's lock (``token``), re-planning first if another
+        request compacted since ``loaded``; release the lock."""
+        try:
+            fresh = await load_snapshot(self.store, job.key, job.history)
+            if fresh.version != loaded.version:
+                # Another request (maybe on another replica) compacted between our
+                # plan and the lock: plan again from its snapshot instead of repeating it.
+                h, loaded = job.history, fresh
+                view = fresh.view(h.pinned)
+                plan = plan_compaction(
+                    h.counts, h.results, h.pinned, view, job.budget, force=job.force
+                )
+                start, end = plan.summarize
+                if start == end:
+                    return self._shown(job, loaded, plan)
+            return await self._summarize(job, loaded, plan)
+        finally:
+            await self.store.release(job.key, token)
+
+    async def _summarize(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
+        """Fold ``plan.summarize`` into the summary and save it; the caller holds the lock."""
+        h = job.history
+        start, end = plan.summarize
+        span = h.messages[start:end]
+        started = self.clock()
+        try:
+            folded = await self._folder.fold(
+                job.turn, job.key, loaded.summary, span, background=job.background
+            )
+        except SummaryError as exc:
+            self.backoff.failed(job.key)
+            if job.background:
+                raise  # no turn to serve a fallback to: the precompactor counts it
+            log.warning(
+                "session=%s summarization failed (%s); trimming instead", job.key.log_id, exc
+            )
+            return self._failed(job, self.trims.for_job(job, loaded), started)
+        if folded is None:  # far over its budget: not kept
+            self.backoff.failed(job.key)
+            return self._failed(job, self.trims.for_job(job, loaded), started)
+        self.backoff.succeeded(job.key)
+        plan = replace(plan, view=replace(plan.view, summary_tokens=folded.tokens))
+        new = next_snapshot(loaded, folded.summary, plan, h, job.budget, job.turn.model.name)
+        outcome = await self._saved(job, new, plan)
+        return replace(outcome, restored=folded.restored)
+
+    def _failed(self, job: Job, fallback: Outcome, started: float) -> Outcome:
+        """``fallback`` marked as served after a failed summary, whose time the request's
+        line reports (what made the turn slow, whatever its status says)."""
+        job.turn.record.summary_failed_s += self.clock() - started
+        return replace(fallback, degraded="summary_failed")
+
+    async def _saved(self, job: Job, new: Snapshot, plan: Plan) -> Outcome:
+        """Write ``new`` (compare-and-swap) and show the history under it."""
+        if not await self.store.save(job.key, new):
+            # A concurrent writer got there first; its snapshot is as valid as ours.
+            log.info("session=%s snapshot v%d lost a write race", job.key.log_id, new.version)
+        role = self.settings.compaction.summary_role
+        outcome = rebuild_outcome(
+            job.history, plan.view, new.summary, new.version, job.budget, role
+        )
+        return replace(outcome, status="compacted")
+
+    async def _wait_for_other(self, job: Job, loaded: Loaded) -> Outcome:
+        """Another request is summarizing this session: wait (bounded), then use its result."""
+        key = job.key
+        before = loaded.version
+        now = self.clock()
+        # A wait on this lock already ran out: its holder is likely gone (a replica that
+        # died mid-summary), so later turns do not wait it out again until it expires.
+        stalled = self.stalled_locks.get(key, 0.0) > now
+        if not stalled:
+            self.metrics.summary_waits.labels(kind="waited").inc()
+        deadline = now + (0 if stalled else self.settings.compaction.wait_for_summary_s)
+        degraded: Degraded | None = "summary_late"  # unless it lands, or is seen to fail
+        while self.clock() < deadline:
+            await self.sleep(_POLL_S)
+            fresh = await load_snapshot(self.store, job.key, job.history)
+            if fresh.stored is not None and fresh.version > before:
+                loaded, degraded = fresh, None
+                break
+            # The holder may end without a snapshot (failed, cancelled): stop once it is free.
+            probe = await self.store.acquire(key, _POLL_S)
+            if probe is not None:
+                await self.store.release(key, probe)
+                fresh = await load_snapshot(self.store, job.key, job.history)  # saved since?
+                if fresh.stored is not None and fresh.version > before:
+                    loaded, degraded = fresh, None
+                else:
+                    degraded = "summary_failed"
+                    job.turn.record.summary_failed_s += self.clock() - now
+                break
+        else:
+            if not stalled:
+                lock_ttl = self._lock_ttl
+                self.stalled_locks[key] = self.clock() + lock_ttl
+                if len(self.stalled_locks) > TRACKED_LIMIT:
+                    self.stalled_locks.popitem(last=False)
+                log.warning(
+                    "session=%s waited %.0f s for another summary; not waiting again for %.0f s",
+                    job.key.log_id,
+                    self.settings.compaction.wait_for_summary_s,
+                    lock_ttl,
+                )
+        h, budget, role = job.history, job.budget, self.settings.compaction.summary_role
+        view = loaded.view(h.pinned)
+        if view_tokens(h.counts, h.results, h.pinned, view, budget) <= budget.window:
+            outcome = rebuild_outcome(h, view, loaded.summary, loaded.version, budget, role)
+        else:
+            outcome = self.trims.for_job(job, loaded)
+        return replace(outcome, degraded=degraded)

@@ -1,0 +1,145 @@
+"""Step 7 for a compaction: fold a span of the history into the session's summary.
+
+The upstream writes the new summary (summarize.py), which checks each answer
+(summary_check.py: rejected ones are counted and logged here); what it dropped of the
+identifiers in the previous summary and the span is put back
+(identifiers.py); the result is counted as the upstream will see it. A
+summary counted far over its budget is not kept. The caller decides what a
+failure means for the turn (compact.py trims instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.compaction.count import INLINE_COUNT_BYTES, count_text
+from proxy.compaction.summarize import SummaryRequest, summarize
+from proxy.config import Settings
+from proxy.core.budget import FRAME_TOKENS, summary_limit
+from proxy.core.identifiers import SUMMARY_ROLE, Restored, restore_identifiers, split_carried
+from proxy.core.models import ModelTable
+from proxy.core.outcome import Turn
+from proxy.core.rebuild import ACKNOWLEDGEMENT, QUOTED_INTRO, handoff_text
+from proxy.core.session import SessionKey
+from proxy.core.tokens import TokenCounter
+from proxy.core.transcript import span_sources
+from proxy.errors import SummaryError, SummaryTruncated
+from proxy.observe.metrics import Metrics
+from proxy.types import ChatMessage
+from proxy.upstream.client import Upstream
+
+log = logging.getLogger("proxy.compaction")
+
+# A summary counted at more than this many times its budget is not kept: no model that
+# honours max_tokens writes it, whatever the difference between tokenizers.
+_MAX_OVERRUN = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """A new summary to keep."""
+
+    summary: str
+    tokens: int  # what it costs in a view, its framing included
+    restored: int  # identifiers it had lost and that were put back
+
+
+@dataclass(frozen=True, slots=True)
+class Folder:
+    """Asks for summaries and vets them; one per app (the compactor's)."""
+
+    settings: Settings
+    models: ModelTable
+    client: Upstream  # summaries are asked of the upstream through it
+    counters: dict[str, TokenCounter]
+    metrics: Metrics
+
+    async def fold(
+        self,
+        turn: Turn,
+        key: SessionKey,
+        previous: str,
+        span: Sequence[ChatMessage],
+        *,
+        background: bool,
+    ) -> Folded | None:
+        """``previous`` updated with ``span``, or None when the new summary is far over
+        its budget (logged and counted here). Raises the summarizer's ``SummaryError``.
+        ``background``: a pre-compaction, which no turn waits for."""
+        request = SummaryRequest.for_turn(turn, self.settings, self.models, self.client)
+        started = time.perf_counter()
+        if not background:
+            self.metrics.summary_waits.labels(kind="summarized").inc()
+        try:
+            made = await summarize(request, previous, span)
+        except SummaryError as exc:
+            self._timed(turn, started, "failed")
+            self._rejected(key, exc.rejected)
+            self.metrics.summary_failures.inc()
+            if isinstance(exc, SummaryTruncated):
+                self.metrics.summaries_truncated.inc()
+                self.metrics.summary_length_retries.inc(exc.length_retries)
+            raise
+        self._timed(turn, started, "ok")
+        self._rejected(key, made.rejected)
+        if made.omitted:
+            log.warning(
+                "session=%s span needs more than %d summarizer calls: its %d oldest messages "
+                "left out of the summary, marked",
+                key.log_id,
+                request.max_calls,
+                made.omitted,
+            )
+        if made.length_retries:
+            self.metrics.summary_length_retries.inc(made.length_retries)
+        limit = summary_limit(turn.model, self.settings.compaction)
+        most = self.settings.compaction.restored_identifiers_max
+        kept = await _restore(made.text, previous, span, limit, most)
+        if kept.restored:
+            self.metrics.identifiers_restored.inc(kept.restored)
+        counter = self.counters[turn.model.tokenizer]
+        text = handoff_text(kept.summary)
+        if self.settings.compaction.summary_role == "system" and split_carried(kept.summary)[1]:
+            # Quoted identifiers then follow the system handoff as a user turn and its
+            # acknowledgement (rebuild.py): count what they add.
+            text = f"{text}\n{QUOTED_INTRO}\n{ACKNOWLEDGEMENT}"
+        tokens = await count_text(counter, text)
+        if tokens > _MAX_OVERRUN * limit:
+            # The summarizer ignored max_tokens. Kept, such a summary could overflow the
+            # window, and would be over the trigger again, and summarized, every turn.
+            self.metrics.summary_failures.inc()
+            log.warning(
+                "session=%s summary of %d tokens is far over its budget of %d; trimming instead",
+                key.log_id,
+                tokens,
+                limit,
+            )
+            return None
+        return Folded(kept.summary, tokens + FRAME_TOKENS, kept.restored)
+
+    def _rejected(self, key: SessionKey, reasons: Sequence[str]) -> None:
+        """Count (and log, without content) the answers of a summary that were not kept."""
+        if not reasons:
+            return
+        for reason in reasons:
+            self.metrics.summaries_rejected.labels(reason=reason).inc()
+        log.warning("session=%s summarizer answers rejected: %s", key.log_id, ", ".join(reasons))
+
+    def _timed(self, turn: Turn, started: float, outcome: str) -> None:
+        elapsed = time.perf_counter() - started
+        self.metrics.summarization_duration.labels(outcome=outcome).observe(elapsed)
+        turn.record.summary_s = elapsed
+
+
+async def _restore(
+    summary: str, previous: str, span: Sequence[ChatMessage], max_chars: int, max_count: int
+) -> Restored:
+    """``summary`` with the identifiers it lost from ``previous`` and ``span`` put back."""
+    sources = [(SUMMARY_ROLE, previous), *span_sources(span)]
+    if sum(len(text) for _, text in sources) > INLINE_COUNT_BYTES:
+        return await asyncio.to_thread(restore_identifiers, summary, sources, max_chars, max_count)
+    return restore_identifiers(summary, sources, max_chars, max_count)

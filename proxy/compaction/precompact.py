@@ -1,0 +1,238 @@
+"""Background pre-compaction: compact a session after its answer is out, before it must.
+
+A turn whose view passes ``compaction.precompact_ratio`` of the window (still below
+the trigger) leaves a follow-up on its ``Outcome``; once its answer has gone out (a
+stream: once it has ended), the follow-up starts a task that compacts the history
+that turn sent, under the same single-flight lock and compare-and-swap as an inline
+compaction (``Compactor.try_compact``). The next turn's history extends this one, so
+the new snapshot applies to it: the turn that would have crossed the trigger finds
+its view compacted already and does not wait for a summary.
+
+It plans as an inline compaction would with the window scaled by
+``precompact_ratio / trigger_ratio``: over ``precompact_ratio``, down to
+``target_ratio`` scaled alike (0.6 -> 0.375 with the defaults), so each compaction
+still folds in a sizeable span: a third more summaries than inline (0.8 -> 0.5),
+where compacting down to ``target_ratio`` itself would take three times as many,
+each one a change of the prefix the provider caches.
+
+Bounded: at most ``precompact_concurrency`` runs at once in the process (more are
+skipped), one per session, and a session whose run failed or found nothing to do
+is not tried again for ``precompact_retry_s``. Shared fairly between tenants: a
+tenant may fill the free slots while nobody else wants one, but a tenant under its
+share (``precompact_per_tenant``, by default half the slots rounded up) that finds
+them all taken preempts the newest run of a tenant over its share (counted
+``preempted``; that session is not backed off and is offered again by its next
+turn), so one tenant's throwaway sessions cannot keep another's from compacting.
+A held lock means the session is being compacted already: skipped, never waited
+for. ``aclose`` cancels and awaits what runs. Every outcome is counted; nothing
+here raises into a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+from cachetools import TTLCache
+from starlette.background import BackgroundTasks
+from starlette.responses import Response
+
+from proxy.compaction.busy import BusyModels
+from proxy.compaction.compact import Compactor, Job
+from proxy.compaction.count import History
+from proxy.compaction.schedule import TRACKED_LIMIT
+from proxy.compaction.snapshots import load_snapshot
+from proxy.config import CompactionSettings
+from proxy.core.budget import Budget
+from proxy.core.outcome import Turn
+from proxy.core.plan import plan_compaction
+from proxy.core.session import SessionKey
+from proxy.core.view import view_tokens
+from proxy.errors import SummaryError
+from proxy.observe.metrics import Metrics
+
+log = logging.getLogger("proxy.compaction")
+
+FollowUp = Callable[[], Awaitable[None]]
+
+
+def background_budget(budget: Budget, settings: CompactionSettings) -> Budget:
+    """``budget`` as pre-compaction plans with it: the trigger at ``precompact_ratio``
+    of the window and the target scaled by the same factor."""
+    ratio = settings.precompact_ratio or settings.trigger_ratio
+    scale = ratio / settings.trigger_ratio
+    return replace(
+        budget,
+        trigger=int(budget.window * ratio),
+        target=round(budget.window * settings.target_ratio * scale),
+    )
+
+
+def wants_precompaction(tokens: int, window: int, settings: CompactionSettings) -> bool:
+    """Whether a view of ``tokens`` (reserve included, as the trigger counts them) is past
+    the soft threshold: worth compacting in the background once the answer is out."""
+    ratio = settings.precompact_ratio
+    return bool(ratio) and tokens > int(window * (ratio or 0))
+
+
+def run_after(response: Response, follow_up: FollowUp) -> None:
+    """Start ``follow_up`` once ``response`` has been sent (a stream: once it has ended),
+    after the response's own background work (closing the upstream answer)."""
+    tasks = BackgroundTasks()
+    if response.background is not None:
+        tasks.add_task(response.background)
+    tasks.add_task(follow_up)
+    response.background = tasks
+
+
+@dataclass(slots=True)
+class Precompactor:
+    """Per-process background compactions; one per app, built in the lifespan."""
+
+    settings: CompactionSettings
+    compactor: Compactor
+    metrics: Metrics
+    clock: Callable[[], float] = time.monotonic
+    running: dict[SessionKey, asyncio.Task[str]] = field(default_factory=dict)
+    # Sessions whose last run failed or had nothing to do: not retried until they expire.
+    backoff: TTLCache[SessionKey, bool] = field(init=False)
+    # Runs cancelled to make room for a tenant under its share: counted as such.
+    preempted: set[SessionKey] = field(default_factory=set)
+    closed: bool = False
+    share: int = field(init=False)  # slots one tenant may keep while another wants one
+    # The models that runs ask for summaries now: turns sent to them meanwhile may queue.
+    busy: BusyModels = field(default_factory=BusyModels)
+
+    def __post_init__(self) -> None:
+        ttl = max(self.settings.precompact_retry_s, 1e-6)  # 0: no back-off
+        self.backoff = TTLCache(TRACKED_LIMIT, ttl, timer=self.clock)
+        slots = self.settings.precompact_concurrency
+        self.share = min(self.settings.precompact_per_tenant or math.ceil(slots / 2), slots)
+
+    def offer(
+        self, turn: Turn, key: SessionKey, history: History, budget: Budget, tokens: int
+    ) -> FollowUp | None:
+        """What to start once ``turn``'s answer is out, when its view (``tokens`` under
+        ``budget``) is past the soft threshold; None otherwise. O(1) on the request path."""
+        if not turn.model.precompact or not wants_precompaction(
+            tokens, budget.window, self.settings
+        ):
+            return None
+        early = background_budget(budget, self.settings)
+        job = Job(turn, key, history, early, "precompact", background=True)
+        return partial(self.start, job)
+
+    def note_sent(self, turn: Turn | None) -> None:
+        """Count ``turn`` as sent upstream while a background summary on its model runs:
+        a single-slot server makes it wait for that summary (busy.py). O(1)."""
+        if turn is not None and self.busy.busy(turn.chat["model"]):
+            self.metrics.sent_during_summary.inc()
+
+    async def start(self, job: Job) -> None:
+        """Start compacting ``job``'s session in the background, unless a bound says no.
+        Returns at once: the response that triggered it never waits on it."""
+        key = job.key
+        skipped = self.skip_reason(key)
+        if skipped == "skipped_cap":
+            skipped = await self._preempt_for(key)
+        if skipped is not None:
+            self.metrics.precompactions.labels(outcome=skipped).inc()
+            return
+        task = asyncio.create_task(self._run(job))
+        self.running[key] = task
+        self.metrics.precompactions_running.inc()
+        task.add_done_callback(partial(self._done, key))
+
+    def skip_reason(self, key: SessionKey) -> str | None:
+        """Why ``key`` is not pre-compacted now (a metric outcome), or None to go ahead."""
+        if self.closed:
+            return "cancelled"
+        if key in self.running:
+            return "skipped_running"
+        if key in self.backoff or self.compactor.backoff.active(key):
+            return "skipped_backoff"
+        if len(self.running) >= self.settings.precompact_concurrency:
+            return "skipped_cap"
+        return None
+
+    async def _preempt_for(self, key: SessionKey) -> str | None:
+        """Every slot is taken: free one for ``key``'s tenant if it is under its share
+        and another tenant is over its own (that tenant's newest run is cancelled and
+        awaited); "skipped_cap" when there is none to take."""
+        held: dict[str, list[SessionKey]] = {}
+        for running in self.running:  # at most precompact_concurrency entries
+            held.setdefault(running.tenant, []).append(running)
+        if len(held.get(key.tenant, ())) >= self.share:
+            return "skipped_cap"
+        over = [keys for keys in held.values() if len(keys) > self.share]
+        if not over:
+            return "skipped_cap"
+        victim = max(over, key=len)[-1]  # the most slots; its newest run (least work lost)
+        task = self.running.pop(victim)
+        if task.cancel():  # not if it finished meanwhile: then it is counted as it ended
+            self.preempted.add(victim)
+        await asyncio.gather(task, return_exceptions=True)  # its lock released on the way out
+        return self.skip_reason(key)  # another start may have taken the slot meanwhile
+
+    def _done(self, key: SessionKey, task: asyncio.Task[str]) -> None:
+        # Here, not in _run: a task cancelled before it ever ran never enters _run.
+        if self.running.get(key) is task:
+            del self.running[key]
+        self.metrics.precompactions_running.dec()
+        outcome = "cancelled" if task.cancelled() else task.result()
+        if key in self.preempted:
+            self.preempted.discard(key)
+            outcome = "preempted"  # not the session's failure: no back-off
+        self.metrics.precompactions.labels(outcome=outcome).inc()
+        if outcome in ("failed", "unchanged") and self.settings.precompact_retry_s > 0:
+            self.backoff[key] = True
+
+    async def _run(self, job: Job) -> str:
+        """The run's outcome; raises nothing but ``CancelledError``."""
+        try:
+            with self.busy.summarizing(self.settings.summarizer_model or job.turn.chat["model"]):
+                return await self._compact(job)
+        except SummaryError as exc:  # its message names the failure, never content
+            log.warning("session=%s background summary failed (%s)", job.key.log_id, exc)
+            return "failed"
+        # A background task has no caller to raise to: whatever went wrong is logged
+        # (its type only: no content) and counted, and the session compacts inline later.
+        except Exception as exc:
+            log.warning(
+                "session=%s background compaction failed: %s", job.key.log_id, type(exc).__name__
+            )
+            return "failed"
+
+    async def _compact(self, job: Job) -> str:
+        h = job.history
+        # The turn's snapshot may have been replaced since: plan from the current one.
+        loaded = await load_snapshot(self.compactor.store, job.key, h)
+        view = loaded.view(h.pinned)
+        if view_tokens(h.counts, h.results, h.pinned, view, job.budget) <= job.budget.trigger:
+            return "covered"  # a compaction since the turn (another task's, often) got there
+        plan = plan_compaction(h.counts, h.results, h.pinned, view, job.budget)
+        if plan.action != "compact":
+            return "unchanged"  # nothing worth folding in: back off
+        outcome = await self.compactor.try_compact(job, loaded, plan)
+        if outcome is None:
+            return "skipped_locked"
+        if outcome.status != "compacted":
+            return "covered"  # another compaction landed between our plan and the lock
+        self.metrics.compactions.labels(trigger="precompact", outcome="compacted").inc()
+        self.metrics.compactions_by_trigger.labels(trigger="background").inc()
+        return "compacted"
+
+    async def aclose(self) -> None:
+        """Cancel every running background compaction and wait for them to end (their
+        locks are released on the way out); start no more."""
+        self.closed = True
+        tasks = list(self.running.values())
+        self.preempted.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

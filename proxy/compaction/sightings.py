@@ -1,0 +1,82 @@
+"""Sessions the proxy has seen, so ``GET /sessions/{id}`` answers before a first compaction.
+
+A client checking that its session header is recognised should not have to wait
+for a summary. Each turn of a named session (header or body field; a derived
+session has no id to ask by) leaves a ``Sighting`` in the store: its message
+count, the tokens sent upstream, its model. Noting costs the request nothing:
+``note`` is an in-memory check that hangs the write on the turn's ``Outcome``,
+to run once the answer is out (as pre-compaction does), and a process writes a
+session's sighting at most once per ``REFRESH_S``: on first sight, then as it
+keeps going. A write that fails costs nothing but a stale figure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+
+from cachetools import TTLCache
+
+from proxy.compaction.precompact import FollowUp
+from proxy.compaction.schedule import TRACKED_LIMIT
+from proxy.core.outcome import Outcome, Turn
+from proxy.core.session import SessionKey, session_from_header
+from proxy.errors import StoreError
+from proxy.store import Sighting, Sightings
+
+log = logging.getLogger("proxy.store")
+
+# At most one write per session per process this often: GET /sessions/{id} figures
+# may lag a busy session's turns by this much.
+REFRESH_S = 10.0
+
+
+class SessionSightings:
+    """Per-process: which named sessions were noted in the store lately."""
+
+    def __init__(
+        self,
+        store: Sightings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._wall = wall
+        # Sessions written in the last REFRESH_S; bounded, like every per-session table.
+        self._recent: TTLCache[SessionKey, bool] = TTLCache(TRACKED_LIMIT, REFRESH_S, timer=clock)
+
+    def note(self, turn: Turn, outcome: Outcome) -> Outcome:
+        """``outcome``, with the write of ``turn``'s sighting to follow its answer when one
+        is due. O(1): a hash of the session's name and a dictionary lookup."""
+        if turn.session_header is None:
+            return outcome
+        key = session_from_header(turn.tenant, turn.session_header)
+        if key in self._recent:
+            return outcome
+        n = len(turn.chat["messages"])
+        sighting = Sighting(n, outcome.tokens, turn.model.name, self._wall())
+        write = partial(self._write, key, sighting)
+        return replace(
+            outcome, after=write if outcome.after is None else _both(write, outcome.after)
+        )
+
+    async def _write(self, key: SessionKey, sighting: Sighting) -> None:
+        # Marked when written, not when offered: a turn whose answer failed (or that
+        # recovered from an overflow with a new view) leaves the next turn due.
+        self._recent[key] = True
+        try:
+            await self._store.note_seen(key, sighting)
+        except StoreError as exc:  # a bare remote store; the resilient one never raises
+            log.warning("session=%s not noted as seen (%s)", key.log_id, exc)
+
+
+def _both(first: FollowUp, then: FollowUp) -> FollowUp:
+    async def run() -> None:
+        await first()
+        await then()
+
+    return run

@@ -1,0 +1,127 @@
+"""Step 4: the session's snapshot, loaded and checked against the history it is for.
+
+A snapshot applies only while the incoming history still starts with exactly
+the messages it covers (DESIGN invariant 2): edited, rewound or branched
+histories are planned from scratch. The stored snapshot is still what a new
+one replaces, so its version (and bookkeeping) travel beside the part of it
+this history may use. ``next_snapshot`` is the one that replaces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from proxy.compaction.count import History
+from proxy.core.budget import Budget
+from proxy.core.digest import anchor_matches, prefix_hash
+from proxy.core.plan import Plan
+from proxy.core.session import SessionKey, derived_slots
+from proxy.core.view import View
+from proxy.store import Snapshot, Snapshots
+
+log = logging.getLogger("proxy.compaction")
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A session's snapshot as stored, and as this history may use it."""
+
+    stored: Snapshot | None  # what a new snapshot must replace (compare-and-swap)
+    valid: Snapshot | None  # ``stored`` if this history still starts with what it covers
+
+    @property
+    def version(self) -> int:
+        """The version a new snapshot replaces; 0 for none."""
+        return self.stored.version if self.stored else 0
+
+    @property
+    def summary(self) -> str:
+        return self.valid.summary if self.valid else ""
+
+    def view(self, pinned: int) -> View:
+        return view_of(self.valid, pinned)
+
+
+def valid_snapshot(snapshot: Snapshot | None, history: History) -> Snapshot | None:
+    """``snapshot`` if ``history`` still starts with the messages it covers, else None."""
+    if snapshot is None:
+        return None
+    anchor = snapshot.anchor
+    valid = (
+        snapshot.pinned == history.pinned
+        and anchor < len(history.messages)  # the newest message is never covered
+        and anchor_matches(snapshot.anchor_hash, history.messages, history.digests, anchor)
+    )
+    return snapshot if valid else None
+
+
+async def load_snapshot(store: Snapshots, key: SessionKey, history: History) -> Loaded:
+    """The session's snapshot, and whether ``history`` may use it."""
+    stored = await store.load(key)
+    valid = valid_snapshot(stored, history)
+    if stored is not None and valid is None:
+        log.info(
+            "session=%s snapshot v%d no longer matches the history; re-planning",
+            key.log_id,
+            stored.version,
+        )
+    return Loaded(stored, valid)
+
+
+async def load_session(
+    store: Snapshots, key: SessionKey, history: History, slots: int
+) -> tuple[SessionKey, Loaded]:
+    """Where ``history``'s snapshot lives, and the snapshot. A header-named session has
+    one place; a derived one (``key``) has ``slots``, shared by every conversation that
+    opens alike: the one whose snapshot this history starts with, else an empty one,
+    else the least recently updated (a conversation long gone, most likely)."""
+    keys = derived_slots(key, slots)
+    if len(keys) == 1:
+        return key, await load_snapshot(store, key, history)
+    stored = await asyncio.gather(*(store.load(k) for k in keys))
+    for k, snapshot in zip(keys, stored, strict=True):
+        if (valid := valid_snapshot(snapshot, history)) is not None:
+            return k, Loaded(snapshot, valid)
+    if None in stored:
+        return keys[stored.index(None)], Loaded(None, None)
+    oldest = min(range(len(keys)), key=lambda i: stored[i].updated_at)  # type: ignore[union-attr]
+    log.info("session=%s no snapshot matches the history; re-planning", key.log_id)
+    return keys[oldest], Loaded(stored[oldest], None)
+
+
+def view_of(snapshot: Snapshot | None, pinned: int) -> View:
+    """What the upstream sees of a history under ``snapshot`` (None: all of it)."""
+    if snapshot is None:
+        return View(covered=pinned, summary_tokens=0, elide_before=pinned)
+    return View(
+        covered=snapshot.covered,
+        summary_tokens=snapshot.summary_tokens,
+        elide_before=snapshot.elide_before,
+    )
+
+
+def next_snapshot(
+    loaded: Loaded, summary: str, plan: Plan, history: History, budget: Budget, model: str
+) -> Snapshot:
+    """The snapshot that replaces ``loaded.stored``: ``summary`` under ``plan.view``,
+    anchored to ``history``. Clears a scheduled compaction: this is it."""
+    now = time.time()
+    view = plan.view
+    old = loaded.stored
+    return Snapshot(
+        version=loaded.version + 1,
+        summary=summary,
+        pinned=history.pinned,
+        covered=view.covered,
+        elide_before=view.elide_before,
+        anchor_hash=prefix_hash(history.digests, max(view.covered, view.elide_before)),
+        summary_tokens=view.summary_tokens,
+        tokens_before=sum(history.counts) + budget.fixed + budget.reserve,
+        tokens_after=plan.tokens,
+        created_at=old.created_at if old and old.created_at else now,
+        updated_at=now,
+        model=model,
+    )

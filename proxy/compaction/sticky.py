@@ -1,0 +1,78 @@
+"""Sticky trim cuts: a session served trimmed keeps its cut while the cut fits.
+
+A trimmed view recomputed every turn drops down to the target again, so its cut
+moves forward a group almost every turn and the upstream sees a new prefix each
+time: a provider's prefix cache (llama.cpp's prompt cache, hosted prompt caching)
+misses and the whole view is processed again (~1,900 tokens a turn, ~17.5 s on CPU
+at a 4k window in bench/realmodel). So the cut served last (trim.Cut: its view and
+its digest's text) is kept per session and handed back to the pure trim, which
+reuses it while the history still starts with what it dropped and the view fits
+the window; past that it trims to the target again, and that cut holds for the
+next turns (hysteresis). Per process, bounded, like the other per-session tables:
+with several replicas each keeps its own, which costs a cache miss, nothing more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cachetools import LRUCache
+
+from proxy.compaction.count import History
+from proxy.compaction.schedule import TRACKED_LIMIT
+from proxy.compaction.snapshots import Loaded
+from proxy.core.budget import Budget
+from proxy.core.outcome import Outcome
+from proxy.core.rebuild import SummaryRole
+from proxy.core.session import SessionKey
+from proxy.core.trim import Cut, trimmed
+
+# An entry weighs this plus its digest's characters (the digest is the bulk of it,
+# a few KB at most: within a summary's allowance), so at most TRACKED_LIMIT sessions
+# and about TRACKED_LIMIT KiB plus the digests kept, ~10-20 MB at worst.
+_ENTRY_WEIGHT = 1024
+
+
+class Trimming(Protocol):
+    """What a compaction job (compact.Job) tells a trim."""
+
+    @property
+    def key(self) -> SessionKey: ...
+    @property
+    def history(self) -> History: ...
+    @property
+    def budget(self) -> Budget: ...
+    @property
+    def trigger(self) -> str: ...
+
+
+@dataclass(slots=True)
+class TrimCuts:
+    """The last trimmed cut of each session (keys include the tenant)."""
+
+    summary_role: SummaryRole
+    entries: LRUCache[SessionKey, Cut] = field(
+        default_factory=lambda: LRUCache(
+            TRACKED_LIMIT * _ENTRY_WEIGHT, getsizeof=lambda cut: _ENTRY_WEIGHT + len(cut.digest)
+        )
+    )
+
+    def outcome(
+        self, key: SessionKey, history: History, loaded: Loaded, budget: Budget, *, reuse: bool
+    ) -> Outcome:
+        """``history`` trimmed (trim.trim_outcome), reusing ``key``'s last cut when
+        ``reuse`` and it still applies; ``reuse`` False after the upstream refused a
+        view as too long, which a view as long again would not cure."""
+        previous = self.entries.get(key) if reuse else None
+        outcome, cut = trimmed(history, loaded, budget, self.summary_role, previous)
+        if cut is None:
+            self.entries.pop(key, None)
+        else:
+            self.entries[key] = cut
+        return outcome
+
+    def for_job(self, job: Trimming, loaded: Loaded) -> Outcome:
+        """``outcome`` for a compaction job: a recovery from an overflow trims afresh."""
+        reuse = job.trigger != "overflow_recovery"
+        return self.outcome(job.key, job.history, loaded, job.budget, reuse=reuse)

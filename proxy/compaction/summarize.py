@@ -1,0 +1,283 @@
+"""Step 7: ask the upstream for a handoff summary of the turns being compacted.
+
+Incremental: the previous summary plus the newly covered turns go in, one
+updated summary comes out. A span larger than the summarizer's own window is
+folded in chunks, each chunk updating the summary from the last. Tool calls
+enter the transcript as names, brief arguments and brief outcomes, never
+whole outputs.
+
+The call goes to chat completions or the Responses API
+(``upstream.summarizer_api``, summary_api.py). A summary cut off by its token
+limit (``finish_reason: length``, or Responses' ``incomplete``) is never kept:
+its end is lost, and the end is where the critical values go. The call is
+retried once asking for a terser summary within the same budget; a second
+cut-off raises ``SummaryTruncated`` and the caller keeps the previous snapshot.
+An upstream that refuses ``max_tokens`` as more than the model can write is
+asked again once with the limit it states.
+
+Every answer is checked before it is kept (summary_check.py: an echo of the
+prompt, missing headings, too short for its span, empty); one that fails is
+asked for once more with the simple prompt (prompts.py), and a second failure
+raises ``SummaryRejected``: nothing is stored, the caller trims and backs off.
+The instructions ask for fewer sections when the budget is small.
+
+One summary makes at most ``compaction.max_summary_calls`` calls, retries
+included, so at most that many times the summarizer's window in tokens: a span
+needing more chunks than that keeps its newest chunks (a call to spare for a
+retry) and the oldest are left out, a deterministic marker in their place
+(in the transcript, and at the head of the new summary), as trimming does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from proxy.compaction.summary_api import PATHS, SummarizerApi, read_answer, request_body
+from proxy.config import Settings
+from proxy.core.budget import FRAME_TOKENS, summary_limit
+from proxy.core.models import ModelTable
+from proxy.core.outcome import Turn
+from proxy.core.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
+from proxy.core.rebuild import omitted_marker
+from proxy.core.summary_check import Reason, check_summary, echoes
+from proxy.core.transcript import (
+    Entry,
+    chunk_transcript,
+    frame_prompt,
+    framed_marker,
+    render_transcript,
+)
+from proxy.errors import SummaryError, SummaryRejected, SummaryTruncated, UpstreamError
+from proxy.types import ChatMessage
+from proxy.upstream import client as upstream
+from proxy.upstream.overflow import classify_error
+from proxy.upstream.urls import upstream_url
+
+PURPOSE_HEADER = (b"x-compaction-purpose", b"summarize")
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A summary the model finished, and what it took to get it."""
+
+    text: str
+    length_retries: int = 0  # calls retried because the answer was cut off
+    calls: int = 0
+    omitted: int = 0  # oldest messages of the span left out to stay within max_calls
+    rejected: tuple[Reason, ...] = ()  # why answers were not kept (a retry's was)
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRequest:
+    """Everything the summarizer needs that does not change per chunk."""
+
+    client: upstream.Upstream
+    api: SummarizerApi  # chat completions or the Responses API (summary_api.py)
+    url: str
+    headers: list[tuple[bytes, bytes]]
+    model: str
+    max_tokens: int
+    timeout_s: float
+    # Most transcript characters one call may take (the summarizer's window,
+    # less the prompt and the answer, in characters of the chosen tokenizer).
+    max_chunk_chars: int
+    max_calls: int = 16  # compaction.max_summary_calls: the most one summary may make
+    prompt: Prompt = FULL  # the instructions: fewer sections for a small budget
+
+    @classmethod
+    def for_turn(
+        cls, turn: Turn, settings: Settings, models: ModelTable, client: upstream.Upstream
+    ) -> SummaryRequest:
+        """The summary call for ``turn``'s session, sized for the summarizer's window."""
+        c = settings.compaction
+        summarizer = models.resolve(c.summarizer_model) if c.summarizer_model else turn.model
+        window = c.summarizer_context_window or summarizer.context_window
+        # The proxy's own summary budget, not the chat model's reply reserve
+        # (max_output_tokens): a summary cut short by that loses its end. Capped only by
+        # what the summarizer can write, when configured (an upstream that refuses more
+        # states its limit, and summarize.py asks again within it).
+        max_tokens = summary_limit(turn.model, c)
+        if c.summarizer_max_output_tokens:
+            max_tokens = min(max_tokens, c.summarizer_max_output_tokens)
+        # Room for the transcript: the window less the answer and the prompt's
+        # own framing, in characters at a conservative 3 per token.
+        room = max(window - max_tokens - 2 * FRAME_TOKENS - 600, 256)
+        api = settings.upstream.summarizer_api
+        return cls(
+            client=client,
+            api=api,
+            url=upstream_url(settings.upstream.base_url, PATHS[api], b""),
+            # The request's id too: the upstream's logs tie the summary to the request.
+            headers=[*turn.auth_headers, (b"x-request-id", turn.record.request_id.encode())],
+            model=c.summarizer_model or turn.chat["model"],
+            max_tokens=max_tokens,
+            timeout_s=c.summary_timeout_s,
+            max_chunk_chars=room * 3,
+            max_calls=c.max_summary_calls,
+            prompt=prompt_for(max_tokens),
+        )
+
+
+async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessage]) -> Summary:
+    """The updated summary covering ``previous`` plus ``span``; raises SummaryError.
+
+    ``req.timeout_s`` bounds the whole summary, all chunks together: the
+    session's lock is held for about that long. Each chunk's answer is checked
+    (summary_check.py); one that fails is asked for once more with the simple
+    prompt, within ``req.max_calls``, and a second failure fails the summary.
+    """
+    run = _Run(req)
+    text = previous
+    chunks = chunk_transcript(render_transcript(span), req.max_chunk_chars)
+    chunks, omitted = _newest_within(chunks, req.max_calls)
+    try:
+        async with asyncio.timeout(req.timeout_s):
+            for chunk in chunks:
+                if run.calls >= req.max_calls:  # retries took the last chunks' calls
+                    raise SummaryError(f"summary needs more than {req.max_calls} calls")
+                text = await run.chunk(frame_prompt(text, chunk), sum(len(e.text) for e in chunk))
+    except TimeoutError as exc:
+        failed = SummaryError("summarizer timed out")
+        failed.rejected = tuple(run.rejected)
+        raise failed from exc
+    except SummaryError as exc:
+        exc.rejected = tuple(run.rejected)
+        raise
+    if omitted:
+        text = f"{omitted_marker(omitted)}\n\n{text}"
+    return Summary(text, run.retries, run.calls, omitted, tuple(run.rejected))
+
+
+@dataclass(slots=True)
+class _Run:
+    """One summary's calls so far, its length retries and the reasons answers failed."""
+
+    req: SummaryRequest
+    calls: int = 0
+    retries: int = 0
+    rejected: list[Reason] = field(default_factory=list)
+
+    def _spare(self) -> bool:
+        return self.calls + 2 <= self.req.max_calls
+
+    async def chunk(self, framed: str, span_chars: int) -> str:
+        """The summary updated with one framed chunk of ``span_chars`` characters."""
+        req = self.req
+        answer = await self._finished(framed)
+        # The call's marker is in no quoted text: an answer holding it copied the framing.
+        marker = framed_marker(framed)
+        copied = answer.finish_reason == "length" or (bool(marker) and marker in answer.text)
+        reason: Reason | None = "echo" if copied else None
+        reason = reason or check_summary(answer.text, req.prompt, answer.max_tokens, span_chars)
+        if reason is None:
+            return answer.text
+        self.rejected.append(reason)
+        if self.calls >= req.max_calls:
+            raise SummaryRejected(f"summary rejected ({reason}), no call left for a retry")
+        # Once more with the simple prompt: a weak model that copies or skips a long
+        # template often follows two sections.
+        answer = await _call(req, SIMPLE, framed, answer.max_tokens, self._spare())
+        self.calls += answer.posts
+        retried: Reason | None = "truncated" if answer.finish_reason == "length" else None
+        if retried is None and marker and marker in answer.text:
+            retried = "echo"
+        retried = retried or check_summary(answer.text, SIMPLE, answer.max_tokens, span_chars)
+        if retried is not None:
+            self.rejected.append(retried)
+            raise SummaryRejected(f"summary rejected ({reason}, then {retried} when retried)")
+        return answer.text
+
+    async def _finished(self, framed: str) -> _Answer:
+        """An answer that was not cut off: retried once, tersely, if it was."""
+        req = self.req
+        answer = await _call(req, req.prompt, framed, req.max_tokens, self._spare())
+        self.calls += answer.posts
+        if answer.finish_reason != "length" or echoes(answer.text, req.prompt):
+            # An echo cut off is an echo: asked again with the simple prompt, not tersely.
+            return answer
+        self.retries += 1
+        self.rejected.append("truncated")
+        limit = answer.max_tokens
+        if self.calls >= req.max_calls:
+            raise _cut_off(f"cut off at {limit} tokens, no call left", self.retries)
+        terser = f"{framed}\n\n{TERSER.format(limit=limit)}"
+        answer = await _call(req, req.prompt, terser, limit, self._spare())
+        self.calls += answer.posts
+        if answer.finish_reason == "length":
+            self.rejected.append("truncated")
+            raise _cut_off(f"cut off at {limit} tokens twice", self.retries)
+        return answer
+
+
+def _cut_off(what: str, retries: int) -> SummaryTruncated:
+    cut = SummaryTruncated(f"summary {what}; keeping the previous one")
+    cut.length_retries = retries
+    return cut
+
+
+def _newest_within(chunks: list[list[Entry]], max_calls: int) -> tuple[list[list[Entry]], int]:
+    """``chunks`` as one summary may take them within ``max_calls`` calls: all of them,
+    or the newest ``max_calls - 1`` (a call to spare for a retry) after a marker entry
+    standing for the messages left out; and how many messages were left out."""
+    keep = max(max_calls - 1, 1)
+    if len(chunks) <= max_calls:
+        return chunks, 0
+    dropped, kept = chunks[:-keep], chunks[-keep:]
+    # A message longer than a chunk continues over several: count where each one starts.
+    omitted = sum(entry.part == 1 for chunk in dropped for entry in chunk)
+    if kept[0][0].part > 1:
+        omitted -= 1  # its start was left out, its rest is kept: not counted whole
+    omitted = max(omitted, 1)  # at least part of one message
+    # The proxy's own note: only the proxy writes a framed line, so it may say system.
+    return [[Entry("system", omitted_marker(omitted)), *kept[0]], *kept[1:]], omitted
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    text: str
+    finish_reason: str
+    max_tokens: int  # what the answer was allowed
+    posts: int  # calls it took: 2 when asked again within a stated output limit
+
+
+async def _call(
+    req: SummaryRequest, prompt: Prompt, framed: str, max_tokens: int, spare: bool
+) -> _Answer:
+    """One answer (empty if the model said nothing); ``spare``: a second call is within
+    the budget, if one is needed."""
+    status, raw, headers = await _post(req, prompt.system, framed, max_tokens)
+    posts = 1
+    if status != 200 and spare:
+        verdict = classify_error(status, headers, raw)
+        if verdict.kind == "output_budget" and verdict.limit and verdict.limit < max_tokens:
+            # The summarizer writes less than configured: ask within what it can.
+            max_tokens = verdict.limit
+            status, raw, headers = await _post(req, prompt.system, framed, max_tokens)
+            posts = 2
+    if status != 200:
+        raise SummaryError(f"summarizer answered HTTP {status}")
+    reading = read_answer(req.api, raw)
+    return _Answer(reading.text.strip(), reading.finish_reason, max_tokens, posts)
+
+
+async def _post(
+    req: SummaryRequest, system: str, framed: str, max_tokens: int
+) -> tuple[int, bytes, dict[str, str]]:
+    body = request_body(req.api, req.model, system, framed, max_tokens)
+    headers = [
+        *req.headers,
+        (b"content-type", b"application/json"),
+        (b"accept-encoding", b"identity"),  # the body is parsed here
+        PURPOSE_HEADER,
+    ]
+    try:
+        response = await req.client.send("POST", req.url, headers, body)
+        try:
+            raw = await response.aread()
+        finally:
+            await response.aclose()
+    except UpstreamError as exc:
+        raise SummaryError(f"summarizer request failed: {type(exc).__name__}") from exc
+    return response.status_code, raw, dict(response.headers)

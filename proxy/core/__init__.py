@@ -1,0 +1,1 @@
+"""The pure core: values in, values out; no I/O, clock, metrics or HTTP."""

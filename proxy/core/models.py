@@ -1,0 +1,129 @@
+"""The per-model table: which window, output reserve and tokenizer a model gets.
+
+Matching is by exact name first, then the first glob (``fnmatch``) in file
+order, then ``default_model``. Results are cached per model name: the table
+is fixed for the life of the process, so the request path only does a cache
+lookup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from cachetools import LRUCache
+
+from proxy.config import Settings
+from proxy.core.encodings import Encoder, warn_inexact
+
+# Model families whose tokenizer we know; everything else counts with
+# cl100k_base, the closest widely shared vocabulary (open models' own
+# tokenizers are not tiktoken-compatible, so that is an estimate anyway).
+_FAMILY_TOKENIZERS = (
+    (
+        ("gpt-4o*", "gpt-4.1*", "gpt-4.5*", "gpt-5*", "o1*", "o3*", "o4*", "chatgpt-4o*"),
+        "o200k_base",
+    ),
+    (("gpt-4*", "gpt-3.5*", "text-embedding-3*"), "cl100k_base"),
+)
+DEFAULT_TOKENIZER = "cl100k_base"
+# Model names come from clients: bounded in entries, and in bytes because parsing
+# refuses a name over server.max_model_bytes (at most ~5 MB at the 512-byte default).
+_CACHE_LIMIT = 10_000
+
+
+def openai_family(model: str) -> bool:
+    """Whether ``model`` names one of OpenAI's own model families."""
+    return any(fnmatchcase(model, p) for patterns, _ in _FAMILY_TOKENIZERS for p in patterns)
+
+
+def default_tokenizer(model: str) -> str:
+    for patterns, name in _FAMILY_TOKENIZERS:
+        if any(fnmatchcase(model, p) for p in patterns):
+            return name
+    return DEFAULT_TOKENIZER
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    name: str
+    context_window: int
+    max_output_tokens: int
+    tokenizer: str
+    matched: str  # the rule that matched: a pattern, or "default"
+    precompact: bool = True  # background pre-compaction (precompact.py) for this model
+    # Count tool definitions as an open model's chat template renders them (tokens.py):
+    # every model outside OpenAI's families, which count them their own way.
+    templated_tools: bool = False
+
+
+class ModelTable:
+    def __init__(self, settings: Settings) -> None:
+        self._specs = settings.models
+        self._default = settings.default_model
+        # Only ever used on the event loop, so no lock despite LRU hits reordering it.
+        self._cache: LRUCache[str, ResolvedModel] = LRUCache(_CACHE_LIMIT)
+        # Stand-ins for encodings not on disk that no configured model names: said once,
+        # when a request first resolves to one, not at start-up for every deployment.
+        self._unannounced: dict[str, Encoder] = {}
+
+    def resolve(self, model: str) -> ResolvedModel:
+        hit = self._cache.get(model)
+        if hit is None:
+            hit = self._cache[model] = self._resolve(model)
+            if self._unannounced:
+                self._announce(hit.tokenizer)
+        return hit
+
+    def entry_of(self, model: str) -> str:
+        """The configured entry (its ``match``) ``model`` resolves to, else ``other``: a
+        closed set, for a metric's label (never the client's own name)."""
+        matched = self.resolve(model).matched
+        return "other" if matched == "default" else matched
+
+    def announce_on_first_use(self, encoders: dict[str, Encoder]) -> None:
+        """Warn about an inexact encoder among ``encoders`` (loaded quietly) the first
+        time a model resolves to it."""
+        self._unannounced = {name: enc for name, enc in encoders.items() if not enc.exact}
+
+    def _announce(self, tokenizer: str) -> None:
+        encoder = self._unannounced.pop(tokenizer, None)
+        if encoder is not None:
+            warn_inexact(encoder)
+
+    def _resolve(self, model: str) -> ResolvedModel:
+        spec = next((s for s in self._specs if s.match == model), None) or next(
+            (s for s in self._specs if fnmatchcase(model, s.match)), None
+        )
+        if spec is not None:
+            return ResolvedModel(
+                name=model,
+                context_window=spec.context_window,
+                max_output_tokens=spec.max_output_tokens,
+                tokenizer=spec.tokenizer or default_tokenizer(model),
+                matched=spec.match,
+                precompact=spec.precompact,
+                templated_tools=not openai_family(model),
+            )
+        return ResolvedModel(
+            name=model,
+            context_window=self._default.context_window,
+            max_output_tokens=self._default.max_output_tokens,
+            tokenizer=self._default.tokenizer or default_tokenizer(model),
+            matched="default",
+            precompact=self._default.precompact,
+            templated_tools=not openai_family(model),
+        )
+
+    def tokenizers(self) -> set[str]:
+        """Every tokenizer the table can name, to load at start-up."""
+        names = self.configured_tokenizers()
+        names.update(n for _, n in _FAMILY_TOKENIZERS)
+        return names
+
+    def configured_tokenizers(self) -> set[str]:
+        """The tokenizers the configuration names: its model rules' and the default's.
+        (A model name no rule matches may still pick its family's: ``tokenizers``.)"""
+        names = {s.tokenizer or default_tokenizer(s.match) for s in self._specs}
+        names.add(self._default.tokenizer or DEFAULT_TOKENIZER)
+        return names

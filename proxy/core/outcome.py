@@ -1,0 +1,86 @@
+"""The values one chat request's compaction steps share: its ``Turn`` and its ``Outcome``.
+
+``Outcome.headers`` renders the response headers that tell the client what the
+upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Window``),
+and ``X-Compaction-Degraded`` when the turn was due a summary it did not get.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from proxy.core.models import ResolvedModel
+from proxy.observe.record import Record
+from proxy.types import ChatMessage, ChatRequest
+
+Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed"]
+# Why a turn that was due a summary was served without one (its status still says what
+# the upstream saw): its own summary failed, or the one it waited for (another request's)
+# ended without a snapshot, after the time that took; the one it waited for was still
+# running when compaction.wait_for_summary_s ran out (late); or the session's back-off
+# after failures skipped it (backoff.py). A closed set: a metric label.
+Degraded = Literal["summary_failed", "summary_late", "backoff"]
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One chat request, as the compaction steps see it."""
+
+    chat: ChatRequest
+    body: bytes
+    model: ResolvedModel
+    tenant: str
+    session_header: str | None
+    auth_headers: list[tuple[bytes, bytes]]
+    # What the request's line and metrics report (its id goes on summary calls too);
+    # the pipeline passes the request's own, a Turn built elsewhere gets a detached one.
+    record: Record = field(default_factory=Record.detached)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The API view for one request; ``messages`` None means send the body as is."""
+
+    status: Status
+    messages: list[ChatMessage] | None
+    version: int
+    tokens: int
+    window: int
+    # False when ``tokens`` is a rough size estimate, not a count.
+    counted: bool = True
+    # Identifiers the new summary had lost and the proxy put back (identifiers.py).
+    restored: int = 0
+    # To start once the answer has gone out: background pre-compaction (precompact.py).
+    after: Callable[[], Awaitable[None]] | None = None
+    degraded: Degraded | None = None
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [
+            (b"x-compaction-status", self.status.encode()),
+            (b"x-compaction-version", str(self.version).encode()),
+            (b"x-context-tokens", str(self.tokens).encode()),
+            (b"x-context-window", str(self.window).encode()),
+        ]
+        if self.degraded is not None:
+            headers.append((b"x-compaction-degraded", self.degraded.encode()))
+        return headers
+
+
+def counted_as(outcome: Outcome) -> str:
+    """A compaction's outcome label (metrics): its view's status, but ``failed`` for a
+    summary that failed while the view still fit (served as it was, not trimmed)."""
+    if outcome.degraded == "summary_failed" and outcome.status != "trimmed":
+        return "failed"
+    return outcome.status
+
+
+def rejected_headers(window: int | None) -> dict[str, str]:
+    """The headers of a chat request the proxy refused before sending anything upstream
+    (its own error answer); the window once the request's model is known."""
+    headers = {"x-compaction-status": "rejected", "x-compaction-version": "0"}
+    headers["x-context-tokens"] = "0"
+    if window is not None:
+        headers["x-context-window"] = str(window)
+    return headers

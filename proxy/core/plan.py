@@ -1,0 +1,190 @@
+"""What stays verbatim, what gets elided, what gets summarised.
+
+The upstream sees a *view* of the client's history (view.py): the pinned
+messages, a summary of older ones, and a verbatim tail with old bulky tool
+outputs elided. The plan chooses the view. Everything here is arithmetic over
+precomputed per-message token counts: no I/O, no clock. Planning is linear in
+the number of messages: every candidate view costs O(1) (``Totals``).
+
+Cuts only fall on group starts, so an assistant's ``tool_calls`` and their
+results are always summarised, elided or kept together, and the newest
+message is never summarised, elided or dropped (invariant 4).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from proxy.core.budget import Budget
+from proxy.core.view import Totals, View, check_view, view_tokens
+from proxy.types import ChatMessage
+
+_LEADING_ROLES = ("system", "developer")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The decision for one request.
+
+    ``summarize`` is the ``[start, end)`` span to fold into the summary; an empty
+    span means no model call. ``tokens`` is the request's estimated total
+    (messages + fixed + reserve) under ``view``; ``fits`` says it is within the window.
+    """
+
+    action: Literal["keep", "compact"]
+    view: View
+    summarize: tuple[int, int]
+    tokens: int
+    fits: bool
+
+
+def count_pinned(messages: Sequence[ChatMessage], pin_first_user: bool) -> int:
+    """How many leading messages are always sent verbatim (invariant 1).
+
+    The leading system/developer messages, plus the first message after them
+    when it is a user message and ``pin_first_user``. The newest message is
+    never pinned: it belongs to the tail.
+    """
+    pinned = 0
+    while pinned < len(messages) and messages[pinned]["role"] in _LEADING_ROLES:
+        pinned += 1
+    if pin_first_user and pinned < len(messages) and messages[pinned]["role"] == "user":
+        pinned += 1
+    return min(pinned, max(len(messages) - 1, 0))
+
+
+def _is_group_start(results: Sequence[int], i: int) -> bool:
+    # A result (even an orphan one) joins the group before it.
+    return i == 0 or not results[i]
+
+
+def _group_start_at_or_before(results: Sequence[int], i: int) -> int:
+    while i > 0 and not _is_group_start(results, i):
+        i -= 1
+    return max(i, 0)
+
+
+def protected_start(results: Sequence[int], budget: Budget) -> int:
+    """Start of the recent tail that elision leaves alone: at least the newest message."""
+    keep = max(budget.min_tail_messages, 1)
+    return _group_start_at_or_before(results, max(len(results) - keep, 0))
+
+
+def _plan(
+    action: Literal["keep", "compact"],
+    totals: Totals,
+    view: View,
+    budget: Budget,
+    summarize: tuple[int, int],
+) -> Plan:
+    tokens = totals.tokens(view)
+    return Plan(action, view, summarize, tokens, tokens <= budget.window)
+
+
+def plan_compaction(
+    counts: Sequence[int],
+    results: Sequence[int],
+    pinned: int,
+    current: View,
+    budget: Budget,
+    *,
+    force: bool = False,
+) -> Plan:
+    """Keep the current view, or compact it down to ``budget.target``, cheapest first.
+
+    Under the trigger (and not forced) the view is kept as is, so the prefix the
+    upstream sees stays byte-identical between compactions (invariant 5).
+    Otherwise: (a) elide bulky tool outputs older than the protected recent tail;
+    if that reaches the target, no model call is needed. (b) Else summarise up to
+    the smallest legal cut that reaches the target, or the largest one that keeps
+    the newest group when none does (``fits`` then says whether it is within the
+    window). Summarising is skipped when it would not beat elision alone.
+
+    ``force`` compacts even under the trigger: it summarises at least everything
+    before the protected tail (more when the target needs it), and keeps the view
+    when nothing but the newest group is left to summarise.
+    """
+    check_view(counts, results, pinned, current)
+    no_summary = (current.covered, current.covered)
+    tokens = view_tokens(counts, results, pinned, current, budget)
+    over = tokens > budget.trigger
+    keep = Plan("keep", current, no_summary, tokens, tokens <= budget.window)
+    if not over and not force:
+        return keep
+
+    totals = Totals.build(counts, results, pinned, budget)
+    protected = protected_start(results, budget)
+    elided = replace(current, elide_before=max(current.elide_before, protected))
+    elision_only = _plan("compact", totals, elided, budget, no_summary)
+    elided_tokens = elision_only.tokens
+    if over and elided_tokens <= budget.target:
+        return elision_only
+
+    cut = _choose_cut(totals, results, elided, budget, protected, force=force)
+    if cut is None:
+        return elision_only if over and elided != current else keep
+    view = View(cut, budget.summary_allowance, elided.elide_before)
+    plan = _plan("compact", totals, view, budget, (current.covered, cut))
+    if not force and plan.tokens >= elided_tokens:
+        # The new summary would cost more than it replaces.
+        return elision_only if elided != current else keep
+    return plan
+
+
+def _choose_cut(
+    totals: Totals,
+    results: Sequence[int],
+    elided: View,
+    budget: Budget,
+    protected: int,
+    *,
+    force: bool,
+) -> int | None:
+    """The new ``covered``: the smallest legal cut reaching the target, else the largest.
+
+    Each later cut keeps strictly fewer tokens verbatim, so the smallest cut that
+    reaches the target also keeps the longest tail. ``None`` when no cut past
+    ``elided.covered`` exists (only the newest group is left).
+    """
+    first = next_group_start(results, elided.covered + 1)
+    if first is None:
+        return None
+    if force:
+        # A forced compaction folds in at least everything before the protected tail.
+        first = max(first, _group_start_at_or_before(results, protected))
+    allowance, elide_before = budget.summary_allowance, elided.elide_before
+    return first_within(
+        results, first, lambda cut: totals.tokens(View(cut, allowance, elide_before)), budget.target
+    )
+
+
+def next_group_start(results: Sequence[int], i: int) -> int | None:
+    """The first group start at or after ``i``; None when there is none.
+
+    A cut at a group start ``c`` summarises messages before ``c`` and keeps the rest. A
+    group is one message plus the tool results that follow it, so a cut never
+    separates an assistant's ``tool_calls`` from their results.
+    """
+    while i < len(results) and not _is_group_start(results, i):
+        i += 1
+    return i if i < len(results) else None
+
+
+def first_within(
+    results: Sequence[int], first: int, tokens: Callable[[int], int], limit: int
+) -> int:
+    """The first group start from ``first`` (one itself) whose view is within ``limit``,
+    else the last group start.
+
+    Binary search over every index, no list of the cuts: with the summary's size fixed,
+    a later cut moves more messages (each worth zero or more tokens) into the summary,
+    so totals never rise, and the first group start within the limit is the first one
+    at or after the first index within it.
+    """
+    n = len(results)
+    i = first + bisect_left(range(first, n), True, key=lambda i: tokens(i) <= limit)
+    found = next_group_start(results, i)
+    return found if found is not None else _group_start_at_or_before(results, n - 1)

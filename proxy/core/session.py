@@ -1,0 +1,147 @@
+"""Step 3: which session a request belongs to, scoped by tenant.
+
+The tenant is a keyed hash of the caller's credential, so the store never
+holds a key and one tenant can never name another's session (DESIGN
+invariant 6). With no session header, the id is derived from the
+conversation's opening messages (system prompt, first user message and the
+first reply), so unmodified clients still get compaction while two
+conversations that merely share a system prompt get different sessions.
+Conversations whose openings are identical too (a temperature-0 agent with a
+fixed kickoff) share the derived id but not a snapshot: the id names a few
+slots (``derived_slots``) and each conversation uses the one whose snapshot it
+still starts with (snapshots.py).
+
+Clients that cannot set headers name the session in the body instead:
+``prompt_cache_key`` (both APIs), and the fields ``session.body_fields`` lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import Literal
+
+from proxy.config import SessionSettings
+from proxy.core.digest import legacy_digests
+from proxy.routes.parse import check_length
+from proxy.types import ChatMessage
+
+_TENANT_SALT = b"compaction-proxy/tenant/v1"
+_LEADING = frozenset({"system", "developer"})
+# Opening messages after the system prompt that identify a header-less conversation.
+_DERIVE_FROM = 2
+_SOURCES: dict[str, Literal["header", "derived"]] = {"h": "header", "d": "derived"}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    tenant: str
+    session: str
+    source: Literal["header", "derived"]
+
+    @property
+    def storage_key(self) -> str:
+        """The one string a store files this session under: ``{tenant}:{h|d}:{session}``."""
+        return f"{self.tenant}:{self.source[0]}:{self.session}"
+
+    @classmethod
+    def from_storage_key(cls, value: str) -> SessionKey | None:
+        """The key ``storage_key`` made ``value`` from; None for anything else."""
+        parts = value.split(":")
+        if len(parts) != 3 or not parts[0] or not parts[2] or parts[1] not in _SOURCES:
+            return None
+        return cls(parts[0], parts[2], _SOURCES[parts[1]])
+
+    @property
+    def log_id(self) -> str:
+        """Short, non-reversible id for logs."""
+        return blake2b(self.storage_key.encode(), digest_size=6).hexdigest()
+
+
+def tenant_of(authorization: str | None) -> str:
+    # Without a credential every caller shares the "anonymous" tenant. That is only
+    # reachable with server.require_client_key off (the default when the upstream needs
+    # no key of the proxy's): a single-user setup, as the README's security section says.
+    if not authorization:
+        return "anonymous"
+    return blake2b(authorization.encode(), key=_TENANT_SALT, digest_size=16).hexdigest()
+
+
+# Every header a provider accepts as the caller's key (OpenAI, Azure, Anthropic style).
+CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+# What SDKs send for "no key": an empty bearer token is no credential.
+_EMPTY = frozenset({"", "bearer"})
+
+
+def _credentials(headers: Mapping[str, str]) -> list[str]:
+    return [
+        f"{name}:{value}"
+        for name in CREDENTIAL_HEADERS
+        if (value := headers.get(name)) and value.strip().lower() not in _EMPTY
+    ]
+
+
+def has_credential(headers: Mapping[str, str]) -> bool:
+    return bool(_credentials(headers))
+
+
+def tenant_from_headers(headers: Mapping[str, str]) -> str:
+    """The tenant of a request: all the credentials it carries, hashed together."""
+    return tenant_of("\n".join(_credentials(headers)) or None)
+
+
+def session_from_header(tenant: str, value: str) -> SessionKey:
+    # Hashing bounds the key's length and keeps arbitrary client bytes out of store keys.
+    return SessionKey(tenant, blake2b(value.encode(), digest_size=16).hexdigest(), "header")
+
+
+def session_from_history(tenant: str, messages: Sequence[ChatMessage]) -> SessionKey:
+    # BLAKE2b digests, as before snapshot format 2: a derived id is where a session's
+    # snapshot is stored, so an upgrade must not move it (digest.py).
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") in _LEADING:
+        lead += 1
+    h = blake2b(digest_size=16)
+    for d in legacy_digests(messages[: lead + _DERIVE_FROM]):
+        h.update(d)
+    return SessionKey(tenant, h.hexdigest(), "derived")
+
+
+def session_name(
+    headers: Mapping[str, str], body: Mapping[str, object], settings: SessionSettings
+) -> str | None:
+    """The session the client names: the session header, else ``prompt_cache_key``,
+    else the first of ``settings.body_fields`` (``user``, or ``metadata.session_id``) the
+    body sets. A name longer than ``settings.max_name_bytes`` gets a 400 naming where it
+    came from: a request keeps its name (its record, a log line)."""
+    limit = settings.max_name_bytes
+    given = headers.get(settings.header)
+    if given:
+        check_length(given, limit, settings.header)
+        return given
+    for path in ("prompt_cache_key", *settings.body_fields):
+        value: object = body
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if isinstance(value, str) and value:
+            check_length(value, limit, path)
+            return value
+    return None
+
+
+def derived_slots(key: SessionKey, count: int) -> list[SessionKey]:
+    """The keys under which conversations sharing ``key``'s derived id keep their own
+    snapshots: ``key`` itself first, so a session's snapshot stays where it was."""
+    if key.source != "derived":
+        return [key]
+    return [key] + [
+        SessionKey(key.tenant, f"{key.session}-{i}", key.source) for i in range(1, count)
+    ]
+
+
+def session_key(tenant: str, header: str | None, messages: Sequence[ChatMessage]) -> SessionKey:
+    """The session named by the session header, else the one derived from the history."""
+    if header:
+        return session_from_header(tenant, header)
+    return session_from_history(tenant, messages)

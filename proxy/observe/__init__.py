@@ -1,0 +1,1 @@
+"""Observability: request records, logs, request ids and Prometheus metrics."""

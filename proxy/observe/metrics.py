@@ -1,0 +1,332 @@
+"""Prometheus metrics, on a registry of the app's own (several apps per test process).
+
+Series whose labels are a closed set are declared at start-up (``__post_init__``), so
+dashboards and alerts see zeros rather than no data before the first event. A request's
+own series (durations, tokens, streams) are observed in one place, ``recorder.Recorder.finish``.
+Label sets and buckets are in proxy.observe.series: all closed, whatever clients send. With several
+workers, ``/metrics`` sums them (proxy.observe.exposition); gauges say how (``multiprocess_mode``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
+
+from proxy.core.summary_check import REASONS as REJECTIONS
+from proxy.observe.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
+from proxy.observe.series import (
+    ADDED_BUCKETS,
+    CALL_BUCKETS,
+    CHAT_STATUSES,
+    DEGRADED_REASONS,
+    PRECOMPACTION_OUTCOMES,
+    STORE_BUCKETS,
+    STORE_OPERATIONS,
+    SUMMARY_BUCKETS,
+    TRIGGERS,
+    TTFB_BUCKETS,
+    ModelGauge,
+)
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess"]
+
+
+@dataclass(slots=True)
+class Metrics:
+    registry: CollectorRegistry
+    requests: Counter
+    compactions: Counter
+    overflows: Counter
+    summary_failures: Counter
+    store_errors: Counter
+    learned_window: ModelGauge
+    learned_windows: Counter
+    client_disconnects: Counter
+    summaries_truncated: Counter
+    summary_length_retries: Counter
+    summaries_rejected: Counter
+    identifiers_restored: Counter
+    snapshots_unreadable: Counter
+    lock_release_retries: Counter
+    request_duration: Histogram
+    upstream_duration: Histogram
+    responses: Counter
+    upstream_responses: Counter
+    added_latency: Histogram
+    stream_ttfb: Histogram
+    active_streams: Gauge
+    input_tokens: Counter
+    summarization_duration: Histogram
+    store_duration: Histogram
+    # Background pre-compaction (precompact.py).
+    compactions_by_trigger: Counter
+    precompactions: Counter
+    precompactions_running: Gauge
+    summary_waits: Counter
+    requests_cut_at_shutdown: Counter
+    degraded_requests: Counter
+    failed_summary_seconds: Counter
+    sent_during_summary: Counter
+
+    @classmethod
+    def create(cls) -> Metrics:
+        # prometheus-client's switch is per process; every registry of ours wants it.
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
+        r = CollectorRegistry(auto_describe=True)
+        return cls(
+            registry=r,
+            requests=Counter(
+                "compaction_proxy_chat_requests",
+                "Chat completion requests by X-Compaction-Status",
+                ["status"],
+                registry=r,
+            ),
+            compactions=Counter(
+                "compaction_proxy_compactions",
+                "Compactions by trigger (threshold, forced, overflow_recovery, scheduled; "
+                "precompact: in the background after an answer, counted only when it "
+                "compacted) and outcome (compacted; trimmed: the summary failed; failed: it "
+                "failed, the view fit untrimmed; backoff: not asked, its summaries kept "
+                "failing; snapshot: another's served)",
+                ["trigger", "outcome"],
+                registry=r,
+            ),
+            overflows=Counter(
+                "compaction_proxy_upstream_overflows",
+                "Upstream context-overflow answers by error format and recovery outcome",
+                ["provider", "kind", "outcome"],
+                registry=r,
+            ),
+            summary_failures=Counter(
+                "compaction_proxy_summary_failures",
+                "Summarizations that failed or timed out (the turn was trimmed instead)",
+                registry=r,
+            ),
+            store_errors=Counter(
+                "compaction_proxy_store_errors",
+                "Snapshot store calls that failed (served without the store)",
+                ["operation"],
+                registry=r,
+            ),
+            learned_window=ModelGauge(
+                Gauge(
+                    "compaction_proxy_learned_window_tokens",
+                    "Context windows learned from upstream overflow errors, shared by all "
+                    "callers, by configured model entry (its match; other: none matched)",
+                    ["model"],
+                    registry=r,
+                    # Across workers: the window each last learned (the same one, with Redis).
+                    multiprocess_mode="livemostrecent",
+                )
+            ),
+            summaries_truncated=Counter(
+                "compaction_proxy_summaries_truncated",
+                "Summaries still cut off by their token limit after a terser retry (the "
+                "previous snapshot was kept and the turn trimmed)",
+                registry=r,
+            ),
+            summary_length_retries=Counter(
+                "compaction_proxy_summary_length_retries",
+                "Summarizer calls retried because the answer was cut off by its token limit",
+                registry=r,
+            ),
+            summaries_rejected=Counter(
+                "compaction_proxy_summaries_rejected",
+                "Summarizer answers not kept, by reason (summary_check.py; truncated: cut off)",
+                ["reason"],
+                registry=r,
+            ),
+            identifiers_restored=Counter(
+                "compaction_proxy_identifiers_restored",
+                "Identifiers a new summary had lost, put back by the proxy's check",
+                registry=r,
+            ),
+            client_disconnects=Counter(
+                "compaction_proxy_client_disconnects",
+                "Chat requests whose client left before the answer, by phase (upstream: cancelled)",
+                ["phase"],
+                registry=r,
+            ),
+            learned_windows=Counter(
+                "compaction_proxy_learned_windows",
+                "Windows learned from overflow errors, by scope (tenant: one caller's own; "
+                "shared: lowered for everyone once enough tenants agreed)",
+                ["scope"],
+                registry=r,
+            ),
+            snapshots_unreadable=Counter(
+                "compaction_proxy_snapshots_unreadable",
+                "Stored values unreadable (bad data, other key or format) taken as absent, by kind",
+                ["kind"],
+                registry=r,
+            ),
+            lock_release_retries=Counter(
+                "compaction_proxy_lock_release_retries",
+                "Summarization locks whose release failed and was retried in the background, "
+                "by outcome (released, expired, cancelled, gave_up)",
+                ["outcome"],
+                registry=r,
+            ),
+            request_duration=Histogram(
+                "compaction_proxy_request_duration_seconds",
+                "Requests from arrival to their response's last byte (a stream: its end, or "
+                "the client leaving), by route",
+                ["route"],
+                buckets=CALL_BUCKETS,
+                registry=r,
+            ),
+            upstream_duration=Histogram(
+                "compaction_proxy_upstream_duration_seconds",
+                "Time spent on a request's upstream calls, from sending to the answer's last "
+                "byte, by route (requests that called the upstream)",
+                ["route"],
+                buckets=CALL_BUCKETS,
+                registry=r,
+            ),
+            responses=Counter(
+                "compaction_proxy_responses",
+                "Responses by route and HTTP status class (2xx...; 429 and 499 apart)",
+                ["route", "status"],
+                registry=r,
+            ),
+            upstream_responses=Counter(
+                "compaction_proxy_upstream_responses",
+                "Requests that called the upstream, by route and the status class of its "
+                "last answer (429 apart; none: no answer)",
+                ["route", "status"],
+                registry=r,
+            ),
+            added_latency=Histogram(
+                "compaction_proxy_added_latency_seconds",
+                "Per forwarded request, its duration less its upstream time: what the proxy "
+                "added (parsing, counting, the store, summaries, relaying), by route",
+                ["route"],
+                buckets=ADDED_BUCKETS,
+                registry=r,
+            ),
+            stream_ttfb=Histogram(
+                "compaction_proxy_stream_ttfb_seconds",
+                "Event streams: from the request's arrival to the first byte sent to the "
+                "client, by route",
+                ["route"],
+                buckets=TTFB_BUCKETS,
+                registry=r,
+            ),
+            active_streams=Gauge(
+                "compaction_proxy_active_streams",
+                "Event streams being relayed to clients now",
+                registry=r,
+                multiprocess_mode="livesum",
+            ),
+            input_tokens=Counter(
+                "compaction_proxy_input_tokens",
+                "Chat input tokens, by stage: before (the history as the client sent it) and "
+                "after (what the proxy sent upstream); estimates for requests not counted",
+                ["stage"],
+                registry=r,
+            ),
+            summarization_duration=Histogram(
+                "compaction_proxy_summarization_duration_seconds",
+                "Summaries asked of the upstream, every chunk and retry included, by outcome "
+                "(ok, failed)",
+                ["outcome"],
+                buckets=SUMMARY_BUCKETS,
+                registry=r,
+            ),
+            store_duration=Histogram(
+                "compaction_proxy_store_duration_seconds",
+                "Calls to the shared (Redis) store, failed ones included, by operation",
+                ["operation"],
+                buckets=STORE_BUCKETS,
+                registry=r,
+            ),
+            compactions_by_trigger=Counter(
+                "compaction_proxy_compactions_by_trigger",
+                "Compactions that wrote a new snapshot, by trigger (inline: in a request's "
+                "path; background: pre-compaction after an answer)",
+                ["trigger"],
+                registry=r,
+            ),
+            precompactions=Counter(
+                "compaction_proxy_precompactions",
+                "Background pre-compactions by outcome (compacted; covered: a newer snapshot "
+                "already did; unchanged: nothing to fold in; failed; cancelled; preempted: for "
+                "a tenant under its share; skipped_running, skipped_backoff, skipped_cap, "
+                "skipped_locked)",
+                ["outcome"],
+                registry=r,
+            ),
+            precompactions_running=Gauge(
+                "compaction_proxy_precompactions_running",
+                "Background pre-compactions running now",
+                multiprocess_mode="livesum",
+                registry=r,
+            ),
+            summary_waits=Counter(
+                "compaction_proxy_inline_summary_waits",
+                "Chat requests that waited on a summary in their own path, by kind "
+                "(summarized: called the summarizer; waited: for another request's summary)",
+                ["kind"],
+                registry=r,
+            ),
+            requests_cut_at_shutdown=Counter(
+                "compaction_proxy_requests_cut_at_shutdown",
+                "Requests still running at the shutdown deadline (server.shutdown_timeout_s), cut",
+                registry=r,
+            ),
+            degraded_requests=Counter(
+                "compaction_proxy_degraded_requests",
+                "Chat requests due a summary and served without one (X-Compaction-Degraded), "
+                "by reason (summary_failed: theirs, or the one they waited for, failed; "
+                "summary_late: the one they waited for outlived the wait; backoff: the "
+                "session's summaries kept failing, none asked)",
+                ["reason"],
+                registry=r,
+            ),
+            failed_summary_seconds=Counter(
+                "compaction_proxy_failed_summary_seconds",
+                "Seconds chat requests spent in summaries that failed (theirs, or waiting on "
+                "another request's)",
+                registry=r,
+            ),
+            sent_during_summary=Counter(
+                "compaction_proxy_turns_sent_during_summary",
+                "Chat requests sent upstream while a background summary on the same model ran "
+                "(a single-slot server, llama.cpp -np 1, makes them wait for it)",
+                registry=r,
+            ),
+        )
+
+    def __post_init__(self) -> None:
+        for trigger in TRIGGERS:
+            for outcome in ("compacted", "trimmed", "failed"):
+                self.compactions.labels(trigger=trigger, outcome=outcome)
+        # store_duration's (14 series each) come with the Redis store that times its calls.
+        closed: tuple[tuple[Counter | Histogram, str, tuple[str, ...]], ...] = (
+            (self.requests, "status", CHAT_STATUSES),
+            (self.store_errors, "operation", STORE_OPERATIONS),
+            (self.input_tokens, "stage", ("before", "after")),
+            (self.summarization_duration, "outcome", ("ok", "failed")),
+            (self.learned_windows, "scope", ("tenant", "shared")),
+            (self.snapshots_unreadable, "kind", ("snapshot", "window")),
+            (self.lock_release_retries, "outcome", ("released", "expired", "cancelled", "gave_up")),
+            (self.client_disconnects, "phase", ("upstream",)),
+            (self.precompactions, "outcome", PRECOMPACTION_OUTCOMES),
+            (self.compactions_by_trigger, "trigger", ("inline", "background")),
+            (self.summary_waits, "kind", ("summarized", "waited")),
+            (self.summaries_rejected, "reason", REJECTIONS),
+            (self.degraded_requests, "reason", DEGRADED_REASONS),
+        )
+        for metric, label, values in closed:
+            for value in values:
+                metric.labels(**{label: value})
+
+    def exposition(self) -> bytes:
+        return exposition(self.registry)

@@ -1,0 +1,169 @@
+"""One record per request: what it did, observed in metrics and logged as one line at its end.
+
+``RecordRequests`` wraps the routes (ASGI middleware). For each request it opens a
+``Record`` under the request's id (``request_id.py``: the client's, or a new one),
+which it puts on the request's own headers, so it is forwarded upstream like any
+other header (summaries asked for the request carry it too), and on the response.
+The steps fill in what they learn: the
+pipeline the model, the compaction outcome and the tokens, the upstream timing.
+When the response has ended (a stream: after its last byte, or when its client
+left) ``Recorder.finish`` (recorder.py) observes the request's metrics and writes
+its line: the one place that does either.
+Health, readiness and metrics scrapes are not recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from time import perf_counter
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy.core.session import SessionKey
+from proxy.observe.logs import REQUEST_ID
+from proxy.observe.request_id import HEADER, new_request_id, request_id_from, response_headers
+
+if TYPE_CHECKING:
+    from proxy.compaction.count import History
+    from proxy.core.outcome import Outcome, Turn
+    from proxy.observe.recorder import Recorder
+
+_UNRECORDED = frozenset({"/healthz", "/readyz", "/metrics"})
+_SCOPE_KEY = "proxy.record"
+
+
+@dataclass(slots=True)
+class Record:
+    """What one request did, filled in as it goes; finished once, by the middleware."""
+
+    request_id: str
+    started: float
+    method: str = ""
+    path: str = ""
+    route: str = "other"
+    status: int = 0  # the HTTP status sent; 0 until the response starts
+    error: str | None = None  # the proxy's error code, when it answered with one
+    # Chat requests, from the pipeline.
+    model: str | None = None
+    window: int | None = None  # the model's context window, as the proxy uses it
+    stream: bool = False
+    tenant: str = ""
+    session_header: str | None = None
+    session: SessionKey | None = None
+    outcome: Outcome | None = None
+    tokens_before: int | None = None  # the history as the client sent it, when counted
+    trigger: str | None = None
+    summary_s: float | None = None
+    summary_failed_s: float = 0.0  # in summaries that failed: its own, or waiting (compact.py)
+    # Upstream calls: their time so far, when the one under way was sent (0: none is),
+    # and the status of the last answer (None: never called; 0: no answer).
+    upstream_s: float = 0.0
+    upstream_sent_at: float = 0.0
+    upstream_status: int | None = None
+    upstream_request_id: str | None = None
+    # The response as it went out.
+    event_stream: bool = False
+    ttfb_s: float | None = None
+    completed: bool = False
+
+    @classmethod
+    def detached(cls) -> Record:
+        """A record no middleware finishes: never observed, never logged."""
+        return cls(new_request_id(), perf_counter())
+
+    def note_request(self, model: str, tenant: str, *, stream: bool, window: int) -> None:
+        """A chat (or Responses) request's model, its window, its tenant, and whether it
+        streams."""
+        self.model = model
+        self.window = window
+        self.tenant = tenant
+        self.stream = stream
+
+    def note_turn(self, turn: Turn) -> None:
+        """A chat (or Responses) request's model, tenant and session header."""
+        model, stream = turn.model, bool(turn.chat.get("stream"))
+        self.note_request(model.name, turn.tenant, stream=stream, window=model.context_window)
+        self.session_header = turn.session_header
+
+    def counted(self, session: SessionKey, history: History) -> None:
+        """The chat's session and the tokens of its history as sent."""
+        self.session = session
+        self.tokens_before = sum(history.counts) + history.fixed
+
+    def sending(self, outcome: Outcome | None = None) -> None:
+        """An upstream call (with the view ``outcome``) is sent: its time counts until
+        ``upstream_done``, or until the request ends (the answer is relayed as it is read)."""
+        self.upstream_done()
+        self.upstream_sent_at = perf_counter()
+        self.upstream_status = 0
+        if outcome is not None:
+            self.outcome = outcome
+
+    def upstream_done(self) -> None:
+        """The upstream's answer was read whole (an error the proxy acts on)."""
+        if self.upstream_sent_at:
+            self.upstream_s += perf_counter() - self.upstream_sent_at
+            self.upstream_sent_at = 0.0
+
+    def answered(self, upstream_status: int, outcome: Outcome | None = None) -> None:
+        """The upstream answered (the view ``outcome``, after any recovery)."""
+        self.upstream_status = upstream_status
+        if outcome is not None:
+            self.outcome = outcome
+
+
+def record_of(request: Request) -> Record:
+    """The request's record (a fresh one, never logged, outside ``RecordRequests``)."""
+    record: Record | None = request.scope.get(_SCOPE_KEY)
+    return Record.detached() if record is None else record
+
+
+class RecordRequests:
+    """ASGI middleware: a ``Record`` per request, its id on both hops, finished at the end."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope.get("state")
+        recorder: Recorder | None = state.get("recorder") if state else None
+        if scope["type"] != "http" or recorder is None or scope["path"] in _UNRECORDED:
+            await self.app(scope, receive, send)
+            return
+        request_id, scope["headers"] = request_id_from(scope["headers"])
+        rec = Record(request_id, perf_counter(), scope["method"], scope["path"])
+        scope[_SCOPE_KEY] = rec
+        own = (HEADER, request_id.encode("ascii"))
+
+        async def send_recorded(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                rec.status = message["status"]
+                headers, upstream_id, rec.event_stream = response_headers(
+                    message.get("headers", ()), own
+                )
+                message["headers"] = headers
+                rec.upstream_request_id = upstream_id
+                if rec.event_stream:
+                    recorder.metrics.active_streams.inc()
+            elif message["type"] == "http.response.body":
+                if rec.ttfb_s is None and message.get("body"):
+                    rec.ttfb_s = perf_counter() - rec.started
+                if not message.get("more_body", False):
+                    rec.completed = True
+            await send(message)
+
+        token = REQUEST_ID.set(request_id)
+        try:
+            await self.app(scope, receive, send_recorded)
+        except Exception:
+            rec.status = rec.status or 500
+            raise
+        finally:
+            if rec.event_stream:
+                recorder.metrics.active_streams.dec()
+            route = scope.get("route")
+            rec.route = getattr(route, "name", None) or "other"
+            recorder.finish(rec)
+            REQUEST_ID.reset(token)

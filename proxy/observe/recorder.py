@@ -1,0 +1,214 @@
+"""Finishing a request's ``Record`` (record.py): its metrics observed, its line written.
+
+``Recorder.finish`` is the one place that does either, once per request, so it is
+kept to plain work: the series a request moves are looked up once per label set and
+observed without prometheus-client's per-call checks (``_FastHistogram``,
+``_FastCounter``), and the line's fields are built in one dict.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter, Histogram
+
+from proxy.core.session import session_from_header
+from proxy.observe.logs import ACCESS, write_request_line
+from proxy.observe.metrics import Metrics
+from proxy.observe.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
+
+if TYPE_CHECKING:
+    from proxy.config import Settings
+    from proxy.observe.record import Record
+
+# Answered with no response at all (the client left, or shutdown cut it): nginx's code.
+NO_RESPONSE = 499
+
+# OpenAI's API resources: a passthrough line names one of these, or "other". The rest of
+# a path is the caller's (file ids, names, anything a client puts there), logged only
+# with logging.include_sensitive.
+_RESOURCES = frozenset(
+    "assistants audio batches chat completions containers conversations embeddings evals "  # noqa: SIM905
+    "files fine_tuning images models moderations realtime responses threads uploads "
+    "vector_stores".split()
+)
+
+
+# The most of one client-chosen value a line copies (a path, a model or session name):
+# parsing caps names below this by default, but a path is only bounded by the request
+# head (64 KiB), and the caps are configurable: a line stays a line.
+LOGGED_VALUE_CHARS = 1024
+
+
+def clipped(value: str) -> str:
+    """``value``, cut to ``LOGGED_VALUE_CHARS`` with a mark of how long it was."""
+    if len(value) <= LOGGED_VALUE_CHARS:
+        return value
+    return f"{value[:LOGGED_VALUE_CHARS]}…({len(value)} chars)"
+
+
+def api_resource(path: str) -> str:
+    """``/v1/files/file-abc/content`` -> ``/v1/files/…``; an unknown resource -> ``other``."""
+    parts = path.split("/", 3)
+    if len(parts) < 3 or parts[1] != "v1" or parts[2] not in _RESOURCES:
+        return "other"
+    return f"/v1/{parts[2]}" + ("/…" if len(parts) > 3 else "")
+
+
+class _FastHistogram:
+    """One labelled histogram child's ``observe``: its sum and the one bucket the value
+    falls in, as prometheus-client's own does, without its checks and loop (a child
+    from ``labels()`` is always observable). Works on its values in multiprocess mode
+    too; tests/test_metrics.py holds it to the public ``observe``."""
+
+    __slots__ = ("_bounds", "_buckets", "_sum")
+
+    def __init__(self, child: Histogram) -> None:
+        self._sum = child._sum
+        self._buckets = child._buckets
+        self._bounds = child._upper_bounds  # ascending, ending with +Inf
+
+    def observe(self, amount: float) -> None:
+        self._sum.inc(amount)
+        self._buckets[bisect_left(self._bounds, amount)].inc(1)
+
+
+class _FastCounter:
+    """One labelled counter child's ``inc``, for amounts known to be >= 0."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, child: Counter) -> None:
+        self._value = child._value
+
+    def inc(self, amount: float = 1) -> None:
+        self._value.inc(amount)
+
+
+class Recorder:
+    """Observes each finished request's metrics and writes its line; one per app."""
+
+    def __init__(self, metrics: Metrics, settings: Settings) -> None:
+        self.metrics = metrics
+        self._include_sensitive = settings.logging.include_sensitive
+        # Keyed by route (a route name) and status label: closed sets (proxy.observe.series).
+        self._durations: dict[str, _FastHistogram] = {}
+        self._upstream: dict[str, _FastHistogram] = {}
+        self._responses: dict[tuple[str, str], _FastCounter] = {}
+        self._upstream_responses: dict[tuple[str, str], _FastCounter] = {}
+        self._added: dict[str, _FastHistogram] = {}
+        self._ttfb: dict[str, _FastHistogram] = {}
+        self._chat = {s: _FastCounter(metrics.requests.labels(status=s)) for s in CHAT_STATUSES}
+        self._degraded = {
+            r: _FastCounter(metrics.degraded_requests.labels(reason=r)) for r in DEGRADED_REASONS
+        }
+        self._before = _FastCounter(metrics.input_tokens.labels(stage="before"))
+        self._after = _FastCounter(metrics.input_tokens.labels(stage="after"))
+
+    def finish(self, rec: Record) -> None:
+        """Observe ``rec``'s metrics and log its line; called once, when it has ended."""
+        rec.upstream_done()
+        total = perf_counter() - rec.started
+        route, m = rec.route, self.metrics
+        if not rec.status:
+            rec.status = NO_RESPONSE
+        _histogram(self._durations, m.request_duration, route).observe(total)
+        _counter(self._responses, m.responses, route, rec.status).inc()
+        if rec.upstream_status is not None:
+            _histogram(self._upstream, m.upstream_duration, route).observe(rec.upstream_s)
+            _counter(
+                self._upstream_responses, m.upstream_responses, route, rec.upstream_status
+            ).inc()
+            _histogram(self._added, m.added_latency, route).observe(
+                max(total - rec.upstream_s, 0.0)
+            )
+        if rec.event_stream and rec.ttfb_s is not None:
+            _histogram(self._ttfb, m.stream_ttfb, route).observe(rec.ttfb_s)
+        if rec.summary_failed_s:
+            m.failed_summary_seconds.inc(rec.summary_failed_s)
+        outcome = rec.outcome
+        if outcome is not None and rec.upstream_status:  # chat requests the upstream answered
+            self._chat[outcome.status].inc()
+            if outcome.degraded is not None:
+                self._degraded[outcome.degraded].inc()
+            before = rec.tokens_before
+            self._before.inc(outcome.tokens if before is None else before)
+            self._after.inc(outcome.tokens)
+        if ACCESS.isEnabledFor(logging.INFO):
+            write_request_line(self._fields(rec, total))
+
+    def _fields(self, rec: Record, total: float) -> dict[str, Any]:
+        """The line's fields: hashed ids, never content, credentials or header values."""
+        fields: dict[str, Any] = {
+            "request_id": rec.request_id,
+            "method": rec.method,
+            "route": rec.route,
+            "status": rec.status,
+            "duration_ms": round(total * 1000, 2),
+        }
+        if rec.route == "passthrough":  # other paths can hold a session id
+            fields["path"] = (
+                clipped(rec.path) if self._include_sensitive else api_resource(rec.path)
+            )
+        if rec.error is not None:
+            fields["error"] = rec.error
+        if rec.upstream_status is not None:
+            fields["upstream_status"] = rec.upstream_status or None
+            fields["upstream_ms"] = round(rec.upstream_s * 1000, 2)
+        if rec.upstream_request_id is not None:
+            fields["upstream_request_id"] = rec.upstream_request_id
+        if rec.event_stream:
+            if rec.ttfb_s is not None:
+                fields["ttfb_ms"] = round(rec.ttfb_s * 1000, 2)
+            fields["completed"] = rec.completed
+        if rec.model is not None:
+            self._chat_fields(rec, fields)
+        return fields
+
+    def _chat_fields(self, rec: Record, fields: dict[str, Any]) -> None:
+        fields["model"] = clipped(rec.model or "")
+        fields["stream"] = rec.stream
+        # The same ids /admin/sessions shows for tenants, and every other line for sessions.
+        fields["tenant"] = rec.tenant[:12]
+        session = rec.session
+        if session is None and rec.session_header:
+            session = session_from_header(rec.tenant, rec.session_header)
+        if session is not None:
+            fields["session"] = session.log_id
+        if self._include_sensitive and rec.session_header is not None:
+            fields["session_header"] = clipped(rec.session_header)
+        outcome = rec.outcome
+        if outcome is not None:
+            fields["compaction"] = outcome.status
+            if outcome.degraded is not None:
+                fields["degraded"] = outcome.degraded
+            before = rec.tokens_before
+            fields["tokens_before"] = outcome.tokens if before is None else before
+            fields["tokens_after"] = outcome.tokens
+            fields["counted"] = outcome.counted
+        if rec.trigger is not None:
+            fields["trigger"] = rec.trigger
+        if rec.summary_s is not None:
+            fields["summary_ms"] = round(rec.summary_s * 1000, 2)
+        if rec.summary_failed_s:
+            fields["summary_failed_ms"] = round(rec.summary_failed_s * 1000, 2)
+
+
+def _histogram(cache: dict[str, _FastHistogram], family: Histogram, route: str) -> _FastHistogram:
+    child = cache.get(route)
+    if child is None:
+        child = cache[route] = _FastHistogram(family.labels(route=route))
+    return child
+
+
+def _counter(
+    cache: dict[tuple[str, str], _FastCounter], family: Counter, route: str, status: int
+) -> _FastCounter:
+    key = (route, status_label(status))
+    child = cache.get(key)
+    if child is None:
+        child = cache[key] = _FastCounter(family.labels(route=route, status=key[1]))
+    return child

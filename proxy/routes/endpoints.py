@@ -1,0 +1,86 @@
+"""Route endpoints as plain ASGI apps, and the request object they are given.
+
+Starlette wraps a function endpoint in ``request_response``, which adds a second
+exception-handling layer per request (the app's own ``ExceptionMiddleware`` already
+catches what the handlers raise, with the same handlers) and hands it a ``Request``
+whose header lookups scan and decode every header on each call; a chat request makes
+about ten. ``endpoint(handler)`` calls the handler with a ``ProxyRequest`` instead:
+the same object, whose lookups read one dict built on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from proxy.compaction.inflight import release
+
+
+class FastHeaders(Headers):
+    """``Headers`` whose ``get``, ``[]`` and ``in`` are one dict lookup.
+
+    As Starlette's, the first of repeated headers is the one returned, and names are
+    matched lower-cased (ASGI servers send them lower-cased).
+    """
+
+    _first: dict[bytes, bytes] | None = None
+
+    def _index(self) -> dict[bytes, bytes]:
+        first = self._first
+        if first is None:
+            # Reversed: the first occurrence of a name is the last one written.
+            first = self._first = dict(reversed(self._list))
+        return first
+
+    def __getitem__(self, key: str) -> str:
+        value = self._index().get(key.lower().encode("latin-1"))
+        if value is None:
+            raise KeyError(key)
+        return value.decode("latin-1")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self._index().get(key.lower().encode("latin-1"))
+        return default if value is None else value.decode("latin-1")
+
+    def __contains__(self, key: Any) -> bool:
+        return key.lower().encode("latin-1") in self._index()
+
+
+class ProxyRequest(Request):
+    """A ``Request`` with ``FastHeaders``."""
+
+    @property
+    def headers(self) -> Headers:
+        headers: Headers | None = self.__dict__.get("_headers")
+        if headers is None:
+            headers = self._headers = FastHeaders(scope=self.scope)
+        return headers
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class endpoint:  # lower case: wraps a handler where a function would
+    """``handler`` as an ASGI app (a class, so that ``Route`` takes it as one).
+
+    What the handler raises propagates to the app's ``ExceptionMiddleware``, whose
+    handlers answer it as they would have at the route.
+    """
+
+    __slots__ = ("handler",)
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            response = await self.handler(ProxyRequest(scope, receive, send))
+            await response(scope, receive, send)
+        finally:
+            # Answered, failed or abandoned: the body it held is no longer held.
+            release(scope)

@@ -1,0 +1,180 @@
+"""Step 1: read and parse the client's body, rejecting what we cannot handle.
+
+Reading is bounded by ``server.max_body_bytes`` before anything is buffered
+past the limit; parsing is orjson. Only the shape the proxy depends on is
+checked: an object with a ``model`` string of at most ``server.max_model_bytes``
+(per-process tables are keyed by it) and at most ``server.max_messages``
+messages, whose role, content, name, tool_call_id and tool calls (function,
+name, arguments) have the types that counting, digesting, summarising and
+rebuilding read; and nesting no deeper than orjson writes, since a rebuilt
+request is written back with it. Everything else is the upstream's business
+and is forwarded as is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+
+from proxy.compaction.inflight import BodyBudget
+from proxy.config import ServerSettings
+from proxy.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge, UnsupportedEncoding
+from proxy.types import ChatRequest
+
+_DEFAULT_MAX_MESSAGES: int = ServerSettings.model_fields["max_messages"].default
+DEFAULT_MAX_MODEL_BYTES: int = ServerSettings.model_fields["max_model_bytes"].default
+
+
+async def read_body(request: Request, limit: int, budget: BodyBudget | None = None) -> bytes:
+    """The chat body, read whole and bounded by ``limit``, its bytes taken from
+    ``budget`` before they are read (proxy.compaction.inflight). A compressed body is refused,
+    not decoded: the proxy reads the JSON and may send a rewritten body upstream, where
+    the client's Content-Encoding header would then lie; the official SDKs never
+    compress, and inflating is memory and CPU a hostile body could make unbounded."""
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise UnsupportedEncoding(
+            f"Content-Encoding {encoding[:40]!r} is not supported on this endpoint; "
+            "send the JSON body uncompressed.",
+            param="content-encoding",
+        )
+    declared = request.headers.get("content-length", "")
+    # isdigit() alone accepts '²', which int() rejects.
+    length = int(declared) if declared.isascii() and declared.isdigit() else None
+    if length is not None and length > limit:
+        raise _too_large(limit)
+    scope = request.scope
+    # Declared: taken whole before a byte is read; else chunk by chunk as they arrive.
+    per_chunk = budget if length is None else None
+    if budget is not None and length is not None:
+        budget.take(scope, length)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            if per_chunk is not None:
+                per_chunk.take(scope, len(chunk))
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The client left or was dropped for stalling (server.body_timeout_s).
+        raise ClientDisconnected("The client disconnected while sending its body.") from None
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"Request body is larger than the proxy's limit of {limit} bytes.")
+
+
+def parse_chat_request(
+    body: bytes,
+    max_messages: int = _DEFAULT_MAX_MESSAGES,
+    max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES,
+) -> ChatRequest:
+    data = load_request(body, max_model_bytes)
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest(
+            "'messages' must be a non-empty array of message objects.", param="messages"
+        )
+    if len(messages) > max_messages:
+        raise InvalidRequest(
+            f"'messages' has {len(messages)} messages; this proxy accepts at most {max_messages}.",
+            param="messages",
+        )
+    for i, message in enumerate(messages):
+        _check_message(i, message)
+    check_depth(data)
+    return cast(ChatRequest, data)
+
+
+def load_request(body: bytes, max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES) -> dict[str, Any]:
+    """The body as a JSON object with a ``model`` string of at most ``max_model_bytes``,
+    or the client's 400."""
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request: {exc.msg} "
+            f"(line {exc.lineno}, column {exc.colno}).",
+            code="invalid_json",
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    if not isinstance(data.get("model"), str) or not data["model"]:
+        raise InvalidRequest("You must provide a model parameter.", param="model")
+    check_length(data["model"], max_model_bytes, "model")
+    return data
+
+
+def check_length(value: str, limit: int, param: str) -> None:
+    """A 400 naming ``param`` when ``value`` is longer than ``limit`` bytes of UTF-8.
+
+    For the strings the proxy keys anything by (model and session names): with their
+    length bounded here, a table bounded in entries is bounded in bytes too."""
+    # Characters never outnumber UTF-8 bytes: only a short non-ASCII string is encoded.
+    if len(value) > limit or (not value.isascii() and len(value.encode()) > limit):
+        raise InvalidRequest(
+            f"Invalid '{param}': string too long. Expected a string of at most {limit} "
+            "bytes (this proxy's limit).",
+            param=param,
+            code="string_above_max_length",
+        )
+
+
+def check_depth(data: dict[str, Any]) -> None:
+    """orjson reads deeper nesting than it writes (254 levels); what we may write back
+    must be writable. Writing it once is the check: in C, about a tenth of the parse."""
+    try:
+        orjson.dumps(data)
+    except TypeError:
+        raise InvalidRequest(
+            "The request body is nested too deeply (at most 254 levels).", code="invalid_json"
+        ) from None
+
+
+def _check_message(i: int, message: Any) -> None:
+    """Only the fields the proxy reads; their values are the upstream's to judge."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        where = f"messages[{i}]"
+        raise InvalidRequest(f"{where} must be an object with a 'role' string.", param=where)
+    content = message.get("content")
+    if content is not None and not (
+        isinstance(content, str)
+        or (isinstance(content, list) and all(isinstance(p, dict) for p in content))
+    ):
+        where = f"messages[{i}]"
+        raise InvalidRequest(
+            f"{where}.content must be a string, an array of content part objects or null.",
+            param=f"{where}.content",
+        )
+    for key in ("name", "tool_call_id"):
+        if key in message and not isinstance(message[key], str):
+            raise _not_a_string(f"messages[{i}].{key}")
+    calls = message.get("tool_calls")
+    if calls is None:
+        return
+    where = f"messages[{i}]"
+    if not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+        raise InvalidRequest(
+            f"{where}.tool_calls must be an array of tool call objects.",
+            param=f"{where}.tool_calls",
+        )
+    for j, call in enumerate(calls):
+        if "function" not in call:
+            continue
+        function = call["function"]
+        at = f"{where}.tool_calls[{j}].function"
+        if not isinstance(function, dict):
+            raise InvalidRequest(f"{at} must be an object.", param=at)
+        for key in ("name", "arguments"):
+            if key in function and not isinstance(function[key], str):
+                raise _not_a_string(f"{at}.{key}")
+
+
+def _not_a_string(param: str) -> InvalidRequest:
+    return InvalidRequest(f"{param} must be a string.", param=param)

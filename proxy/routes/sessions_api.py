@@ -1,0 +1,96 @@
+"""``/sessions/{id}``: inspect, compact or forget a session, as its own tenant.
+
+The caller's credential scopes every call exactly like chat requests, so
+another tenant asking for the same id gets a 404, never someone else's data.
+A session the proxy has served but not compacted yet answers version 0 and no
+summary, with its latest turn's figures (sightings.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from proxy.core.session import SessionKey, session_from_header, tenant_from_headers
+from proxy.errors import NotFound, RateLimited
+from proxy.services import Services
+from proxy.store import Snapshot
+
+
+def _key(request: Request) -> SessionKey:
+    tenant = tenant_from_headers(request.headers)
+    return session_from_header(tenant, request.path_params["session_id"])
+
+
+def _not_found(key: SessionKey) -> NotFound:
+    return NotFound("The proxy has not seen a session with this id.", param="session_id")
+
+
+async def get_session(request: Request, services: Services) -> Response:
+    key = _key(request)
+    snapshot, seen = await asyncio.gather(services.store.load(key), services.store.load_seen(key))
+    if snapshot is None and seen is None:
+        raise _not_found(key)
+    body: dict[str, Any] = {"id": request.path_params["session_id"], "object": "compaction.session"}
+    # Not compacted yet: version 0, no summary.
+    body.update(_snapshot_fields(snapshot) if snapshot else {"version": 0, "summary": None})
+    if seen is not None:  # its latest turn, as noted after the answer went out
+        body.update(messages=seen.messages, tokens=seen.tokens, last_seen_at=int(seen.seen_at))
+        body["model"] = body.get("model") or seen.model
+    return JSONResponse(body)
+
+
+def _snapshot_fields(snapshot: Snapshot) -> dict[str, Any]:
+    return {
+        "version": snapshot.version,
+        "pinned_messages": snapshot.pinned,
+        "covered_messages": snapshot.covered,
+        "elided_before": snapshot.elide_before,
+        "summary": snapshot.summary,
+        "summary_tokens": snapshot.summary_tokens,
+        "tokens_before": snapshot.tokens_before,
+        "tokens_after": snapshot.tokens_after,
+        "model": snapshot.model,
+        "created_at": int(snapshot.created_at),
+        "updated_at": int(snapshot.updated_at),
+    }
+
+
+async def delete_session(request: Request, services: Services) -> Response:
+    key = _key(request)
+    if not await services.store.delete(key):
+        raise _not_found(key)
+    return JSONResponse({"id": request.path_params["session_id"], "deleted": True})
+
+
+async def compact_session(request: Request, services: Services) -> Response:
+    # The proxy holds no history, so compaction happens on the session's next
+    # request, which carries it.
+    key = _key(request)
+    schedule = services.schedule
+    wait = schedule.schedule_wait_s(key)
+    if wait > 0:
+        # Each scheduled compaction costs a summary: one per force_interval_s, as the header.
+        return _rate_limited(wait)  # before any store call: a refusal costs nothing
+    if not await schedule.request(services.store, key):
+        # Nothing to compact yet, or not yours (the same answer: no tenant learns more).
+        message = "No session with this id has a snapshot yet; X-Compaction: force on its "
+        raise NotFound(message + "next request compacts it now.", param="session_id")
+    return JSONResponse(
+        {"id": request.path_params["session_id"], "status": "scheduled"}, status_code=202
+    )
+
+
+def _rate_limited(wait_s: float) -> Response:
+    seconds = math.ceil(wait_s)
+    error = RateLimited(
+        "A compaction of this session was requested less than compaction.force_interval_s "
+        f"ago; try again in {seconds} s.",
+        param="session_id",
+    )
+    headers = {"Retry-After": str(seconds)}
+    return Response(error.body(), error.status, headers, media_type="application/json")

@@ -1,0 +1,1 @@
+"""The process edge: the uvicorn server, workers, shutdown, client limits and the demo."""

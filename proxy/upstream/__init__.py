@@ -1,0 +1,1 @@
+"""The upstream side: the HTTP client and everything about talking to the provider."""

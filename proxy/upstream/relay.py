@@ -1,0 +1,113 @@
+"""Relaying an upstream answer to the client: status, headers and bytes as received.
+
+A stream that breaks after its first byte ends the client's stream early and
+cleanly, with one warning line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+
+from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
+
+from proxy.errors import UpstreamStreamBroken
+from proxy.upstream.client import UpstreamResponse
+from proxy.upstream.headers import response_headers
+
+# Named for what broke (the upstream's answer), as it was before relaying had a module.
+log = logging.getLogger("proxy.upstream")
+
+# Responses bigger than this (or of unknown size) are streamed, not buffered.
+_BUFFER_LIMIT = 1024 * 1024
+
+
+class Relayed(Response):
+    """A body read whole, with the headers it goes out with: ``Response``'s own
+    constructor renders and builds headers that relaying would only replace."""
+
+    def __init__(self, body: bytes, status_code: int, raw_headers: list[tuple[bytes, bytes]]):
+        self.status_code = status_code
+        self.background = None
+        self.body = body
+        self.raw_headers = raw_headers
+
+
+def buffered(
+    response: UpstreamResponse, body: bytes, extra_headers: Iterable[tuple[bytes, bytes]] = ()
+) -> Response:
+    """An upstream answer whose raw body was already read: relay it as received."""
+    length = (b"content-length", str(len(body)).encode())
+    headers = [*response_headers(response), *extra_headers, length]
+    return Relayed(body, response.status_code, headers)
+
+
+async def relay(
+    response: UpstreamResponse,
+    extra_headers: Iterable[tuple[bytes, bytes]] = (),
+    watch: Callable[[bytes], None] | None = None,
+    started: tuple[bytes, AsyncIterator[bytes]] | None = None,
+) -> Response:
+    """Turn an upstream response into ours: status, headers and bytes as received.
+
+    Event streams and large bodies are relayed chunk by chunk as they arrive;
+    small bodies are read whole, which is cheaper than streaming them.
+    ``watch`` sees the body's bytes (each chunk of a stream) on their way out.
+    ``started``: bytes the caller already read, and the iterator it read them from.
+    """
+    headers = response_headers(response)
+    headers.extend(extra_headers)
+    started = started or response.started
+    length = response.headers.get("content-length")
+    is_stream = response.headers.get("content-type", "").startswith("text/event-stream")
+    small = (
+        length is not None
+        and length.isascii()
+        and length.isdigit()
+        and int(length) <= _BUFFER_LIMIT
+    )
+    if not is_stream and small and started is None:
+        try:
+            # Raw bytes (auto_decompress is off): the content-encoding header is
+            # relayed, so must the encoding be.
+            body = await response.aread()
+        finally:
+            await response.aclose()
+        if watch is not None:
+            watch(body)
+        headers.append((b"content-length", str(len(body)).encode()))
+        return Relayed(body, response.status_code, headers)
+    out = StreamingResponse(
+        _raw_chunks(response, watch, started),
+        status_code=response.status_code,
+        background=BackgroundTask(response.aclose),
+    )
+    out.raw_headers = headers
+    return out
+
+
+async def _raw_chunks(
+    response: UpstreamResponse,
+    watch: Callable[[bytes], None] | None,
+    started: tuple[bytes, AsyncIterator[bytes]] | None = None,
+) -> AsyncIterator[bytes]:
+    # Bytes exactly as received (no decompression, no re-serialization). If the
+    # client disconnects, Starlette cancels this generator and the finally
+    # closes the upstream connection, which cancels the upstream request.
+    prefix, source = started if started is not None else (b"", response.aiter_raw())
+    try:
+        if prefix:
+            if watch is not None:
+                watch(prefix)
+            yield prefix
+        async for chunk in source:
+            if watch is not None:
+                watch(chunk)
+            yield chunk
+    except UpstreamStreamBroken as exc:
+        # Headers are already sent: all we can do is end the stream early, cleanly,
+        # so the client keeps what it got. The cause names a timeout or a lost connection.
+        log.warning("upstream stream broke mid-body: %s", type(exc.__cause__).__name__)
+    finally:
+        await response.aclose()
