@@ -14,7 +14,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy import pipeline
 from proxy.config import Settings
 from proxy.core.outcome import rejected_headers
 from proxy.core.session import has_credential
@@ -22,7 +21,7 @@ from proxy.errors import InvalidRequest, MissingCredential, NotFound, Overloaded
 from proxy.observe.metrics import CONTENT_TYPE_LATEST
 from proxy.observe.record import RecordRequests, record_of
 from proxy.observe.recorder import Recorder
-from proxy.routes import admin_api, responses, sessions_api
+from proxy.routes import admin_api, chat, passthrough, responses, sessions_api
 from proxy.routes.endpoints import endpoint
 from proxy.serve.shutdown import Drain
 from proxy.services import Services, build_services
@@ -68,16 +67,16 @@ def _scoped(request: Request) -> Services:
     return services
 
 
-async def chat(request: Request) -> Response:
-    return await pipeline.handle_chat(request, _scoped(request))
+async def chat_create(request: Request) -> Response:
+    return await chat.handle_chat(request, _scoped(request))
 
 
 async def responses_create(request: Request) -> Response:
     return await responses.handle_responses(request, _scoped(request))
 
 
-async def passthrough(request: Request) -> Response:
-    return await pipeline.handle_passthrough(request, _scoped(request))
+async def relay_other(request: Request) -> Response:
+    return await passthrough.handle_passthrough(request, _scoped(request))
 
 
 async def get_session(request: Request) -> Response:
@@ -157,9 +156,9 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 # Names are the ``route`` of metrics and request lines.
 ROUTES = [
-    Route("/v1/chat/completions", endpoint(chat), methods=["POST"], name="chat"),
+    Route("/v1/chat/completions", endpoint(chat_create), methods=["POST"], name="chat"),
     Route("/v1/responses", endpoint(responses_create), methods=["POST"], name="responses"),
-    Route("/v1/{path:path}", endpoint(passthrough), methods=_ALL_METHODS, name="passthrough"),
+    Route("/v1/{path:path}", endpoint(relay_other), methods=_ALL_METHODS, name="passthrough"),
     Route("/sessions/{session_id}", endpoint(get_session), methods=["GET"], name="sessions"),
     Route("/sessions/{session_id}", endpoint(delete_session), methods=["DELETE"], name="sessions"),
     Route(

@@ -1,28 +1,29 @@
 """The request's path through the proxy, top to bottom.
 
-``handle_chat`` is the table of contents for ``POST /v1/chat/completions``:
+``handle`` is the table of contents for every API the proxy compacts: read and
 parse, model, ``compacted_view`` (count, session, snapshot, plan, summarize
 under the session's lock, rebuild), then ``forward``: send, ``recover_overflow``,
 the usage watcher that calibrates our counts and, past the soft threshold, a
 background compaction once the answer is out (precompact.py). Each step is one
-call into the module named for it (DESIGN.md numbers them). ``POST /v1/responses``
-(responses.py) runs the same steps with its API's shapes, given as a ``Route``.
-``handle_passthrough`` relays every other ``/v1/*`` call untouched.
+call into the module named for it (DESIGN.md numbers them). What differs between
+APIs is an ``Api`` value (upstream/api.py) that each API's module under routes/
+hands in: ``POST /v1/chat/completions`` (routes/chat.py), ``POST /v1/responses``
+(routes/responses.py). Nothing here knows one API from another.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 
-import orjson
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.compaction.compact import Job, trigger_for
 from proxy.compaction.count import count_history
+from proxy.compaction.inflight import read_body
 from proxy.compaction.precompact import run_after
 from proxy.compaction.schedule import scheduled
 from proxy.compaction.snapshots import load_session
@@ -36,61 +37,65 @@ from proxy.core.session import SessionKey, session_key, session_name, tenant_fro
 from proxy.core.tokens import bounded_by, output_reserve
 from proxy.errors import ClientDisconnected
 from proxy.observe.record import record_of
-from proxy.routes.parse import parse_chat_request, read_body
-from proxy.routes.route import Route
 from proxy.services import Services
 from proxy.types import ChatMessage
 from proxy.upstream import client as upstream
 from proxy.upstream import recover as recovery
-from proxy.upstream.calibrate import find_prompt_tokens
+from proxy.upstream.api import Api, Route
 from proxy.upstream.disconnect import cancelled_on_disconnect
 from proxy.upstream.overflow import Overflow
-from proxy.upstream.recover import RECOVERABLE, Attempt, diagnose, lower_output
+from proxy.upstream.recover import RECOVERABLE, Attempt, diagnose
 from proxy.upstream.relay import relay
 from proxy.upstream.stream_head import Held, Recovery, respond
-from proxy.upstream.urls import passthrough_url, upstream_url
+from proxy.upstream.urls import upstream_url
 
 # Bodies above this are parsed in a worker thread, so the loop keeps serving others.
 PARSE_INLINE_BYTES = 1024 * 1024
 
 
-async def handle_chat(request: Request, services: Services) -> Response:
+async def handle(request: Request, services: Services, api: Api) -> Response:
+    """Steps 1-12 for one request of ``api``: its body parsed into the chat view the
+    steps read, compacted (unless ``api`` forwards it untouched), sent and recovered."""
     settings = services.settings
     record = record_of(request)  # what the request's line and metrics report, at its end
     body = await read_body(request, settings.server.max_body_bytes, services.bodies)  # 1. parse
     limits = (settings.server.max_messages, settings.server.max_model_bytes)
     if len(body) > PARSE_INLINE_BYTES:  # tens of ms (seconds, if hostile) of orjson
-        chat = await asyncio.to_thread(parse_chat_request, body, *limits)
+        data, chat = await asyncio.to_thread(api.parse, body, *limits)
     else:
-        chat = parse_chat_request(body, *limits)
+        data, chat = api.parse(body, *limits)
     tenant = tenant_from_headers(request.headers)
     model = await effective_model(services, chat["model"], tenant)  # 2.
+    window, estimate = model.context_window, len(body) // 4
+    record.note_request(model.name, tenant, stream=bool(chat.get("stream")), window=window)
     headers = services.headers.outgoing(request.headers.raw, inspect=True)
     control = request.headers.get("x-compaction", "").strip().lower()
+    url = upstream_url(settings.upstream.base_url, api.path, b"")
+    route = Route(api, url, headers, body, data)
+    if api.untouched(data, control):  # no history in sight: no session, no recovery
+        bypassed = Outcome("bypassed", None, 0, estimate, window, counted=False)
+        return await forward(services, request, route, Attempt(body, bypassed), None)
     turn = Turn(
         chat=chat,
         body=body,
         model=model,
         tenant=tenant,
-        session_header=session_name(request.headers, chat, settings.session),
+        session_header=session_name(request.headers, data, settings.session),
         auth_headers=services.headers.auth_only(headers),
         record=record,
     )
     record.note_turn(turn)
-
-    estimate = len(body) // 4
     if control == "off":
-        outcome = Outcome("bypassed", None, 0, estimate, model.context_window, counted=False)
-    elif not settings.compaction.enabled:
-        outcome = Outcome("passthrough", None, 0, estimate, model.context_window, counted=False)
+        outcome = Outcome("bypassed", None, 0, estimate, window, counted=False)
+    elif not settings.compaction.enabled or not chat["messages"]:
+        outcome = Outcome("passthrough", None, 0, estimate, window, counted=False)
     else:  # 3-8. count, session, snapshot, plan, summarize, rebuild
         outcome = await compacted_view(services, turn, force=control == "force")
         outcome = services.sightings.note(turn, outcome)  # for GET /sessions/{id}
-    url = upstream_url(settings.upstream.base_url, "chat/completions", b"")
-    route = Route(url, headers, partial(_outgoing_body, turn), lower_output, find_prompt_tokens)
+    # Nothing to compact harder without a message (a Responses call with an empty input).
+    recover = control != "off" and settings.compaction.recover_overflow and bool(chat["messages"])
     first = Attempt(route.body_for(outcome), outcome)
-    recover = control != "off" and settings.compaction.recover_overflow
-    return await forward(services, request, route, first, turn, recover=recover)  # 9-12.
+    return await forward(services, request, replace(route, recover=recover), first, turn)  # 9-12.
 
 
 async def compacted_view(
@@ -149,15 +154,9 @@ async def session_of(turn: Turn, messages: Sequence[ChatMessage]) -> SessionKey:
 
 
 async def forward(
-    services: Services,
-    request: Request,
-    route: Route,
-    first: Attempt,
-    turn: Turn | None,
-    *,
-    recover: bool,
+    services: Services, request: Request, route: Route, first: Attempt, turn: Turn | None
 ) -> Response:
-    """Steps 9-12: send ``first``; when ``recover`` and the upstream rejects it as too
+    """Steps 9-12: send ``first``; when ``route.recover`` and the upstream rejects it as too
     long, compact ``turn`` harder and retry once; relay the answer with its view's
     headers, calibrating on ``turn``'s usage, and pre-compact once the answer is out.
     ``turn`` None: a request the proxy does not compact (a chained Responses call)."""
@@ -173,7 +172,7 @@ async def forward(
             status = response.status_code
             # 10. overflow: an error answer, or a stream that opens with one: retry once
             streamed = status == 200 and turn is not None and turn.chat.get("stream")
-            if recover and turn is not None and (status in RECOVERABLE or streamed):
+            if route.recover and turn is not None and (status in RECOVERABLE or streamed):
                 answer, outcome = await recover_overflow(services, turn, route, first, response)
             record.answered(answer.status_code, outcome)
             if isinstance(answer, upstream.UpstreamResponse):
@@ -207,7 +206,7 @@ async def recover_overflow(
         retry = partial(_second_attempt, services, turn, route, first)
         watch_for = partial(_usage_watcher, services, turn, route)
         answered = turn.record.answered
-        recovery = Recovery(retry, watch_for, route.stream_error, answered)
+        recovery = Recovery(retry, watch_for, route.api.stream_error, answered)
         return respond(answer, recovery, first.outcome), first.outcome
     if verdict is None:  # not ours to recover: relay the answer as the upstream wrote it
         return answer, first.outcome
@@ -221,7 +220,7 @@ async def _second_attempt(
     """The retry after ``verdict`` and the view it sent; None when nothing can change."""
     turn.record.upstream_done()  # the error is read: what follows is the proxy's own time
     if verdict.kind == "output_budget":
-        lowered = route.lower_output(first.body, verdict)
+        lowered = route.api.lower_output(first.body, verdict)
         if lowered is None:  # nothing we can change: the retry would fail the same way
             return None
         second = Attempt(lowered, first.outcome)
@@ -238,14 +237,6 @@ async def _second_attempt(
     return await recovery.retry_once(services, verdict, second, route.headers, route.url)
 
 
-def _outgoing_body(turn: Turn, outcome: Outcome) -> bytes:
-    """The request for the upstream: the client's own bytes when the view is the history
-    as sent, else the request with the rebuilt messages."""
-    if outcome.messages is None:
-        return turn.body
-    return orjson.dumps({**turn.chat, "messages": outcome.messages})
-
-
 async def effective_model(services: Services, name: str, tenant: str) -> ResolvedModel:
     """The model's spec with the one window every step and every response uses: the
     configured window in our token units for this tenant (calibration), or the smaller
@@ -260,7 +251,7 @@ def _usage_watcher(
     """Feed the provider's prompt token count back into our estimates."""
     if turn is None or not outcome.counted:
         return None
-    calibration, prompt_tokens = services.calibration, route.prompt_tokens
+    calibration, prompt_tokens = services.calibration, route.api.prompt_tokens
     tenant, model = turn.tenant, turn.model.name
 
     def watch(chunk: bytes) -> None:
@@ -269,31 +260,3 @@ def _usage_watcher(
             calibration.observe(tenant, model, outcome.tokens, theirs)
 
     return watch
-
-
-async def handle_passthrough(request: Request, services: Services) -> Response:
-    settings = services.settings
-    record = record_of(request)
-    scope = request.scope
-    url = passthrough_url(
-        settings.upstream.base_url, scope["path"], scope.get("raw_path"), scope["query_string"]
-    )
-    headers = services.headers.outgoing(request.headers.raw)
-    length = request.headers.get("content-length")
-    content: bytes | AsyncIterator[bytes] | None
-    declared = length is not None and length.isascii() and length.isdigit()
-    try:
-        if declared and int(length or 0) <= settings.server.max_body_bytes:
-            services.bodies.take(scope, int(length or 0))
-            content = await request.body()
-        elif length is None and "transfer-encoding" not in request.headers:
-            content = None  # no body: a GET must not go upstream as a chunked upload
-        else:
-            # Unknown or large (file uploads): stream the body through unbuffered.
-            content = request.stream()
-        record.sending()
-        response = await services.client.send(request.method, url, headers, content)
-        record.answered(response.status_code)
-    except ClientDisconnect:  # gone mid-body (or cut for stalling): nobody to answer
-        raise ClientDisconnected("The client closed the connection.") from None
-    return await relay(response)

@@ -19,7 +19,8 @@ from starlette.types import Message
 
 from proxy.core.session import tenant_from_headers
 from proxy.errors import ClientDisconnected
-from proxy.pipeline import handle_chat, handle_passthrough
+from proxy.routes.chat import handle_chat
+from proxy.routes.passthrough import handle_passthrough
 from proxy.routes.responses import handle_responses
 from proxy.services import Services
 from proxy.types import ChatMessage

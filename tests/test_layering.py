@@ -74,10 +74,6 @@ ALLOWED = {
     ("core.session", "routes.parse"): "check_length",
     # Overflow recovery takes the whole Services for the client, windows, metrics (item 5).
     ("upstream.recover", "services"): "Services",
-    # The chat route lives in pipeline.py (handle_chat) until item 4 gives each API its
-    # module under routes/ and the pipeline an Api value (today's Route).
-    ("pipeline", "routes.parse"): "handle_chat reads and parses the chat body",
-    ("pipeline", "routes.route"): "Route",
 }
 # Core may use these libraries (pure computation) besides the standard library.
 PURE_LIBRARIES = frozenset({"orjson", "xxhash", "cachetools", "tiktoken"})

@@ -1,4 +1,5 @@
-"""The request bodies one worker process holds at once (``server.max_inflight_body_bytes``).
+"""The request bodies one worker process holds at once (``server.max_inflight_body_bytes``),
+and reading one (``read_body``, step 1 of every compacting API).
 
 A body the proxy reads whole (a chat or responses body, a passthrough body of a
 declared length up to ``max_body_bytes``) takes its bytes from the budget before they
@@ -19,8 +20,10 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any
 
+from starlette.requests import ClientDisconnect, Request
+
 from proxy.config import ServerSettings
-from proxy.errors import Overloaded
+from proxy.errors import ClientDisconnected, Overloaded, PayloadTooLarge, UnsupportedEncoding
 
 # The scope key under which a request's hold is kept (absent: it took nothing).
 _HELD = "proxy.body_budget"
@@ -66,3 +69,46 @@ def release(scope: MutableMapping[str, Any]) -> None:
     hold: _Hold | None = scope.pop(_HELD, None)
     if hold is not None:
         hold.budget.used -= hold.size
+
+
+async def read_body(request: Request, limit: int, budget: BodyBudget | None = None) -> bytes:
+    """The request's body, read whole and bounded by ``limit``, its bytes taken from
+    ``budget`` before they are read. A compressed body is refused, not decoded: the
+    proxy reads the JSON and may send a rewritten body upstream, where the client's
+    Content-Encoding header would then lie; the official SDKs never compress, and
+    inflating is memory and CPU a hostile body could make unbounded."""
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise UnsupportedEncoding(
+            f"Content-Encoding {encoding[:40]!r} is not supported on this endpoint; "
+            "send the JSON body uncompressed.",
+            param="content-encoding",
+        )
+    declared = request.headers.get("content-length", "")
+    # isdigit() alone accepts '²', which int() rejects.
+    length = int(declared) if declared.isascii() and declared.isdigit() else None
+    if length is not None and length > limit:
+        raise _too_large(limit)
+    scope = request.scope
+    # Declared: taken whole before a byte is read; else chunk by chunk as they arrive.
+    per_chunk = budget if length is None else None
+    if budget is not None and length is not None:
+        budget.take(scope, length)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            if per_chunk is not None:
+                per_chunk.take(scope, len(chunk))
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The client left or was dropped for stalling (server.body_timeout_s).
+        raise ClientDisconnected("The client disconnected while sending its body.") from None
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"Request body is larger than the proxy's limit of {limit} bytes.")

@@ -1,14 +1,14 @@
-"""Step 1: read and parse the client's body, rejecting what we cannot handle.
+"""Step 1: parse the client's body, rejecting what we cannot handle.
 
-Reading is bounded by ``server.max_body_bytes`` before anything is buffered
-past the limit; parsing is orjson. Only the shape the proxy depends on is
-checked: an object with a ``model`` string of at most ``server.max_model_bytes``
-(per-process tables are keyed by it) and at most ``server.max_messages``
-messages, whose role, content, name, tool_call_id and tool calls (function,
-name, arguments) have the types that counting, digesting, summarising and
-rebuilding read; and nesting no deeper than orjson writes, since a rebuilt
-request is written back with it. Everything else is the upstream's business
-and is forwarded as is.
+Reading it is bounded by ``server.max_body_bytes`` before anything is buffered
+past the limit (``read_body``, compaction/inflight.py); parsing is orjson. Only
+the shape the proxy depends on is checked: an object with a ``model`` string of
+at most ``server.max_model_bytes`` (per-process tables are keyed by it) and at
+most ``server.max_messages`` messages, whose role, content, name, tool_call_id
+and tool calls (function, name, arguments) have the types that counting,
+digesting, summarising and rebuilding read; and nesting no deeper than orjson
+writes, since a rebuilt request is written back with it. Everything else is the
+upstream's business and is forwarded as is.
 """
 
 from __future__ import annotations
@@ -16,58 +16,13 @@ from __future__ import annotations
 from typing import Any, cast
 
 import orjson
-from starlette.requests import ClientDisconnect, Request
 
-from proxy.compaction.inflight import BodyBudget
 from proxy.config import ServerSettings
-from proxy.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge, UnsupportedEncoding
+from proxy.errors import InvalidRequest
 from proxy.types import ChatRequest
 
 _DEFAULT_MAX_MESSAGES: int = ServerSettings.model_fields["max_messages"].default
 DEFAULT_MAX_MODEL_BYTES: int = ServerSettings.model_fields["max_model_bytes"].default
-
-
-async def read_body(request: Request, limit: int, budget: BodyBudget | None = None) -> bytes:
-    """The chat body, read whole and bounded by ``limit``, its bytes taken from
-    ``budget`` before they are read (proxy.compaction.inflight). A compressed body is refused,
-    not decoded: the proxy reads the JSON and may send a rewritten body upstream, where
-    the client's Content-Encoding header would then lie; the official SDKs never
-    compress, and inflating is memory and CPU a hostile body could make unbounded."""
-    encoding = request.headers.get("content-encoding", "").strip().lower()
-    if encoding not in ("", "identity"):
-        raise UnsupportedEncoding(
-            f"Content-Encoding {encoding[:40]!r} is not supported on this endpoint; "
-            "send the JSON body uncompressed.",
-            param="content-encoding",
-        )
-    declared = request.headers.get("content-length", "")
-    # isdigit() alone accepts '²', which int() rejects.
-    length = int(declared) if declared.isascii() and declared.isdigit() else None
-    if length is not None and length > limit:
-        raise _too_large(limit)
-    scope = request.scope
-    # Declared: taken whole before a byte is read; else chunk by chunk as they arrive.
-    per_chunk = budget if length is None else None
-    if budget is not None and length is not None:
-        budget.take(scope, length)
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            if per_chunk is not None:
-                per_chunk.take(scope, len(chunk))
-            chunks.append(chunk)
-    except ClientDisconnect:
-        # The client left or was dropped for stalling (server.body_timeout_s).
-        raise ClientDisconnected("The client disconnected while sending its body.") from None
-    return b"".join(chunks)
-
-
-def _too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"Request body is larger than the proxy's limit of {limit} bytes.")
 
 
 def parse_chat_request(

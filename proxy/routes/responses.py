@@ -1,9 +1,9 @@
-"""``POST /v1/responses``: the chat pipeline's steps for the Responses API.
+"""``POST /v1/responses``: the pipeline's steps with the Responses API's shapes (``RESPONSES``).
 
 A stateless request (its whole conversation in ``input``) is compacted like a
 chat: its items plan as chat messages (items.py), so counting, the session,
 the snapshot, the plan, the summary (asked of the upstream's chat completions)
-and the rebuild are the chat pipeline's own (``pipeline.compacted_view``);
+and the rebuild are the pipeline's own (``pipeline.compacted_view``);
 the rebuilt view goes back upstream as input items: ``instructions`` untouched,
 the handoff summary as input messages, the rest of the client's items verbatim.
 
@@ -12,7 +12,7 @@ has its history at the provider, out of the proxy's sight: it is forwarded
 untouched, ``X-Compaction-Status: bypassed``. So is any request under
 ``X-Compaction: off``.
 
-Overflow recovery is step 10 of the chat pipeline with Responses' shapes: a
+Overflow recovery is the pipeline's step 10 with Responses' shapes: a
 400 ``context_length_exceeded``, or a stream whose first event after its
 lifecycle preamble is ``response.failed`` with a context error (recover.py),
 compacts harder against the learned window and retries once; a too-large
@@ -21,81 +21,34 @@ compacts harder against the learned window and retries once; a too-large
 
 from __future__ import annotations
 
-import asyncio
-from functools import partial
 from typing import Any, cast
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.core.outcome import Outcome, Turn
-from proxy.core.session import session_name, tenant_from_headers
+from proxy import pipeline
+from proxy.core.outcome import Outcome
 from proxy.errors import InvalidRequest
-from proxy.observe.record import record_of
-from proxy.pipeline import PARSE_INLINE_BYTES, compacted_view, effective_model, forward
 from proxy.routes.items import Item, to_items, to_messages
-from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, read_body
-from proxy.routes.route import Route
+from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request
 from proxy.services import Services
 from proxy.types import ChatRequest
+from proxy.upstream.api import Api
 from proxy.upstream.calibrate import find_input_tokens
 from proxy.upstream.overflow import Overflow
-from proxy.upstream.recover import Attempt
-from proxy.upstream.urls import upstream_url
 
 # Fields that put the conversation at the provider, beyond what the request shows.
 _CHAINED = ("previous_response_id", "conversation")
 
 
 async def handle_responses(request: Request, services: Services) -> Response:
-    settings = services.settings
-    record = record_of(request)  # what the request's line and metrics report, at its end
-    body = await read_body(request, settings.server.max_body_bytes, services.bodies)
-    limits = (settings.server.max_messages, settings.server.max_model_bytes)
-    if len(body) > PARSE_INLINE_BYTES:  # parsing and mapping: not on the event loop
-        data, chat = await asyncio.to_thread(_read, body, *limits)
-    else:
-        data, chat = _read(body, *limits)
-    tenant = tenant_from_headers(request.headers)
-    model = await effective_model(services, data["model"], tenant)
-    stream = data.get("stream") is True
-    record.note_request(model.name, tenant, stream=stream, window=model.context_window)
-    headers = services.headers.outgoing(request.headers.raw, inspect=True)
-    control = request.headers.get("x-compaction", "").strip().lower()
-    url = upstream_url(settings.upstream.base_url, "responses", b"")
-    route = Route(
-        url,
-        headers,
-        partial(outgoing_body, body, data),
-        _lower_output,
-        find_input_tokens,
-        stream_error=_stream_error,
-    )
-    estimate = len(body) // 4
-    if control == "off" or any(data.get(key) for key in _CHAINED):
-        bypassed = Outcome("bypassed", None, 0, estimate, model.context_window, counted=False)
-        return await forward(services, request, route, Attempt(body, bypassed), None, recover=False)
-    session = session_name(request.headers, data, settings.session)
-    turn = Turn(
-        chat=chat,
-        body=body,
-        model=model,
-        tenant=tenant,
-        session_header=session,
-        auth_headers=services.headers.auth_only(headers),
-        record=record,
-    )
-    record.note_turn(turn)
-    if not settings.compaction.enabled or not turn.chat["messages"]:
-        outcome = Outcome("passthrough", None, 0, estimate, model.context_window, counted=False)
-    else:  # the chat pipeline's steps 3-8 over the items' messages
-        outcome = await compacted_view(services, turn, force=control == "force")
-        outcome = services.sightings.note(turn, outcome)  # for GET /sessions/{id}
-    first = Attempt(route.body_for(outcome), outcome)
-    # Nothing to compact harder without a message (an empty input: the upstream's 400).
-    recover = settings.compaction.recover_overflow and bool(turn.chat["messages"])
-    return await forward(services, request, route, first, turn, recover=recover)
+    return await pipeline.handle(request, services, RESPONSES)
+
+
+def _untouched(data: dict[str, Any], control: str) -> bool:
+    """A chained call (its history at the provider), or one under ``X-Compaction: off``."""
+    return control == "off" or any(data.get(key) for key in _CHAINED)
 
 
 def _read(body: bytes, max_items: int, max_model_bytes: int) -> tuple[dict[str, Any], ChatRequest]:
@@ -181,3 +134,14 @@ def _stream_error(error: dict[str, Any]) -> bytes:
         "sequence_number": 0,
     }
     return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+RESPONSES = Api(
+    path="responses",
+    parse=_read,
+    body_for=outgoing_body,
+    lower_output=_lower_output,
+    prompt_tokens=find_input_tokens,
+    stream_error=_stream_error,
+    untouched=_untouched,
+)

@@ -20,7 +20,6 @@ import logging
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, replace
 
-import orjson
 from starlette.responses import Response
 
 from proxy.core.outcome import Outcome, Turn
@@ -246,16 +245,3 @@ async def _stated_by_upstream(body: bytes, verdict: Overflow) -> bool:
 
 def _reserve(turn: Turn) -> int:
     return output_reserve(turn.chat, turn.model.max_output_tokens)
-
-
-def lower_output(body: bytes, verdict: Overflow) -> bytes | None:
-    """The body with its output budget lowered to what the model allows; None if unchanged."""
-    data = orjson.loads(body)
-    keys = [k for k in ("max_completion_tokens", "max_tokens") if isinstance(data.get(k), int)]
-    current = min((int(data[k]) for k in keys), default=0)
-    allowed = verdict.limit or current // 2
-    if allowed <= 0 or (keys and allowed >= current):
-        return None
-    for k in keys or ["max_tokens"]:
-        data[k] = allowed
-    return orjson.dumps(data)

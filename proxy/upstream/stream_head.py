@@ -250,8 +250,3 @@ async def _error_object(response: UpstreamResponse) -> dict[str, Any]:
     status = response.status_code
     message = f"The upstream answered HTTP {status} to the retry after a context overflow."
     return {"message": message, "type": "upstream_error", "param": None, "code": None}
-
-
-def chat_stream_error(error: dict[str, Any]) -> bytes:
-    """An error as a chat completions stream carries one (the SDKs raise it)."""
-    return b"data: " + orjson.dumps({"error": error}) + b"\n\n"

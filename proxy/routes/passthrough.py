@@ -1,0 +1,47 @@
+"""Every other ``/v1/*`` call (models, embeddings, files, ...): relayed untouched.
+
+Its body is read whole when it declares a length up to ``server.max_body_bytes``
+(taken from the process's body budget, compaction/inflight.py), streamed through
+unbuffered when larger or of unknown length, and absent when it has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from proxy.errors import ClientDisconnected
+from proxy.observe.record import record_of
+from proxy.services import Services
+from proxy.upstream.relay import relay
+from proxy.upstream.urls import passthrough_url
+
+
+async def handle_passthrough(request: Request, services: Services) -> Response:
+    settings = services.settings
+    record = record_of(request)
+    scope = request.scope
+    url = passthrough_url(
+        settings.upstream.base_url, scope["path"], scope.get("raw_path"), scope["query_string"]
+    )
+    headers = services.headers.outgoing(request.headers.raw)
+    length = request.headers.get("content-length")
+    content: bytes | AsyncIterator[bytes] | None
+    declared = length is not None and length.isascii() and length.isdigit()
+    try:
+        if declared and int(length or 0) <= settings.server.max_body_bytes:
+            services.bodies.take(scope, int(length or 0))
+            content = await request.body()
+        elif length is None and "transfer-encoding" not in request.headers:
+            content = None  # no body: a GET must not go upstream as a chunked upload
+        else:
+            # Unknown or large (file uploads): stream the body through unbuffered.
+            content = request.stream()
+        record.sending()
+        response = await services.client.send(request.method, url, headers, content)
+        record.answered(response.status_code)
+    except ClientDisconnect:  # gone mid-body (or cut for stalling): nobody to answer
+        raise ClientDisconnected("The client closed the connection.") from None
+    return await relay(response)

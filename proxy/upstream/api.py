@@ -1,0 +1,64 @@
+"""What sets one compacting API apart (``Api``), and where one of its requests goes (``Route``).
+
+Every API the proxy compacts runs the same steps (``pipeline.handle``): read, parse,
+model, session, compact, forward, recover an overflow, calibrate. What differs is
+its shapes, and an ``Api`` value holds each of them as a function: the request's
+chat view (the messages the steps count, plan and rebuild), the body for a view,
+the output budget lowered, the prompt's tokens in an answer, an error as its stream
+carries one, and which requests go upstream untouched. Each API is one module under
+``routes/`` with its ``Api`` (routes/chat.py, routes/responses.py): a new API is one
+more module, nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.core.outcome import Outcome
+from proxy.types import ChatRequest
+from proxy.upstream.overflow import Overflow
+
+
+def never(data: dict[str, Any], control: str) -> bool:
+    """No request of the API goes upstream untouched (the chat completions default)."""
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    """One API's shapes, as the pipeline's steps need them."""
+
+    path: str  # below the upstream's base URL, as the client's is below /v1/
+    # The body (at most this many messages or items, a model name of at most this many
+    # bytes) as a JSON object, and as the chat the steps read: its messages and the
+    # fields that size the answer. Raises InvalidRequest (the client's 400).
+    parse: Callable[[bytes, int, int], tuple[dict[str, Any], ChatRequest]]
+    # The request for a view (the client's body, and the object parsed from it): the
+    # body itself when the view is the history as sent.
+    body_for: Callable[[bytes, dict[str, Any], Outcome], bytes]
+    # The body with its output budget lowered to what the model allows; None if unchanged.
+    lower_output: Callable[[bytes, Overflow], bytes | None]
+    prompt_tokens: Callable[[bytes], int | None]  # what an answer says the prompt took
+    stream_error: Callable[[dict[str, Any]], bytes]  # an error object as a stream's event
+    # Whether a request (parsed, and its X-Compaction value) goes upstream as it came,
+    # without a session or recovery: its history is not in sight (a chained call).
+    untouched: Callable[[dict[str, Any], str], bool] = never
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One request's way upstream: its API, the URL and headers it goes with, the body
+    its client sent and the object parsed from it, and whether an overflow answer is
+    recovered (step 10)."""
+
+    api: Api
+    url: str
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    data: dict[str, Any]
+    recover: bool = False
+
+    def body_for(self, outcome: Outcome) -> bytes:
+        return self.api.body_for(self.body, self.data, outcome)
