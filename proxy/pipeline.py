@@ -225,7 +225,8 @@ async def _second_attempt(
             return None
         second = Attempt(lowered, first.outcome)
     else:
-        window, stated = await recovery.learn_window(services, turn, first, verdict)
+        windows, models = services.windows, services.models
+        window, stated = await recovery.learn_window(windows, models, turn, first, verdict)
         model = replace(turn.model, context_window=window)
         view = compacted_view(services, replace(turn, model=model), recover=True)
         outcome = await recovery.retry_view(view, stated=stated)
@@ -234,7 +235,7 @@ async def _second_attempt(
             return None
         second = Attempt(body, outcome)
     turn.record.sending(second.outcome)
-    return await recovery.retry_once(services, verdict, second, route.headers, route.url)
+    return await recovery.retry_once(services.client, services.metrics, route, verdict, second)
 
 
 async def effective_model(services: Services, name: str, tenant: str) -> ResolvedModel:

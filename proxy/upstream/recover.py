@@ -22,11 +22,13 @@ from dataclasses import dataclass, replace
 
 from starlette.responses import Response
 
+from proxy.core.models import ModelTable
 from proxy.core.outcome import Outcome, Turn
 from proxy.core.tokens import output_reserve
 from proxy.errors import ContextTooLarge
-from proxy.services import Services
+from proxy.observe.metrics import Metrics
 from proxy.upstream import client as upstream
+from proxy.upstream.api import Route
 from proxy.upstream.overflow import Overflow, classify_error, echoed, mentions, request_text
 from proxy.upstream.relay import buffered, relay
 from proxy.upstream.stream_head import (
@@ -36,7 +38,7 @@ from proxy.upstream.stream_head import (
     error_event,
     first_event,
 )
-from proxy.upstream.windows import MIN_WINDOW
+from proxy.upstream.windows import MIN_WINDOW, LearnedWindows
 
 log = logging.getLogger("proxy.recover")
 
@@ -86,27 +88,24 @@ async def diagnose(
 
 
 async def retry_once(
-    services: Services,
-    verdict: Overflow,
-    second: Attempt,
-    headers: list[tuple[bytes, bytes]],
-    url: str,
+    client: upstream.Upstream, metrics: Metrics, route: Route, verdict: Overflow, second: Attempt
 ) -> tuple[upstream.UpstreamResponse, Outcome]:
-    """Send ``second`` and count how it went; its answer is returned whatever it is."""
+    """Send ``second`` on ``route`` and count how it went (``metrics``); its answer is
+    returned whatever it is."""
     log.warning(
         "upstream rejected the request (%s, %s format, limit %s); retrying once",
         verdict.kind,
         verdict.provider,
         verdict.limit,
     )
-    retry = await services.client.send("POST", url, headers, second.body)
+    retry = await client.send("POST", route.url, route.headers, second.body)
     labels = {"provider": verdict.provider, "kind": verdict.kind}
     outcome = second.outcome
     if retry.status_code < 400:
-        services.metrics.overflows.labels(**labels, outcome="recovered").inc()
+        metrics.overflows.labels(**labels, outcome="recovered").inc()
         status = outcome.status if outcome.status != "passthrough" else "trimmed"
         return retry, replace(outcome, status=status)
-    services.metrics.overflows.labels(**labels, outcome="failed").inc()
+    metrics.overflows.labels(**labels, outcome="failed").inc()
     return retry, outcome
 
 
@@ -162,11 +161,12 @@ async def _read_error(
 
 
 async def learn_window(
-    services: Services, turn: Turn, sent: Attempt, verdict: Overflow
+    windows: LearnedWindows, models: ModelTable, turn: Turn, sent: Attempt, verdict: Overflow
 ) -> tuple[int, bool]:
     """The window to plan the retry against, in the proxy's token units: always below
     what was just rejected; and whether it is the upstream's own statement of the model's
-    window (then learned for this tenant, and its report towards a shared window)."""
+    window (then learned in ``windows`` for this tenant, and its report towards a shared
+    window; ``models`` has the configured one)."""
     ours = sent.outcome.tokens + _reserve(turn)
     # A share of what was refused: for answers whose numbers we must not learn from.
     shrunk = int(ours * min(SHRINK, (verdict.fraction or 1.0) * _MARGIN))
@@ -185,15 +185,15 @@ async def learn_window(
             log.warning("upstream refused a request below its stated limit; shrinking anyway")
             return shrunk, False
         if await _stated_by_upstream(sent.body, verdict):
-            configured = services.models.resolve(turn.model.name).context_window
-            learned = await services.windows.learn(
+            configured = models.resolve(turn.model.name).context_window
+            learned = await windows.learn(
                 turn.model.name, window, turn.tenant, configured=configured, stated=verdict.limit
             )
             return learned, True
     # No limit we can trust (a gateway's 413, a terse server, echoed text): what we just
     # sent is too much for this caller, so anything at least that large will fail too.
-    configured = services.models.resolve(turn.model.name).context_window
-    learned = await services.windows.learn(
+    configured = models.resolve(turn.model.name).context_window
+    learned = await windows.learn(
         turn.model.name, int(ours * _MARGIN), turn.tenant, configured=configured, stated=None
     )
     return learned, False
