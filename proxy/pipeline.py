@@ -36,7 +36,7 @@ from proxy.core.rebuild import rebuild_outcome
 from proxy.core.session import SessionKey, session_key, session_name, tenant_from_headers
 from proxy.core.tokens import bounded_by, output_reserve
 from proxy.errors import ClientDisconnected
-from proxy.observe.record import record_of
+from proxy.observe.record import current_record, record_of
 from proxy.services import Services
 from proxy.types import ChatMessage
 from proxy.upstream import client as upstream
@@ -82,7 +82,6 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         tenant=tenant,
         session_header=session_name(request.headers, data, settings.session),
         auth_headers=services.headers.auth_only(headers),
-        record=record,
     )
     record.note_turn(turn)
     if control == "off":
@@ -122,7 +121,7 @@ async def compacted_view(
     key = await session_of(turn, history.messages)  # 3.
     slots = services.settings.session.derived_slots
     key, loaded = await load_session(services.store, key, history, slots)  # 4. snapshot
-    turn.record.counted(key, history)
+    current_record().counted(key, history)
     forced = force and services.schedule.may_force(key)
     budget = Budget.for_model(model, c, reserve, history.fixed)
     # What asks for a compaction now, whatever the threshold says; None: nothing does.
@@ -205,7 +204,7 @@ async def recover_overflow(
     if isinstance(answer, Held):
         retry = partial(_second_attempt, services, turn, route, first)
         watch_for = partial(_usage_watcher, services, turn, route)
-        answered = turn.record.answered
+        answered = current_record().answered
         recovery = Recovery(retry, watch_for, route.api.stream_error, answered)
         return respond(answer, recovery, first.outcome), first.outcome
     if verdict is None:  # not ours to recover: relay the answer as the upstream wrote it
@@ -218,7 +217,7 @@ async def _second_attempt(
     services: Services, turn: Turn, route: Route, first: Attempt, verdict: Overflow
 ) -> tuple[upstream.UpstreamResponse, Outcome] | None:
     """The retry after ``verdict`` and the view it sent; None when nothing can change."""
-    turn.record.upstream_done()  # the error is read: what follows is the proxy's own time
+    current_record().upstream_done()  # the error is read: what follows is the proxy's own time
     if verdict.kind == "output_budget":
         lowered = route.api.lower_output(first.body, verdict)
         if lowered is None:  # nothing we can change: the retry would fail the same way
@@ -234,7 +233,7 @@ async def _second_attempt(
         if outcome is None or len(body) >= len(first.body):  # it would only fail again
             return None
         second = Attempt(body, outcome)
-    turn.record.sending(second.outcome)
+    current_record().sending(second.outcome)
     return await recovery.retry_once(services.client, services.metrics, route, verdict, second)
 
 

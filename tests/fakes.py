@@ -45,7 +45,6 @@ from proxy.core.outcome import Turn
 from proxy.core.tokens import TokenCounter
 from proxy.errors import UpstreamError
 from proxy.observe.metrics import Metrics
-from proxy.observe.record import Record
 from proxy.pipeline import effective_model
 from proxy.services import Services
 from proxy.store import Store
@@ -361,7 +360,6 @@ async def turn_of(services: Services, messages: list[ChatMessage], session: str 
         tenant=TENANT,
         session_header=session,
         auth_headers=[(b"authorization", b"Bearer sk-test")],
-        record=Record("test-request", 0.0),
     )
 
 

@@ -62,8 +62,6 @@ _TOP = {
 # Upward links today, importer -> imported (module names below proxy.): each one a
 # reason. May shrink, not grow.
 ALLOWED = {
-    # The Turn (core.outcome) carries the request's mutable Record (issue 22 item 3).
-    ("core.outcome", "observe.record"): "Turn.record",
     # History lives in compaction.count above the pure steps that take it (item 3).
     ("core.rebuild", "compaction.count"): "History",
     ("core.trim", "compaction.count"): "History",

@@ -22,6 +22,7 @@ import pytest
 from proxy.config import ModelSpec
 from proxy.core.outcome import Outcome
 from proxy.core.session import session_from_header
+from proxy.observe.record import Record, recording
 from proxy.pipeline import compacted_view
 from proxy.services import Services
 from proxy.simulator import create_simulator_app
@@ -288,14 +289,15 @@ async def test_a_turn_that_waited_on_a_summary_that_failed_says_so() -> None:
     holder = asyncio.create_task(_view(services, history, "failed"))
     await asyncio.wait_for(upstream.summary_started.wait(), 2)
     waiter_turn = await turn_of(services, history, "failed")
-    waiter = asyncio.create_task(compacted_view(services, waiter_turn))
+    with recording(Record("test-request", 0.0)) as waiter_record:  # the waiter's request
+        waiter = asyncio.create_task(compacted_view(services, waiter_turn))
     await until(lambda: clock.sleeps >= 1)
     clock.advance(0.5)
     gate.set()
     outcomes = await asyncio.wait_for(asyncio.gather(holder, waiter), 2)
     assert [o.status for o in outcomes] == ["passthrough", "passthrough"]
     assert [o.degraded for o in outcomes] == ["summary_failed", "summary_failed"]
-    assert waiter_turn.record.summary_failed_s >= 0.5
+    assert waiter_record.summary_failed_s >= 0.5
 
     # A holder that outlives the wait (another replica's, dead mid-summary).
     late = make_services(fake_settings(), FakeUpstream(), FakeClock(advance_on_sleep=True))

@@ -38,6 +38,7 @@ from proxy.core.tokens import TokenCounter
 from proxy.core.view import view_tokens
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
+from proxy.observe.record import current_record
 from proxy.store import LockStore, Snapshot, Snapshots
 from proxy.upstream.client import Upstream
 
@@ -111,7 +112,7 @@ class Compactor:
     async def compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Carry out ``plan`` (against ``loaded``), once per session at a time; log it."""
         started = self.clock()
-        job.turn.record.trigger = job.trigger
+        current_record().trigger = job.trigger
         start, end = plan.summarize
         if start != end and self.backoff.active(job.key):
             # Its last summary failed: trim without asking (nor taking the lock) this time.
@@ -235,7 +236,7 @@ class Compactor:
     def _failed(self, job: Job, fallback: Outcome, started: float) -> Outcome:
         """``fallback`` marked as served after a failed summary, whose time the request's
         line reports (what made the turn slow, whatever its status says)."""
-        job.turn.record.summary_failed_s += self.clock() - started
+        current_record().summary_failed_s += self.clock() - started
         return replace(fallback, degraded="summary_failed")
 
     async def _saved(self, job: Job, new: Snapshot, plan: Plan) -> Outcome:
@@ -276,7 +277,7 @@ class Compactor:
                     loaded, degraded = fresh, None
                 else:
                     degraded = "summary_failed"
-                    job.turn.record.summary_failed_s += self.clock() - now
+                    current_record().summary_failed_s += self.clock() - now
                 break
         else:
             if not stalled:

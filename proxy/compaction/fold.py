@@ -29,6 +29,7 @@ from proxy.core.tokens import TokenCounter
 from proxy.core.transcript import span_sources
 from proxy.errors import SummaryError, SummaryTruncated
 from proxy.observe.metrics import Metrics
+from proxy.observe.record import current_record
 from proxy.types import ChatMessage
 from proxy.upstream.client import Upstream
 
@@ -132,7 +133,7 @@ class Folder:
     def _timed(self, turn: Turn, started: float, outcome: str) -> None:
         elapsed = time.perf_counter() - started
         self.metrics.summarization_duration.labels(outcome=outcome).observe(elapsed)
-        turn.record.summary_s = elapsed
+        current_record().summary_s = elapsed
 
 
 async def _restore(

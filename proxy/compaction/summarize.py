@@ -50,6 +50,7 @@ from proxy.core.transcript import (
     render_transcript,
 )
 from proxy.errors import SummaryError, SummaryRejected, SummaryTruncated, UpstreamError
+from proxy.observe.record import current_record
 from proxy.types import ChatMessage
 from proxy.upstream import client as upstream
 from proxy.upstream.overflow import classify_error
@@ -110,7 +111,7 @@ class SummaryRequest:
             api=api,
             url=upstream_url(settings.upstream.base_url, PATHS[api], b""),
             # The request's id too: the upstream's logs tie the summary to the request.
-            headers=[*turn.auth_headers, (b"x-request-id", turn.record.request_id.encode())],
+            headers=[*turn.auth_headers, (b"x-request-id", current_record().request_id.encode())],
             model=c.summarizer_model or turn.chat["model"],
             max_tokens=max_tokens,
             timeout_s=c.summary_timeout_s,

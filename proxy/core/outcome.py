@@ -8,11 +8,10 @@ and ``X-Compaction-Degraded`` when the turn was due a summary it did not get.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from proxy.core.models import ResolvedModel
-from proxy.observe.record import Record
 from proxy.types import ChatMessage, ChatRequest
 
 Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed"]
@@ -34,9 +33,6 @@ class Turn:
     tenant: str
     session_header: str | None
     auth_headers: list[tuple[bytes, bytes]]
-    # What the request's line and metrics report (its id goes on summary calls too);
-    # the pipeline passes the request's own, a Turn built elsewhere gets a detached one.
-    record: Record = field(default_factory=Record.detached)
 
 
 @dataclass(frozen=True, slots=True)

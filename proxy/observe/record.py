@@ -14,6 +14,9 @@ Health, readiness and metrics scrapes are not recorded.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING
@@ -32,6 +35,9 @@ if TYPE_CHECKING:
 
 _UNRECORDED = frozenset({"/healthz", "/readyz", "/metrics"})
 _SCOPE_KEY = "proxy.record"
+# The record of the request being served, as REQUEST_ID is its id (logs.py): the steps
+# below the pipeline (a summary's time, its trigger) note on it without being handed it.
+_CURRENT: ContextVar[Record | None] = ContextVar("proxy_record", default=None)
 
 
 @dataclass(slots=True)
@@ -120,6 +126,25 @@ def record_of(request: Request) -> Record:
     return Record.detached() if record is None else record
 
 
+def current_record() -> Record:
+    """The record of the request this code runs for (its background work included: a
+    task started while serving it inherits it), or, outside ``RecordRequests``, a fresh
+    one never logged."""
+    record = _CURRENT.get()
+    return Record.detached() if record is None else record
+
+
+@contextmanager
+def recording(record: Record) -> Iterator[Record]:
+    """``record`` as the current one within the block, and in the tasks started there
+    (they copy the context): for code that serves a request outside ``RecordRequests``."""
+    token = _CURRENT.set(record)
+    try:
+        yield record
+    finally:
+        _CURRENT.reset(token)
+
+
 class RecordRequests:
     """ASGI middleware: a ``Record`` per request, its id on both hops, finished at the end."""
 
@@ -154,7 +179,7 @@ class RecordRequests:
                     rec.completed = True
             await send(message)
 
-        token = REQUEST_ID.set(request_id)
+        token, current = REQUEST_ID.set(request_id), _CURRENT.set(rec)
         try:
             await self.app(scope, receive, send_recorded)
         except Exception:
@@ -166,4 +191,5 @@ class RecordRequests:
             route = scope.get("route")
             rec.route = getattr(route, "name", None) or "other"
             recorder.finish(rec)
+            _CURRENT.reset(current)
             REQUEST_ID.reset(token)
