@@ -66,14 +66,14 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         data, chat = api.parse(body, *limits)
     tenant = tenant_from_headers(request.headers)
     model = await effective_model(services, chat["model"], tenant)  # 2.
-    window, estimate = model.context_window, len(body) // 4
+    window = model.context_window
     record.note_request(model.name, tenant, stream=bool(chat.get("stream")), window=window)
     headers = services.headers.outgoing(request.headers.raw, inspect=True)
     control = request.headers.get("x-compaction", "").strip().lower()
     url = upstream_url(settings.upstream.base_url, api.path, b"")
     route = Route(api, url, headers, body, data)
     if api.untouched(data, control):  # no history in sight: no session, no recovery
-        bypassed = Outcome("bypassed", None, 0, estimate, window, counted=False)
+        bypassed = Outcome.bypassed(body, window)
         return await forward(services, request, route, Attempt(body, bypassed), None)
     turn = Turn(
         chat=chat,
@@ -85,9 +85,9 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     )
     record.note_turn(turn)
     if control == "off":
-        outcome = Outcome("bypassed", None, 0, estimate, window, counted=False)
+        outcome = Outcome.bypassed(body, window)
     elif not settings.compaction.enabled or not chat["messages"]:
-        outcome = Outcome("passthrough", None, 0, estimate, window, counted=False)
+        outcome = Outcome.passthrough(body, window)
     else:  # 3-8. count, session, snapshot, plan, summarize, rebuild
         outcome = await compacted_view(services, turn, force=control == "force")
         outcome = services.sightings.note(turn, outcome)  # for GET /sessions/{id}
@@ -113,7 +113,7 @@ async def compacted_view(
     far_below = bounded_by(turn.body, chat["messages"], int(window * soonest) - reserve)
     hinted = services.schedule.take_hint(turn.tenant, turn.session_header)
     if far_below and not (force or recover or hinted):
-        return Outcome("passthrough", None, 0, len(turn.body) // 4, window, counted=False)
+        return Outcome.passthrough(turn.body, window)
 
     counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
     templated = model.templated_tools  # 5. count (tool definitions as templates render them)

@@ -21,6 +21,8 @@ Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed"]
 # running when compaction.wait_for_summary_s ran out (late); or the session's back-off
 # after failures skipped it (backoff.py). A closed set: a metric label.
 Degraded = Literal["summary_failed", "summary_late", "backoff"]
+# A body sent uncounted is sized at this many bytes a token: a rough estimate.
+_ESTIMATE_BYTES_PER_TOKEN = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,32 @@ class Outcome:
     # To start once the answer has gone out: background pre-compaction (precompact.py).
     after: Callable[[], Awaitable[None]] | None = None
     degraded: Degraded | None = None
+
+    @classmethod
+    def bypassed(cls, body: bytes, window: int) -> Outcome:
+        """``body`` sent as it is, uncounted, on the client's word (``X-Compaction: off``)
+        or its API's (a chained call: the history is not in sight)."""
+        tokens = len(body) // _ESTIMATE_BYTES_PER_TOKEN
+        return cls("bypassed", None, 0, tokens, window, counted=False)
+
+    @classmethod
+    def passthrough(cls, body: bytes, window: int) -> Outcome:
+        """``body`` sent as it is, uncounted: nothing asks for a compaction (it is
+        disabled, the body is far below the trigger, or it holds no message)."""
+        tokens = len(body) // _ESTIMATE_BYTES_PER_TOKEN
+        return cls("passthrough", None, 0, tokens, window, counted=False)
+
+    @classmethod
+    def unchanged(cls, tokens: int, window: int) -> Outcome:
+        """The history as sent, counted at ``tokens``: no snapshot applies to it."""
+        return cls("passthrough", None, 0, tokens, window)
+
+    @classmethod
+    def rebuilt(
+        cls, messages: list[ChatMessage], version: int, tokens: int, window: int
+    ) -> Outcome:
+        """``messages`` rebuilt under the snapshot of ``version``, counted at ``tokens``."""
+        return cls("snapshot", messages, version, tokens, window)
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         headers = [

@@ -154,8 +154,8 @@ def rebuild_outcome(
     tokens -= budget.reserve
     if view.covered == history.pinned and view.elide_before <= history.pinned:
         # No snapshot applied (none, or one this history no longer matches).
-        return Outcome("passthrough", None, 0, tokens, budget.window)
+        return Outcome.unchanged(tokens, budget.window)
     rebuilt = rebuild_messages(
         history, view, summary or None, budget.elide_min_tokens, summary_role=summary_role
     )
-    return Outcome("snapshot", rebuilt, version, tokens, budget.window)
+    return Outcome.rebuilt(rebuilt, version, tokens, budget.window)
