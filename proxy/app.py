@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from proxy import pipeline
 from proxy.config import Settings
 from proxy.core.outcome import rejected_headers
 from proxy.core.session import has_credential
@@ -25,11 +26,15 @@ from proxy.routes import admin_api, chat, passthrough, responses, sessions_api
 from proxy.routes.endpoints import endpoint
 from proxy.serve.shutdown import Drain
 from proxy.services import Services, build_services
+from proxy.upstream.api import Api
 
 log = logging.getLogger("proxy.app")
 
+# The APIs the proxy compacts (routes/: a module each), each served at /v1/ and its
+# path upstream: a new one is one more entry.
+APIS = (chat.CHAT, responses.RESPONSES)
 # Routes whose every answer says what the upstream saw (X-Compaction-*), errors included.
-_COMPACTION_ROUTES = frozenset({"chat", "responses"})
+_COMPACTION_ROUTES = frozenset(api.name for api in APIS)
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _NO_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
@@ -67,12 +72,14 @@ def _scoped(request: Request) -> Services:
     return services
 
 
-async def chat_create(request: Request) -> Response:
-    return await chat.handle_chat(request, _scoped(request))
+def _compacting(api: Api) -> Route:
+    """``POST /v1/{api.path}``, through the pipeline, named for ``api`` in metrics and
+    request lines."""
 
+    async def handle(request: Request) -> Response:
+        return await pipeline.handle(request, _scoped(request), api)
 
-async def responses_create(request: Request) -> Response:
-    return await responses.handle_responses(request, _scoped(request))
+    return Route(f"/v1/{api.path}", endpoint(handle), methods=["POST"], name=api.name)
 
 
 async def relay_other(request: Request) -> Response:
@@ -156,8 +163,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 # Names are the ``route`` of metrics and request lines.
 ROUTES = [
-    Route("/v1/chat/completions", endpoint(chat_create), methods=["POST"], name="chat"),
-    Route("/v1/responses", endpoint(responses_create), methods=["POST"], name="responses"),
+    *(_compacting(api) for api in APIS),
     Route("/v1/{path:path}", endpoint(relay_other), methods=_ALL_METHODS, name="passthrough"),
     Route("/sessions/{session_id}", endpoint(get_session), methods=["GET"], name="sessions"),
     Route("/sessions/{session_id}", endpoint(delete_session), methods=["DELETE"], name="sessions"),

@@ -27,6 +27,7 @@ from proxy.upstream.overflow import Overflow
 
 
 async def handle_chat(request: Request, services: Services) -> Response:
+    """``POST /v1/chat/completions`` (app.py serves it from ``CHAT`` in its ``APIS``)."""
     return await pipeline.handle(request, services, CHAT)
 
 
@@ -65,6 +66,7 @@ def stream_error(error: dict[str, Any]) -> bytes:
 
 
 CHAT = Api(
+    name="chat",
     path="chat/completions",
     parse=parse,
     body_for=outgoing_body,

@@ -43,6 +43,7 @@ _CHAINED = ("previous_response_id", "conversation")
 
 
 async def handle_responses(request: Request, services: Services) -> Response:
+    """``POST /v1/responses`` (app.py serves it from ``RESPONSES`` in its ``APIS``)."""
     return await pipeline.handle(request, services, RESPONSES)
 
 
@@ -137,6 +138,7 @@ def _stream_error(error: dict[str, Any]) -> bytes:
 
 
 RESPONSES = Api(
+    name="responses",
     path="responses",
     parse=_read,
     body_for=outgoing_body,

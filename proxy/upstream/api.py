@@ -6,8 +6,9 @@ its shapes, and an ``Api`` value holds each of them as a function: the request's
 chat view (the messages the steps count, plan and rebuild), the body for a view,
 the output budget lowered, the prompt's tokens in an answer, an error as its stream
 carries one, and which requests go upstream untouched. Each API is one module under
-``routes/`` with its ``Api`` (routes/chat.py, routes/responses.py): a new API is one
-more module, nothing else.
+``routes/`` with its ``Api`` (routes/chat.py, routes/responses.py), served at ``/v1/``
+and its path upstream from app.py's ``APIS``: a new API is one more module and one
+more entry there.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def never(data: dict[str, Any], control: str) -> bool:
 class Api:
     """One API's shapes, as the pipeline's steps need them."""
 
+    name: str  # its route's, in metrics and request lines
     path: str  # below the upstream's base URL, as the client's is below /v1/
     # The body (at most this many messages or items, a model name of at most this many
     # bytes) as a JSON object, and as the chat the steps read: its messages and the
