@@ -54,6 +54,7 @@ REFUSED = {
     "body too large": (CHAT, _chat("word " * 20_000), {}, 413, False),
     "unknown encoding": (CHAT, _chat("hi"), {"Content-Encoding": "br-x"}, 415, False),
     "message over the window": (CHAT, _chat("word " * 4 * WINDOW), {}, 400, True),
+    "session name too long": (CHAT, _chat("hi"), {"X-Session-Id": "s" * 1025}, 400, True),
     "responses: bad json": ("/v1/responses", b"{", {}, 400, False),
     "responses: an item not an object": (
         "/v1/responses",
@@ -61,6 +62,13 @@ REFUSED = {
         {},
         400,
         False,
+    ),
+    "responses: session name too long": (
+        "/v1/responses",
+        b'{"model": "sim-small", "input": "hi"}',
+        {"X-Session-Id": "s" * 1025},
+        400,
+        True,
     ),
 }
 
