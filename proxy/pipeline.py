@@ -200,12 +200,13 @@ async def recover_overflow(
     the request is too long, compact harder (or ask for a shorter answer) and retry once;
     ``response`` is consumed unless it is a 200 stream that opens without an error. A
     stream that sends comments first starts now and recovers in-stream (stream_head.py)."""
-    answer, verdict = await diagnose(response)
+    api = route.api
+    answer, verdict = await diagnose(response, api.stream_failure)
     if isinstance(answer, Held):
         retry = partial(_second_attempt, services, turn, route, first)
         watch_for = partial(_usage_watcher, services, turn, route)
         answered = current_record().answered
-        recovery = Recovery(retry, watch_for, route.api.stream_error, answered)
+        recovery = Recovery(retry, watch_for, api.stream_error, answered, api.stream_failure)
         return respond(answer, recovery, first.outcome), first.outcome
     if verdict is None:  # not ours to recover: relay the answer as the upstream wrote it
         return answer, first.outcome

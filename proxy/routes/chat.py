@@ -24,6 +24,7 @@ from proxy.types import ChatRequest
 from proxy.upstream.api import Api
 from proxy.upstream.calibrate import find_prompt_tokens
 from proxy.upstream.overflow import Overflow
+from proxy.upstream.stream_head import error_event
 
 
 async def handle_chat(request: Request, services: Services) -> Response:
@@ -72,5 +73,6 @@ CHAT = Api(
     body_for=outgoing_body,
     lower_output=lower_output,
     prompt_tokens=find_prompt_tokens,
+    stream_failure=error_event,
     stream_error=stream_error,
 )

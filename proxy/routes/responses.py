@@ -37,6 +37,7 @@ from proxy.types import ChatRequest
 from proxy.upstream.api import Api
 from proxy.upstream.calibrate import find_input_tokens
 from proxy.upstream.overflow import Overflow
+from proxy.upstream.stream_head import error_event
 
 # Fields that put the conversation at the provider, beyond what the request shows.
 _CHAINED = ("previous_response_id", "conversation")
@@ -144,6 +145,7 @@ RESPONSES = Api(
     body_for=outgoing_body,
     lower_output=_lower_output,
     prompt_tokens=find_input_tokens,
+    stream_failure=error_event,
     stream_error=_stream_error,
     untouched=_untouched,
 )

@@ -4,11 +4,11 @@ Every API the proxy compacts runs the same steps (``pipeline.handle``): read, pa
 model, session, compact, forward, recover an overflow, calibrate. What differs is
 its shapes, and an ``Api`` value holds each of them as a function: the request's
 chat view (the messages the steps count, plan and rebuild), the body for a view,
-the output budget lowered, the prompt's tokens in an answer, an error as its stream
-carries one, and which requests go upstream untouched. Each API is one module under
-``routes/`` with its ``Api`` (routes/chat.py, routes/responses.py), served at ``/v1/``
-and its path upstream from app.py's ``APIS``: a new API is one more module and one
-more entry there.
+the output budget lowered, the prompt's tokens in an answer, a failure at the head of
+its stream, an error as its stream carries one, and which requests go upstream
+untouched. Each API is one module under ``routes/`` with its ``Api`` (routes/chat.py,
+routes/responses.py), served at ``/v1/`` and its path upstream from app.py's
+``APIS``: a new API is one more module and one more entry there.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ class Api:
     # The body with its output budget lowered to what the model allows; None if unchanged.
     lower_output: Callable[[bytes, Overflow], bytes | None]
     prompt_tokens: Callable[[bytes], int | None]  # what an answer says the prompt took
+    # The data of a stream head's first event when that event is an error (an overflow
+    # there is recovered); stream_head.error_event reads chat's and Responses' alike.
+    stream_failure: Callable[[bytes], bytes | None]
     stream_error: Callable[[dict[str, Any]], bytes]  # an error object as a stream's event
     # Whether a request (parsed, and its X-Compaction value) goes upstream as it came,
     # without a session or recovery: its history is not in sight (a chained call).

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from starlette.responses import Response
@@ -35,7 +35,6 @@ from proxy.upstream.stream_head import (
     MAX_HEAD_BYTES,
     Held,
     comments_ahead,
-    error_event,
     first_event,
 )
 from proxy.upstream.windows import MIN_WINDOW, LearnedWindows
@@ -64,14 +63,15 @@ class Attempt:
 
 
 async def diagnose(
-    response: upstream.UpstreamResponse,
+    response: upstream.UpstreamResponse, failure: Callable[[bytes], bytes | None]
 ) -> tuple[upstream.UpstreamResponse | Response | Held, Overflow | None]:
     """The response to relay should there be nothing to recover, and the overflow to
     recover from, if any. ``response`` is consumed here, unless it is a 200 stream
     that does not open with an error (then it is returned as it was, its first bytes
-    pushed back) or that sends comments first (``Held``: it decides in-stream)."""
+    pushed back) or that sends comments first (``Held``: it decides in-stream).
+    ``failure``: a stream head's error event, as its API reads one."""
     if response.status_code == 200:  # a stream whose first event may be the error
-        found = await _stream_error(response)
+        found = await _stream_error(response, failure)
         if found is None:
             return response, None
         if isinstance(found, Held):
@@ -110,7 +110,7 @@ async def retry_once(
 
 
 async def _stream_error(
-    response: upstream.UpstreamResponse,
+    response: upstream.UpstreamResponse, failure: Callable[[bytes], bytes | None]
 ) -> tuple[bytes, Response] | Held | None:
     """If a 200 event stream opens with an error event (some servers report an overflow
     that way), its JSON and the stream as read so far, as a response to relay should
@@ -128,7 +128,7 @@ async def _stream_error(
                 break
             if comments_ahead(head)[0]:  # the model is thinking: the client hears it now
                 return Held(response, head, source)
-        error = error_event(head)
+        error = failure(head)
         if error is None:
             response.started = (head, source)
             return None

@@ -64,6 +64,7 @@ class Recovery:
     watch_for: Callable[[Outcome], Watch | None]  # the usage watcher for a view's answer
     stream_error: Callable[[dict[str, Any]], bytes]  # an error object as the API's event
     answered: Callable[[int, Outcome], None]  # the request's record
+    failure: Callable[[bytes], bytes | None]  # the head's error event: the API's (api.py)
 
 
 def first_event(head: bytes) -> bytes | None:
@@ -179,7 +180,7 @@ async def _body(held: Held, recovery: Recovery, state: _State) -> AsyncIterator[
                 return
             head += chunk
             unsent += chunk
-        error = error_event(head)
+        error = recovery.failure(head)
         verdict = None if error is None else classify_error(400, held.response.headers, error)
         if verdict is None or verdict.kind == "other":  # not ours: relay it as it came
             relaying = True
