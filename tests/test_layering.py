@@ -68,8 +68,6 @@ ALLOWED = {
     ("observe.record", "compaction.count"): "History (TYPE_CHECKING)",
     # Loaded lives with the snapshot loading, above trim (item 3: Snapshot/Loaded to core).
     ("core.trim", "compaction.snapshots"): "Loaded",
-    # A session name's length check is request parsing's.
-    ("core.session", "routes.parse"): "check_length",
 }
 # Core may use these libraries (pure computation) besides the standard library.
 PURE_LIBRARIES = frozenset({"orjson", "xxhash", "cachetools", "tiktoken"})
