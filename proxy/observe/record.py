@@ -5,7 +5,9 @@
 which it puts on the request's own headers, so it is forwarded upstream like any
 other header (summaries asked for the request carry it too), and on the response.
 The steps fill in what they learn: the
-pipeline the model, the compaction outcome and the tokens, the upstream timing.
+pipeline the model, the compaction outcome and the tokens, the upstream timing; the
+steps below it (the compactor, the summary) reach the record as ``current_record()``,
+which the middleware sets as it sets the request id of log lines.
 When the response has ended (a stream: after its last byte, or when its client
 left) ``Recorder.finish`` (recorder.py) observes the request's metrics and writes
 its line: the one place that does either.
