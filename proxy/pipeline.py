@@ -123,9 +123,7 @@ async def compacted_view(
     # What asks for a compaction now, whatever the threshold says; None: nothing does.
     asked = trigger_for(recover=recover, scheduled=scheduled(loaded.stored), forced=forced)
     current = loaded.view(history.pinned)
-    plan = plan_compaction(  # 6. plan
-        history.counts, history.results, history.pinned, current, budget, force=bool(asked)
-    )
+    plan = plan_compaction(history, current, budget, force=bool(asked))  # 6. plan
     if plan.action == "compact":  # 7-8. summarize under the session's lock, save, rebuild
         job = Job(turn, key, history, budget, asked or "threshold")
         return await services.compactor.compact(job, loaded, plan)

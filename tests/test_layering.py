@@ -64,10 +64,6 @@ _TOP = {
 ALLOWED = {
     # The Turn (core.outcome) carries the request's mutable Record (issue 22 item 3).
     ("core.outcome", "observe.record"): "Turn.record",
-    # History lives in compaction.count above the pure steps that take it (item 3).
-    ("core.rebuild", "compaction.count"): "History",
-    ("core.trim", "compaction.count"): "History",
-    ("observe.record", "compaction.count"): "History (TYPE_CHECKING)",
     # Loaded lives with the snapshot loading, above trim (item 3: Snapshot/Loaded to core).
     ("core.trim", "compaction.snapshots"): "Loaded",
     # A session name's length check is request parsing's.

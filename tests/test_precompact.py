@@ -164,7 +164,7 @@ async def test_a_turn_offered_before_the_last_compaction_finds_it_covered_withou
         job = await _job(services, "landed", _conversation(40))
         h, budget = job.history, job.budget
         assert wants_precompaction(sum(h.counts) + h.fixed + 256, WINDOW, pre.settings)
-        plan = plan_compaction(h.counts, h.results, h.pinned, view_of(None, h.pinned), budget)
+        plan = plan_compaction(h, view_of(None, h.pinned), budget)
         assert plan.action == "compact"
         landed = next_snapshot(Loaded(None, None), "summary", plan, h, budget, "sim-4k")
         assert await services.store.save(job.key, landed)

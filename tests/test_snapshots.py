@@ -9,7 +9,6 @@ from dataclasses import replace
 import pytest
 from cachetools import LRUCache
 
-from proxy.compaction.count import History
 from proxy.compaction.schedule import Schedule, scheduled
 from proxy.compaction.snapshots import (
     Loaded,
@@ -22,12 +21,13 @@ from proxy.compaction.snapshots import (
 from proxy.config import CompactionSettings
 from proxy.core.budget import FRAME_TOKENS, Budget, summary_limit
 from proxy.core.digest import LEGACY_ANCHOR, digests_and_sizes, legacy_digests, prefix_hash
+from proxy.core.history import History, result_flags
 from proxy.core.models import ResolvedModel
 from proxy.core.plan import Plan
 from proxy.core.rebuild import omitted_marker
 from proxy.core.session import derived_slots, session_from_header, session_from_history
 from proxy.core.trim import trim_outcome
-from proxy.core.view import View, result_flags
+from proxy.core.view import View
 from proxy.errors import ContextTooLarge
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore

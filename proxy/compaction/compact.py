@@ -22,20 +22,20 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from proxy.compaction.backoff import SummaryBackoff
-from proxy.compaction.count import History
 from proxy.compaction.fold import Folder
 from proxy.compaction.schedule import TRACKED_LIMIT
 from proxy.compaction.snapshots import Loaded, load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
 from proxy.config import Settings
 from proxy.core.budget import Budget
+from proxy.core.history import History
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Degraded, Outcome, Turn, counted_as
 from proxy.core.plan import Plan, plan_compaction
 from proxy.core.rebuild import rebuild_outcome
 from proxy.core.session import SessionKey
 from proxy.core.tokens import TokenCounter
-from proxy.core.view import view_tokens
+from proxy.core.view import fits, view_tokens
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
 from proxy.store import LockStore, Snapshot, Snapshots
@@ -148,7 +148,7 @@ class Compactor:
 
     def _log(self, job: Job, loaded: Loaded, outcome: Outcome, started: float) -> None:
         h = job.history
-        previous = view_tokens(h.counts, h.results, h.pinned, loaded.view(h.pinned), job.budget)
+        previous = view_tokens(h, loaded.view(h.pinned), job.budget)
         # Fields: JSON lines carry them as keys, text lines as key=value (proxy/observe/logs.py).
         fields = {
             "session": job.key.log_id,
@@ -195,9 +195,7 @@ class Compactor:
                 # plan and the lock: plan again from its snapshot instead of repeating it.
                 h, loaded = job.history, fresh
                 view = fresh.view(h.pinned)
-                plan = plan_compaction(
-                    h.counts, h.results, h.pinned, view, job.budget, force=job.force
-                )
+                plan = plan_compaction(h, view, job.budget, force=job.force)
                 start, end = plan.summarize
                 if start == end:
                     return self._shown(job, loaded, plan)
@@ -292,7 +290,7 @@ class Compactor:
                 )
         h, budget, role = job.history, job.budget, self.settings.compaction.summary_role
         view = loaded.view(h.pinned)
-        if view_tokens(h.counts, h.results, h.pinned, view, budget) <= budget.window:
+        if fits(h, view, budget):
             outcome = rebuild_outcome(h, view, loaded.summary, loaded.version, budget, role)
         else:
             outcome = self.trims.for_job(job, loaded)

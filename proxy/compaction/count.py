@@ -9,14 +9,11 @@ everyone.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from proxy.core.digest import digests_and_sizes
-from proxy.core.plan import count_pinned
+from proxy.core.history import History, count_pinned, result_flags
 from proxy.core.tokens import TokenCounter
-from proxy.core.view import result_flags
-from proxy.types import ChatMessage, ChatRequest
+from proxy.types import ChatRequest
 
 # CPU on the event loop stalls every request, /healthz included; a hop to a worker
 # thread costs ~0.1 ms, more than a usual turn's counting (a few dozen cached
@@ -27,23 +24,6 @@ INLINE_COUNT_BYTES = 32 * 1024
 # and tokenizing what a cache lacks adds to it.
 _INLINE_DIGEST_BYTES = 1024 * 1024
 _INLINE_MESSAGES = 2_000
-
-
-@dataclass(frozen=True, slots=True)
-class History:
-    """The client's history, measured: what planning, validation and rebuilding read.
-
-    ``digests[i]``, ``counts[i]`` and ``results[i]`` (``view.result_flags``) belong to
-    ``messages[i]``; ``pinned`` leading messages are always sent verbatim; ``fixed`` is
-    the tokens outside the messages (tool definitions, response format, reply priming).
-    """
-
-    messages: Sequence[ChatMessage]
-    digests: Sequence[bytes]
-    counts: Sequence[int]
-    pinned: int
-    fixed: int
-    results: bytes
 
 
 async def count_history(

@@ -14,9 +14,9 @@ import logging
 import time
 from dataclasses import dataclass
 
-from proxy.compaction.count import History
 from proxy.core.budget import Budget
 from proxy.core.digest import anchor_matches, prefix_hash
+from proxy.core.history import History
 from proxy.core.plan import Plan
 from proxy.core.session import SessionKey, derived_slots
 from proxy.core.view import View

@@ -19,10 +19,10 @@ from typing import Protocol
 
 from cachetools import LRUCache
 
-from proxy.compaction.count import History
 from proxy.compaction.schedule import TRACKED_LIMIT
 from proxy.compaction.snapshots import Loaded
 from proxy.core.budget import Budget
+from proxy.core.history import History
 from proxy.core.outcome import Outcome
 from proxy.core.rebuild import SummaryRole
 from proxy.core.session import SessionKey

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from proxy.compaction.count import History
 from proxy.core.budget import Budget
+from proxy.core.history import History
 from proxy.core.identifiers import split_carried
 from proxy.core.omitted import elided_values
 from proxy.core.outcome import Outcome
@@ -131,7 +131,7 @@ def rebuild_messages(
         out.extend(_summary_messages(summary, before, after, summary_role))
     for i in range(view.covered, len(messages)):
         message = messages[i]
-        if is_elided(history.results, counts, i, view, elide_min_tokens):
+        if is_elided(history, i, view, elide_min_tokens):
             values = elided_values(message, history.digests[i])
             message = message.copy()
             message["content"] = elided_content(message, counts[i], values)
@@ -150,7 +150,7 @@ def rebuild_outcome(
     """What the upstream sees under ``view``: the history as sent (``passthrough``) when
     the view leaves it untouched, else the rebuilt messages (``snapshot``, of ``version``).
     """
-    tokens = view_tokens(history.counts, history.results, history.pinned, view, budget)
+    tokens = view_tokens(history, view, budget)
     tokens -= budget.reserve
     if view.covered == history.pinned and view.elide_before <= history.pinned:
         # No snapshot applied (none, or one this history no longer matches).

@@ -26,7 +26,7 @@ from proxy.observe.logs import REQUEST_ID
 from proxy.observe.request_id import HEADER, new_request_id, request_id_from, response_headers
 
 if TYPE_CHECKING:
-    from proxy.compaction.count import History
+    from proxy.core.history import History
     from proxy.core.outcome import Outcome, Turn
     from proxy.observe.recorder import Recorder
 
