@@ -64,8 +64,6 @@ _TOP = {
 ALLOWED = {
     # The Turn (core.outcome) carries the request's mutable Record (issue 22 item 3).
     ("core.outcome", "observe.record"): "Turn.record",
-    # Loaded lives with the snapshot loading, above trim (item 3: Snapshot/Loaded to core).
-    ("core.trim", "compaction.snapshots"): "Loaded",
     # A session name's length check is request parsing's.
     ("core.session", "routes.parse"): "check_length",
     # Overflow recovery takes the whole Services for the client, windows, metrics (item 5).

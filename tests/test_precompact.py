@@ -21,12 +21,13 @@ import redis
 from proxy.compaction.compact import Job
 from proxy.compaction.count import count_history
 from proxy.compaction.precompact import Precompactor, background_budget, wants_precompaction
-from proxy.compaction.snapshots import Loaded, next_snapshot, view_of
+from proxy.compaction.snapshots import next_snapshot
 from proxy.config import CompactionSettings, Settings, load_settings
 from proxy.core.budget import Budget
 from proxy.core.outcome import Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.session import session_from_header
+from proxy.core.snapshot import Loaded, view_of
 from proxy.errors import ConfigError
 from proxy.services import Services, build_services
 from proxy.simulator import create_simulator_app

@@ -10,14 +10,7 @@ import pytest
 from cachetools import LRUCache
 
 from proxy.compaction.schedule import Schedule, scheduled
-from proxy.compaction.snapshots import (
-    Loaded,
-    load_session,
-    load_snapshot,
-    next_snapshot,
-    valid_snapshot,
-    view_of,
-)
+from proxy.compaction.snapshots import load_session, load_snapshot, next_snapshot
 from proxy.config import CompactionSettings
 from proxy.core.budget import FRAME_TOKENS, Budget, summary_limit
 from proxy.core.digest import LEGACY_ANCHOR, digests_and_sizes, legacy_digests, prefix_hash
@@ -26,10 +19,10 @@ from proxy.core.models import ResolvedModel
 from proxy.core.plan import Plan
 from proxy.core.rebuild import omitted_marker
 from proxy.core.session import derived_slots, session_from_header, session_from_history
+from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot, view_of
 from proxy.core.trim import trim_outcome
 from proxy.core.view import View
 from proxy.errors import ContextTooLarge
-from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage
 from tests.conversations import convo

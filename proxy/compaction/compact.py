@@ -24,7 +24,7 @@ from typing import Literal, Protocol
 from proxy.compaction.backoff import SummaryBackoff
 from proxy.compaction.fold import Folder
 from proxy.compaction.schedule import TRACKED_LIMIT
-from proxy.compaction.snapshots import Loaded, load_snapshot, next_snapshot
+from proxy.compaction.snapshots import load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
 from proxy.config import Settings
 from proxy.core.budget import Budget
@@ -34,11 +34,12 @@ from proxy.core.outcome import Degraded, Outcome, Turn, counted_as
 from proxy.core.plan import Plan, plan_compaction
 from proxy.core.rebuild import rebuild_outcome
 from proxy.core.session import SessionKey
+from proxy.core.snapshot import Loaded, Snapshot
 from proxy.core.tokens import TokenCounter
 from proxy.core.view import fits, view_tokens
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
-from proxy.store import LockStore, Snapshot, Snapshots
+from proxy.store import LockStore, Snapshots
 from proxy.upstream.client import Upstream
 
 log = logging.getLogger("proxy.compaction")

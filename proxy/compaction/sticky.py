@@ -20,12 +20,12 @@ from typing import Protocol
 from cachetools import LRUCache
 
 from proxy.compaction.schedule import TRACKED_LIMIT
-from proxy.compaction.snapshots import Loaded
 from proxy.core.budget import Budget
 from proxy.core.history import History
 from proxy.core.outcome import Outcome
 from proxy.core.rebuild import SummaryRole
 from proxy.core.session import SessionKey
+from proxy.core.snapshot import Loaded
 from proxy.core.trim import Cut, trimmed
 
 # An entry weighs this plus its digest's characters (the digest is the bulk of it,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from proxy.compaction.snapshots import Loaded
 from proxy.core.budget import FRAME_TOKENS, Budget
 from proxy.core.digest import prefix_hash
 from proxy.core.history import History
@@ -28,6 +27,7 @@ from proxy.core.omitted import digest_chars, digest_tokens, omitted_digest
 from proxy.core.outcome import Outcome
 from proxy.core.plan import first_within, next_group_start, protected_start
 from proxy.core.rebuild import SummaryRole, omitted_marker, rebuild_outcome
+from proxy.core.snapshot import Loaded
 from proxy.core.view import Totals, View, check_view, fits, view_tokens
 from proxy.errors import ContextTooLarge
 

@@ -46,8 +46,9 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
 from proxy.core.session import SessionKey
+from proxy.core.snapshot import Snapshot
 from proxy.errors import StoreError
-from proxy.store import Sighting, Snapshot, lua
+from proxy.store import Sighting, lua
 from proxy.store import redis_scans as scans
 from proxy.store.codec import (
     NewerFormat,
