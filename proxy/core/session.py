@@ -24,7 +24,7 @@ from typing import Literal
 
 from proxy.config import SessionSettings
 from proxy.core.digest import legacy_digests
-from proxy.routes.parse import check_length
+from proxy.errors import check_length
 from proxy.types import ChatMessage
 
 _TENANT_SALT = b"compaction-proxy/tenant/v1"

@@ -20,7 +20,13 @@ from starlette.requests import ClientDisconnect, Request
 
 from proxy.compaction.inflight import BodyBudget
 from proxy.config import ServerSettings
-from proxy.errors import ClientDisconnected, InvalidRequest, PayloadTooLarge, UnsupportedEncoding
+from proxy.errors import (
+    ClientDisconnected,
+    InvalidRequest,
+    PayloadTooLarge,
+    UnsupportedEncoding,
+    check_length,
+)
 from proxy.types import ChatRequest
 
 _DEFAULT_MAX_MESSAGES: int = ServerSettings.model_fields["max_messages"].default
@@ -109,21 +115,6 @@ def load_request(body: bytes, max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES) ->
         raise InvalidRequest("You must provide a model parameter.", param="model")
     check_length(data["model"], max_model_bytes, "model")
     return data
-
-
-def check_length(value: str, limit: int, param: str) -> None:
-    """A 400 naming ``param`` when ``value`` is longer than ``limit`` bytes of UTF-8.
-
-    For the strings the proxy keys anything by (model and session names): with their
-    length bounded here, a table bounded in entries is bounded in bytes too."""
-    # Characters never outnumber UTF-8 bytes: only a short non-ASCII string is encoded.
-    if len(value) > limit or (not value.isascii() and len(value.encode()) > limit):
-        raise InvalidRequest(
-            f"Invalid '{param}': string too long. Expected a string of at most {limit} "
-            "bytes (this proxy's limit).",
-            param=param,
-            code="string_above_max_length",
-        )
 
 
 def check_depth(data: dict[str, Any]) -> None:
