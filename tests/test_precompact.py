@@ -99,8 +99,8 @@ async def _job(services: Services, session: str, messages: list[Any]) -> Job:
     """The background job a turn sending ``messages`` would leave for its session."""
     chat: Any = {"model": "sim-4k", "messages": messages}
     model = services.models.resolve("sim-4k")
-    history = await count_history(services.counters[model.tokenizer], chat, b"{}", False, 0)
     turn = Turn(chat, b"{}", model, "tenant", session, [])
+    history = await count_history(services.counters[model.tokenizer], turn, False, 0)
     budget = Budget.for_model(model, services.settings.compaction, 256, history.fixed)
     key = session_from_header("tenant", session)
     early = background_budget(budget, services.settings.compaction)
@@ -167,7 +167,7 @@ async def test_a_turn_offered_before_the_last_compaction_finds_it_covered_withou
         assert wants_precompaction(sum(h.counts) + h.fixed + 256, WINDOW, pre.settings)
         plan = plan_compaction(h, view_of(None, h.pinned), budget)
         assert plan.action == "compact"
-        landed = next_snapshot(Loaded(None, None), "summary", plan, h, budget, "sim-4k")
+        landed = next_snapshot(Loaded(None, None), "summary", plan, job)
         assert await services.store.save(job.key, landed)
         await pre.start(job)
         await asyncio.gather(*pre.running.values())

@@ -32,7 +32,7 @@ from proxy.core.history import History
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Degraded, Outcome, Turn, counted_as
 from proxy.core.plan import Plan, plan_compaction
-from proxy.core.rebuild import rebuild_outcome
+from proxy.core.rebuild import Handoff, rebuild_outcome
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Loaded, Snapshot
 from proxy.core.tokens import TokenCounter
@@ -169,16 +169,14 @@ class Compactor:
         if plan.fits:
             role = self.settings.compaction.summary_role
             h, budget = job.history, job.budget
-            return rebuild_outcome(h, plan.view, loaded.summary, loaded.version, budget, role)
+            return rebuild_outcome(h, plan.view, Handoff.of(loaded, role), budget)
         return self.trims.for_job(job, loaded)
 
     async def _compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         start, end = plan.summarize
         if start == end:
             # Elision alone was enough: no model call, no lock needed.
-            new = next_snapshot(
-                loaded, loaded.summary, plan, job.history, job.budget, job.turn.model.name
-            )
+            new = next_snapshot(loaded, loaded.summary, plan, job)
             return await self._saved(job, new, plan)
 
         token = await self.store.acquire(job.key, self._lock_ttl)
@@ -227,7 +225,7 @@ class Compactor:
             return self._failed(job, self.trims.for_job(job, loaded), started)
         self.backoff.succeeded(job.key)
         plan = replace(plan, view=replace(plan.view, summary_tokens=folded.tokens))
-        new = next_snapshot(loaded, folded.summary, plan, h, job.budget, job.turn.model.name)
+        new = next_snapshot(loaded, folded.summary, plan, job)
         outcome = await self._saved(job, new, plan)
         return replace(outcome, restored=folded.restored)
 
@@ -243,9 +241,8 @@ class Compactor:
             # A concurrent writer got there first; its snapshot is as valid as ours.
             log.info("session=%s snapshot v%d lost a write race", job.key.log_id, new.version)
         role = self.settings.compaction.summary_role
-        outcome = rebuild_outcome(
-            job.history, plan.view, new.summary, new.version, job.budget, role
-        )
+        handoff = Handoff(new.summary, new.version, role)
+        outcome = rebuild_outcome(job.history, plan.view, handoff, job.budget)
         return replace(outcome, status="compacted")
 
     async def _wait_for_other(self, job: Job, loaded: Loaded) -> Outcome:
@@ -292,7 +289,7 @@ class Compactor:
         h, budget, role = job.history, job.budget, self.settings.compaction.summary_role
         view = loaded.view(h.pinned)
         if fits(h, view, budget):
-            outcome = rebuild_outcome(h, view, loaded.summary, loaded.version, budget, role)
+            outcome = rebuild_outcome(h, view, Handoff.of(loaded, role), budget)
         else:
             outcome = self.trims.for_job(job, loaded)
         return replace(outcome, degraded=degraded)

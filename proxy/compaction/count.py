@@ -12,6 +12,7 @@ import asyncio
 
 from proxy.core.digest import digests_and_sizes
 from proxy.core.history import History, count_pinned, result_flags
+from proxy.core.outcome import Turn
 from proxy.core.tokens import TokenCounter
 from proxy.types import ChatRequest
 
@@ -27,16 +28,12 @@ _INLINE_MESSAGES = 2_000
 
 
 async def count_history(
-    counter: TokenCounter,
-    chat: ChatRequest,
-    body: bytes,
-    pin_first_user: bool,
-    seed: int,
-    templated: bool = False,
+    counter: TokenCounter, turn: Turn, pin_first_user: bool, seed: int
 ) -> History:
     """Digests (under ``seed``: ``digest.tenant_seed``), per-message token counts and
     the tokens outside the messages (tool definitions as a chat template renders them
-    when ``templated``: ``TokenCounter.fixed``)."""
+    when the model's ``templated_tools``: ``TokenCounter.fixed``) of ``turn``'s chat."""
+    chat, body, templated = turn.chat, turn.body, turn.model.templated_tools
     messages = chat["messages"]
     if len(body) > _INLINE_DIGEST_BYTES or len(messages) > _INLINE_MESSAGES:
         digests, counts, fixed, results = await asyncio.to_thread(

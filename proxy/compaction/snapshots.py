@@ -10,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
-from proxy.core.budget import Budget
 from proxy.core.digest import prefix_hash
 from proxy.core.history import History
 from proxy.core.plan import Plan
 from proxy.core.session import SessionKey, derived_slots
 from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot
 from proxy.store import Snapshots
+
+if TYPE_CHECKING:
+    from proxy.compaction.compact import Job
 
 log = logging.getLogger("proxy.compaction")
 
@@ -56,12 +59,11 @@ async def load_session(
     return keys[oldest], Loaded(stored[oldest], None)
 
 
-def next_snapshot(
-    loaded: Loaded, summary: str, plan: Plan, history: History, budget: Budget, model: str
-) -> Snapshot:
+def next_snapshot(loaded: Loaded, summary: str, plan: Plan, job: Job) -> Snapshot:
     """The snapshot that replaces ``loaded.stored``: ``summary`` under ``plan.view``,
-    anchored to ``history``. Clears a scheduled compaction: this is it."""
-    now = time.time()
+    anchored to ``job.history``, for ``job``'s model. Clears a scheduled compaction:
+    this is it."""
+    history, budget, now = job.history, job.budget, time.time()
     view = plan.view
     old = loaded.stored
     return Snapshot(
@@ -76,5 +78,5 @@ def next_snapshot(
         tokens_after=plan.tokens,
         created_at=old.created_at if old and old.created_at else now,
         updated_at=now,
-        model=model,
+        model=job.turn.model.name,
     )

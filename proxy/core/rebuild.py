@@ -10,6 +10,7 @@ neighbouring roles, so the prefix stays byte-identical between compactions.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from proxy.core.budget import Budget
@@ -17,6 +18,7 @@ from proxy.core.history import History
 from proxy.core.identifiers import split_carried
 from proxy.core.omitted import elided_values
 from proxy.core.outcome import Outcome
+from proxy.core.snapshot import Loaded
 from proxy.core.view import View, is_elided, view_tokens
 from proxy.types import ChatMessage
 
@@ -38,6 +40,21 @@ QUOTED_INTRO = (
 )
 
 _LEADING_ROLES = ("system", "developer")
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """The summary a view carries ("" or None: none), the version of the snapshot it
+    comes from (0: none), and the role of the message that hands it over."""
+
+    summary: str | None
+    version: int
+    role: SummaryRole = "user"
+
+    @classmethod
+    def of(cls, loaded: Loaded, role: SummaryRole) -> Handoff:
+        """The summary of the snapshot ``loaded`` as this history may use it."""
+        return cls(loaded.summary, loaded.version, role)
 
 
 def handoff_text(summary: str) -> str:
@@ -139,23 +156,15 @@ def rebuild_messages(
     return out
 
 
-def rebuild_outcome(
-    history: History,
-    view: View,
-    summary: str | None,
-    version: int,
-    budget: Budget,
-    summary_role: SummaryRole,
-) -> Outcome:
+def rebuild_outcome(history: History, view: View, handoff: Handoff, budget: Budget) -> Outcome:
     """What the upstream sees under ``view``: the history as sent (``passthrough``) when
-    the view leaves it untouched, else the rebuilt messages (``snapshot``, of ``version``).
-    """
+    the view leaves it untouched, else the rebuilt messages (``snapshot``, of
+    ``handoff.version``)."""
     tokens = view_tokens(history, view, budget)
     tokens -= budget.reserve
     if view.covered == history.pinned and view.elide_before <= history.pinned:
         # No snapshot applied (none, or one this history no longer matches).
         return Outcome("passthrough", None, 0, tokens, budget.window)
-    rebuilt = rebuild_messages(
-        history, view, summary or None, budget.elide_min_tokens, summary_role=summary_role
-    )
-    return Outcome("snapshot", rebuilt, version, tokens, budget.window)
+    summary, elide_min = handoff.summary or None, budget.elide_min_tokens
+    rebuilt = rebuild_messages(history, view, summary, elide_min, summary_role=handoff.role)
+    return Outcome("snapshot", rebuilt, handoff.version, tokens, budget.window)

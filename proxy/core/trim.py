@@ -26,7 +26,7 @@ from proxy.core.identifiers import split_carried
 from proxy.core.omitted import digest_chars, digest_tokens, omitted_digest
 from proxy.core.outcome import Outcome
 from proxy.core.plan import first_within, next_group_start, protected_start
-from proxy.core.rebuild import SummaryRole, omitted_marker, rebuild_outcome
+from proxy.core.rebuild import Handoff, SummaryRole, omitted_marker, rebuild_outcome
 from proxy.core.snapshot import Loaded
 from proxy.core.view import Totals, View, check_view, fits, view_tokens
 from proxy.errors import ContextTooLarge
@@ -73,10 +73,7 @@ def trimmed(
     current = loaded.view(history.pinned)
     if fits(history, current, budget):
         # It still fits as it is: forward without losing anything.
-        outcome = rebuild_outcome(
-            history, current, loaded.summary, loaded.version, budget, summary_role
-        )
-        return outcome, None
+        return rebuild_outcome(history, current, Handoff.of(loaded, summary_role), budget), None
     cut = previous if previous and _reusable(history, loaded, budget, previous) else None
     if cut is None:
         view, digest = trim_plan(history, current, budget, budget.target), ""
@@ -88,7 +85,8 @@ def trimmed(
     summary = loaded.summary
     if view.covered > current.covered:
         summary = _trimmed_summary(loaded.summary, view.covered - current.covered, digest)
-    outcome = rebuild_outcome(history, view, summary, loaded.version, budget, summary_role)
+    handoff = Handoff(summary, loaded.version, summary_role)
+    outcome = rebuild_outcome(history, view, handoff, budget)
     outcome = replace(outcome, status="trimmed")
     if outcome.tokens + budget.reserve > budget.window:
         _raise_if_newest_too_large(history, budget)

@@ -100,14 +100,16 @@ def build_store(settings: Settings, metrics: Metrics) -> Store:
     )
     if url.startswith("memory://"):
         return local
-    from proxy.store.redis import RedisStore
+    from proxy.store.redis import RedisOptions, RedisStore
     from proxy.store.resilient import ResilientStore
 
     remote = RedisStore(
         url,
         settings.store.ttl_s,
-        prefix=settings.store.prefix,
-        encryption_keys=[k.get_secret_value() for k in settings.store.encryption_keys],
+        RedisOptions(
+            prefix=settings.store.prefix,
+            encryption_keys=[k.get_secret_value() for k in settings.store.encryption_keys],
+        ),
         metrics=metrics,
     )
     return ResilientStore(remote, local, metrics)
