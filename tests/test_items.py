@@ -9,8 +9,9 @@ import pytest
 
 from proxy.core.digest import message_digests
 from proxy.core.history import History, count_pinned, result_flags
-from proxy.core.rebuild import HANDOFF_INTRO, rebuild_messages
+from proxy.core.rebuild import rebuild_messages
 from proxy.core.view import View
+from proxy.core.wording import HANDOFF_INTRO
 from proxy.errors import InvalidRequest
 from proxy.routes.items import to_items, to_messages
 from proxy.routes.responses import chat_view, outgoing_body, parse_responses_request

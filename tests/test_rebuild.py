@@ -15,16 +15,16 @@ from proxy.core.budget import Budget
 from proxy.core.history import History, count_pinned, result_flags
 from proxy.core.omitted import elided_values
 from proxy.core.plan import plan_compaction
-from proxy.core.rebuild import (
+from proxy.core.rebuild import rebuild_messages
+from proxy.core.view import ELIDED_TOKENS, View
+from proxy.core.wording import (
     ACKNOWLEDGEMENT,
     CONTINUE,
     SummaryRole,
     elided_content,
     handoff_text,
     omitted_marker,
-    rebuild_messages,
 )
-from proxy.core.view import ELIDED_TOKENS, View
 from proxy.simulator.errors import SimError
 from proxy.simulator.validate import check_alternation, check_tool_pairing
 from proxy.types import ChatMessage, ToolCall

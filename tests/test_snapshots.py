@@ -19,11 +19,11 @@ from proxy.core.history import History, result_flags
 from proxy.core.models import ResolvedModel
 from proxy.core.outcome import Turn
 from proxy.core.plan import Plan
-from proxy.core.rebuild import omitted_marker
 from proxy.core.session import derived_slots, session_from_header, session_from_history
 from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot, view_of
 from proxy.core.trim import trim_outcome
 from proxy.core.view import View
+from proxy.core.wording import omitted_marker
 from proxy.errors import ContextTooLarge
 from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage

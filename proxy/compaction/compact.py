@@ -23,7 +23,6 @@ from typing import Literal, Protocol
 
 from proxy.compaction.backoff import SummaryBackoff
 from proxy.compaction.fold import Folder
-from proxy.compaction.schedule import TRACKED_LIMIT
 from proxy.compaction.snapshots import load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
 from proxy.config import Settings
@@ -33,7 +32,7 @@ from proxy.core.models import ModelTable
 from proxy.core.outcome import Degraded, Outcome, Turn, counted_as
 from proxy.core.plan import Plan, plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
-from proxy.core.session import SessionKey
+from proxy.core.session import TRACKED_LIMIT, SessionKey
 from proxy.core.snapshot import Loaded, Snapshot
 from proxy.core.tokens import TokenCounter
 from proxy.core.view import fits, view_tokens

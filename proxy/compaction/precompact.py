@@ -44,14 +44,13 @@ from starlette.responses import Response
 
 from proxy.compaction.busy import BusyModels
 from proxy.compaction.compact import Compactor, Job
-from proxy.compaction.schedule import TRACKED_LIMIT
 from proxy.compaction.snapshots import load_snapshot
 from proxy.config import CompactionSettings
 from proxy.core.budget import Budget
 from proxy.core.history import History
 from proxy.core.outcome import Turn
 from proxy.core.plan import plan_compaction
-from proxy.core.session import SessionKey
+from proxy.core.session import TRACKED_LIMIT, SessionKey
 from proxy.core.view import fits
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics

@@ -32,6 +32,10 @@ _LEADING = frozenset({"system", "developer"})
 # Opening messages after the system prompt that identify a header-less conversation.
 _DERIVE_FROM = 2
 _SOURCES: dict[str, Literal["header", "derived"]] = {"h": "header", "d": "derived"}
+# Most sessions a per-process table tracks (pending or recent forced compactions,
+# summary back-offs, stalled locks, trimmed cuts, sightings). Every per-session table is
+# keyed by SessionKey, two fixed-size hashes: bounded in bytes too.
+TRACKED_LIMIT = 10_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,9 +26,10 @@ from proxy.core.identifiers import split_carried
 from proxy.core.omitted import digest_chars, digest_tokens, omitted_digest
 from proxy.core.outcome import Outcome
 from proxy.core.plan import first_within, next_group_start, protected_start
-from proxy.core.rebuild import Handoff, SummaryRole, omitted_marker, rebuild_outcome
+from proxy.core.rebuild import Handoff, rebuild_outcome
 from proxy.core.snapshot import Loaded
 from proxy.core.view import Totals, View, check_view, fits, view_tokens
+from proxy.core.wording import SummaryRole, omitted_marker
 from proxy.errors import ContextTooLarge
 
 TRIM_MARKER_TOKENS: int = 30
