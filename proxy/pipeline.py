@@ -21,8 +21,8 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from proxy.compaction.compact import Job, trigger_for
 from proxy.compaction.count import count_history
+from proxy.compaction.job import Job, trigger_for
 from proxy.compaction.precompact import run_after
 from proxy.compaction.schedule import scheduled
 from proxy.compaction.snapshots import load_session

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.compaction.compact import Job
+from proxy.compaction.job import Job
 from proxy.compaction.summarize import _newest_within
 from proxy.core.session import session_from_header
 from proxy.core.transcript import Entry, chunk_transcript

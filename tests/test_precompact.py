@@ -18,8 +18,8 @@ import openai
 import pytest
 import redis
 
-from proxy.compaction.compact import Job
 from proxy.compaction.count import count_history
+from proxy.compaction.job import Job
 from proxy.compaction.precompact import Precompactor, background_budget, wants_precompaction
 from proxy.compaction.snapshots import next_snapshot
 from proxy.config import CompactionSettings, Settings, load_settings

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from cachetools import LRUCache
 
-from proxy.compaction.compact import Job
+from proxy.compaction.job import Job
 from proxy.compaction.schedule import Schedule, scheduled
 from proxy.compaction.snapshots import load_session, load_snapshot, next_snapshot
 from proxy.config import CompactionSettings

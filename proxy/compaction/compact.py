@@ -19,17 +19,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Protocol
 
 from proxy.compaction.backoff import SummaryBackoff
 from proxy.compaction.fold import Folder
+from proxy.compaction.job import Job
 from proxy.compaction.snapshots import load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
 from proxy.config import Settings
-from proxy.core.budget import Budget
-from proxy.core.history import History
 from proxy.core.models import ModelTable
-from proxy.core.outcome import Degraded, Outcome, Turn, counted_as
+from proxy.core.outcome import Degraded, Outcome, counted_as
 from proxy.core.plan import Plan, plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
 from proxy.core.session import TRACKED_LIMIT, SessionKey
@@ -45,42 +44,9 @@ log = logging.getLogger("proxy.compaction")
 
 _POLL_S = 0.05
 
-# What made a session compact: crossing the trigger ratio, X-Compaction: force, the
-# upstream rejecting the request as too long, POST /sessions/{id}/compact, or crossing
-# the pre-compaction ratio (in the background, after an answer: precompact.py).
-Trigger = Literal["threshold", "forced", "overflow_recovery", "scheduled", "precompact"]
-
-
-def trigger_for(*, recover: bool, scheduled: bool, forced: bool) -> Trigger | None:
-    """What asks for a compaction now, whatever the threshold says (None: nothing);
-    a recovery first, since it compacts whatever else was asked."""
-    if recover:
-        return "overflow_recovery"
-    if scheduled:
-        return "scheduled"
-    return "forced" if forced else None
-
 
 class CompactionStore(Snapshots, LockStore, Protocol):
     """What compaction needs of a store: snapshots, and the lock around summarizing."""
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One request whose plan compacts: built only then, never on the hot path."""
-
-    turn: Turn
-    key: SessionKey
-    history: History
-    budget: Budget
-    trigger: Trigger
-    # Pre-compaction after an answer (precompact.py): nobody waits for it, nor does it wait.
-    background: bool = False
-
-    @property
-    def force(self) -> bool:
-        """Planned with force: something asked for this compaction, not a ratio."""
-        return self.trigger not in ("threshold", "precompact")
 
 
 @dataclass(slots=True)

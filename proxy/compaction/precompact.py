@@ -37,13 +37,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 from cachetools import TTLCache
 from starlette.background import BackgroundTasks
 from starlette.responses import Response
 
 from proxy.compaction.busy import BusyModels
-from proxy.compaction.compact import Compactor, Job
+from proxy.compaction.job import Job
 from proxy.compaction.snapshots import load_snapshot
 from proxy.config import CompactionSettings
 from proxy.core.budget import Budget
@@ -54,6 +55,9 @@ from proxy.core.session import TRACKED_LIMIT, SessionKey
 from proxy.core.view import fits
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
+
+if TYPE_CHECKING:
+    from proxy.compaction.compact import Compactor
 
 log = logging.getLogger("proxy.compaction")
 

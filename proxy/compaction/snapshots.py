@@ -10,17 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
+from proxy.compaction.job import Job
 from proxy.core.digest import prefix_hash
 from proxy.core.history import History
 from proxy.core.plan import Plan
 from proxy.core.session import SessionKey, derived_slots
 from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot
 from proxy.store import Snapshots
-
-if TYPE_CHECKING:
-    from proxy.compaction.compact import Job
 
 log = logging.getLogger("proxy.compaction")
 

@@ -34,7 +34,7 @@ _ENTRY_WEIGHT = 1024
 
 
 class Trimming(Protocol):
-    """What a compaction job (compact.Job) tells a trim."""
+    """What a compaction job (job.Job) tells a trim."""
 
     @property
     def key(self) -> SessionKey: ...
