@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress
+from typing import TYPE_CHECKING
 
-from proxy.core.budget import Budget
 from proxy.core.history import History
+
+if TYPE_CHECKING:  # for annotations: views read a budget's figures
+    from proxy.core.budget import Budget
 
 ELIDED_TOKENS: int = 110
 """Estimated tokens of an elision placeholder (message overhead included), with the
