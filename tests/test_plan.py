@@ -561,7 +561,7 @@ class Reads(Sequence[T]):
 
 def read_counted(messages: list[ChatMessage], counts: list[int], reads: list[int]) -> History:
     """The history of ``messages`` whose counts and result flags tally their reads."""
-    results = Reads(list(result_flags(messages)), reads)
+    results = Reads(result_flags(messages), reads)  # type: ignore[arg-type]
     return History(messages, [], Reads(counts, reads), 1, 0, results)  # type: ignore[arg-type]
 
 
