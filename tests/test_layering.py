@@ -85,9 +85,9 @@ CORE_EXCEPTIONS = {
 }
 # The longest chain of module-level imports (modules in it) may shrink, not grow: lower
 # it when it does. Issue 22 aims at 11. Today: app -> routes.responses -> pipeline ->
-# upstream.recover -> services -> compaction.compact -> .snapshots -> store ->
-# core.snapshot -> .view -> .budget -> .models -> config -> config_file -> errors.
-CHAIN_CEILING = 15
+# upstream.recover -> services -> compaction.compact -> .fold -> .summarize ->
+# upstream.client -> config -> config_file -> errors.
+CHAIN_CEILING = 12
 
 
 def wing(module: str) -> str:
