@@ -18,8 +18,9 @@ import time
 from typing import Any
 
 from proxy.core.budget import Budget
+from proxy.core.history import History, result_flags
 from proxy.core.plan import plan_compaction
-from proxy.core.view import View, result_flags
+from proxy.core.view import View
 from proxy.types import ChatMessage
 
 SIZES = (1_000, 5_000, 10_000, 50_000)
@@ -53,12 +54,12 @@ def agent_history(n: int) -> tuple[list[ChatMessage], list[int]]:
 def plan_ms(n: int, repeats: int) -> float:
     """Median ms of planning an ``n``-message history, threshold and forced."""
     messages, counts = agent_history(n)
-    results = result_flags(messages)  # the count step's, as History carries them
+    history = History(messages, [], counts, 1, 0, result_flags(messages))  # as counted
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         for force in (False, True):
-            plan = plan_compaction(counts, results, 1, _FRESH, _BUDGET, force=force)
+            plan = plan_compaction(history, _FRESH, _BUDGET, force=force)
             if plan.view.covered < 0.9 * n:
                 raise RuntimeError(f"the cut search stopped early at {n} messages")
         times.append((time.perf_counter() - start) * 1000 / 2)

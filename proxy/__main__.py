@@ -47,11 +47,12 @@ def _print_learned_windows(settings: Settings) -> None:
         print("learned windows: kept in each serving process (see /metrics)")
         return
     from proxy.errors import StoreError
-    from proxy.store.redis import RedisStore
+    from proxy.store.redis import RedisOptions, RedisStore
     from proxy.upstream.windows import parse_window_key
 
     async def read() -> dict[str, int]:
-        store = RedisStore(settings.store.url, settings.store.ttl_s, prefix=settings.store.prefix)
+        options = RedisOptions(prefix=settings.store.prefix)
+        store = RedisStore(settings.store.url, settings.store.ttl_s, options)
         try:
             return await store.learned_windows()
         finally:

@@ -65,6 +65,21 @@ class InvalidRequest(ProxyError):
     type = "invalid_request_error"
 
 
+def check_length(value: str, limit: int, param: str) -> None:
+    """A 400 naming ``param`` when ``value`` is longer than ``limit`` bytes of UTF-8.
+
+    For the strings the proxy keys anything by (model and session names): with their
+    length bounded here, a table bounded in entries is bounded in bytes too."""
+    # Characters never outnumber UTF-8 bytes: only a short non-ASCII string is encoded.
+    if len(value) > limit or (not value.isascii() and len(value.encode()) > limit):
+        raise InvalidRequest(
+            f"Invalid '{param}': string too long. Expected a string of at most {limit} "
+            "bytes (this proxy's limit).",
+            param=param,
+            code="string_above_max_length",
+        )
+
+
 class MissingCredential(ProxyError):
     status = 401
     type = "invalid_request_error"

@@ -21,9 +21,9 @@ from functools import partial
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.compaction.compact import Job, trigger_for
 from proxy.compaction.count import count_history
 from proxy.compaction.inflight import read_body
+from proxy.compaction.job import Job, trigger_for
 from proxy.compaction.precompact import run_after
 from proxy.compaction.schedule import scheduled
 from proxy.compaction.snapshots import load_session
@@ -32,7 +32,7 @@ from proxy.core.digest import tenant_seed
 from proxy.core.models import ResolvedModel
 from proxy.core.outcome import Outcome, Turn
 from proxy.core.plan import plan_compaction
-from proxy.core.rebuild import rebuild_outcome
+from proxy.core.rebuild import Handoff, rebuild_outcome
 from proxy.core.session import SessionKey, session_key, session_name, tenant_from_headers
 from proxy.core.tokens import bounded_by, output_reserve
 from proxy.errors import ClientDisconnected
@@ -116,8 +116,7 @@ async def compacted_view(
         return Outcome.passthrough(turn.body, window)
 
     counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
-    templated = model.templated_tools  # 5. count (tool definitions as templates render them)
-    history = await count_history(counter, chat, turn.body, c.pin_first_user, seed, templated)
+    history = await count_history(counter, turn, c.pin_first_user, seed)  # 5. count
     key = await session_of(turn, history.messages)  # 3.
     slots = services.settings.session.derived_slots
     key, loaded = await load_session(services.store, key, history, slots)  # 4. snapshot
@@ -127,16 +126,12 @@ async def compacted_view(
     # What asks for a compaction now, whatever the threshold says; None: nothing does.
     asked = trigger_for(recover=recover, scheduled=scheduled(loaded.stored), forced=forced)
     current = loaded.view(history.pinned)
-    plan = plan_compaction(  # 6. plan
-        history.counts, history.results, history.pinned, current, budget, force=bool(asked)
-    )
+    plan = plan_compaction(history, current, budget, force=bool(asked))  # 6. plan
     if plan.action == "compact":  # 7-8. summarize under the session's lock, save, rebuild
         job = Job(turn, key, history, budget, asked or "threshold")
         return await services.compactor.compact(job, loaded, plan)
     if plan.fits:  # 8. rebuild
-        outcome = rebuild_outcome(
-            history, plan.view, loaded.summary, loaded.version, budget, c.summary_role
-        )
+        outcome = rebuild_outcome(history, plan.view, Handoff.of(loaded, c.summary_role), budget)
         # Past the soft threshold: compact in the background once the answer is out.
         after = services.precompactor.offer(turn, key, history, budget, plan.tokens)
         return outcome if after is None else replace(outcome, after=after)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from proxy.core.history import History, result_flags
 from proxy.core.plan import next_group_start
 from proxy.types import ChatMessage, ToolCall
 
@@ -45,3 +46,8 @@ def group_starts(results: Sequence[int], start: int) -> list[int]:
         found.append(i)
         i = next_group_start(results, i + 1)
     return found
+
+
+def measured(messages: Sequence[ChatMessage], counts: Sequence[int], pinned: int) -> History:
+    """The ``History`` of ``messages`` with these token counts (no digests, nothing fixed)."""
+    return History(messages, [b""] * len(messages), counts, pinned, 0, result_flags(messages))

@@ -14,7 +14,7 @@ import pytest
 from pydantic import SecretStr
 
 from proxy.config import SessionSettings
-from proxy.core.rebuild import handoff_text
+from proxy.core.wording import handoff_text
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from tests.conftest import OPEN_CLIENTS, proxy_settings, run_server

@@ -19,11 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.compaction.compact import Job
+from proxy.compaction.job import Job
 from proxy.compaction.summarize import _newest_within
-from proxy.core.rebuild import omitted_marker
 from proxy.core.session import session_from_header
 from proxy.core.transcript import Entry, chunk_transcript
+from proxy.core.wording import omitted_marker
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from tests.conftest import RedisServer, proxy_settings, run_server

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from proxy.core.identifiers import CARRIED_HEADING, find_identifiers, restore_identifiers
+from proxy.core.identifiers import find_identifiers, restore_identifiers
+from proxy.core.wording import CARRIED_HEADING
 
 
 @pytest.mark.parametrize(

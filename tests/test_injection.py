@@ -15,11 +15,12 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from proxy.compaction.count import History
-from proxy.core.identifiers import CARRIED_HEADING, restore_identifiers, split_carried
-from proxy.core.rebuild import HANDOFF_INTRO, rebuild_messages
+from proxy.core.history import History, result_flags
+from proxy.core.identifiers import restore_identifiers, split_carried
+from proxy.core.rebuild import rebuild_messages
 from proxy.core.transcript import chunk_transcript, frame_prompt, render_transcript
-from proxy.core.view import View, result_flags
+from proxy.core.view import View
+from proxy.core.wording import CARRIED_HEADING, HANDOFF_INTRO
 from proxy.simulator.replies import collect_facts, read_transcript
 from proxy.simulator.validate import check_alternation
 from proxy.types import ChatMessage

@@ -7,11 +7,11 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.compaction.count import History
 from proxy.core.digest import message_digests
-from proxy.core.plan import count_pinned
-from proxy.core.rebuild import HANDOFF_INTRO, rebuild_messages
-from proxy.core.view import View, result_flags
+from proxy.core.history import History, count_pinned, result_flags
+from proxy.core.rebuild import rebuild_messages
+from proxy.core.view import View
+from proxy.core.wording import HANDOFF_INTRO
 from proxy.errors import InvalidRequest
 from proxy.routes.items import to_items, to_messages
 from proxy.routes.responses import chat_view, outgoing_body, parse_responses_request

@@ -16,12 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.core.budget import Budget
-from proxy.core.plan import count_pinned, plan_compaction
+from proxy.core.history import History, count_pinned, result_flags
+from proxy.core.plan import plan_compaction
 from proxy.core.trim import trim_plan
-from proxy.core.view import ELIDED_TOKENS, Totals, View, result_flags, view_tokens
+from proxy.core.view import ELIDED_TOKENS, Totals, View, view_tokens
 from proxy.types import ChatMessage
 from tests.conftest import examples
-from tests.conversations import convo, group_starts
+from tests.conversations import convo, group_starts, measured
 
 T = TypeVar("T")
 PROPERTY = settings(
@@ -114,13 +115,13 @@ _TOOL_COUNTS = [10, 20, 30, 500, 40, 50]
 )
 def test_view_tokens(view: View, elide_min: int, expected: int) -> None:
     b = budget(fixed=7, reserve=3, elide_min_tokens=elide_min)
-    assert view_tokens(_TOOL_COUNTS, result_flags(_TOOLS), 1, view, b) == expected
+    assert view_tokens(measured(_TOOLS, _TOOL_COUNTS, 1), view, b) == expected
 
 
 def test_view_tokens_never_elides_the_newest_message() -> None:
     messages = convo("s u c1 t")
     assert (
-        view_tokens([10, 20, 30, 900], result_flags(messages), 1, View(1, 0, 4), budget(reserve=0))
+        view_tokens(measured(messages, [10, 20, 30, 900], 1), View(1, 0, 4), budget(reserve=0))
         == 960
     )
 
@@ -150,7 +151,7 @@ def test_plan_boundaries(
     trigger: int, target: int, action: str, summarize: tuple[int, int], tokens: int
 ) -> None:
     b = budget(trigger=trigger, target=target)
-    plan = plan_compaction(_CHAT_COUNTS, result_flags(_CHAT), 1, _FRESH, b)
+    plan = plan_compaction(measured(_CHAT, _CHAT_COUNTS, 1), _FRESH, b)
     assert (plan.action, plan.summarize, plan.tokens) == (action, summarize, tokens)
     assert plan.view.covered == summarize[1]
     assert plan.view.summary_tokens == (50 if action == "compact" else 0)
@@ -159,7 +160,7 @@ def test_plan_boundaries(
 
 def test_plan_extends_an_existing_summary_incrementally() -> None:
     current = View(3, 200, 3)  # 100 + 200 + 5 * 100 + 100 = 900
-    plan = plan_compaction(_CHAT_COUNTS, result_flags(_CHAT), 1, current, budget())
+    plan = plan_compaction(measured(_CHAT, _CHAT_COUNTS, 1), current, budget())
     assert (plan.action, plan.summarize, plan.tokens) == ("compact", (3, 6), 450)
     assert plan.view == View(6, 50, 4)
 
@@ -167,15 +168,13 @@ def test_plan_extends_an_existing_summary_incrementally() -> None:
 @pytest.mark.parametrize(("window", "fits"), [(350, True), (349, False)])
 def test_plan_fits_says_whether_the_window_holds_it(window: int, fits: bool) -> None:
     b = budget(window=window, trigger=300, target=200)
-    plan = plan_compaction(_CHAT_COUNTS, result_flags(_CHAT), 1, _FRESH, b)
+    plan = plan_compaction(measured(_CHAT, _CHAT_COUNTS, 1), _FRESH, b)
     assert (plan.summarize, plan.tokens, plan.fits) == ((1, 7), 350, fits)
 
 
 def test_plan_keeps_when_only_the_newest_group_is_left() -> None:
     messages = convo("s u")
-    plan = plan_compaction(
-        [100, 5000], result_flags(messages), 1, View(1, 0, 1), budget(window=4000)
-    )
+    plan = plan_compaction(measured(messages, [100, 5000], 1), View(1, 0, 1), budget(window=4000))
     assert plan.action == "keep"
     assert (plan.tokens, plan.fits) == (5200, False)
 
@@ -183,14 +182,14 @@ def test_plan_keeps_when_only_the_newest_group_is_left() -> None:
 def test_plan_cut_never_splits_a_tool_group() -> None:
     messages = convo("s u c1 t a u a u")
     # A cut at 3 would reach 750 exactly, but separates the call from its result.
-    plan = plan_compaction(_CHAT_COUNTS, result_flags(messages), 1, _FRESH, budget(target=750))
+    plan = plan_compaction(measured(messages, _CHAT_COUNTS, 1), _FRESH, budget(target=750))
     assert (plan.summarize, plan.tokens) == ((1, 4), 650)
 
 
 def test_plan_never_summarizes_the_newest_group() -> None:
     messages = convo("s u c2 t t")
     b = budget(window=10_000, summary_allowance=5)
-    plan = plan_compaction([10, 10, 10, 3000, 3000], result_flags(messages), 1, View(1, 0, 1), b)
+    plan = plan_compaction(measured(messages, [10, 10, 10, 3000, 3000], 1), View(1, 0, 1), b)
     assert plan.summarize == (1, 2)  # the calls and both results stay, none elided
     assert (plan.tokens, plan.fits) == (10 + 5 + 6010 + 100, True)
 
@@ -245,7 +244,7 @@ def test_plan_elides_before_summarizing(
     changes: dict[str, int], summarize: tuple[int, int], view: View, tokens: int
 ) -> None:
     plan = plan_compaction(
-        _AGENT_COUNTS, result_flags(_AGENT), 1, View(1, 0, 1), agent_budget(**changes)
+        measured(_AGENT, _AGENT_COUNTS, 1), View(1, 0, 1), agent_budget(**changes)
     )
     assert (plan.action, plan.summarize, plan.view, plan.tokens) == (
         "compact",
@@ -258,7 +257,7 @@ def test_plan_elides_before_summarizing(
 def test_plan_never_lowers_an_existing_elision() -> None:
     current = View(1, 0, 8)
     b = agent_budget(target=500)
-    plan = plan_compaction(_AGENT_COUNTS, result_flags(_AGENT), 1, current, b, force=True)
+    plan = plan_compaction(measured(_AGENT, _AGENT_COUNTS, 1), current, b, force=True)
     assert plan.view.elide_before == 8
 
 
@@ -267,15 +266,15 @@ def test_plan_never_lowers_an_existing_elision() -> None:
 
 def test_force_compacts_under_the_trigger() -> None:
     b = budget(trigger=10_000, target=2000)
-    assert plan_compaction(_CHAT_COUNTS, result_flags(_CHAT), 1, _FRESH, b).action == "keep"
-    plan = plan_compaction(_CHAT_COUNTS, result_flags(_CHAT), 1, _FRESH, b, force=True)
+    assert plan_compaction(measured(_CHAT, _CHAT_COUNTS, 1), _FRESH, b).action == "keep"
+    plan = plan_compaction(measured(_CHAT, _CHAT_COUNTS, 1), _FRESH, b, force=True)
     # Everything before the protected tail of four messages.
     assert (plan.action, plan.summarize, plan.tokens) == ("compact", (1, 4), 650)
 
 
 def test_force_goes_past_the_protected_tail_when_the_target_needs_it() -> None:
     b = budget(trigger=10_000, target=450)
-    plan = plan_compaction(_CHAT_COUNTS, result_flags(_CHAT), 1, _FRESH, b, force=True)
+    plan = plan_compaction(measured(_CHAT, _CHAT_COUNTS, 1), _FRESH, b, force=True)
     assert (plan.summarize, plan.tokens) == ((1, 6), 450)
 
 
@@ -293,10 +292,10 @@ def test_force_keeps_when_nothing_can_be_summarized(
 ) -> None:
     b = budget(trigger=10_000, target=5000)
     plan = plan_compaction(
-        counts, result_flags(convo(spec)), 1 if spec.startswith("s") else 0, current, b
+        measured(convo(spec), counts, 1 if spec.startswith("s") else 0), current, b
     )
     forced = plan_compaction(
-        counts, result_flags(convo(spec)), 1 if spec.startswith("s") else 0, current, b, force=True
+        measured(convo(spec), counts, 1 if spec.startswith("s") else 0), current, b, force=True
     )
     assert plan.action == forced.action == "keep"
     assert forced.view == current
@@ -305,15 +304,15 @@ def test_force_keeps_when_nothing_can_be_summarized(
 
 def test_hysteresis_next_turns_do_not_refire() -> None:
     b = budget(trigger=899, target=500)
-    plan = plan_compaction(_CHAT_COUNTS, result_flags(_CHAT), 1, _FRESH, b)
+    plan = plan_compaction(measured(_CHAT, _CHAT_COUNTS, 1), _FRESH, b)
     assert plan.tokens <= b.target
     grown = [*_CHAT, *convo("a u")]
     counts = [*_CHAT_COUNTS, 100, 100]
-    again = plan_compaction(counts, result_flags(grown), 1, plan.view, b)
+    again = plan_compaction(measured(grown, counts, 1), plan.view, b)
     assert (again.action, again.tokens) == ("keep", 650)
     grown += convo("a u a u")
     counts += [100] * 4
-    assert plan_compaction(counts, result_flags(grown), 1, plan.view, b).action == "compact"
+    assert plan_compaction(measured(grown, counts, 1), plan.view, b).action == "compact"
 
 
 # --- trim_plan ----------------------------------------------------------------------------
@@ -334,7 +333,7 @@ def test_hysteresis_next_turns_do_not_refire() -> None:
     ],
 )
 def test_trim_plan_drops_oldest_groups(current: View, limit: int, expected: View) -> None:
-    assert trim_plan(_CHAT_COUNTS, result_flags(_CHAT), 1, current, budget(), limit) == expected
+    assert trim_plan(measured(_CHAT, _CHAT_COUNTS, 1), current, budget(), limit) == expected
 
 
 @pytest.mark.parametrize(
@@ -346,7 +345,7 @@ def test_trim_plan_drops_oldest_groups(current: View, limit: int, expected: View
     ],
 )
 def test_trim_plan_elides_first_and_never_splits_groups(limit: int, expected: View) -> None:
-    view = trim_plan(_AGENT_COUNTS, result_flags(_AGENT), 1, View(1, 0, 1), agent_budget(), limit)
+    view = trim_plan(measured(_AGENT, _AGENT_COUNTS, 1), View(1, 0, 1), agent_budget(), limit)
     assert view == expected
 
 
@@ -361,9 +360,9 @@ def test_trim_plan_elides_first_and_never_splits_groups(limit: int, expected: Vi
 def test_invalid_views_are_rejected(counts: list[int], pinned: int, current: View) -> None:
     messages = convo("s u a u")
     with pytest.raises(ValueError, match=r"."):
-        plan_compaction(counts, result_flags(messages), pinned, current, budget())
+        plan_compaction(measured(messages, counts, pinned), current, budget())
     with pytest.raises(ValueError, match=r"."):
-        trim_plan(counts, result_flags(messages), pinned, current, budget(), 100)
+        trim_plan(measured(messages, counts, pinned), current, budget(), 100)
 
 
 # --- properties ---------------------------------------------------------------------------
@@ -432,7 +431,7 @@ def test_plan_properties(
 ) -> None:
     messages, counts, pinned, current, b = situation
     n = len(messages)
-    plan = plan_compaction(counts, result_flags(messages), pinned, current, b, force=force)
+    plan = plan_compaction(measured(messages, counts, pinned), current, b, force=force)
     view = plan.view
 
     assert plan.tokens == oracle_tokens(counts, messages, pinned, view, b)
@@ -476,7 +475,7 @@ def test_plan_properties(
 
     # Hysteresis: once at the target, the same history does not re-fire.
     if plan.tokens <= b.target:
-        assert plan_compaction(counts, result_flags(messages), pinned, view, b).action == "keep"
+        assert plan_compaction(measured(messages, counts, pinned), view, b).action == "keep"
 
 
 @PROPERTY
@@ -486,7 +485,7 @@ def test_trim_plan_properties(
 ) -> None:
     messages, counts, pinned, current, b = situation
     n = len(messages)
-    view = trim_plan(counts, result_flags(messages), pinned, current, b, limit)
+    view = trim_plan(measured(messages, counts, pinned), current, b, limit)
     assert current.covered <= view.covered < n
     assert view.covered == current.covered or messages[view.covered]["role"] != "tool"
     tokens = oracle_tokens(counts, messages, pinned, view, b)
@@ -525,8 +524,8 @@ def test_prefix_sum_totals_equal_the_straightforward_count(
 ) -> None:
     messages, counts, pinned, view, b = situation
     expected = oracle_tokens(counts, messages, pinned, view, b)
-    assert Totals.build(counts, result_flags(messages), pinned, b).tokens(view) == expected
-    assert view_tokens(counts, result_flags(messages), pinned, view, b) == expected
+    assert Totals.build(measured(messages, counts, pinned), b).tokens(view) == expected
+    assert view_tokens(measured(messages, counts, pinned), view, b) == expected
 
 
 # --- scale --------------------------------------------------------------------------------
@@ -560,6 +559,12 @@ class Reads(Sequence[T]):
             yield item
 
 
+def read_counted(messages: list[ChatMessage], counts: list[int], reads: list[int]) -> History:
+    """The history of ``messages`` whose counts and result flags tally their reads."""
+    results = Reads(result_flags(messages), reads)  # type: ignore[arg-type]
+    return History(messages, [], Reads(counts, reads), 1, 0, results)  # type: ignore[arg-type]
+
+
 def agent_history(n: int) -> tuple[list[ChatMessage], list[int]]:
     """``n`` messages: system prompt, then user / tool call / bulky result / answer rounds."""
     messages = convo("s " + " ".join(["u c1 t a"] * (n // 4)))[:n]
@@ -575,14 +580,10 @@ def test_planning_reads_each_message_a_bounded_number_of_times(n: int) -> None:
     b = budget(window=10**9, trigger=1000, target=3000, summary_allowance=100)
     for force in (False, True):
         reads = [0]
-        plan = plan_compaction(
-            Reads(counts, reads), Reads(result_flags(messages), reads), 1, _FRESH, b, force=force
-        )
+        plan = plan_compaction(read_counted(messages, counts, reads), _FRESH, b, force=force)
         assert plan.view.covered > 0.9 * n
         assert reads[0] <= 12 * n
     reads = [0]
-    view = trim_plan(
-        Reads(counts, reads), Reads(result_flags(messages), reads), 1, _FRESH, b, b.target
-    )
+    view = trim_plan(read_counted(messages, counts, reads), _FRESH, b, b.target)
     assert view.covered > 0.9 * n
     assert reads[0] <= 12 * n

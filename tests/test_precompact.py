@@ -18,15 +18,16 @@ import openai
 import pytest
 import redis
 
-from proxy.compaction.compact import Job
 from proxy.compaction.count import count_history
+from proxy.compaction.job import Job
 from proxy.compaction.precompact import Precompactor, background_budget, wants_precompaction
-from proxy.compaction.snapshots import Loaded, next_snapshot, view_of
+from proxy.compaction.snapshots import next_snapshot
 from proxy.config import CompactionSettings, Settings, load_settings
 from proxy.core.budget import Budget
 from proxy.core.outcome import Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.session import session_from_header
+from proxy.core.snapshot import Loaded, view_of
 from proxy.errors import ConfigError
 from proxy.services import Services, build_services
 from proxy.simulator import create_simulator_app
@@ -98,8 +99,8 @@ async def _job(services: Services, session: str, messages: list[Any]) -> Job:
     """The background job a turn sending ``messages`` would leave for its session."""
     chat: Any = {"model": "sim-4k", "messages": messages}
     model = services.models.resolve("sim-4k")
-    history = await count_history(services.counters[model.tokenizer], chat, b"{}", False, 0)
     turn = Turn(chat, b"{}", model, "tenant", session, [])
+    history = await count_history(services.counters[model.tokenizer], turn, False, 0)
     budget = Budget.for_model(model, services.settings.compaction, 256, history.fixed)
     key = session_from_header("tenant", session)
     early = background_budget(budget, services.settings.compaction)
@@ -164,9 +165,9 @@ async def test_a_turn_offered_before_the_last_compaction_finds_it_covered_withou
         job = await _job(services, "landed", _conversation(40))
         h, budget = job.history, job.budget
         assert wants_precompaction(sum(h.counts) + h.fixed + 256, WINDOW, pre.settings)
-        plan = plan_compaction(h.counts, h.results, h.pinned, view_of(None, h.pinned), budget)
+        plan = plan_compaction(h, view_of(None, h.pinned), budget)
         assert plan.action == "compact"
-        landed = next_snapshot(Loaded(None, None), "summary", plan, h, budget, "sim-4k")
+        landed = next_snapshot(Loaded(None, None), "summary", plan, job)
         assert await services.store.save(job.key, landed)
         await pre.start(job)
         await asyncio.gather(*pre.running.values())

@@ -11,25 +11,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.compaction.count import History
 from proxy.core.budget import Budget
+from proxy.core.history import History, count_pinned, result_flags
 from proxy.core.omitted import elided_values
-from proxy.core.plan import count_pinned, plan_compaction
-from proxy.core.rebuild import (
+from proxy.core.plan import plan_compaction
+from proxy.core.rebuild import rebuild_messages
+from proxy.core.view import ELIDED_TOKENS, View
+from proxy.core.wording import (
     ACKNOWLEDGEMENT,
     CONTINUE,
     SummaryRole,
     elided_content,
     handoff_text,
     omitted_marker,
-    rebuild_messages,
 )
-from proxy.core.view import ELIDED_TOKENS, View, result_flags
 from proxy.simulator.errors import SimError
 from proxy.simulator.validate import check_alternation, check_tool_pairing
 from proxy.types import ChatMessage, ToolCall
 from tests.conftest import examples
-from tests.conversations import convo
+from tests.conversations import convo, measured
 
 PROPERTY = settings(
     max_examples=examples(300),
@@ -341,7 +341,7 @@ def test_every_plan_rebuilds_to_a_valid_request(
     check_tool_pairing(as_dicts(messages))
 
     plan = plan_compaction(
-        counts, result_flags(messages), pinned, current, b, force=data.draw(st.booleans())
+        measured(messages, counts, pinned), current, b, force=data.draw(st.booleans())
     )
     view = plan.view
     summary = SUMMARY if view.covered > pinned else None

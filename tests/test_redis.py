@@ -25,7 +25,7 @@ from proxy.core.digest import (
 )
 from proxy.core.session import SessionKey
 from proxy.store import Snapshot
-from proxy.store.redis import RedisStore
+from proxy.store.redis import RedisOptions, RedisStore
 from tests.conftest import OPEN_CLIENTS, RedisServer
 from tests.redis_relay import CountingRelay
 from tests.test_compaction import FILLER, WINDOW, Chat, stats
@@ -214,7 +214,7 @@ async def test_snapshots_written_under_the_existing_key_layout_are_still_found(
     raw = redis.Redis.from_url(redis_server.url)
     raw.hset(f"pre:snap:{tenant}:h:abc", mapping={"v": 2, "d": orjson.dumps({**fields, "fv": 1})})
     raw.hset(f"pre:snap:{tenant}:d:abc", mapping={"v": 2, "d": orjson.dumps({**fields, "fv": 1})})
-    store = RedisStore(redis_server.url, ttl_s=60, prefix="pre")
+    store = RedisStore(redis_server.url, ttl_s=60, options=RedisOptions(prefix="pre"))
     header, derived = SessionKey(tenant, "abc", "header"), SessionKey(tenant, "abc", "derived")
     try:
         # Format 1 anchors chained BLAKE2b message digests: read, and marked as such.
@@ -338,9 +338,11 @@ async def test_encrypted_snapshots_are_unreadable_in_redis_and_keys_rotate(
 
     old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
     raw = redis.Redis.from_url(redis_server.url)
-    writer = RedisStore(redis_server.url, ttl_s=60, encryption_keys=[old])
-    rotated = RedisStore(redis_server.url, ttl_s=60, encryption_keys=[new, old])
-    stranger = RedisStore(redis_server.url, ttl_s=60, encryption_keys=[new])
+    writer = RedisStore(redis_server.url, ttl_s=60, options=RedisOptions(encryption_keys=[old]))
+    rotated = RedisStore(
+        redis_server.url, ttl_s=60, options=RedisOptions(encryption_keys=[new, old])
+    )
+    stranger = RedisStore(redis_server.url, ttl_s=60, options=RedisOptions(encryption_keys=[new]))
     plain = RedisStore(redis_server.url, ttl_s=60)
     try:
         assert await writer.save(key("e"), _snapshot(1, "FACT secret=swordfish"))

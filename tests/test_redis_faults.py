@@ -20,7 +20,7 @@ from proxy.core.session import SessionKey, session_from_header, tenant_from_head
 from proxy.observe.metrics import Metrics
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
-from proxy.store.redis import RedisStore
+from proxy.store.redis import RedisOptions, RedisStore
 from proxy.store.resilient import ResilientStore
 from tests.conftest import RedisServer, proxy_settings, run_server
 from tests.test_compaction import FILLER, WINDOW
@@ -282,7 +282,7 @@ async def test_an_unreadable_snapshot_loads_as_none_and_is_replaced(
     store = RedisStore(
         redis_server.url,
         ttl_s=60,
-        encryption_keys=[Fernet.generate_key().decode()],
+        options=RedisOptions(encryption_keys=[Fernet.generate_key().decode()]),
         metrics=metrics,
     )
     try:

@@ -13,7 +13,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.core.rebuild import ACKNOWLEDGEMENT, CONTINUE, HANDOFF_INTRO
+from proxy.core.wording import ACKNOWLEDGEMENT, CONTINUE, HANDOFF_INTRO
 from tests.conftest import OPEN_CLIENTS, proxy_settings
 from tests.test_compaction import chat_requests, stats
 

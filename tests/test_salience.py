@@ -5,10 +5,11 @@ then build logs whose lines carry ``pid=…`` and ``key=session:…``, newest la
 
 from __future__ import annotations
 
-from proxy.core.identifiers import CARRIED_HEADING, restore_identifiers
+from proxy.core.identifiers import restore_identifiers
 from proxy.core.omitted import elided_values, omitted_digest
 from proxy.core.salience import keep_order, tiers
 from proxy.core.values import find_values
+from proxy.core.wording import CARRIED_HEADING
 
 SETTINGS = [
     ("SERVER_PORT", "7939"),

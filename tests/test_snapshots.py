@@ -9,27 +9,22 @@ from dataclasses import replace
 import pytest
 from cachetools import LRUCache
 
-from proxy.compaction.count import History
+from proxy.compaction.job import Job
 from proxy.compaction.schedule import Schedule, scheduled
-from proxy.compaction.snapshots import (
-    Loaded,
-    load_session,
-    load_snapshot,
-    next_snapshot,
-    valid_snapshot,
-    view_of,
-)
+from proxy.compaction.snapshots import load_session, load_snapshot, next_snapshot
 from proxy.config import CompactionSettings
 from proxy.core.budget import FRAME_TOKENS, Budget, summary_limit
 from proxy.core.digest import LEGACY_ANCHOR, digests_and_sizes, legacy_digests, prefix_hash
+from proxy.core.history import History, result_flags
 from proxy.core.models import ResolvedModel
+from proxy.core.outcome import Turn
 from proxy.core.plan import Plan
-from proxy.core.rebuild import omitted_marker
 from proxy.core.session import derived_slots, session_from_header, session_from_history
+from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot, view_of
 from proxy.core.trim import trim_outcome
-from proxy.core.view import View, result_flags
+from proxy.core.view import View
+from proxy.core.wording import omitted_marker
 from proxy.errors import ContextTooLarge
-from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage
 from tests.conversations import convo
@@ -173,7 +168,7 @@ def test_next_snapshot_replaces_the_stored_one_and_matches_the_history() -> None
         window=1000, reserve=100, fixed=20, trigger=800, target=500, summary_allowance=0
     )
     before = time.time()
-    new = next_snapshot(Loaded(stored, None), "new summary", plan, h, budget, "gpt-x")
+    new = next_snapshot(Loaded(stored, None), "new summary", plan, job_for(h, budget, "gpt-x"))
     assert new.version == 5  # over the stored version, valid for this history or not
     assert (new.summary, new.pinned, new.covered, new.elide_before) == ("new summary", 1, 5, 6)
     assert new.anchor_hash == prefix_hash(h.digests, 6)
@@ -190,13 +185,19 @@ def test_the_first_snapshot_starts_at_version_one() -> None:
     h = history(BASE)
     plan = Plan("compact", View(1, 0, 5), (1, 1), 300, True)
     budget = Budget(window=1000, reserve=0, fixed=0, trigger=800, target=500, summary_allowance=0)
-    new = next_snapshot(Loaded(None, None), "", plan, h, budget, "m")
+    new = next_snapshot(Loaded(None, None), "", plan, job_for(h, budget, "m"))
     assert new.version == 1
     assert new.created_at == new.updated_at
 
 
-def model(window: int) -> ResolvedModel:
-    return ResolvedModel("m", window, 4096, "o200k_base", "default")
+def job_for(h: History, budget: Budget, model_name: str) -> Job:
+    """A compaction job for ``h`` under ``budget``, to ``model_name``."""
+    turn = Turn({"model": model_name, "messages": []}, b"", model(1000, model_name), "t", None, [])
+    return Job(turn, session_from_header("t", "s"), h, budget, "threshold")
+
+
+def model(window: int, name: str = "m") -> ResolvedModel:
+    return ResolvedModel(name, window, 4096, "o200k_base", "default")
 
 
 def test_budget_for_a_model_follows_the_ratios_and_summary_size() -> None:

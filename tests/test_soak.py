@@ -33,7 +33,7 @@ import httpx
 import pytest
 
 from proxy.core.session import SessionKey
-from proxy.store.redis import RedisStore
+from proxy.store.redis import RedisOptions, RedisStore
 from tests.conftest import RedisServer, _redis_binary, proxy_settings, run_proxy
 from tests.faulty_upstream import Behaviour, Exchange, FaultyUpstream, answer
 from tests.soaking import Config, Fleet, idle_connections, soak
@@ -121,7 +121,7 @@ async def test_a_burst_of_store_calls_waits_for_a_redis_connection(
     """Found by the soak: 250 snapshot loads at once, more than the pool's connections,
     all succeed. (A generous socket timeout: what is tested is the pool, not how fast a
     loaded machine reads 250 replies.)"""
-    store = RedisStore(redis_server.url, ttl_s=60, timeout_s=5.0)
+    store = RedisStore(redis_server.url, ttl_s=60, options=RedisOptions(timeout_s=5.0))
     try:
         keys = [SessionKey("tenant", f"session-{i}", "header") for i in range(250)]
         loaded = await asyncio.gather(*(store.load(k) for k in keys), return_exceptions=True)

@@ -8,15 +8,14 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import pairwise
 
-from proxy.compaction.count import History
-from proxy.compaction.snapshots import Loaded
 from proxy.core import omitted
 from proxy.core.budget import Budget
 from proxy.core.digest import digests_and_sizes
-from proxy.core.identifiers import OMITTED_HEADING
+from proxy.core.history import History, result_flags
 from proxy.core.outcome import Outcome
+from proxy.core.snapshot import Loaded
 from proxy.core.trim import Cut, trimmed
-from proxy.core.view import result_flags
+from proxy.core.wording import OMITTED_HEADING
 from proxy.types import ChatMessage
 
 # 100 tokens a message: each turn (a reply and the next question) adds 200. The view

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.compaction.count import History
-from proxy.compaction.snapshots import Loaded
 from proxy.core.budget import Budget
 from proxy.core.digest import digests_and_sizes
-from proxy.core.identifiers import CARRIED_HEADING, OMITTED_HEADING, restore_identifiers
+from proxy.core.history import History, result_flags
+from proxy.core.identifiers import restore_identifiers
 from proxy.core.omitted import digest_tokens, elided_values, omitted_digest
-from proxy.core.rebuild import QUOTED_INTRO
+from proxy.core.snapshot import Loaded
 from proxy.core.trim import trim_outcome
 from proxy.core.values import find_values
-from proxy.core.view import result_flags
+from proxy.core.wording import CARRIED_HEADING, OMITTED_HEADING, QUOTED_INTRO
 from proxy.types import ChatMessage
 
 

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 
 from cachetools import LRUCache
 
-from proxy.compaction.schedule import TRACKED_LIMIT
-from proxy.core.session import SessionKey
+from proxy.core.session import TRACKED_LIMIT, SessionKey
 
 
 @dataclass(slots=True)

@@ -19,69 +19,35 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Protocol
 
 from proxy.compaction.backoff import SummaryBackoff
-from proxy.compaction.count import History
 from proxy.compaction.fold import Folder
-from proxy.compaction.schedule import TRACKED_LIMIT
-from proxy.compaction.snapshots import Loaded, load_snapshot, next_snapshot
+from proxy.compaction.job import Job
+from proxy.compaction.snapshots import load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
 from proxy.config import Settings
-from proxy.core.budget import Budget
 from proxy.core.models import ModelTable
-from proxy.core.outcome import Degraded, Outcome, Turn, counted_as
+from proxy.core.outcome import Degraded, Outcome, counted_as
 from proxy.core.plan import Plan, plan_compaction
-from proxy.core.rebuild import rebuild_outcome
-from proxy.core.session import SessionKey
+from proxy.core.rebuild import Handoff, rebuild_outcome
+from proxy.core.session import TRACKED_LIMIT, SessionKey
+from proxy.core.snapshot import Loaded, Snapshot
 from proxy.core.tokens import TokenCounter
-from proxy.core.view import view_tokens
+from proxy.core.view import fits, view_tokens
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import current_record
-from proxy.store import LockStore, Snapshot, Snapshots
+from proxy.store import LockStore, Snapshots
 from proxy.upstream.client import Upstream
 
 log = logging.getLogger("proxy.compaction")
 
 _POLL_S = 0.05
 
-# What made a session compact: crossing the trigger ratio, X-Compaction: force, the
-# upstream rejecting the request as too long, POST /sessions/{id}/compact, or crossing
-# the pre-compaction ratio (in the background, after an answer: precompact.py).
-Trigger = Literal["threshold", "forced", "overflow_recovery", "scheduled", "precompact"]
-
-
-def trigger_for(*, recover: bool, scheduled: bool, forced: bool) -> Trigger | None:
-    """What asks for a compaction now, whatever the threshold says (None: nothing);
-    a recovery first, since it compacts whatever else was asked."""
-    if recover:
-        return "overflow_recovery"
-    if scheduled:
-        return "scheduled"
-    return "forced" if forced else None
-
 
 class CompactionStore(Snapshots, LockStore, Protocol):
     """What compaction needs of a store: snapshots, and the lock around summarizing."""
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One request whose plan compacts: built only then, never on the hot path."""
-
-    turn: Turn
-    key: SessionKey
-    history: History
-    budget: Budget
-    trigger: Trigger
-    # Pre-compaction after an answer (precompact.py): nobody waits for it, nor does it wait.
-    background: bool = False
-
-    @property
-    def force(self) -> bool:
-        """Planned with force: something asked for this compaction, not a ratio."""
-        return self.trigger not in ("threshold", "precompact")
 
 
 @dataclass(slots=True)
@@ -149,7 +115,7 @@ class Compactor:
 
     def _log(self, job: Job, loaded: Loaded, outcome: Outcome, started: float) -> None:
         h = job.history
-        previous = view_tokens(h.counts, h.results, h.pinned, loaded.view(h.pinned), job.budget)
+        previous = view_tokens(h, loaded.view(h.pinned), job.budget)
         # Fields: JSON lines carry them as keys, text lines as key=value (proxy/observe/logs.py).
         fields = {
             "session": job.key.log_id,
@@ -169,16 +135,14 @@ class Compactor:
         if plan.fits:
             role = self.settings.compaction.summary_role
             h, budget = job.history, job.budget
-            return rebuild_outcome(h, plan.view, loaded.summary, loaded.version, budget, role)
+            return rebuild_outcome(h, plan.view, Handoff.of(loaded, role), budget)
         return self.trims.for_job(job, loaded)
 
     async def _compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         start, end = plan.summarize
         if start == end:
             # Elision alone was enough: no model call, no lock needed.
-            new = next_snapshot(
-                loaded, loaded.summary, plan, job.history, job.budget, job.turn.model.name
-            )
+            new = next_snapshot(loaded, loaded.summary, plan, job)
             return await self._saved(job, new, plan)
 
         token = await self.store.acquire(job.key, self._lock_ttl)
@@ -196,9 +160,7 @@ class Compactor:
                 # plan and the lock: plan again from its snapshot instead of repeating it.
                 h, loaded = job.history, fresh
                 view = fresh.view(h.pinned)
-                plan = plan_compaction(
-                    h.counts, h.results, h.pinned, view, job.budget, force=job.force
-                )
+                plan = plan_compaction(h, view, job.budget, force=job.force)
                 start, end = plan.summarize
                 if start == end:
                     return self._shown(job, loaded, plan)
@@ -229,7 +191,7 @@ class Compactor:
             return self._failed(job, self.trims.for_job(job, loaded), started)
         self.backoff.succeeded(job.key)
         plan = replace(plan, view=replace(plan.view, summary_tokens=folded.tokens))
-        new = next_snapshot(loaded, folded.summary, plan, h, job.budget, job.turn.model.name)
+        new = next_snapshot(loaded, folded.summary, plan, job)
         outcome = await self._saved(job, new, plan)
         return replace(outcome, restored=folded.restored)
 
@@ -245,9 +207,8 @@ class Compactor:
             # A concurrent writer got there first; its snapshot is as valid as ours.
             log.info("session=%s snapshot v%d lost a write race", job.key.log_id, new.version)
         role = self.settings.compaction.summary_role
-        outcome = rebuild_outcome(
-            job.history, plan.view, new.summary, new.version, job.budget, role
-        )
+        handoff = Handoff(new.summary, new.version, role)
+        outcome = rebuild_outcome(job.history, plan.view, handoff, job.budget)
         return replace(outcome, status="compacted")
 
     async def _wait_for_other(self, job: Job, loaded: Loaded) -> Outcome:
@@ -293,8 +254,8 @@ class Compactor:
                 )
         h, budget, role = job.history, job.budget, self.settings.compaction.summary_role
         view = loaded.view(h.pinned)
-        if view_tokens(h.counts, h.results, h.pinned, view, budget) <= budget.window:
-            outcome = rebuild_outcome(h, view, loaded.summary, loaded.version, budget, role)
+        if fits(h, view, budget):
+            outcome = rebuild_outcome(h, view, Handoff.of(loaded, role), budget)
         else:
             outcome = self.trims.for_job(job, loaded)
         return replace(outcome, degraded=degraded)

@@ -9,14 +9,12 @@ everyone.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from proxy.core.digest import digests_and_sizes
-from proxy.core.plan import count_pinned
+from proxy.core.history import History, count_pinned, result_flags
+from proxy.core.outcome import Turn
 from proxy.core.tokens import TokenCounter
-from proxy.core.view import result_flags
-from proxy.types import ChatMessage, ChatRequest
+from proxy.types import ChatRequest
 
 # CPU on the event loop stalls every request, /healthz included; a hop to a worker
 # thread costs ~0.1 ms, more than a usual turn's counting (a few dozen cached
@@ -29,34 +27,13 @@ _INLINE_DIGEST_BYTES = 1024 * 1024
 _INLINE_MESSAGES = 2_000
 
 
-@dataclass(frozen=True, slots=True)
-class History:
-    """The client's history, measured: what planning, validation and rebuilding read.
-
-    ``digests[i]``, ``counts[i]`` and ``results[i]`` (``view.result_flags``) belong to
-    ``messages[i]``; ``pinned`` leading messages are always sent verbatim; ``fixed`` is
-    the tokens outside the messages (tool definitions, response format, reply priming).
-    """
-
-    messages: Sequence[ChatMessage]
-    digests: Sequence[bytes]
-    counts: Sequence[int]
-    pinned: int
-    fixed: int
-    results: bytes
-
-
 async def count_history(
-    counter: TokenCounter,
-    chat: ChatRequest,
-    body: bytes,
-    pin_first_user: bool,
-    seed: int,
-    templated: bool = False,
+    counter: TokenCounter, turn: Turn, pin_first_user: bool, seed: int
 ) -> History:
     """Digests (under ``seed``: ``digest.tenant_seed``), per-message token counts and
     the tokens outside the messages (tool definitions as a chat template renders them
-    when ``templated``: ``TokenCounter.fixed``)."""
+    when the model's ``templated_tools``: ``TokenCounter.fixed``) of ``turn``'s chat."""
+    chat, body, templated = turn.chat, turn.body, turn.model.templated_tools
     messages = chat["messages"]
     if len(body) > _INLINE_DIGEST_BYTES or len(messages) > _INLINE_MESSAGES:
         digests, counts, fixed, results = await asyncio.to_thread(

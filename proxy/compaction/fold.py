@@ -23,10 +23,10 @@ from proxy.core.budget import FRAME_TOKENS, summary_limit
 from proxy.core.identifiers import SUMMARY_ROLE, Restored, restore_identifiers, split_carried
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Turn
-from proxy.core.rebuild import ACKNOWLEDGEMENT, QUOTED_INTRO, handoff_text
 from proxy.core.session import SessionKey
 from proxy.core.tokens import TokenCounter
 from proxy.core.transcript import span_sources
+from proxy.core.wording import ACKNOWLEDGEMENT, QUOTED_INTRO, handoff_text
 from proxy.errors import SummaryError, SummaryTruncated
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import current_record

@@ -37,24 +37,27 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 from cachetools import TTLCache
 from starlette.background import BackgroundTasks
 from starlette.responses import Response
 
 from proxy.compaction.busy import BusyModels
-from proxy.compaction.compact import Compactor, Job
-from proxy.compaction.count import History
-from proxy.compaction.schedule import TRACKED_LIMIT
+from proxy.compaction.job import Job
 from proxy.compaction.snapshots import load_snapshot
 from proxy.config import CompactionSettings
 from proxy.core.budget import Budget
+from proxy.core.history import History
 from proxy.core.outcome import Turn
 from proxy.core.plan import plan_compaction
-from proxy.core.session import SessionKey
-from proxy.core.view import view_tokens
+from proxy.core.session import TRACKED_LIMIT, SessionKey
+from proxy.core.view import fits
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
+
+if TYPE_CHECKING:
+    from proxy.compaction.compact import Compactor
 
 log = logging.getLogger("proxy.compaction")
 
@@ -213,9 +216,9 @@ class Precompactor:
         # The turn's snapshot may have been replaced since: plan from the current one.
         loaded = await load_snapshot(self.compactor.store, job.key, h)
         view = loaded.view(h.pinned)
-        if view_tokens(h.counts, h.results, h.pinned, view, job.budget) <= job.budget.trigger:
+        if fits(h, view, job.budget, job.budget.trigger):
             return "covered"  # a compaction since the turn (another task's, often) got there
-        plan = plan_compaction(h.counts, h.results, h.pinned, view, job.budget)
+        plan = plan_compaction(h, view, job.budget)
         if plan.action != "compact":
             return "unchanged"  # nothing worth folding in: back off
         outcome = await self.compactor.try_compact(job, loaded, plan)

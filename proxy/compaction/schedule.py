@@ -17,12 +17,10 @@ from dataclasses import dataclass, field, replace
 
 from cachetools import LRUCache
 
-from proxy.core.session import SessionKey, session_from_header
-from proxy.store import Snapshot, Snapshots
+from proxy.core.session import TRACKED_LIMIT, SessionKey, session_from_header
+from proxy.core.snapshot import Snapshot
+from proxy.store import Snapshots
 
-# Most sessions with a pending or recent forced compaction tracked per process. Every
-# per-session table is keyed by SessionKey, two fixed-size hashes: bounded in bytes too.
-TRACKED_LIMIT = 10_000
 _SCHEDULE_TTL_S = 3600.0
 
 

@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from functools import partial
 
 from cachetools import TTLCache
 
-from proxy.compaction.precompact import FollowUp
-from proxy.compaction.schedule import TRACKED_LIMIT
 from proxy.core.outcome import Outcome, Turn
-from proxy.core.session import SessionKey, session_from_header
+from proxy.core.session import TRACKED_LIMIT, SessionKey, session_from_header
 from proxy.errors import StoreError
 from proxy.store import Sighting, Sightings
 
 log = logging.getLogger("proxy.store")
+
+# Work to run once the answer is out (``Outcome.after``, precompact.FollowUp).
+FollowUp = Callable[[], Awaitable[None]]
 
 # At most one write per session per process this often: GET /sessions/{id} figures
 # may lag a busy session's turns by this much.

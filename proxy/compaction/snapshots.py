@@ -1,10 +1,8 @@
 """Step 4: the session's snapshot, loaded and checked against the history it is for.
 
-A snapshot applies only while the incoming history still starts with exactly
-the messages it covers (DESIGN invariant 2): edited, rewound or branched
-histories are planned from scratch. The stored snapshot is still what a new
-one replaces, so its version (and bookkeeping) travel beside the part of it
-this history may use. ``next_snapshot`` is the one that replaces it.
+What a history may use of a snapshot is core/snapshot.py's (``Loaded``,
+``valid_snapshot``); this loads it from the store, finds a derived session's slot,
+and stamps the snapshot that replaces it (``next_snapshot``).
 """
 
 from __future__ import annotations
@@ -12,50 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
-from proxy.compaction.count import History
-from proxy.core.budget import Budget
-from proxy.core.digest import anchor_matches, prefix_hash
+from proxy.compaction.job import Job
+from proxy.core.digest import prefix_hash
+from proxy.core.history import History
 from proxy.core.plan import Plan
 from proxy.core.session import SessionKey, derived_slots
-from proxy.core.view import View
-from proxy.store import Snapshot, Snapshots
+from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot
+from proxy.store import Snapshots
 
 log = logging.getLogger("proxy.compaction")
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    """A session's snapshot as stored, and as this history may use it."""
-
-    stored: Snapshot | None  # what a new snapshot must replace (compare-and-swap)
-    valid: Snapshot | None  # ``stored`` if this history still starts with what it covers
-
-    @property
-    def version(self) -> int:
-        """The version a new snapshot replaces; 0 for none."""
-        return self.stored.version if self.stored else 0
-
-    @property
-    def summary(self) -> str:
-        return self.valid.summary if self.valid else ""
-
-    def view(self, pinned: int) -> View:
-        return view_of(self.valid, pinned)
-
-
-def valid_snapshot(snapshot: Snapshot | None, history: History) -> Snapshot | None:
-    """``snapshot`` if ``history`` still starts with the messages it covers, else None."""
-    if snapshot is None:
-        return None
-    anchor = snapshot.anchor
-    valid = (
-        snapshot.pinned == history.pinned
-        and anchor < len(history.messages)  # the newest message is never covered
-        and anchor_matches(snapshot.anchor_hash, history.messages, history.digests, anchor)
-    )
-    return snapshot if valid else None
 
 
 async def load_snapshot(store: Snapshots, key: SessionKey, history: History) -> Loaded:
@@ -92,23 +56,11 @@ async def load_session(
     return keys[oldest], Loaded(stored[oldest], None)
 
 
-def view_of(snapshot: Snapshot | None, pinned: int) -> View:
-    """What the upstream sees of a history under ``snapshot`` (None: all of it)."""
-    if snapshot is None:
-        return View(covered=pinned, summary_tokens=0, elide_before=pinned)
-    return View(
-        covered=snapshot.covered,
-        summary_tokens=snapshot.summary_tokens,
-        elide_before=snapshot.elide_before,
-    )
-
-
-def next_snapshot(
-    loaded: Loaded, summary: str, plan: Plan, history: History, budget: Budget, model: str
-) -> Snapshot:
+def next_snapshot(loaded: Loaded, summary: str, plan: Plan, job: Job) -> Snapshot:
     """The snapshot that replaces ``loaded.stored``: ``summary`` under ``plan.view``,
-    anchored to ``history``. Clears a scheduled compaction: this is it."""
-    now = time.time()
+    anchored to ``job.history``, for ``job``'s model. Clears a scheduled compaction:
+    this is it."""
+    history, budget, now = job.history, job.budget, time.time()
     view = plan.view
     old = loaded.stored
     return Snapshot(
@@ -123,5 +75,5 @@ def next_snapshot(
         tokens_after=plan.tokens,
         created_at=old.created_at if old and old.created_at else now,
         updated_at=now,
-        model=model,
+        model=job.turn.model.name,
     )

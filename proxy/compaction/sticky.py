@@ -19,14 +19,13 @@ from typing import Protocol
 
 from cachetools import LRUCache
 
-from proxy.compaction.count import History
-from proxy.compaction.schedule import TRACKED_LIMIT
-from proxy.compaction.snapshots import Loaded
 from proxy.core.budget import Budget
+from proxy.core.history import History
 from proxy.core.outcome import Outcome
-from proxy.core.rebuild import SummaryRole
-from proxy.core.session import SessionKey
+from proxy.core.session import TRACKED_LIMIT, SessionKey
+from proxy.core.snapshot import Loaded
 from proxy.core.trim import Cut, trimmed
+from proxy.core.wording import SummaryRole
 
 # An entry weighs this plus its digest's characters (the digest is the bulk of it,
 # a few KB at most: within a summary's allowance), so at most TRACKED_LIMIT sessions
@@ -35,7 +34,7 @@ _ENTRY_WEIGHT = 1024
 
 
 class Trimming(Protocol):
-    """What a compaction job (compact.Job) tells a trim."""
+    """What a compaction job (job.Job) tells a trim."""
 
     @property
     def key(self) -> SessionKey: ...

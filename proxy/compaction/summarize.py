@@ -40,7 +40,6 @@ from proxy.core.budget import FRAME_TOKENS, summary_limit
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Turn
 from proxy.core.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
-from proxy.core.rebuild import omitted_marker
 from proxy.core.summary_check import Reason, check_summary, echoes
 from proxy.core.transcript import (
     Entry,
@@ -49,6 +48,7 @@ from proxy.core.transcript import (
     framed_marker,
     render_transcript,
 )
+from proxy.core.wording import omitted_marker
 from proxy.errors import SummaryError, SummaryRejected, SummaryTruncated, UpstreamError
 from proxy.observe.record import current_record
 from proxy.types import ChatMessage

@@ -7,9 +7,11 @@ been calibrated and learned for the tenant (``pipeline.effective_model``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from proxy.config import CompactionSettings
-from proxy.core.models import ResolvedModel
+if TYPE_CHECKING:  # for annotations: a budget is figures, built from these
+    from proxy.config import CompactionSettings
+    from proxy.core.models import ResolvedModel
 
 FRAME_TOKENS = 60
 """Framing tokens around a summary: the handoff text and the acknowledgement turn."""

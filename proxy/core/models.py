@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
 from cachetools import LRUCache
 
-from proxy.config import Settings
 from proxy.core.encodings import Encoder, warn_inexact
+
+if TYPE_CHECKING:  # for annotations: the table reads the settings it is built from
+    from proxy.config import Settings
 
 # Model families whose tokenizer we know; everything else counts with
 # cl100k_base, the closest widely shared vocabulary (open models' own

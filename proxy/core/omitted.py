@@ -26,10 +26,10 @@ from collections.abc import Sequence
 
 from cachetools import LRUCache
 
-from proxy.core.identifiers import OMITTED_HEADING
 from proxy.core.salience import keep_order, tiers
 from proxy.core.transcript import span_sources
 from proxy.core.values import SLICE_CHARS, Value, find_values, quoted, quoted_line
+from proxy.core.wording import OMITTED_HEADING
 from proxy.types import ChatMessage
 
 # Trimming runs on the event loop: per call it reads at most this much text not read

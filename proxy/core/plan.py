@@ -19,10 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from proxy.core.budget import Budget
+from proxy.core.history import History
 from proxy.core.view import Totals, View, check_view, view_tokens
-from proxy.types import ChatMessage
-
-_LEADING_ROLES = ("system", "developer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,21 +37,6 @@ class Plan:
     summarize: tuple[int, int]
     tokens: int
     fits: bool
-
-
-def count_pinned(messages: Sequence[ChatMessage], pin_first_user: bool) -> int:
-    """How many leading messages are always sent verbatim (invariant 1).
-
-    The leading system/developer messages, plus the first message after them
-    when it is a user message and ``pin_first_user``. The newest message is
-    never pinned: it belongs to the tail.
-    """
-    pinned = 0
-    while pinned < len(messages) and messages[pinned]["role"] in _LEADING_ROLES:
-        pinned += 1
-    if pin_first_user and pinned < len(messages) and messages[pinned]["role"] == "user":
-        pinned += 1
-    return min(pinned, max(len(messages) - 1, 0))
 
 
 def _is_group_start(results: Sequence[int], i: int) -> bool:
@@ -85,13 +68,7 @@ def _plan(
 
 
 def plan_compaction(
-    counts: Sequence[int],
-    results: Sequence[int],
-    pinned: int,
-    current: View,
-    budget: Budget,
-    *,
-    force: bool = False,
+    history: History, current: View, budget: Budget, *, force: bool = False
 ) -> Plan:
     """Keep the current view, or compact it down to ``budget.target``, cheapest first.
 
@@ -107,23 +84,23 @@ def plan_compaction(
     before the protected tail (more when the target needs it), and keeps the view
     when nothing but the newest group is left to summarise.
     """
-    check_view(counts, results, pinned, current)
+    check_view(history, current)
     no_summary = (current.covered, current.covered)
-    tokens = view_tokens(counts, results, pinned, current, budget)
+    tokens = view_tokens(history, current, budget)
     over = tokens > budget.trigger
     keep = Plan("keep", current, no_summary, tokens, tokens <= budget.window)
     if not over and not force:
         return keep
 
-    totals = Totals.build(counts, results, pinned, budget)
-    protected = protected_start(results, budget)
+    totals = Totals.build(history, budget)
+    protected = protected_start(history.results, budget)
     elided = replace(current, elide_before=max(current.elide_before, protected))
     elision_only = _plan("compact", totals, elided, budget, no_summary)
     elided_tokens = elision_only.tokens
     if over and elided_tokens <= budget.target:
         return elision_only
 
-    cut = _choose_cut(totals, results, elided, budget, protected, force=force)
+    cut = _choose_cut(totals, elided, budget, protected, force=force)
     if cut is None:
         return elision_only if over and elided != current else keep
     view = View(cut, budget.summary_allowance, elided.elide_before)
@@ -135,13 +112,7 @@ def plan_compaction(
 
 
 def _choose_cut(
-    totals: Totals,
-    results: Sequence[int],
-    elided: View,
-    budget: Budget,
-    protected: int,
-    *,
-    force: bool,
+    totals: Totals, elided: View, budget: Budget, protected: int, *, force: bool
 ) -> int | None:
     """The new ``covered``: the smallest legal cut reaching the target, else the largest.
 
@@ -149,6 +120,7 @@ def _choose_cut(
     reaches the target also keeps the longest tail. ``None`` when no cut past
     ``elided.covered`` exists (only the newest group is left).
     """
+    results = totals.results
     first = next_group_start(results, elided.covered + 1)
     if first is None:
         return None

@@ -24,8 +24,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from proxy.core.values import Value
+if TYPE_CHECKING:  # for annotations: ranks what values.py found
+    from proxy.core.values import Value
 
 # A name given this many different values in one span is a log's field, not a setting.
 LOG_FIELD_VALUES = 3

@@ -24,7 +24,7 @@ from typing import Literal
 
 from proxy.config import SessionSettings
 from proxy.core.digest import legacy_digests
-from proxy.errors import InvalidRequest
+from proxy.errors import check_length
 from proxy.types import ChatMessage
 
 _TENANT_SALT = b"compaction-proxy/tenant/v1"
@@ -32,6 +32,10 @@ _LEADING = frozenset({"system", "developer"})
 # Opening messages after the system prompt that identify a header-less conversation.
 _DERIVE_FROM = 2
 _SOURCES: dict[str, Literal["header", "derived"]] = {"h": "header", "d": "derived"}
+# Most sessions a per-process table tracks (pending or recent forced compactions,
+# summary back-offs, stalled locks, trimmed cuts, sightings). Every per-session table is
+# keyed by SessionKey, two fixed-size hashes: bounded in bytes too.
+TRACKED_LIMIT = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,21 +110,6 @@ def session_from_history(tenant: str, messages: Sequence[ChatMessage]) -> Sessio
     for d in legacy_digests(messages[: lead + _DERIVE_FROM]):
         h.update(d)
     return SessionKey(tenant, h.hexdigest(), "derived")
-
-
-def check_length(value: str, limit: int, param: str) -> None:
-    """A 400 naming ``param`` when ``value`` is longer than ``limit`` bytes of UTF-8.
-
-    For the strings the proxy keys anything by (model and session names): with their
-    length bounded here, a table bounded in entries is bounded in bytes too."""
-    # Characters never outnumber UTF-8 bytes: only a short non-ASCII string is encoded.
-    if len(value) > limit or (not value.isascii() and len(value.encode()) > limit):
-        raise InvalidRequest(
-            f"Invalid '{param}': string too long. Expected a string of at most {limit} "
-            "bytes (this proxy's limit).",
-            param=param,
-            code="string_above_max_length",
-        )
 
 
 def session_name(

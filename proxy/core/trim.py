@@ -17,19 +17,19 @@ byte for byte, turn after turn (a provider's prefix cache hits, DESIGN.md invari
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from proxy.compaction.count import History
-from proxy.compaction.snapshots import Loaded
 from proxy.core.budget import FRAME_TOKENS, Budget
 from proxy.core.digest import prefix_hash
+from proxy.core.history import History
 from proxy.core.identifiers import split_carried
 from proxy.core.omitted import digest_chars, digest_tokens, omitted_digest
 from proxy.core.outcome import Outcome
 from proxy.core.plan import first_within, next_group_start, protected_start
-from proxy.core.rebuild import SummaryRole, omitted_marker, rebuild_outcome
-from proxy.core.view import Totals, View, check_view, view_tokens
+from proxy.core.rebuild import Handoff, rebuild_outcome
+from proxy.core.snapshot import Loaded
+from proxy.core.view import Totals, View, check_view, fits, view_tokens
+from proxy.core.wording import SummaryRole, omitted_marker
 from proxy.errors import ContextTooLarge
 
 TRIM_MARKER_TOKENS: int = 30
@@ -71,17 +71,13 @@ def trimmed(
     """``trim_outcome``, reusing ``previous`` (the last turn's cut) while this history
     still starts with what it dropped and its view still fits the window; with the cut
     served (None when nothing was trimmed)."""
-    results, counts, pinned = history.results, history.counts, history.pinned
-    current = loaded.view(pinned)
-    if view_tokens(counts, results, pinned, current, budget) <= budget.window:
+    current = loaded.view(history.pinned)
+    if fits(history, current, budget):
         # It still fits as it is: forward without losing anything.
-        outcome = rebuild_outcome(
-            history, current, loaded.summary, loaded.version, budget, summary_role
-        )
-        return outcome, None
+        return rebuild_outcome(history, current, Handoff.of(loaded, summary_role), budget), None
     cut = previous if previous and _reusable(history, loaded, budget, previous) else None
     if cut is None:
-        view, digest = trim_plan(counts, results, pinned, current, budget, budget.target), ""
+        view, digest = trim_plan(history, current, budget, budget.target), ""
         if view.covered > current.covered:
             view, digest = _with_digest(history, loaded, current, view, budget)
         prefix = prefix_hash(history.digests, view.covered)
@@ -90,7 +86,8 @@ def trimmed(
     summary = loaded.summary
     if view.covered > current.covered:
         summary = _trimmed_summary(loaded.summary, view.covered - current.covered, digest)
-    outcome = rebuild_outcome(history, view, summary, loaded.version, budget, summary_role)
+    handoff = Handoff(summary, loaded.version, summary_role)
+    outcome = rebuild_outcome(history, view, handoff, budget)
     outcome = replace(outcome, status="trimmed")
     if outcome.tokens + budget.reserve > budget.window:
         _raise_if_newest_too_large(history, budget)
@@ -108,7 +105,7 @@ def _reusable(history: History, loaded: Loaded, budget: Budget, cut: Cut) -> boo
         and covered < len(h.messages)
         and (covered == 0 or not h.results[covered])
         and cut.prefix == prefix_hash(h.digests, covered)
-        and view_tokens(h.counts, h.results, h.pinned, cut.view, budget) <= budget.window
+        and fits(h, cut.view, budget)
     )
 
 
@@ -133,18 +130,18 @@ def _with_digest(
         return view, ""
     extra = digest_tokens(digest) + QUOTED_FRAME_TOKENS
     fitted = replace(view, summary_tokens=view.summary_tokens + extra)
-    if view_tokens(h.counts, h.results, h.pinned, fitted, budget) <= budget.target:
+    if fits(h, fitted, budget, budget.target):
         return fitted, digest
-    wider = trim_plan(h.counts, h.results, h.pinned, current, budget, budget.target - extra)
+    wider = trim_plan(h, current, budget, budget.target - extra)
     # A digest of the wider span, in the room the first one took or the wider view
     # leaves under the target if that is more.
-    slack = budget.target - view_tokens(h.counts, h.results, h.pinned, wider, budget)
-    fits = min(room, max(len(digest), digest_chars(slack - QUOTED_FRAME_TOKENS)))
+    slack = budget.target - view_tokens(h, wider, budget)
+    chars = min(room, max(len(digest), digest_chars(slack - QUOTED_FRAME_TOKENS)))
     dropped, digests = h.messages[start : wider.covered], h.digests[start : wider.covered]
-    digest = omitted_digest(dropped, digests, loaded.summary, fits, most)
+    digest = omitted_digest(dropped, digests, loaded.summary, chars, most)
     extra = digest_tokens(digest) + QUOTED_FRAME_TOKENS if digest else 0
     fitted = replace(wider, summary_tokens=wider.summary_tokens + extra)
-    if view_tokens(h.counts, h.results, h.pinned, fitted, budget) > budget.window:
+    if not fits(h, fitted, budget):
         return view, ""
     return fitted, digest
 
@@ -168,14 +165,7 @@ def _raise_if_newest_too_large(history: History, budget: Budget) -> None:
         )
 
 
-def trim_plan(
-    counts: Sequence[int],
-    results: Sequence[int],
-    pinned: int,
-    current: View,
-    budget: Budget,
-    limit: int,
-) -> View:
+def trim_plan(history: History, current: View, budget: Budget, limit: int) -> View:
     """Deterministic fallback when summarisation fails: drop whole oldest groups.
 
     Elides first, as ``plan_compaction`` does; then drops groups from
@@ -184,8 +174,9 @@ def trim_plan(
     (``TRIM_MARKER_TOKENS``) after the existing summary, if any. When even the
     newest group alone exceeds ``limit`` the smallest possible view is returned.
     """
-    check_view(counts, results, pinned, current)
-    totals = Totals.build(counts, results, pinned, budget)
+    check_view(history, current)
+    totals = Totals.build(history, budget)
+    results = history.results
     protected = protected_start(results, budget)
     view = replace(current, elide_before=max(current.elide_before, protected))
     if totals.tokens(view) <= limit:
@@ -193,7 +184,7 @@ def trim_plan(
     first = next_group_start(results, current.covered + 1)
     if first is None:
         return view
-    carried = current.summary_tokens if current.covered > pinned else 0
+    carried = current.summary_tokens if current.covered > history.pinned else 0
     summary, elide_before = carried + TRIM_MARKER_TOKENS, view.elide_before
     cut = first_within(
         results, first, lambda cut: totals.tokens(View(cut, summary, elide_before)), limit

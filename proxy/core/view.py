@@ -13,24 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress
+from typing import TYPE_CHECKING
 
-from proxy.core.budget import Budget
-from proxy.types import ChatMessage
+from proxy.core.history import History
+
+if TYPE_CHECKING:  # for annotations: views read a budget's figures
+    from proxy.core.budget import Budget
 
 ELIDED_TOKENS: int = 110
 """Estimated tokens of an elision placeholder (message overhead included), with the
 values it quotes (omitted.ELIDED_VALUE_CHARS: at most 160 characters, ~64 tokens)."""
-
-# Results belong to the assistant message that asked for them; only they are elided.
-RESULT_ROLES = ("tool", "function")
-
-
-def result_flags(messages: Sequence[ChatMessage]) -> bytes:
-    """1 for each result message, 0 for any other: all that views and plans read of the
-    messages. Planning a long history then walks one compact string, not every message
-    (each a dict somewhere among the contents: a 50k-message history misses the caches).
-    """
-    return bytes([m["role"] in RESULT_ROLES for m in messages])
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,47 +39,42 @@ class View:
     elide_before: int
 
 
-def is_elided(
-    results: Sequence[int],
-    counts: Sequence[int],
-    i: int,
-    view: View,
-    elide_min_tokens: int,
-) -> bool:
-    """Whether message ``i`` goes upstream as an elision placeholder under ``view``
-    (``results``: ``result_flags`` of the messages).
+def is_elided(history: History, i: int, view: View, elide_min_tokens: int) -> bool:
+    """Whether message ``i`` goes upstream as an elision placeholder under ``view``.
 
     Only bulky result messages in the verbatim tail before ``view.elide_before``;
     never a pinned message and never the newest one.
     """
+    results = history.results
     return (
         view.covered <= i < min(view.elide_before, len(results) - 1)
         and bool(results[i])
-        and counts[i] >= elide_min_tokens
+        and history.counts[i] >= elide_min_tokens
     )
 
 
-def view_tokens(
-    counts: Sequence[int],
-    results: Sequence[int],
-    pinned: int,
-    view: View,
-    budget: Budget,
-) -> int:
+def view_tokens(history: History, view: View, budget: Budget) -> int:
     """Estimated total of the request under ``view``: messages + fixed + reserve.
 
     The summary's tokens count only when the view covers messages, exactly as
     ``rebuild_messages`` inserts the summary only then.
     """
+    counts, pinned = history.counts, history.pinned
     total = sum(counts[:pinned]) + budget.fixed + budget.reserve
     if view.covered > pinned:
         total += view.summary_tokens
     total += sum(counts[view.covered :])
     # Only the elision window needs a look at each message; the rest is one sum.
-    for i in range(view.covered, min(view.elide_before, len(results) - 1)):
-        if is_elided(results, counts, i, view, budget.elide_min_tokens):
+    for i in range(view.covered, min(view.elide_before, len(history.results) - 1)):
+        if is_elided(history, i, view, budget.elide_min_tokens):
             total += ELIDED_TOKENS - counts[i]
     return total
+
+
+def fits(history: History, view: View, budget: Budget, limit: int | None = None) -> bool:
+    """Whether the request under ``view`` is within ``limit`` tokens (by default the
+    window): the one test of a view's size against a limit."""
+    return view_tokens(history, view, budget) <= (budget.window if limit is None else limit)
 
 
 # Totals keeps sums per block of this many messages, not per message: a 50k-message
@@ -116,9 +103,8 @@ class Totals:
     saved_blocks: list[int]
 
     @classmethod
-    def build(
-        cls, counts: Sequence[int], results: Sequence[int], pinned: int, budget: Budget
-    ) -> Totals:
+    def build(cls, history: History, budget: Budget) -> Totals:
+        counts, results, pinned = history.counts, history.results, history.pinned
         if len(counts) != len(results):
             raise ValueError(f"{len(counts)} token counts for {len(results)} messages")
         elide_min = budget.elide_min_tokens
@@ -147,7 +133,7 @@ class Totals:
         return self.saved_blocks[b] + within
 
     def tokens(self, view: View) -> int:
-        """Equals ``view_tokens(counts, results, pinned, view, budget)``."""
+        """Equals ``view_tokens(history, view, budget)``."""
         n = len(self.counts)
         covered = min(view.covered, n)
         total = self.pinned_and_fixed + self.count_blocks[-1] - self._counts_before(covered)
@@ -166,8 +152,9 @@ def _saved(counts: Sequence[int], results: Sequence[int], start: int, end: int, 
     return sum(n - ELIDED_TOKENS for n in bulky if n >= least)
 
 
-def check_view(counts: Sequence[int], results: Sequence[int], pinned: int, current: View) -> None:
-    """Raise ``ValueError`` unless ``current`` is a view of this history."""
+def check_view(history: History, current: View) -> None:
+    """Raise ``ValueError`` unless ``current`` is a view of ``history``."""
+    counts, results, pinned = history.counts, history.results, history.pinned
     if len(counts) != len(results):
         raise ValueError(f"{len(counts)} token counts for {len(results)} messages")
     if not 0 <= pinned <= current.covered:

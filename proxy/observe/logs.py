@@ -22,11 +22,12 @@ import threading
 import time
 from collections import deque
 from contextvars import ContextVar
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.config import LoggingSettings
+if TYPE_CHECKING:  # for annotations: configure_logging reads these settings
+    from proxy.config import LoggingSettings
 
 # Each request's line (proxy/observe/record.py); its level decides whether they are written.
 ACCESS = logging.getLogger("proxy.access")

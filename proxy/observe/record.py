@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.core.session import SessionKey
 from proxy.observe.logs import REQUEST_ID
 from proxy.observe.request_id import HEADER, new_request_id, request_id_from, response_headers
 
 if TYPE_CHECKING:
-    from proxy.compaction.count import History
+    from proxy.core.history import History
     from proxy.core.outcome import Outcome, Turn
+    from proxy.core.session import SessionKey
     from proxy.observe.recorder import Recorder
 
 _UNRECORDED = frozenset({"/healthz", "/readyz", "/metrics"})

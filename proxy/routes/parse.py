@@ -18,8 +18,10 @@ from typing import Any, cast
 import orjson
 
 from proxy.config import ServerSettings
-from proxy.core.session import check_length
-from proxy.errors import InvalidRequest
+from proxy.errors import (
+    InvalidRequest,
+    check_length,
+)
 from proxy.types import ChatRequest
 
 _DEFAULT_MAX_MESSAGES: int = ServerSettings.model_fields["max_messages"].default

@@ -49,7 +49,7 @@ from proxy.simulator.errors import (
 from proxy.simulator.non_chat import embeddings_body, legacy_completion_body, models_body
 from proxy.simulator.overrides import Overrides, read_overrides
 from proxy.simulator.recorder import Counter, Recorder
-from proxy.simulator.replies import Voice, build_reply
+from proxy.simulator.replies import Ask, Voice, build_reply
 from proxy.simulator.responses import StoredResponses, responses_route
 from proxy.simulator.stream import once, sse_events, with_thinking
 from proxy.simulator.validate import (
@@ -174,10 +174,8 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
     reply = build_reply(
         body,
         messages,
-        summarize=summarize,
-        seed=seed,
-        budget=max(budget, 0),
-        voice=Voice(
+        Ask(seed, max(budget, 0), summarize),
+        Voice(
             counter.encoder, sim.config.reply_tokens, profile.summary_style, profile.summary_forgets
         ),
     )

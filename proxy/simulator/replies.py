@@ -248,18 +248,23 @@ def _tool_calls(tools: list[Any], count: int, seed: bytes, encoder: Encoder) -> 
     return Reply(None, calls, "tool_calls", tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What one request asks for: a summary or a reply (``summarize``), in at most
+    ``budget`` tokens; ``seed`` is a digest of the request."""
+
+    seed: bytes
+    budget: int
+    summarize: bool = False
+
+
 def build_reply(
-    body: dict[str, Any],
-    messages: list[dict[str, Any]],
-    *,
-    summarize: bool,
-    seed: bytes,
-    budget: int,
-    voice: Voice,
+    body: dict[str, Any], messages: list[dict[str, Any]], ask: Ask, voice: Voice
 ) -> Reply:
-    """The reply to a validated chat request; ``seed`` is a digest of the request.
-    Asked for JSON (``response_format``), a text reply comes as JSON carrying it."""
-    if summarize:
+    """The reply to a validated chat request. Asked for JSON (``response_format``), a
+    text reply comes as JSON carrying it."""
+    seed, budget = ask.seed, ask.budget
+    if ask.summarize:
         return _summary(messages, seed, budget, voice)
     reply = _reply(body, messages, seed, budget, voice)
     if reply.content is None:

@@ -37,7 +37,7 @@ from proxy.simulator.errors import (
 from proxy.simulator.items import chat_messages, check_items, reasoning_tokens
 from proxy.simulator.overrides import Overrides, read_overrides
 from proxy.simulator.recorder import Counter
-from proxy.simulator.replies import Voice, build_reply
+from proxy.simulator.replies import Ask, Voice, build_reply
 from proxy.simulator.response_events import (
     Answer,
     failed_events,
@@ -145,10 +145,8 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any]) -> Res
     reply = build_reply(
         {"tools": [_chat_tool(t) for t in tools if isinstance(t, dict)]},
         messages or [{"role": "user", "content": ""}],
-        summarize=summarize,
-        seed=seed,
-        budget=max(min(asked or profile.max_output_tokens, window - total), 0),
-        voice=Voice(
+        Ask(seed, max(min(asked or profile.max_output_tokens, window - total), 0), summarize),
+        Voice(
             counter.encoder, sim.config.reply_tokens, profile.summary_style, profile.summary_forgets
         ),
     )

@@ -1,4 +1,5 @@
-"""Where snapshots live: the protocol, the Snapshot value, and the factory.
+"""Where snapshots live: the protocols and the factory (the ``Snapshot`` value is
+``core/snapshot.py``'s).
 
 A store keeps, per ``SessionKey``, one ``Snapshot``, the session's latest
 ``Sighting`` and a short-lived summarization lock, and learned context
@@ -16,33 +17,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from proxy.config import Settings
+from proxy.core.snapshot import Snapshot as Snapshot  # re-exported: the value stores keep
 
 if TYPE_CHECKING:
     from proxy.core.session import SessionKey
     from proxy.observe.metrics import Metrics
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    version: int
-    summary: str  # "" when the snapshot only elides tool outputs
-    pinned: int  # leading messages sent verbatim when it was made
-    covered: int  # messages[pinned:covered] are represented by the summary
-    elide_before: int  # bulky tool outputs before this index are elided
-    anchor_hash: str  # prefix_hash of messages[:max(covered, elide_before)]
-    summary_tokens: int
-    tokens_before: int  # request total that triggered the compaction
-    tokens_after: int  # planned total right after it
-    created_at: float
-    updated_at: float
-    model: str = ""
-    # When POST /sessions/{id}/compact asked for the next request to compact (epoch s);
-    # 0: not asked. Kept with the session so every replica sees it.
-    compact_requested_at: float = 0.0
-
-    @property
-    def anchor(self) -> int:
-        return max(self.covered, self.elide_before)
 
 
 class Snapshots(Protocol):
@@ -121,14 +100,16 @@ def build_store(settings: Settings, metrics: Metrics) -> Store:
     )
     if url.startswith("memory://"):
         return local
-    from proxy.store.redis import RedisStore
+    from proxy.store.redis import RedisOptions, RedisStore
     from proxy.store.resilient import ResilientStore
 
     remote = RedisStore(
         url,
         settings.store.ttl_s,
-        prefix=settings.store.prefix,
-        encryption_keys=[k.get_secret_value() for k in settings.store.encryption_keys],
+        RedisOptions(
+            prefix=settings.store.prefix,
+            encryption_keys=[k.get_secret_value() for k in settings.store.encryption_keys],
+        ),
         metrics=metrics,
     )
     return ResilientStore(remote, local, metrics)

@@ -17,8 +17,9 @@ from typing import Any
 import orjson
 
 from proxy.core.digest import LEGACY_ANCHOR
+from proxy.core.snapshot import Snapshot
 from proxy.errors import ConfigError, StoreError
-from proxy.store import Sighting, Snapshot
+from proxy.store import Sighting
 
 # 2: anchors chain XXH3 message digests. Format 1 (BLAKE2b digests) is still read: its
 # anchor hash is marked so it is checked the old way (digest.py), and kept until the

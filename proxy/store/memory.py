@@ -23,7 +23,8 @@ from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 from proxy.core.session import SessionKey
-from proxy.store import Sighting, Snapshot
+from proxy.core.snapshot import Snapshot
+from proxy.store import Sighting
 
 _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")

@@ -37,17 +37,18 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from hashlib import blake2b
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
 from proxy.core.session import SessionKey
+from proxy.core.snapshot import Snapshot
 from proxy.errors import StoreError
-from proxy.store import Sighting, Snapshot, lua
+from proxy.store import Sighting, lua
 from proxy.store import redis_scans as scans
 from proxy.store.codec import (
     NewerFormat,
@@ -81,23 +82,33 @@ def log_id(key: str) -> str:
     return blake2b(key.encode(), digest_size=6).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class RedisOptions:
+    """How a ``RedisStore`` uses its Redis: the prefix of its keys, each call's timeout,
+    and the keys snapshots are encrypted with (none: stored in the clear)."""
+
+    prefix: str = "cp"
+    timeout_s: float = 0.25
+    encryption_keys: Sequence[str] = ()
+
+
 class RedisStore:
     def __init__(
         self,
         url: str,
         ttl_s: float,
+        options: RedisOptions | None = None,
         *,
-        prefix: str = "cp",
-        timeout_s: float = 0.25,
-        encryption_keys: Sequence[str] = (),
         metrics: Metrics | None = None,
     ) -> None:
+        options = options or RedisOptions()
         self.metrics = metrics
         self._last_log = -_LOG_INTERVAL_S
         self._suppressed = 0
-        self._cipher = SnapshotCipher(encryption_keys) if encryption_keys else None
+        keys = options.encryption_keys
+        self._cipher = SnapshotCipher(keys) if keys else None
         self._ttl_ms = max(int(ttl_s * 1000), 1)
-        self._prefix = prefix
+        self._prefix = options.prefix
         # Blocking: a call that finds every connection busy waits for one. The default
         # pool fails it at once, and a burst of turns would take this replica off Redis
         # (ResilientStore) with nothing wrong with Redis.
@@ -105,8 +116,8 @@ class RedisStore:
             url,
             max_connections=_POOL_SIZE,
             timeout=_POOL_WAIT_S,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
+            socket_timeout=options.timeout_s,
+            socket_connect_timeout=options.timeout_s,
             health_check_interval=30,
             retry_on_timeout=False,
         )
@@ -138,14 +149,8 @@ class RedisStore:
         except NewerFormat:
             return None  # a newer release's, mid-rollout: it stays for the replicas that read it
         except Unreadable as exc:
-            await self._discard(
-                "snapshot",
-                key.log_id,
-                str(exc),
-                self._discard_snapshot,
-                [name],
-                [version or b"", raw or b""],
-            )
+            delete = self._discard_snapshot(keys=[name], args=[version or b"", raw or b""])
+            await self._discard("snapshot", key.log_id, str(exc), delete)
             return None
 
     async def _load_failed(
@@ -156,23 +161,16 @@ class RedisStore:
         store's."""
         if isinstance(exc, ResponseError) and _wrong_type(exc):
             script, reason = self._discard_wrong_type, "wrong redis type"
-            await self._discard(kind, ident, reason, script, [name], [expected])
+            await self._discard(kind, ident, reason, script(keys=[name], args=[expected]))
             return
         raise StoreError(f"redis {kind} load failed: {type(exc).__name__}") from exc
 
-    async def _discard(
-        self,
-        kind: str,
-        ident: str,
-        reason: str,
-        script: AsyncScript,
-        keys: list[str],
-        args: list[bytes | str],
-    ) -> None:
-        """Count and log an unreadable value, and delete it if it is still what was read."""
+    async def _discard(self, kind: str, ident: str, reason: str, delete: Awaitable[object]) -> None:
+        """Count and log an unreadable value, and delete it if it is still what was read
+        (``delete``: the script call that does, awaited here)."""
         # Failing to delete is harmless: the next reader tries again.
         with contextlib.suppress(RedisError):
-            await script(keys=keys, args=args)
+            await delete
         if self.metrics is not None:
             self.metrics.snapshots_unreadable.labels(kind=kind).inc()
         now = time.monotonic()
@@ -246,9 +244,8 @@ class RedisStore:
             return None
         tokens = window_tokens(raw)
         if tokens is None:
-            await self._discard(
-                "window", log_id(key), "not a token count", self._delete_if_equal, [name], [raw]
-            )
+            delete = self._delete_if_equal(keys=[name], args=[raw])
+            await self._discard("window", log_id(key), "not a token count", delete)
         return tokens
 
     async def save_window(self, key: str, tokens: int, ttl_s: float) -> None:

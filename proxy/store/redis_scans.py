@@ -7,8 +7,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from proxy.core.session import SessionKey
+from proxy.core.snapshot import Snapshot
 from proxy.errors import StoreError
-from proxy.store import Snapshot
 from proxy.store.codec import (
     NewerFormat,
     SnapshotCipher,

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from proxy.core.session import SessionKey
+from proxy.core.snapshot import Snapshot
 from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
 from proxy.observe.series import STORE_OPERATIONS
-from proxy.store import Sighting, Snapshot, Store
+from proxy.store import Sighting, Store
 from proxy.store.memory import MemoryStore
 
 log = logging.getLogger("proxy.store")

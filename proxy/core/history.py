@@ -1,0 +1,55 @@
+"""The client's history, measured once (compaction/count.py): the value every pure step
+reads, planning (plan.py), views (view.py), trimming (trim.py) and rebuilding
+(rebuild.py), and what of the messages it takes to build it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.types import ChatMessage
+
+_LEADING_ROLES = ("system", "developer")
+# Results belong to the assistant message that asked for them; only they are elided.
+RESULT_ROLES = ("tool", "function")
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """The client's history, measured: what planning, validation and rebuilding read.
+
+    ``digests[i]``, ``counts[i]`` and ``results[i]`` (``result_flags``) belong to
+    ``messages[i]``; ``pinned`` leading messages are always sent verbatim; ``fixed`` is
+    the tokens outside the messages (tool definitions, response format, reply priming).
+    """
+
+    messages: Sequence[ChatMessage]
+    digests: Sequence[bytes]
+    counts: Sequence[int]
+    pinned: int
+    fixed: int
+    results: bytes
+
+
+def count_pinned(messages: Sequence[ChatMessage], pin_first_user: bool) -> int:
+    """How many leading messages are always sent verbatim (invariant 1).
+
+    The leading system/developer messages, plus the first message after them
+    when it is a user message and ``pin_first_user``. The newest message is
+    never pinned: it belongs to the tail.
+    """
+    pinned = 0
+    while pinned < len(messages) and messages[pinned]["role"] in _LEADING_ROLES:
+        pinned += 1
+    if pin_first_user and pinned < len(messages) and messages[pinned]["role"] == "user":
+        pinned += 1
+    return min(pinned, max(len(messages) - 1, 0))
+
+
+def result_flags(messages: Sequence[ChatMessage]) -> bytes:
+    """1 for each result message, 0 for any other: all that views and plans read of the
+    messages. Planning a long history then walks one compact string, not every message
+    (each a dict somewhere among the contents: a 50k-message history misses the caches).
+    """
+    return bytes([m["role"] in RESULT_ROLES for m in messages])

@@ -1,0 +1,84 @@
+"""A session's snapshot, and what of it one history may use.
+
+A snapshot applies only while the incoming history still starts with exactly
+the messages it covers (DESIGN invariant 2): edited, rewound or branched
+histories are planned from scratch. The stored snapshot is still what a new
+one replaces, so its version (and bookkeeping) travel beside the part of it
+this history may use (``Loaded``). Loading and saving are compaction/snapshots.py's
+and the store's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.core.digest import anchor_matches
+from proxy.core.history import History
+from proxy.core.view import View
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    version: int
+    summary: str  # "" when the snapshot only elides tool outputs
+    pinned: int  # leading messages sent verbatim when it was made
+    covered: int  # messages[pinned:covered] are represented by the summary
+    elide_before: int  # bulky tool outputs before this index are elided
+    anchor_hash: str  # prefix_hash of messages[:max(covered, elide_before)]
+    summary_tokens: int
+    tokens_before: int  # request total that triggered the compaction
+    tokens_after: int  # planned total right after it
+    created_at: float
+    updated_at: float
+    model: str = ""
+    # When POST /sessions/{id}/compact asked for the next request to compact (epoch s);
+    # 0: not asked. Kept with the session so every replica sees it.
+    compact_requested_at: float = 0.0
+
+    @property
+    def anchor(self) -> int:
+        return max(self.covered, self.elide_before)
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A session's snapshot as stored, and as this history may use it."""
+
+    stored: Snapshot | None  # what a new snapshot must replace (compare-and-swap)
+    valid: Snapshot | None  # ``stored`` if this history still starts with what it covers
+
+    @property
+    def version(self) -> int:
+        """The version a new snapshot replaces; 0 for none."""
+        return self.stored.version if self.stored else 0
+
+    @property
+    def summary(self) -> str:
+        return self.valid.summary if self.valid else ""
+
+    def view(self, pinned: int) -> View:
+        return view_of(self.valid, pinned)
+
+
+def valid_snapshot(snapshot: Snapshot | None, history: History) -> Snapshot | None:
+    """``snapshot`` if ``history`` still starts with the messages it covers, else None."""
+    if snapshot is None:
+        return None
+    anchor = snapshot.anchor
+    valid = (
+        snapshot.pinned == history.pinned
+        and anchor < len(history.messages)  # the newest message is never covered
+        and anchor_matches(snapshot.anchor_hash, history.messages, history.digests, anchor)
+    )
+    return snapshot if valid else None
+
+
+def view_of(snapshot: Snapshot | None, pinned: int) -> View:
+    """What the upstream sees of a history under ``snapshot`` (None: all of it)."""
+    if snapshot is None:
+        return View(covered=pinned, summary_tokens=0, elide_before=pinned)
+    return View(
+        covered=snapshot.covered,
+        summary_tokens=snapshot.summary_tokens,
+        elide_before=snapshot.elide_before,
+    )
