@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.simulator import create_simulator_app, load_simulator_config
-from tests import fuzzing
-from tests.conftest import proxy_settings, run_proxy, run_server
+from tests.support import fuzzing
+from tests.support.servers import proxy_settings, run_proxy, run_server
 
 HEALTH = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 

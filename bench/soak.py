@@ -38,7 +38,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.soaking import Config, Fleet, IdleReport, Report, idle_connections, soak
+from tests.support.soaking import Config, Fleet, IdleReport, Report, idle_connections, soak
 
 RESULTS = Path(__file__).parent / "results" / "soak.json"
 

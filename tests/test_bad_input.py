@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import proxy_settings
+from tests.support.servers import proxy_settings
 
 WINDOW = {"match": "*", "context_window": 2048, "max_output_tokens": 256}
 _DEEP = "__deep_nesting__"
@@ -147,7 +147,7 @@ def _assert_openai_error(response: httpx.Response) -> None:
 
 @pytest.fixture(scope="module")
 def small_window_proxy(simulator: str) -> Iterator[str]:
-    from tests.conftest import run_proxy
+    from tests.support.servers import run_proxy
 
     with run_proxy(proxy_settings(simulator, models=[WINDOW])) as url:
         yield url

@@ -32,9 +32,9 @@ from proxy.observe.recorder import LOGGED_VALUE_CHARS, clipped
 from proxy.observe.series import ModelGauge, status_label
 from proxy.routes.parse import parse_chat_request
 from proxy.routes.responses import parse_responses_request
-from tests.conftest import proxy_settings, run_server
-from tests.faulty_upstream import completion
-from tests.processes import serve_process
+from tests.support.faulty_upstream import completion
+from tests.support.processes import serve_process
+from tests.support.servers import proxy_settings, run_server
 
 HELLO = [{"role": "user", "content": "hello"}]
 # Model ids real clients send: all well under the default cap of 512 bytes.

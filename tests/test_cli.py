@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import RedisServer
+from tests.support.servers import RedisServer
 from tests.test_compaction import FILLER, WINDOW, Chat
 
 # Every test here runs the CLI as a process of its own.
@@ -138,7 +138,7 @@ def test_the_installed_console_script_serves_from_environment_alone(sim_reset: s
 
     import httpx
 
-    from tests.conftest import free_port
+    from tests.support.servers import free_port
 
     script = shutil.which("compaction-proxy", path=str(Path(sys.executable).parent))
     assert script, "pip install . provides the compaction-proxy console script"

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import proxy_settings, run_server
+from tests.support.servers import proxy_settings, run_server
 
 LIMITS = {
     "header_timeout_s": 1.0,

@@ -17,7 +17,7 @@ from proxy.config import SessionSettings
 from proxy.core.rebuild import handoff_text
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from tests.conftest import OPEN_CLIENTS, proxy_settings, run_server
+from tests.support.servers import OPEN_CLIENTS, proxy_settings, run_server
 
 WINDOW = 4096
 FILLER = "please keep careful notes about the project as we go along. " * 6

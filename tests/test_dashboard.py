@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.observe.metrics import Metrics
 from proxy.store.memory import MemoryStore
 from proxy.store.resilient import ResilientStore
-from tests.conftest import proxy_settings
+from tests.support.servers import proxy_settings
 from tests.test_metrics import client, long_history
 
 ROOT = Path(__file__).parent.parent

@@ -17,7 +17,7 @@ import yaml
 
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
-from tests.conftest import RedisServer, free_port, proxy_settings, run_server
+from tests.support.servers import RedisServer, free_port, proxy_settings, run_server
 from tests.test_compaction import FILLER
 
 WAIT_S = 2.0

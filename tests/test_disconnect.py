@@ -11,7 +11,7 @@ import pytest
 
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
-from tests.conftest import proxy_settings, run_server
+from tests.support.servers import proxy_settings, run_server
 from tests.test_compaction import FILLER
 
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}

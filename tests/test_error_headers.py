@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from proxy.app import create_app
 from proxy.config import Settings
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
 WINDOW = 1024
 KEY = {"Authorization": "Bearer sk-client"}

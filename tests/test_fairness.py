@@ -26,7 +26,7 @@ from proxy.core.session import session_from_header
 from proxy.core.transcript import Entry, chunk_transcript
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from tests.conftest import RedisServer, proxy_settings, run_server
+from tests.support.servers import RedisServer, proxy_settings, run_server
 from tests.test_compaction import (
     FILLER,
     WINDOW,

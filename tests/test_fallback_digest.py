@@ -19,7 +19,7 @@ import pytest
 
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from tests.conftest import run_server
+from tests.support.servers import run_server
 from tests.test_compaction import (
     FILLER,
     TOOLS,

@@ -62,8 +62,7 @@ from starlette.responses import JSONResponse
 
 from proxy.app import create_app
 from proxy.core.session import session_from_header, tenant_from_headers
-from tests.conftest import OPEN_CLIENTS, free_port, proxy_settings, run_proxy
-from tests.faulty_upstream import (
+from tests.support.faulty_upstream import (
     DONE,
     Behaviour,
     FaultyUpstream,
@@ -76,6 +75,7 @@ from tests.faulty_upstream import (
     partial,
     stream,
 )
+from tests.support.servers import OPEN_CLIENTS, free_port, proxy_settings, run_proxy
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import OPEN_CLIENTS, proxy_settings
+from tests.support.servers import OPEN_CLIENTS, proxy_settings
 
 CHAT = {
     "model": "sim-model",
@@ -251,7 +251,7 @@ def echo_upstream() -> Any:
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    from tests.conftest import run_server
+    from tests.support.servers import run_server
 
     seen: list[dict[str, str]] = []
 
@@ -316,7 +316,7 @@ def test_upstream_cookies_are_never_replayed_to_other_callers(
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    from tests.conftest import run_server
+    from tests.support.servers import run_server
 
     cookies_seen: list[str | None] = []
 
@@ -347,7 +347,7 @@ def test_large_uploads_on_other_endpoints_stream_through_unchanged(
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    from tests.conftest import run_server
+    from tests.support.servers import run_server
 
     async def files(request: Request) -> Response:
         digest, size = hashlib.sha256(), 0

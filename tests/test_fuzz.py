@@ -35,9 +35,9 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from tests import fuzzing
-from tests.conftest import proxy_settings, run_proxy
-from tests.fuzzing import MAX_BODY, MODEL, history, request_bytes
+from tests.support import fuzzing
+from tests.support.fuzzing import MAX_BODY, MODEL, history, request_bytes
+from tests.support.servers import proxy_settings, run_proxy
 
 pytestmark = pytest.mark.e2e
 

@@ -32,7 +32,7 @@ import yaml
 from cryptography.fernet import Fernet
 
 from proxy.config import Settings, load_settings
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "compaction-proxy"

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.conftest import proxy_settings, run_proxy, run_server
+from tests.support.servers import proxy_settings, run_proxy, run_server
 
 MIB = 1024 * 1024
 LIMITS = {"max_body_bytes": MIB, "max_inflight_body_bytes": 5 * MIB // 2}

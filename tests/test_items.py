@@ -16,7 +16,7 @@ from proxy.errors import InvalidRequest
 from proxy.routes.items import to_items, to_messages
 from proxy.routes.responses import chat_view, outgoing_body, parse_responses_request
 from proxy.upstream.stream_head import error_event
-from tests.conversations import group_starts
+from tests.support.conversations import group_starts
 
 
 def user(text: str) -> dict[str, Any]:

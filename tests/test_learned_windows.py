@@ -17,7 +17,7 @@ from proxy.upstream.windows import (
     parse_window_key,
     window_key,
 )
-from tests.fakes import FakeClock
+from tests.support.fakes import FakeClock
 
 CONFIGURED = 8192
 INTERVAL = 600.0

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.conftest import proxy_settings, run_server
+from tests.support.servers import proxy_settings, run_server
 
 CALLER = {
     "Authorization": "Bearer sk-client",

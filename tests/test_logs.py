@@ -31,8 +31,8 @@ from proxy.observe import logs
 from proxy.observe.logs import REQUEST_ID, configure_logging, write_request_line
 from proxy.observe.recorder import api_resource
 from proxy.observe.request_id import request_id_from
-from tests.conftest import OPEN_CLIENTS, free_port, proxy_settings, run_server
-from tests.processes import CHAT, SlowStream, serve_process
+from tests.support.processes import CHAT, SlowStream, serve_process
+from tests.support.servers import OPEN_CLIENTS, free_port, proxy_settings, run_server
 from tests.test_compaction import WINDOW, small_window_settings, upstream_requests
 from tests.test_metrics import long_history
 

@@ -21,7 +21,7 @@ from proxy.observe.recorder import _FastCounter, _FastHistogram
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
-from tests.conftest import OPEN_CLIENTS, RedisServer, proxy_settings
+from tests.support.servers import OPEN_CLIENTS, RedisServer, proxy_settings
 from tests.test_compaction import FILLER, WINDOW, small_window_settings
 from tests.test_store_contract import snap
 

@@ -2,7 +2,7 @@
 the lock, compare-and-swap, summarizer failures (``proxy.compaction.compact``), steps 3-8 of
 ``proxy.pipeline``.
 
-The upstream is ``tests.fakes.FakeUpstream`` behind the ``Upstream`` seam and time is a
+The upstream is ``tests.support.fakes.FakeUpstream`` behind the ``Upstream`` seam and time is a
 ``FakeClock``: a summary stays in flight until the test lets it go, and waits run out
 when the test says so, so every interleaving here is decided, not raced.
 """
@@ -28,7 +28,7 @@ from proxy.services import Services
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage, ToolCall
-from tests.fakes import (
+from tests.support.fakes import (
     FILLER,
     TENANT,
     FakeClock,
@@ -43,7 +43,7 @@ from tests.fakes import (
     turn_of,
     until,
 )
-from tests.faulty_upstream import handoff
+from tests.support.faulty_upstream import handoff
 
 T = TypeVar("T")
 CONCURRENT = 5

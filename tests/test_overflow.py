@@ -20,7 +20,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from proxy.upstream.overflow import Overflow, OverflowKind, Provider, classify_error
-from tests.conftest import examples
+from tests.support.examples import examples
 
 CASES: list[dict[str, Any]] = json.loads(
     (Path(__file__).parent / "fixtures" / "overflow" / "cases.json").read_text(encoding="utf-8")

@@ -21,8 +21,14 @@ import pytest
 import redis
 
 from proxy.config import Settings
-from tests.conftest import RedisServer, proxy_settings
-from tests.faulty_upstream import FaultyUpstream, answer, completion, fastapi_validation, in_turn
+from tests.support.faulty_upstream import (
+    FaultyUpstream,
+    answer,
+    completion,
+    fastapi_validation,
+    in_turn,
+)
+from tests.support.servers import RedisServer, proxy_settings
 
 CONFIGURED = 32768
 MODEL = "vm"

@@ -20,8 +20,8 @@ from proxy.core.plan import count_pinned, plan_compaction
 from proxy.core.trim import trim_plan
 from proxy.core.view import ELIDED_TOKENS, Totals, View, result_flags, view_tokens
 from proxy.types import ChatMessage
-from tests.conftest import examples
-from tests.conversations import convo, group_starts
+from tests.support.conversations import convo, group_starts
+from tests.support.examples import examples
 
 T = TypeVar("T")
 PROPERTY = settings(

@@ -31,7 +31,7 @@ from proxy.errors import ConfigError
 from proxy.services import Services, build_services
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from tests.conftest import RedisServer, run_proxy, run_server
+from tests.support.servers import RedisServer, run_proxy, run_server
 from tests.test_compaction import FILLER, WINDOW, Chat, small_window_settings, stats
 
 CHAT_MS = 250

@@ -28,8 +28,8 @@ from proxy.core.view import ELIDED_TOKENS, View, result_flags
 from proxy.simulator.errors import SimError
 from proxy.simulator.validate import check_alternation, check_tool_pairing
 from proxy.types import ChatMessage, ToolCall
-from tests.conftest import examples
-from tests.conversations import convo
+from tests.support.conversations import convo
+from tests.support.examples import examples
 
 PROPERTY = settings(
     max_examples=examples(300),

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from proxy.simulator.config import ERROR_FORMATS
-from tests.conftest import OPEN_CLIENTS, proxy_settings
+from tests.support.servers import OPEN_CLIENTS, proxy_settings
 from tests.test_compaction import FILLER, Chat, chat_requests, stats
 
 REAL_WINDOW = 6144

@@ -22,7 +22,7 @@ from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
-from tests.conftest import RedisServer, proxy_settings, run_server
+from tests.support.servers import RedisServer, proxy_settings, run_server
 from tests.test_compaction import FILLER, WINDOW
 
 pytestmark = pytest.mark.redis
@@ -580,9 +580,9 @@ def test_redis_killed_mid_summary_then_restarted_empty(
 
 @pytest.fixture
 def redis_with_password() -> Iterator[RedisServer]:
-    from tests.conftest import _redis_binary
+    from tests.support.servers import redis_binary
 
-    server = RedisServer(_redis_binary(), password="the-proxy-does-not-know-it")
+    server = RedisServer(redis_binary(), password="the-proxy-does-not-know-it")
     server.start()
     try:
         yield server

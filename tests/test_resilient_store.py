@@ -20,7 +20,7 @@ from proxy.services import Services
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.store.resilient import COOLDOWN_S, LOG_INTERVAL_S, ResilientStore
-from tests.fakes import (
+from tests.support.fakes import (
     TENANT,
     FakeClock,
     FakeUpstream,

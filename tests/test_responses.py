@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from proxy.core.rebuild import ACKNOWLEDGEMENT, CONTINUE, HANDOFF_INTRO
-from tests.conftest import OPEN_CLIENTS, proxy_settings
+from tests.support.servers import OPEN_CLIENTS, proxy_settings
 from tests.test_compaction import chat_requests, stats
 
 WINDOW = 8192

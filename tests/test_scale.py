@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import orjson
 
-from tests.conftest import proxy_settings
+from tests.support.servers import proxy_settings
 
 HEALTH_BOUND_S = 0.5
 # Bounds every wait, so the old code fails in seconds instead of hanging.

@@ -79,8 +79,8 @@ import yaml
 
 from proxy.routes import admin_api
 from proxy.upstream import client as upstream
-from tests.conftest import free_port, proxy_settings, run_proxy
-from tests.faulty_upstream import FaultyUpstream, Seen, answer, completion, handoff, stream
+from tests.support.faulty_upstream import FaultyUpstream, Seen, answer, completion, handoff, stream
+from tests.support.servers import free_port, proxy_settings, run_proxy
 
 pytestmark = pytest.mark.e2e
 

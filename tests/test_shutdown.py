@@ -17,8 +17,8 @@ from proxy.app import create_app
 from proxy.config import ServerSettings
 from proxy.serve.server import uvicorn_config
 from proxy.serve.shutdown import Drain, GracefulServer
-from tests.conftest import proxy_settings
-from tests.processes import SlowStream, refused, serve_process, wait_until_refused
+from tests.support.processes import SlowStream, refused, serve_process, wait_until_refused
+from tests.support.servers import proxy_settings
 
 # One streamed answer from the simulator: 10 chunks, so about 10 x the chunk delay.
 _CHUNKS = 10

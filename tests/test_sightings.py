@@ -10,7 +10,7 @@ from proxy.core.outcome import Outcome
 from proxy.core.session import session_from_header
 from proxy.store import Sighting
 from proxy.store.memory import MemoryStore
-from tests.fakes import (
+from tests.support.fakes import (
     MODEL,
     TENANT,
     WINDOW,

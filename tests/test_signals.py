@@ -27,8 +27,7 @@ from proxy.services import Services
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.types import ChatMessage
-from tests.conftest import proxy_settings, run_proxy, run_server
-from tests.fakes import (
+from tests.support.fakes import (
     TENANT,
     FakeClock,
     FakeUpstream,
@@ -39,7 +38,8 @@ from tests.fakes import (
     turn_of,
     until,
 )
-from tests.faulty_upstream import FaultyUpstream, answer, completion
+from tests.support.faulty_upstream import FaultyUpstream, answer, completion
+from tests.support.servers import proxy_settings, run_proxy, run_server
 from tests.test_compaction import WINDOW, Chat, small_window_settings, stats
 from tests.test_precompact import metric
 

@@ -20,7 +20,7 @@ from proxy.simulator import SimulatorConfig, create_simulator_app, load_simulato
 from proxy.simulator.config import resolve_model
 from proxy.simulator.errors import SimError
 from proxy.simulator.validate import check_tool_pairing
-from tests.conftest import run_server
+from tests.support.servers import run_server
 
 CONFIG = SimulatorConfig.model_validate(
     {

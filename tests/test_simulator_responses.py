@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from proxy.simulator.items import seal
-from tests.conftest import OPEN_CLIENTS
+from tests.support.servers import OPEN_CLIENTS
 
 TOOLS = [{"type": "function", "name": "read_file", "parameters": {"type": "object"}}]
 

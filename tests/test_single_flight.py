@@ -22,7 +22,7 @@ import pytest
 from proxy.observe.logs import TextFormatter
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from tests.conftest import run_server
+from tests.support.servers import run_server
 from tests.test_compaction import FILLER, WINDOW, Chat, small_window_settings, stats
 
 CONCURRENT = 10

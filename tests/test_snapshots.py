@@ -32,7 +32,7 @@ from proxy.errors import ContextTooLarge
 from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage
-from tests.conversations import convo
+from tests.support.conversations import convo
 
 
 def history(messages: list[ChatMessage], pinned: int = 1, count: int = 10) -> History:

@@ -34,9 +34,9 @@ import pytest
 
 from proxy.core.session import SessionKey
 from proxy.store.redis import RedisStore
-from tests.conftest import RedisServer, _redis_binary, proxy_settings, run_proxy
-from tests.faulty_upstream import Behaviour, Exchange, FaultyUpstream, answer
-from tests.soaking import Config, Fleet, idle_connections, soak
+from tests.support.faulty_upstream import Behaviour, Exchange, FaultyUpstream, answer
+from tests.support.servers import RedisServer, proxy_settings, redis_binary, run_proxy
+from tests.support.soaking import Config, Fleet, idle_connections, soak
 
 pytestmark = pytest.mark.e2e
 
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def test_a_short_soak_keeps_every_invariant(store: str, tmp_path: Path) -> None:
     if store == "redis":
-        _redis_binary()  # skips (or in CI fails) without redis-server, as the Redis tests do
+        redis_binary()  # skips (or in CI fails) without redis-server, as the Redis tests do
     config = Config(
         sessions=20, turns=16, waves=2, words=250, store=store, rss_every_s=0.2, seconds=50
     )

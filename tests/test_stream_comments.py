@@ -19,8 +19,8 @@ import orjson
 import pytest
 
 from proxy.upstream.stream_head import comments_ahead
-from tests.conftest import proxy_settings, run_proxy
-from tests.faulty_upstream import DONE, FaultyUpstream, answer, chunk_event, stream
+from tests.support.faulty_upstream import DONE, FaultyUpstream, answer, chunk_event, stream
+from tests.support.servers import proxy_settings, run_proxy
 from tests.test_compaction import chat_requests, stats
 from tests.test_stream_overflow import REAL, long_history
 
@@ -167,6 +167,7 @@ OVERFLOW_ERROR = orjson.dumps(
 )
 
 
+@pytest.mark.e2e  # a FaultyUpstream and a proxy on loopback
 def test_a_retry_that_fails_after_comments_ends_the_stream_with_an_error_event(
     faulty: FaultyUpstream,
 ) -> None:
@@ -203,6 +204,7 @@ def test_a_retry_that_fails_after_comments_ends_the_stream_with_an_error_event(
             )
 
 
+@pytest.mark.e2e  # a FaultyUpstream and a proxy on loopback
 def test_a_stream_that_is_not_an_overflow_is_relayed_whole_after_its_comments(
     faulty: FaultyUpstream,
 ) -> None:

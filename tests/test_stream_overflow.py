@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from proxy.upstream.stream_head import error_event
-from tests.conftest import proxy_settings
+from tests.support.servers import proxy_settings
 from tests.test_compaction import chat_requests
 
 REAL = 6144

@@ -15,7 +15,7 @@ from proxy.compaction.summary_api import read_answer, request_body
 from proxy.errors import SummaryError
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig, SummaryStyle
-from tests.conftest import proxy_settings, run_server
+from tests.support.servers import proxy_settings, run_server
 from tests.test_compaction import FILLER, Chat, upstream_requests
 from tests.test_summary_quality import metric
 

@@ -28,9 +28,9 @@ from proxy.errors import SummaryRejected, SummaryTruncated
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig, SummaryStyle
 from proxy.types import ChatMessage
-from tests.conftest import proxy_settings, run_server
-from tests.fakes import FakeUpstream, summary_reply
-from tests.faulty_upstream import handoff
+from tests.support.fakes import FakeUpstream, summary_reply
+from tests.support.faulty_upstream import handoff
+from tests.support.servers import proxy_settings, run_server
 from tests.test_compaction import FILLER, Chat, upstream_requests
 
 GOOD = handoff("Answer the questions about the release plan.")

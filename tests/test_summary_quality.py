@@ -13,7 +13,7 @@ import pytest
 
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig, SummaryStyle
-from tests.conftest import RedisServer, proxy_settings, run_server
+from tests.support.servers import RedisServer, proxy_settings, run_server
 from tests.test_compaction import FILLER, Chat, upstream_requests
 
 WINDOW = 4096

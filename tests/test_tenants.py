@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import proxy_settings
+from tests.support.servers import proxy_settings
 from tests.test_compaction import FILLER, Chat, chat_requests
 
 CONFIGURED = 32768

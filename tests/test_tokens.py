@@ -23,7 +23,7 @@ from proxy.core.digest import digests_and_sizes, message_digests, tenant_seed
 from proxy.core.encodings import Encoder, EstimateEncoder, TiktokenEncoder, load_encoder
 from proxy.core.tokens import REPLY_PRIMING, TokenCounter, bounded_by, output_reserve, upper_bound
 from proxy.types import ChatMessage, ChatRequest
-from tests.conftest import examples
+from tests.support.examples import examples
 
 ENCODER = load_encoder("cl100k_base")
 PROPERTY = settings(

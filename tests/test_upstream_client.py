@@ -22,7 +22,7 @@ import pytest
 
 from proxy.errors import UpstreamStreamBroken, UpstreamTimeout, UpstreamUnavailable
 from proxy.upstream.client import UpstreamClient, UpstreamResponse
-from tests.conftest import proxy_settings
+from tests.support.servers import proxy_settings
 
 CHUNKS = [b'data: {"n": 0}\n\n', b'data: {"n": 1}\n\n']
 SSE_HEAD = (

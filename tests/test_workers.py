@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Settings, load_settings
 from proxy.errors import ConfigError
-from tests.processes import CHAT, Served, SlowStream, serve_process
+from tests.support.processes import CHAT, Served, SlowStream, serve_process
 
 _CHATS = "compaction_proxy_chat_requests"
 

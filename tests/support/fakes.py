@@ -55,9 +55,9 @@ from proxy.upstream.calibrate import Calibration
 from proxy.upstream.client import UpstreamResponse
 from proxy.upstream.headers import HeaderPolicy
 from proxy.upstream.windows import LearnedWindows, WindowPolicy
-from tests.faulty_upstream import handoff
+from tests.support.faulty_upstream import handoff
 
-_CASES = Path(__file__).parent / "fixtures" / "overflow" / "cases.json"
+_CASES = Path(__file__).parents[1] / "fixtures" / "overflow" / "cases.json"
 _JSON = (("content-type", "application/json"),)
 
 

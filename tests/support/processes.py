@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
 # tiktoken caches under the temporary directory by default: the same cache as ours,
 # whatever TMPDIR the process gets.
