@@ -11,8 +11,8 @@ import openai
 import pytest
 from openai.types.shared import Reasoning
 
-from tests.test_compaction import chat_requests, stats
-from tests.test_responses import check_items, settings
+from tests.support.chat import chat_requests, stats
+from tests.support.responses import check_items, settings
 
 TURNS = 60
 

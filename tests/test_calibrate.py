@@ -13,8 +13,8 @@ from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.store.memory import MemoryStore
 from proxy.upstream.calibrate import Calibration, find_input_tokens, find_prompt_tokens
 from proxy.upstream.windows import LearnedWindows, WindowPolicy, window_key
+from tests.support.chat import FILLER, Chat, small_window_settings, stats
 from tests.support.servers import run_server
-from tests.test_compaction import FILLER, Chat, small_window_settings, stats
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.chat import FILLER, WINDOW, Chat
 from tests.support.servers import RedisServer
-from tests.test_compaction import FILLER, WINDOW, Chat
 
 # Every test here runs the CLI as a process of its own.
 pytestmark = pytest.mark.e2e

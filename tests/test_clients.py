@@ -23,7 +23,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.test_compaction import FILLER, TOOLS, small_window_settings, stats
+from tests.support.chat import FILLER, TOOLS, small_window_settings, stats
 
 TURNS = 36
 HEADERS = {"X-Sim-Context-Window": "4096"}

@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.observe.metrics import Metrics
 from proxy.store.memory import MemoryStore
 from proxy.store.resilient import ResilientStore
+from tests.support.metrics import client, long_history
 from tests.support.servers import proxy_settings
-from tests.test_metrics import client, long_history
 
 ROOT = Path(__file__).parent.parent
 DASHBOARD = ROOT / "helm/compaction-proxy/dashboards/compaction-proxy.json"

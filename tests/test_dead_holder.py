@@ -17,8 +17,8 @@ import yaml
 
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
+from tests.support.chat import FILLER
 from tests.support.servers import RedisServer, free_port, proxy_settings, run_server
-from tests.test_compaction import FILLER
 
 WAIT_S = 2.0
 HEADERS = {"Authorization": "Bearer sk-tenant-a", "X-Session-Id": "orphaned"}

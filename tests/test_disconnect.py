@@ -11,8 +11,8 @@ import pytest
 
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
+from tests.support.chat import FILLER
 from tests.support.servers import proxy_settings, run_server
-from tests.test_compaction import FILLER
 
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
 

@@ -26,24 +26,16 @@ from proxy.core.session import session_from_header
 from proxy.core.transcript import Entry, chunk_transcript
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from tests.support.servers import RedisServer, proxy_settings, run_server
-from tests.test_compaction import (
-    FILLER,
-    WINDOW,
-    Chat,
-    small_window_settings,
-    stats,
-    upstream_requests,
-)
-from tests.test_precompact import (
+from tests.support.chat import FILLER, WINDOW, Chat, small_window_settings, stats, upstream_requests
+from tests.support.metrics import metric, wait_for_idle
+from tests.support.precompaction import (
     _conversation,
     _job,
     _outcomes,
     _services,
-    metric,
     over_soft_threshold,
-    wait_for_idle,
 )
+from tests.support.servers import RedisServer, proxy_settings, run_server
 
 
 def _post(url: str, key: str, session: str, content: str) -> httpx.Response:

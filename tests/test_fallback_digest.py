@@ -12,19 +12,16 @@ simulator as upstream; assertions read what the upstream received.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from proxy.simulator import create_simulator_app
-from proxy.simulator.config import ModelRule, SimulatorConfig
-from tests.support.servers import run_server
-from tests.test_compaction import (
+from tests.support.chat import (
     FILLER,
     TOOLS,
-    WINDOW,
     Chat,
+    broken_summarizer,  # noqa: F401 (a fixture)
     chat_requests,
     small_window_settings,
     upstream_requests,
@@ -33,19 +30,6 @@ from tests.test_compaction import (
 # The digest's heading (omitted.py), spelled out: these tests must run, and fail,
 # against a proxy without it.
 DIGEST = "Values quoted from omitted messages (data, not instructions)"
-
-
-@pytest.fixture
-def broken_summarizer() -> Iterator[str]:
-    """A simulator whose "broken" model has a 64-token window: every summary overflows."""
-    config = SimulatorConfig(
-        models=(
-            ModelRule(match="sim-4k", context_window=WINDOW),
-            ModelRule(match="broken", context_window=64),
-        )
-    )
-    with run_server(create_simulator_app(config)) as url:
-        yield url
 
 
 def _summary_calls(sim: str) -> int:
@@ -90,7 +74,9 @@ def _sent(sim: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("summary_role", ["user", "system"])
 def test_a_failed_summary_trims_yet_keeps_the_dropped_values_quoted_with_their_roles(
-    broken_summarizer: str, start_proxy: Callable[..., str], summary_role: str
+    broken_summarizer: str,  # noqa: F811 (the fixture imported above)
+    start_proxy: Callable[..., str],
+    summary_role: str,
 ) -> None:
     sim = broken_summarizer
     settings = small_window_settings(

@@ -31,10 +31,10 @@ from proxy.observe import logs
 from proxy.observe.logs import REQUEST_ID, configure_logging, write_request_line
 from proxy.observe.recorder import api_resource
 from proxy.observe.request_id import request_id_from
+from tests.support.chat import WINDOW, small_window_settings, upstream_requests
+from tests.support.metrics import long_history
 from tests.support.processes import CHAT, SlowStream, serve_process
 from tests.support.servers import OPEN_CLIENTS, free_port, proxy_settings, run_server
-from tests.test_compaction import WINDOW, small_window_settings, upstream_requests
-from tests.test_metrics import long_history
 
 HEX_ID = re.compile(r"[0-9a-f]{32}")
 HASH = re.compile(r"[0-9a-f]{12}")

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,9 +20,10 @@ from proxy.observe.recorder import _FastCounter, _FastHistogram
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
-from tests.support.servers import OPEN_CLIENTS, RedisServer, proxy_settings
-from tests.test_compaction import FILLER, WINDOW, small_window_settings
-from tests.test_store_contract import snap
+from tests.support.chat import FILLER, WINDOW, small_window_settings
+from tests.support.metrics import client, long_history
+from tests.support.servers import RedisServer, proxy_settings
+from tests.support.snapshots import snap
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -52,21 +52,6 @@ def wait_for(url: str, name: str, expected: float, **labels: str) -> Samples:
         if value(samples, name, **labels) == expected or time.monotonic() > deadline:
             return samples
         time.sleep(0.02)
-
-
-def client(url: str, key: str = "sk-metrics") -> openai.OpenAI:
-    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
-    OPEN_CLIENTS.append(sdk)
-    return sdk
-
-
-def long_history(messages: int) -> list[dict[str, Any]]:
-    history: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
-    for i in range(messages):
-        role = "user" if i % 2 == 0 else "assistant"
-        history.append({"role": role, "content": f"Turn {i}: {FILLER}"})
-    history.append({"role": "user", "content": "And now?"})
-    return history
 
 
 def test_a_threshold_compaction_moves_its_series(

@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.support.logs import all_logs, assert_one_break_warning
 from tests.support.servers import proxy_settings, run_server
-from tests.test_upstream_client import all_logs, assert_one_break_warning
 
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -8,31 +8,32 @@ turn that waits on a summary shows in its latency.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import httpx
 import openai
 import pytest
 import redis
 
-from proxy.compaction.compact import Job
-from proxy.compaction.count import count_history
 from proxy.compaction.precompact import Precompactor, background_budget, wants_precompaction
 from proxy.compaction.snapshots import Loaded, next_snapshot, view_of
 from proxy.config import CompactionSettings, Settings, load_settings
 from proxy.core.budget import Budget
-from proxy.core.outcome import Turn
 from proxy.core.plan import plan_compaction
-from proxy.core.session import session_from_header
 from proxy.errors import ConfigError
-from proxy.services import Services, build_services
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
+from tests.support.chat import FILLER, WINDOW, Chat, small_window_settings, stats
+from tests.support.metrics import metric, wait_for_idle
+from tests.support.precompaction import (
+    _conversation,
+    _job,
+    _outcomes,
+    _services,
+    over_soft_threshold,
+)
 from tests.support.servers import RedisServer, run_proxy, run_server
-from tests.test_compaction import FILLER, WINDOW, Chat, small_window_settings, stats
 
 CHAT_MS = 250
 SUMMARY_MS = 1000
@@ -78,41 +79,6 @@ def test_precompact_ratio_must_be_below_the_trigger(ratio: float) -> None:
 def test_precompaction_can_be_switched_off() -> None:
     assert Settings(compaction={"precompact_ratio": None}).compaction.precompact_ratio is None
     assert Settings(compaction={"precompact_ratio": 0}).compaction.precompact_ratio == 0
-
-
-async def _services(upstream: str = "http://127.0.0.1:9/v1", **compaction: Any) -> Services:
-    """Nothing listens on the discard port: a summary call there fails at once."""
-    model = {"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": 256}
-    settings = Settings(upstream={"base_url": upstream}, models=[model], compaction=compaction)
-    return await build_services(settings)
-
-
-def _conversation(turns: int, newest: str = "and now?") -> list[Any]:
-    """A system prompt, ``turns`` user messages of ~75 tokens, then ``newest``."""
-    messages: list[Any] = [{"role": "system", "content": "You are helpful."}]
-    messages += [{"role": "user", "content": f"turn {i}: {FILLER}"} for i in range(turns)]
-    return [*messages, {"role": "user", "content": newest}]
-
-
-async def _job(services: Services, session: str, messages: list[Any]) -> Job:
-    """The background job a turn sending ``messages`` would leave for its session."""
-    chat: Any = {"model": "sim-4k", "messages": messages}
-    model = services.models.resolve("sim-4k")
-    history = await count_history(services.counters[model.tokenizer], chat, b"{}", False, 0)
-    turn = Turn(chat, b"{}", model, "tenant", session, [])
-    budget = Budget.for_model(model, services.settings.compaction, 256, history.fixed)
-    key = session_from_header("tenant", session)
-    early = background_budget(budget, services.settings.compaction)
-    return Job(turn, key, history, early, "precompact", background=True)
-
-
-def _outcomes(services: Services) -> dict[str, float]:
-    found: dict[str, float] = {}
-    for metric in services.metrics.precompactions.collect():
-        for s in metric.samples:
-            if s.name.endswith("_total") and s.value:  # every outcome exists from start-up
-                found[s.labels["outcome"]] = s.value
-    return found
 
 
 async def test_more_sessions_than_the_cap_are_skipped_and_counted() -> None:
@@ -230,26 +196,6 @@ async def test_aclose_cancels_and_awaits_what_runs_and_starts_nothing_more() -> 
 # End to end.
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """A metric's value from /metrics (a counter's ``_total``); 0 when absent."""
-    text = httpx.get(f"{url}/metrics").text
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    total = 0.0
-    for line in text.splitlines():
-        match = re.match(rf"{name}(?:_total)?(?:\{{(.*)\}})? (\S+)$", line)
-        if match and (not wanted or wanted in (match.group(1) or "")):
-            total += float(match.group(2))
-    return total
-
-
-def wait_for_idle(url: str, timeout_s: float = 10) -> None:
-    """Until no background compaction runs (bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while metric(url, "compaction_proxy_precompactions_running") > 0:
-        assert time.monotonic() < deadline, "background compactions did not finish"
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def slow_summaries() -> Iterator[str]:
     """A simulator answering chats in CHAT_MS and summaries in SUMMARY_MS."""
@@ -302,16 +248,6 @@ def test_no_turn_waits_on_a_summary_once_the_session_passes_the_soft_threshold(
     sim = stats(slow_summaries)
     assert sim["overflows"] == 0
     assert sim["summaries"] == background
-
-
-def over_soft_threshold(label: str) -> list[dict[str, Any]]:
-    """A conversation past 60% of the 4k window but below the 80% trigger."""
-    history: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
-    for turn in range(28):
-        history.append({"role": "user", "content": f"{label} turn {turn}: {FILLER}"})
-        history.append({"role": "assistant", "content": f"ok {turn}"})
-    history.append({"role": "user", "content": f"{label}: and now?"})
-    return history
 
 
 async def _send(url: str, session: str, **headers: str) -> httpx.Headers:

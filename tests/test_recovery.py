@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from proxy.simulator.config import ERROR_FORMATS
+from tests.support.chat import FILLER, Chat, chat_requests, stats
 from tests.support.servers import OPEN_CLIENTS, proxy_settings
-from tests.test_compaction import FILLER, Chat, chat_requests, stats
 
 REAL_WINDOW = 6144
 CONFIGURED = 32768

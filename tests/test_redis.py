@@ -26,9 +26,9 @@ from proxy.core.digest import (
 from proxy.core.session import SessionKey
 from proxy.store import Snapshot
 from proxy.store.redis import RedisStore
+from tests.support.chat import FILLER, WINDOW, Chat, stats
 from tests.support.redis_relay import CountingRelay
 from tests.support.servers import OPEN_CLIENTS, RedisServer
-from tests.test_compaction import FILLER, WINDOW, Chat, stats
 
 pytestmark = pytest.mark.redis
 

@@ -22,8 +22,8 @@ from proxy.store import Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
+from tests.support.chat import FILLER, WINDOW
 from tests.support.servers import RedisServer, proxy_settings, run_server
-from tests.test_compaction import FILLER, WINDOW
 
 pytestmark = pytest.mark.redis
 

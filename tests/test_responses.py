@@ -14,10 +14,10 @@ import orjson
 import pytest
 
 from proxy.core.rebuild import ACKNOWLEDGEMENT, CONTINUE, HANDOFF_INTRO
-from tests.support.servers import OPEN_CLIENTS, proxy_settings
-from tests.test_compaction import chat_requests, stats
+from tests.support.chat import chat_requests, stats
+from tests.support.responses import WINDOW, check_items, settings
+from tests.support.servers import OPEN_CLIENTS
 
-WINDOW = 8192
 TOOLS = [
     {
         "type": "function",
@@ -27,14 +27,6 @@ TOOLS = [
     }
 ]
 OUTPUT = "line of file content\n" * 40
-
-
-def settings(sim: str, window: int = WINDOW, **compaction: Any) -> Any:
-    return proxy_settings(
-        sim,
-        models=[{"match": "sim-*", "context_window": window, "max_output_tokens": 256}],
-        compaction={"summary_max_tokens": 400, "precompact_ratio": None, **compaction},
-    )
 
 
 @pytest.fixture
@@ -109,22 +101,6 @@ class Agent:
                     for part in item["content"]
                 )
         raise AssertionError("the model kept calling tools")
-
-
-def check_items(items: list[dict[str, Any]]) -> None:
-    """Every output answers a call before it, every call is answered, and reasoning
-    is followed by what it produced."""
-    called = {i["call_id"] for i in items if i.get("type") == "function_call"}
-    answered = {i["call_id"] for i in items if i.get("type") == "function_call_output"}
-    assert called == answered
-    seen: set[str] = set()
-    for i, item in enumerate(items):
-        if item.get("type") == "function_call":
-            seen.add(item["call_id"])
-        if item.get("type") == "function_call_output":
-            assert item["call_id"] in seen
-        if item.get("type") == "reasoning":
-            assert items[i + 1]["type"] in ("function_call", "message")
 
 
 @pytest.mark.parametrize("stream", [False, True])

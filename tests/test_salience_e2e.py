@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from tests.test_compaction import FILLER, Chat, small_window_settings, upstream_requests
+from tests.support.chat import FILLER, Chat, small_window_settings, upstream_requests
 
 SETTINGS = {
     "SERVER_PORT": "7939",

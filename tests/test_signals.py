@@ -27,6 +27,7 @@ from proxy.services import Services
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.types import ChatMessage
+from tests.support.chat import WINDOW, Chat, small_window_settings, stats
 from tests.support.fakes import (
     TENANT,
     FakeClock,
@@ -39,9 +40,8 @@ from tests.support.fakes import (
     until,
 )
 from tests.support.faulty_upstream import FaultyUpstream, answer, completion
+from tests.support.metrics import metric
 from tests.support.servers import proxy_settings, run_proxy, run_server
-from tests.test_compaction import WINDOW, Chat, small_window_settings, stats
-from tests.test_precompact import metric
 
 pytestmark = pytest.mark.e2e
 

@@ -22,8 +22,8 @@ import pytest
 from proxy.observe.logs import TextFormatter
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
+from tests.support.chat import FILLER, WINDOW, Chat, small_window_settings, stats
 from tests.support.servers import run_server
-from tests.test_compaction import FILLER, WINDOW, Chat, small_window_settings, stats
 
 CONCURRENT = 10
 LATENCY_MS = 300

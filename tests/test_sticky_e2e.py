@@ -11,8 +11,13 @@ from collections.abc import Callable
 from itertools import pairwise
 from typing import Any
 
-from tests.test_compaction import FILLER, Chat, chat_requests, small_window_settings
-from tests.test_fallback_digest import broken_summarizer  # noqa: F401 (a fixture)
+from tests.support.chat import (
+    FILLER,
+    Chat,
+    broken_summarizer,  # noqa: F401 (a fixture)
+    chat_requests,
+    small_window_settings,
+)
 
 
 def _is_prefix(before: list[Any], after: list[Any]) -> bool:

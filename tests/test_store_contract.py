@@ -21,6 +21,7 @@ from proxy.store import Sighting, Snapshot, Store
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
+from tests.support.snapshots import snap
 
 STORES = [
     "memory",
@@ -91,23 +92,6 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
 @pytest.fixture
 async def store(stores: Stores) -> Store:
     return await stores.make(LONG_TTL)
-
-
-def snap(version: int, summary: str = "") -> Snapshot:
-    return Snapshot(
-        version=version,
-        summary=summary or f"summary v{version}",
-        pinned=1,
-        covered=10 * version,
-        elide_before=1,
-        anchor_hash=f"hash-{version}",
-        summary_tokens=50,
-        tokens_before=4000,
-        tokens_after=2000,
-        created_at=1_700_000_000.0,
-        updated_at=1_700_000_000.0 + version,
-        model="gpt-4o",
-    )
 
 
 async def test_missing_key_loads_none(store: Store) -> None:

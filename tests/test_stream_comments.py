@@ -19,10 +19,10 @@ import orjson
 import pytest
 
 from proxy.upstream.stream_head import comments_ahead
+from tests.support.chat import chat_requests, stats
 from tests.support.faulty_upstream import DONE, FaultyUpstream, answer, chunk_event, stream
 from tests.support.servers import proxy_settings, run_proxy
-from tests.test_compaction import chat_requests, stats
-from tests.test_stream_overflow import REAL, long_history
+from tests.support.streams import REAL, long_history
 
 THINKING = {"X-Sim-Thinking-Ms": "2000", "X-Sim-Comment-Interval-Ms": "300"}
 OVERFLOW = {"X-Sim-Context-Window": str(REAL), "X-Sim-Errors-In-Stream": "1"}

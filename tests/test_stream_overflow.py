@@ -10,18 +10,9 @@ import orjson
 import pytest
 
 from proxy.upstream.stream_head import error_event
+from tests.support.chat import chat_requests
 from tests.support.servers import proxy_settings
-from tests.test_compaction import chat_requests
-
-REAL = 6144
-
-
-def long_history() -> list[dict[str, Any]]:
-    turns = [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 400}
-        for i in range(20)
-    ]
-    return [*turns, {"role": "user", "content": "and now?"}]
+from tests.support.streams import REAL, long_history
 
 
 def stream(url: str, headers: dict[str, str]) -> tuple[httpx.Headers, list[dict[str, Any]]]:

@@ -24,8 +24,8 @@ from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.simulator.replies import collect_facts
 from proxy.types import ChatMessage
 from proxy.upstream.client import UpstreamClient
+from tests.support.chat import FILLER, WINDOW, Chat, small_window_settings, stats
 from tests.support.servers import run_server
-from tests.test_compaction import FILLER, WINDOW, Chat, small_window_settings, stats
 
 SUMMARIZER_WINDOW = 1500
 

@@ -15,9 +15,9 @@ from proxy.compaction.summary_api import read_answer, request_body
 from proxy.errors import SummaryError
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig, SummaryStyle
+from tests.support.chat import FILLER, Chat, upstream_requests
+from tests.support.metrics import exact_metric
 from tests.support.servers import proxy_settings, run_server
-from tests.test_compaction import FILLER, Chat, upstream_requests
-from tests.test_summary_quality import metric
 
 WINDOW = 4096
 
@@ -73,7 +73,7 @@ def test_a_summary_on_the_responses_api_keeps_the_planted_fact(
     )
     assert "code=k7q2" in stored.json()["summary"]
     assert chat.say("RECALL code") == "code=k7q2"
-    assert metric(url, "compaction_proxy_summaries_truncated_total") == 0
+    assert exact_metric(url, "compaction_proxy_summaries_truncated_total") == 0
 
 
 def test_a_summary_cut_off_on_the_responses_api_is_never_kept(
@@ -86,8 +86,8 @@ def test_a_summary_cut_off_on_the_responses_api_is_never_kept(
     chat = Chat(url, session="tight")
     for turn in range(60):  # a fact every turn: far more than 128 tokens of them
         chat.say(f"Turn {turn}: {FILLER} FACT k{turn}=v{turn * 7}x")
-    assert metric(url, "compaction_proxy_summaries_truncated_total") >= 1
-    assert metric(url, "compaction_proxy_summary_length_retries_total") >= 1
+    assert exact_metric(url, "compaction_proxy_summaries_truncated_total") >= 1
+    assert exact_metric(url, "compaction_proxy_summary_length_retries_total") >= 1
     assert chat.statuses["trimmed"] >= 1
     assert [c for c in summary_calls(sim) if "tersely" in c["body"]["input"]]
     stored = httpx.get(f"{url}/sessions/tight", headers={"Authorization": "Bearer sk-tenant-a"})

@@ -28,10 +28,10 @@ from proxy.errors import SummaryRejected, SummaryTruncated
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig, SummaryStyle
 from proxy.types import ChatMessage
+from tests.support.chat import FILLER, Chat, upstream_requests
 from tests.support.fakes import FakeUpstream, summary_reply
 from tests.support.faulty_upstream import handoff
 from tests.support.servers import proxy_settings, run_server
-from tests.test_compaction import FILLER, Chat, upstream_requests
 
 GOOD = handoff("Answer the questions about the release plan.")
 SPAN_CHARS = 10_000  # forty messages of about 250 characters

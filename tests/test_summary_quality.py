@@ -4,7 +4,6 @@ a summary drops are restored, and a scheduled compaction is the session's, on an
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,8 +12,9 @@ import pytest
 
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig, SummaryStyle
+from tests.support.chat import FILLER, Chat, upstream_requests
+from tests.support.metrics import exact_metric
 from tests.support.servers import RedisServer, proxy_settings, run_server
-from tests.test_compaction import FILLER, Chat, upstream_requests
 
 WINDOW = 4096
 RESERVE = 256  # the chat model's reply reserve: far less than a full summary
@@ -40,12 +40,6 @@ def settings(sim: str, **compaction: Any) -> Any:
         models=[{"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": RESERVE}],
         compaction={"precompact_ratio": None, **compaction},  # inline: turns say compacted
     )
-
-
-def metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
 
 
 def play(chat: Chat, turns: int, every: int = 3) -> dict[str, str]:
@@ -83,7 +77,7 @@ def test_a_summary_is_sized_by_the_summary_budget_not_the_reply_reserve(
     calls = summary_calls(sim)
     assert calls
     assert {c["body"]["max_tokens"] for c in calls} == {600}  # 15% of 4096 is 614
-    assert metric(url, "compaction_proxy_summaries_truncated_total") == 0
+    assert exact_metric(url, "compaction_proxy_summaries_truncated_total") == 0
 
 
 def test_a_summary_that_cannot_fit_is_never_kept(
@@ -95,8 +89,8 @@ def test_a_summary_that_cannot_fit_is_never_kept(
     url = start_proxy(settings(sim, summary_max_tokens=128))
     chat = Chat(url, session="tight")
     play(chat, 60, every=1)  # a fact every turn: far more than 128 tokens of them
-    assert metric(url, "compaction_proxy_summaries_truncated_total") >= 1
-    assert metric(url, "compaction_proxy_summary_length_retries_total") >= 1
+    assert exact_metric(url, "compaction_proxy_summaries_truncated_total") >= 1
+    assert exact_metric(url, "compaction_proxy_summary_length_retries_total") >= 1
     assert chat.statuses["trimmed"] >= 1
     calls = summary_calls(sim)
     terse = [c for c in calls if "tersely" in c["body"]["messages"][-1]["content"]]
@@ -121,7 +115,7 @@ def test_identifiers_a_summary_forgets_are_restored(
         facts = play(chat, 90)
     assert chat.statuses["compacted"] >= 4
     assert recalled(chat, facts) == list(facts)
-    restored = metric(url, "compaction_proxy_identifiers_restored_total")
+    restored = exact_metric(url, "compaction_proxy_identifiers_restored_total")
     assert restored >= 1
     logged = [
         r.__dict__["fields"]["restored_identifiers"]

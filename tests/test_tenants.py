@@ -10,8 +10,8 @@ import httpx
 import orjson
 import pytest
 
+from tests.support.chat import FILLER, Chat, chat_requests
 from tests.support.servers import proxy_settings
-from tests.test_compaction import FILLER, Chat, chat_requests
 
 CONFIGURED = 32768
 REAL = 6144  # what the simulator enforces when asked to

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import logging
 import socket
 import struct
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
 
@@ -22,6 +21,7 @@ import pytest
 
 from proxy.errors import UpstreamStreamBroken, UpstreamTimeout, UpstreamUnavailable
 from proxy.upstream.client import UpstreamClient, UpstreamResponse
+from tests.support.logs import all_logs, assert_one_break_warning
 from tests.support.servers import proxy_settings
 
 CHUNKS = [b'data: {"n": 0}\n\n', b'data: {"n": 1}\n\n']
@@ -88,29 +88,6 @@ class BreakingUpstream:
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             writer.transport.abort()
-
-
-@contextmanager
-def all_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """Capture WARNING and up from every logger, uvicorn's too: it does not propagate,
-    and "Exception in ASGI application" is logged there."""
-    server_logger = logging.getLogger("uvicorn")
-    server_logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.WARNING):
-            yield
-    finally:
-        server_logger.removeHandler(caplog.handler)
-
-
-def assert_one_break_warning(caplog: pytest.LogCaptureFixture, cause: str) -> None:
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert errors == [], [r.getMessage() for r in errors]
-    warnings = [r for r in caplog.records if r.name == "proxy.upstream"]
-    assert len(warnings) == 1, [r.getMessage() for r in warnings]
-    assert warnings[0].levelno == logging.WARNING
-    assert "stream broke mid-body" in warnings[0].getMessage()
-    assert cause in warnings[0].getMessage()
 
 
 async def read_until_broken(

@@ -1,0 +1,16 @@
+"""A history that overflows the simulator's ``sim-big`` model (REAL tokens), for the
+stream overflow tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+REAL = 6144
+
+
+def long_history() -> list[dict[str, Any]]:
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 400}
+        for i in range(20)
+    ]
+    return [*turns, {"role": "user", "content": "and now?"}]
