@@ -83,14 +83,14 @@ async def handle_chat(request: Request, services: Services) -> Response:
         outcome = Outcome("bypassed", None, 0, estimate, model.context_window, counted=False)
     elif not settings.compaction.enabled:
         outcome = Outcome("passthrough", None, 0, estimate, model.context_window, counted=False)
-    else:  # 3-8. count, session, snapshot, plan, summarize, rebuild
+    else:  # 3-8, in the order 5, 3, 4, 6, 7-8: session_of (3) reads what 5 counted
         outcome = await compacted_view(services, turn, force=control == "force")
         outcome = services.sightings.note(turn, outcome)  # for GET /sessions/{id}
     url = upstream_url(settings.upstream.base_url, "chat/completions", b"")
     route = Route(url, headers, partial(_outgoing_body, turn), lower_output, find_prompt_tokens)
     first = Attempt(route.body_for(outcome), outcome)
     recover = control != "off" and settings.compaction.recover_overflow
-    return await forward(services, request, route, first, turn, recover=recover)  # 9-12.
+    return await forward(services, request, route, first, turn, recover=recover)  # 9-10.
 
 
 async def compacted_view(
@@ -178,10 +178,10 @@ async def forward(
             record.answered(answer.status_code, outcome)
             if isinstance(answer, upstream.UpstreamResponse):
                 ok = answer.status_code == 200
-                # 11. calibrate: the provider's own count of what we sent
+                # then calibrate: the provider's own count of what we sent
                 watch = _usage_watcher(services, turn, route, outcome) if ok else None
                 relayed = await relay(answer, outcome.headers(), watch)
-                if ok and outcome.after is not None:  # 12. pre-compact, once the answer is out
+                if ok and outcome.after is not None:  # then pre-compact, once the answer is out
                     run_after(relayed, outcome.after)
                 return relayed
     except ClientDisconnected:
