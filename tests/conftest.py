@@ -1,17 +1,23 @@
 """Shared fixtures: real servers under uvicorn on 127.0.0.1, in background threads.
 
+The tests mirror proxy/'s wings (tests/core/, compaction/, upstream/, routes/, store/,
+observe/, serve/, simulator/; the top-level modules' tests at the top), with helpers in
+tests/support/ and whole end-to-end modules in tests/e2e/.
+
 Two tiers. A test that starts any server or process (the simulator, a proxy, Redis,
 the CLI), or loads the machine for seconds, is end-to-end and carries the ``e2e``
-marker: added here from the fixtures it uses (and for every ``redis`` test), or
-written on the test when it starts one itself. ``pytest -m "not e2e"`` is the
-fast tier, pure logic in-process; a test in it that tries to start a server fails,
-so a missing marker cannot hide.
+marker: added here for every test under tests/e2e/, from the fixtures it uses (and for
+every ``redis`` test), or written on the test when it starts one itself. ``pytest -m
+"not e2e"`` is the fast tier, pure logic in-process; a test in it that tries to start a
+server fails, so a missing marker cannot hide. A wing's module may hold a few marked
+e2e tests beside its fast ones; a module with no fast test lives in tests/e2e/.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,10 +64,14 @@ _SERVER_FIXTURES = frozenset(
 )
 
 
+_E2E = Path(__file__).parent / "e2e"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         uses_server = _SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
-        if uses_server or item.get_closest_marker("redis") is not None:
+        in_e2e = item.path.is_relative_to(_E2E)
+        if uses_server or in_e2e or item.get_closest_marker("redis") is not None:
             item.add_marker(pytest.mark.e2e)
 
 

@@ -23,7 +23,7 @@ from proxy.upstream.overflow import Overflow, OverflowKind, Provider, classify_e
 from tests.support.examples import examples
 
 CASES: list[dict[str, Any]] = json.loads(
-    (Path(__file__).parent / "fixtures" / "overflow" / "cases.json").read_text(encoding="utf-8")
+    (Path(__file__).parents[1] / "fixtures" / "overflow" / "cases.json").read_text(encoding="utf-8")
 )
 PROVIDERS = frozenset(get_args(Provider))
 KINDS = frozenset(get_args(OverflowKind))

@@ -23,7 +23,7 @@ from proxy.store.resilient import ResilientStore
 from tests.support.metrics import client, long_history
 from tests.support.servers import proxy_settings
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 DASHBOARD = ROOT / "helm/compaction-proxy/dashboards/compaction-proxy.json"
 README = ROOT / "README.md"
 # Labels Prometheus adds when it scrapes, not the proxy.

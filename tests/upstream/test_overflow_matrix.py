@@ -18,7 +18,7 @@ from typing import Any, get_args
 from proxy.upstream.overflow import OverflowKind, classify_error
 
 CASES: list[dict[str, Any]] = json.loads(
-    (Path(__file__).parent / "fixtures" / "overflow" / "cases.json").read_text(encoding="utf-8")
+    (Path(__file__).parents[1] / "fixtures" / "overflow" / "cases.json").read_text(encoding="utf-8")
 )
 KINDS: tuple[OverflowKind, ...] = get_args(OverflowKind)
 ACTED_ON = frozenset({"overflow", "output_budget"})

@@ -243,7 +243,7 @@ async def test_agents_sdk_on_chat_completions(proxy4k: str, sim_reset: str) -> N
     check_upstream(sim_reset)
 
 
-NODE_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "node"
+NODE_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "node"
 
 
 def _openai_node() -> Path:

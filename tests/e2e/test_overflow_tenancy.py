@@ -238,7 +238,7 @@ def words(messages: list[dict[str, Any]]) -> int:
 CASES = {
     case["id"]: case
     for case in orjson.loads(
-        (Path(__file__).parent / "fixtures" / "overflow" / "cases.json").read_bytes()
+        (Path(__file__).parents[1] / "fixtures" / "overflow" / "cases.json").read_bytes()
     )
 }
 

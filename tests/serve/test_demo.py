@@ -15,7 +15,7 @@ import pytest
 
 from proxy.config import load_settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SECTION = "## Try it without a provider"
 
 

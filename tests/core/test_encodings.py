@@ -184,7 +184,7 @@ def test_start_up_loading_never_waits_on_the_network(tmp_path: Path) -> None:
         done = subprocess.run(
             [sys.executable, "-c", script],
             env=env,
-            cwd=Path(__file__).parents[1],
+            cwd=Path(__file__).parents[2],
             capture_output=True,
             text=True,
             timeout=30,
