@@ -1,7 +1,7 @@
 """Sticky trim cuts (trim.trimmed, sticky.py): a session served trimmed turn after turn
 keeps its cut while the view fits the window, so the upstream sees the same prefix,
 byte for byte, and its prefix cache hits; once the view no longer fits it trims to
-the target again. Pure values here; tests/test_sticky_e2e.py runs it over HTTP."""
+the target again. Pure values here; tests/e2e/test_sticky_e2e.py runs it over HTTP."""
 
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ from proxy.types import ChatMessage
 from tests.support.chat import FILLER, Chat, upstream_requests
 from tests.support.fakes import FakeUpstream, summary_reply
 from tests.support.faulty_upstream import handoff
-from tests.support.servers import proxy_settings, run_server
+from tests.support.servers import run_server
+from tests.support.summaries import settings
 
 GOOD = handoff("Answer the questions about the release plan.")
 SPAN_CHARS = 10_000  # forty messages of about 250 characters
@@ -235,8 +236,6 @@ async def test_cut_off_twice_still_raises_truncated_with_its_reasons() -> None:
 
 # --- end to end: the real proxy, a simulator playing a weak summarizer ----------------------
 
-WINDOW = 4096
-
 
 @pytest.fixture
 def weak_sim() -> Iterator[Callable[[SummaryStyle], str]]:
@@ -249,14 +248,6 @@ def weak_sim() -> Iterator[Callable[[SummaryStyle], str]]:
             )
 
         yield start
-
-
-def settings(sim: str, **compaction: Any) -> Any:
-    return proxy_settings(
-        sim,
-        models=[{"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": 256}],
-        compaction={"summary_max_tokens": 400, "precompact_ratio": None, **compaction},
-    )
 
 
 def rejected(url: str, reason: str) -> float:

@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.core.digest import digests_and_sizes, message_digests, tenant_seed
-from proxy.core.encodings import Encoder, EstimateEncoder, TiktokenEncoder, load_encoder
+from proxy.core.encodings import Encoder, EstimateEncoder, TiktokenEncoder
 from proxy.core.tokens import REPLY_PRIMING, TokenCounter, bounded_by, output_reserve, upper_bound
 from proxy.types import ChatMessage, ChatRequest
+from tests.support.encoders import ENCODER, _tiktoken_encoding
 from tests.support.examples import examples
 
-ENCODER = load_encoder("cl100k_base")
 PROPERTY = settings(
     max_examples=examples(150),
     deadline=None,
@@ -497,11 +497,6 @@ class ListOnlyEncoding:
 
     def __init__(self, encoding: Any) -> None:
         self.encode = encoding.encode
-
-
-def _tiktoken_encoding() -> Any:
-    assert isinstance(ENCODER, TiktokenEncoder)
-    return ENCODER._encoding
 
 
 @PROPERTY

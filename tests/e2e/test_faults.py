@@ -1,7 +1,7 @@
 """Issue 13: the fault suite. The proxy must not be the thing that fails, leaks or loses.
 
 A real proxy under uvicorn (proxy.serve.server's protocol), httpx and the official
-openai SDK as clients, and as upstream ``tests/faulty_upstream.py``: raw asyncio
+openai SDK as clients, and as upstream ``tests/support/faulty_upstream.py``: raw asyncio
 that resets, stalls, answers garbage. Redis faults use a real redis-server and the
 simulator. After every case: the client got the upstream's answer or an
 OpenAI-shaped error within a bound; the upstream holds no exchange open (every
@@ -100,7 +100,7 @@ def fault_settings(upstream: str, **extra: Any) -> Any:
             "summary_timeout_s": SUMMARY_TIMEOUT_S,
             "wait_for_summary_s": 2.0,
             # The tests here check that the very next turn after a failed summary
-            # compacts again: no back-off (tests/test_fairness.py checks that).
+            # compacts again: no back-off (tests/compaction/test_fairness.py checks that).
             "summary_backoff_s": 0,
         },
         **extra,

@@ -2,7 +2,7 @@
 
 One real proxy under uvicorn (proxy.serve.server's protocol and limits) in front of the
 simulator, with a 2k window so bodies of a few KB are compacted, and a body limit
-of 1 MiB (``tests/fuzzing.py`` has its configuration, the strategies and the
+of 1 MiB (``tests/support/fuzzing.py`` has its configuration, the strategies and the
 verdict). Requests go as raw bytes on a socket: what no HTTP client would send.
 
 Decisions the table pins down:

@@ -2,7 +2,7 @@
 proxy somewhere else, slip a second request past it, or find its secrets in a log.
 
 A real proxy under uvicorn (proxy.serve.server's protocol), in front of the simulator or
-of ``tests/faulty_upstream.py`` (raw asyncio, records every header it receives).
+of ``tests/support/faulty_upstream.py`` (raw asyncio, records every header it receives).
 Requests whose bytes matter are written to raw sockets: httpx would normalise them.
 ``Elsewhere`` is a port the proxy must never connect to: it listens, never answers,
 and counts the connections it got.

@@ -2,7 +2,7 @@
 proxy did, and counts that come out no lower than the server's.
 
 End to end: the real proxy under uvicorn, httpx and the openai SDK as clients, and as
-upstream ``tests/faulty_upstream.py`` (a summarizer that fails after a delay) or the
+upstream ``tests/support/faulty_upstream.py`` (a summarizer that fails after a delay) or the
 project's simulator (a single-slot server; a server counting tools as a chat template
 renders them).
 """
@@ -273,7 +273,7 @@ def test_the_first_tool_request_is_not_counted_below_the_server(
     assert ours - plain_ours > 300  # the definitions were counted
 
 
-# In-process: a turn that waited on another request's summary (tests/fakes.py).
+# In-process: a turn that waited on another request's summary (tests/support/fakes.py).
 
 
 async def test_a_turn_that_waited_on_a_summary_that_failed_says_so() -> None:

@@ -1,6 +1,6 @@
 """Issue 13: the soak, short, in CI; ``python bench/soak.py`` runs it long (bench/README.md).
 
-``tests/soaking.py`` starts the simulator, a redis-server and the proxy as processes
+``tests/support/soaking.py`` starts the simulator, a redis-server and the proxy as processes
 and plays many conversations at once through the proxy, every other turn streamed,
 compaction firing again and again; it checks what the long run checks (its docstring
 lists the invariants): no failed request, no lost message, no duplicate summary, a

@@ -32,11 +32,11 @@ from proxy.observe.recorder import LOGGED_VALUE_CHARS, clipped
 from proxy.observe.series import ModelGauge, status_label
 from proxy.routes.parse import parse_chat_request
 from proxy.routes.responses import parse_responses_request
+from tests.support.chat import HELLO
 from tests.support.faulty_upstream import completion
 from tests.support.processes import serve_process
 from tests.support.servers import proxy_settings, run_server
 
-HELLO = [{"role": "user", "content": "hello"}]
 # Model ids real clients send: all well under the default cap of 512 bytes.
 REAL_MODELS = (
     "gpt-4o-2024-08-06",

@@ -32,11 +32,11 @@ from proxy.observe.logs import REQUEST_ID, configure_logging, write_request_line
 from proxy.observe.recorder import api_resource
 from proxy.observe.request_id import request_id_from
 from tests.support.chat import WINDOW, small_window_settings, upstream_requests
+from tests.support.logs import HEX_ID
 from tests.support.metrics import long_history
 from tests.support.processes import CHAT, SlowStream, serve_process
 from tests.support.servers import OPEN_CLIENTS, free_port, proxy_settings, run_server
 
-HEX_ID = re.compile(r"[0-9a-f]{32}")
 HASH = re.compile(r"[0-9a-f]{12}")
 
 # --- request ids: the pure part -------------------------------------------------------

@@ -21,11 +21,9 @@ from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.resilient import ResilientStore
 from tests.support.chat import FILLER, WINDOW, small_window_settings
-from tests.support.metrics import client, long_history
+from tests.support.metrics import Samples, client, long_history
 from tests.support.servers import RedisServer, proxy_settings
 from tests.support.snapshots import snap
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(url: str) -> Samples:

@@ -14,16 +14,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import load_settings
-
-ROOT = Path(__file__).resolve().parents[2]
-SECTION = "## Try it without a provider"
-
-
-def _blocks(language: str) -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index(SECTION) :]
-    section = section[: section.index("\n## ", len(SECTION))]
-    return re.findall(rf"```{language}\n(.*?)```", section, re.S)
+from tests.support.readme import ROOT, _blocks
 
 
 @pytest.mark.e2e

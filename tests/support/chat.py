@@ -107,3 +107,6 @@ def broken_summarizer() -> Iterator[str]:
     )
     with run_server(create_simulator_app(config)) as url:
         yield url
+
+
+HELLO = [{"role": "user", "content": "hello"}]

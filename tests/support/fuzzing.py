@@ -1,4 +1,5 @@
-"""What the request fuzzer sends and how it judges the answer (tests/test_fuzz.py, bench/fuzz.py).
+"""What the request fuzzer sends and how it judges the answer (tests/e2e/test_fuzz.py,
+bench/fuzz.py).
 
 Requests are written as raw bytes on a socket of their own, so anything goes:
 header values no HTTP client library would send, chunked framing, gzip bodies,

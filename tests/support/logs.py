@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -30,3 +31,6 @@ def assert_one_break_warning(caplog: pytest.LogCaptureFixture, cause: str) -> No
     assert warnings[0].levelno == logging.WARNING
     assert "stream broke mid-body" in warnings[0].getMessage()
     assert cause in warnings[0].getMessage()
+
+
+HEX_ID = re.compile(r"[0-9a-f]{32}")

@@ -53,3 +53,6 @@ def exact_metric(url: str, name: str) -> float:
     text = httpx.get(f"{url}/metrics").text
     found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

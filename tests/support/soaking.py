@@ -1,7 +1,7 @@
 """The soak of issue 13: many conversations at once through one proxy process, long
 enough for compaction to fire again and again, with every invariant checked.
 
-Used by ``tests/test_soak.py`` (short, in CI) and ``bench/soak.py`` (long). ``Fleet``
+Used by ``tests/e2e/test_soak.py`` (short, in CI) and ``bench/soak.py`` (long). ``Fleet``
 starts, as processes on 127.0.0.1, the simulator (``compaction-proxy
 simulate-upstream``), a ``redis-server`` when the store is Redis, and the proxy with
 its stderr in a file; it stops them all on exit. ``soak`` plays ``sessions``

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 REAL = 6144
 
 
@@ -14,3 +16,16 @@ def long_history() -> list[dict[str, Any]]:
         for i in range(20)
     ]
     return [*turns, {"role": "user", "content": "and now?"}]
+
+
+OVERFLOW_ERROR = orjson.dumps(
+    {
+        "error": {
+            "message": "This model's maximum context length is 4096 tokens. However, your "
+            "messages resulted in 9000 tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+)

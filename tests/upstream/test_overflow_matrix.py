@@ -1,9 +1,10 @@
 """How well the classifier does on the corpus, family by family.
 
-Prints (``pytest -s``, or ``python tests/test_overflow_matrix.py``) a table of every provider
-family in ``fixtures/overflow/cases.json`` with the expected kind against the classified one,
-then asserts what the table is for: no negative is ever acted on, every overflow and output
-budget is recognised with the limit it states, and every family the issue names is present.
+Prints (``pytest -s``, or ``python tests/upstream/test_overflow_matrix.py``) a table of every
+provider family in ``tests/fixtures/overflow/cases.json`` with the expected kind against the
+classified one, then asserts what the table is for: no negative is ever acted on, every
+overflow and output budget is recognised with the limit it states, and every family the
+issue names is present.
 A case's family is its ``family`` field when set (sub-families such as Ollama's native and
 OpenAI-compatible endpoints), else its ``provider``.
 """

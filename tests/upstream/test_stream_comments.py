@@ -22,7 +22,7 @@ from proxy.upstream.stream_head import comments_ahead
 from tests.support.chat import chat_requests, stats
 from tests.support.faulty_upstream import DONE, FaultyUpstream, answer, chunk_event, stream
 from tests.support.servers import proxy_settings, run_proxy
-from tests.support.streams import REAL, long_history
+from tests.support.streams import OVERFLOW_ERROR, REAL, long_history
 
 THINKING = {"X-Sim-Thinking-Ms": "2000", "X-Sim-Comment-Interval-Ms": "300"}
 OVERFLOW = {"X-Sim-Context-Window": str(REAL), "X-Sim-Errors-In-Stream": "1"}
@@ -152,19 +152,6 @@ def test_a_client_that_leaves_while_comments_flow_cancels_the_upstream_call(
 def faulty() -> Iterator[FaultyUpstream]:
     with FaultyUpstream() as up:
         yield up
-
-
-OVERFLOW_ERROR = orjson.dumps(
-    {
-        "error": {
-            "message": "This model's maximum context length is 4096 tokens. However, your "
-            "messages resulted in 9000 tokens. Please reduce the length of the messages.",
-            "type": "invalid_request_error",
-            "param": "messages",
-            "code": "context_length_exceeded",
-        }
-    }
-)
 
 
 @pytest.mark.e2e  # a FaultyUpstream and a proxy on loopback

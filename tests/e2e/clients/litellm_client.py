@@ -1,5 +1,5 @@
 """LiteLLM as a client through the proxy: a long conversation with a planted fact, a
-tool and streamed turns. Runs in its own venv (tests/test_clients.py makes it: every
+tool and streamed turns. Runs in its own venv (tests/e2e/test_clients.py makes it: every
 LiteLLM release pins an older openai than the test venv's), prints one JSON line.
 Usage: python litellm_client.py <proxy base URL> <filler text>
 """

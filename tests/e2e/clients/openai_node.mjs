@@ -1,5 +1,5 @@
 // openai-node through the proxy: a long conversation with a planted fact, a tool and
-// streamed turns. Prints one JSON line for tests/test_clients.py to check.
+// streamed turns. Prints one JSON line for tests/e2e/test_clients.py to check.
 // Usage: node openai_node.mjs <proxy base URL> <filler text>
 import OpenAI from "openai";
 
