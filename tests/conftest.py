@@ -2,15 +2,15 @@
 
 The tests mirror proxy/'s wings (tests/core/, compaction/, upstream/, routes/, store/,
 observe/, serve/, simulator/; the top-level modules' tests at the top), with helpers in
-tests/support/ and whole end-to-end modules in tests/e2e/.
+tests/support/ and the end-to-end tests in tests/e2e/.
 
 Two tiers. A test that starts any server or process (the simulator, a proxy, Redis,
 the CLI), or loads the machine for seconds, is end-to-end and carries the ``e2e``
 marker: added here for every test under tests/e2e/, from the fixtures it uses (and for
 every ``redis`` test), or written on the test when it starts one itself. ``pytest -m
 "not e2e"`` is the fast tier, pure logic in-process; a test in it that tries to start a
-server fails, so a missing marker cannot hide. A wing's module may hold a few marked
-e2e tests beside its fast ones; a module with no fast test lives in tests/e2e/.
+server fails, so a missing marker cannot hide. A wing's module holds only fast tests but
+for the store contract's Redis runs (marked by their ``redis`` mark).
 """
 
 from __future__ import annotations

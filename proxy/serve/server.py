@@ -93,7 +93,7 @@ def serve_process(
     # out of the collector's sight, a full collection no longer walks it all (a pause
     # every request in flight waited out; bench/README.md has the figure).
     gc.freeze()
-    # A request leaves no reference cycles behind (tests/test_disconnect.py holds the one
+    # A request leaves no reference cycles behind (tests/upstream/test_disconnect.py holds the one
     # that did), so collections find next to nothing, yet at the default threshold (700
     # net new objects) the requests in flight alone set one off every few requests, and
     # a full one often, the frozen start-up excluded from the sizes that pace them: the

@@ -61,7 +61,7 @@ def _translated(exc: BaseException, *, body: bool) -> UpstreamError:
 
 class Upstream(Protocol):
     """The upstream seam: what requests and the summarizer need of ``UpstreamClient``
-    (tests put an in-process fake behind it, ``tests/fakes.py``)."""
+    (tests put an in-process fake behind it, ``tests/support/fakes.py``)."""
 
     async def send(
         self,
