@@ -100,7 +100,7 @@ def fault_settings(upstream: str, **extra: Any) -> Any:
             "summary_timeout_s": SUMMARY_TIMEOUT_S,
             "wait_for_summary_s": 2.0,
             # The tests here check that the very next turn after a failed summary
-            # compacts again: no back-off (tests/compaction/test_fairness.py checks that).
+            # compacts again: no back-off (tests/e2e/test_fairness_e2e.py checks that).
             "summary_backoff_s": 0,
         },
         **extra,
