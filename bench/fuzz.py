@@ -1,9 +1,9 @@
-"""The request fuzzer of tests/test_fuzz.py, for longer than CI runs it.
+"""The request fuzzer of tests/e2e/test_fuzz.py, for longer than CI runs it.
 
     python bench/fuzz.py [--examples 20000] [--seconds 600] [--seed 0]
 
 Starts the simulator and one proxy in this process (as the tests do), then sends
-the requests ``tests/fuzzing.py`` generates, raw on their own sockets, in batches
+the requests ``tests/support/fuzzing.py`` generates, raw on their own sockets, in batches
 of ``--batch`` hypothesis examples with the seeds ``seed``, ``seed + 1``, ... until
 ``--examples`` have run or ``--seconds`` have passed (checked between batches).
 Each answer must come within 15 s, never be a 5xx, and be OpenAI-shaped when the
@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.simulator import create_simulator_app, load_simulator_config
-from tests import fuzzing
-from tests.conftest import proxy_settings, run_proxy, run_server
+from tests.support import fuzzing
+from tests.support.servers import proxy_settings, run_proxy, run_server
 
 HEALTH = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 

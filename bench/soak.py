@@ -1,4 +1,4 @@
-"""The soak of issue 13, long: ``tests/soaking.py`` (the engine ``tests/test_soak.py``
+"""The soak of issue 13, long: ``tests/support/soaking.py`` (the engine ``tests/e2e/test_soak.py``
 runs short in CI) with the load the issue names, on each store, then 500 idle
 connections.
 
@@ -17,7 +17,7 @@ that sent part of a request head, or nothing, are held while 200 requests are ti
 Prints per store: turns, failures, lost messages, summaries against stored versions,
 compactions, latency, the proxy's RSS every tenth of the run, its rise over the last
 third, and the idle-connection latencies. Writes ``bench/results/soak.json``. Exits 1
-if any invariant (``tests/soaking.py``) failed.
+if any invariant (``tests/support/soaking.py``) failed.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.soaking import Config, Fleet, IdleReport, Report, idle_connections, soak
+from tests.support.soaking import Config, Fleet, IdleReport, Report, idle_connections, soak
 
 RESULTS = Path(__file__).parent / "results" / "soak.json"
 

@@ -4,6 +4,8 @@
 ProxyError                      -> OpenAI-shaped JSON error body
   ConfigError                   bad configuration (start-up only)
   InvalidRequest        400     the client's request cannot be handled
+    ContextTooLarge     400     the newest message alone cannot fit the window (core/trim.py,
+                                before the call or on an overflow's retry; upstream/recover.py)
   MissingCredential     401     no caller key where server.require_client_key applies
   PayloadTooLarge       413     body over server.max_body_bytes
   UnsupportedEncoding   415     a chat body with a Content-Encoding (gzip, br...)
@@ -14,11 +16,11 @@ ProxyError                      -> OpenAI-shaped JSON error body
   StoreError                    the snapshot store failed (never reaches a client)
   SummaryError                  summarization failed (never reaches a client)
     SummaryTruncated            the summary was cut off by its token limit, even when retried
+    SummaryRejected             the summary check refused it, even when retried
   UpstreamError
     UpstreamUnavailable 502     connect failure, or the connection lost before the headers
     UpstreamTimeout     504     no answer within upstream.timeout_s
     UpstreamStreamBroken 502/504 the body broke off (or timed out) after the headers came
-    ContextTooLarge     400     the newest message alone cannot fit the window
 ```
 
 Everything a client sees from the proxy itself uses OpenAI's error JSON shape

@@ -88,13 +88,13 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         outcome = Outcome.bypassed(body, window)
     elif not settings.compaction.enabled or not chat["messages"]:
         outcome = Outcome.passthrough(body, window)
-    else:  # 3-8. count, session, snapshot, plan, summarize, rebuild
+    else:  # 3-8, in the order 5, 3, 4, 6, 7-8: session_of (3) reads what 5 counted
         outcome = await compacted_view(services, turn, force=control == "force")
         outcome = services.sightings.note(turn, outcome)  # for GET /sessions/{id}
     # Nothing to compact harder without a message (a Responses call with an empty input).
     recover = control != "off" and settings.compaction.recover_overflow and bool(chat["messages"])
     first = Attempt(route.body_for(outcome), outcome)
-    return await forward(services, request, replace(route, recover=recover), first, turn)  # 9-12.
+    return await forward(services, request, replace(route, recover=recover), first, turn)  # 9-10.
 
 
 async def compacted_view(
@@ -171,10 +171,10 @@ async def forward(
             record.answered(answer.status_code, outcome)
             if isinstance(answer, upstream.UpstreamResponse):
                 ok = answer.status_code == 200
-                # 11. calibrate: the provider's own count of what we sent
+                # then calibrate: the provider's own count of what we sent
                 watch = _usage_watcher(services, turn, route, outcome) if ok else None
                 relayed = await relay(answer, outcome.headers(), watch)
-                if ok and outcome.after is not None:  # 12. pre-compact, once the answer is out
+                if ok and outcome.after is not None:  # then pre-compact, once the answer is out
                     run_after(relayed, outcome.after)
                 return relayed
     except ClientDisconnected:

@@ -24,7 +24,7 @@ from proxy.routes.passthrough import handle_passthrough
 from proxy.routes.responses import handle_responses
 from proxy.services import Services
 from proxy.types import ChatMessage
-from tests.fakes import (
+from tests.support.fakes import (
     MODEL,
     WINDOW,
     FakeClock,

@@ -3,8 +3,8 @@ may queue behind.
 
 A server with one slot (llama.cpp's ``-np 1``, common for self-hosted models) answers
 one request at a time: a turn sent while a background summary on the same model runs
-waits for it upstream (22-55 s measured on a CPU), which none of the proxy's own waits
-shows. ``pipeline.forward`` counts such turns
+waits for it upstream (tens of seconds on a CPU: bench/README.md), which none of
+the proxy's own waits shows. ``pipeline.forward`` counts such turns
 (``compaction_proxy_turns_sent_during_summary_total``); whether they waited depends on
 the server's slots, so a count here is a risk, not a wait. Per process: another
 replica's summaries are not seen.

@@ -17,12 +17,12 @@ from proxy.core.tokens import TokenCounter
 from proxy.types import ChatRequest
 
 # CPU on the event loop stalls every request, /healthz included; a hop to a worker
-# thread costs ~0.1 ms, more than a usual turn's counting (a few dozen cached
-# messages: ~0.05 ms). Tokenizing runs at ~70 ns a byte, so up to 32 KiB of
-# uncounted text (~2.5 ms) stays inline and the hop is under 5% of anything larger.
+# thread costs more than a usual turn's counting (a few dozen cached messages). Up to
+# this much uncounted text stays inline, and the hop is a small share of anything
+# larger (the figures: bench/README.md, "Figures behind the code").
 INLINE_COUNT_BYTES = 32 * 1024
-# Digesting runs at ~0.2 ns a byte and ~0.2 us a message: ~0.4 ms at these sizes,
-# and tokenizing what a cache lacks adds to it.
+# Digesting this much stays well under a millisecond (bench/README.md), and tokenizing
+# what a cache lacks adds to it.
 _INLINE_DIGEST_BYTES = 1024 * 1024
 _INLINE_MESSAGES = 2_000
 

@@ -1,4 +1,5 @@
-"""Step 7 for a compaction: fold a span of the history into the session's summary.
+"""Within step 7 (compact.py calls it, summarize.py calls the upstream): fold a span of the
+history into the session's summary.
 
 The upstream writes the new summary (summarize.py), which checks each answer
 (summary_check.py: rejected ones are counted and logged here); what it dropped of the

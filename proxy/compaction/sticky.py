@@ -3,8 +3,8 @@
 A trimmed view recomputed every turn drops down to the target again, so its cut
 moves forward a group almost every turn and the upstream sees a new prefix each
 time: a provider's prefix cache (llama.cpp's prompt cache, hosted prompt caching)
-misses and the whole view is processed again (~1,900 tokens a turn, ~17.5 s on CPU
-at a 4k window in bench/realmodel). So the cut served last (trim.Cut: its view and
+misses and the whole view is processed again (seconds a turn on a CPU: the figure in
+bench/README.md, from bench/realmodel). So the cut served last (trim.Cut: its view and
 its digest's text) is kept per session and handed back to the pure trim, which
 reuses it while the history still starts with what it dropped and the view fits
 the window; past that it trims to the target again, and that cut holds for the

@@ -6,7 +6,7 @@ prefix hash a snapshot stores to prove a history still starts with exactly the
 messages it summarized (DESIGN invariant 2).
 
 The digest is XXH3-128: a warm 100k-token history is hashed whole on every
-turn, and XXH3 does that in 0.02 ms where BLAKE2b took 0.49 ms (bench/README.md).
+turn, and XXH3 does that many times faster than BLAKE2b did (bench/README.md).
 It is not a cryptographic hash, so it is seeded with the caller's tenant
 (``tenant_seed``): whatever one credential crafts to collide lands only among its
 own digests. There, a collision could only pass one of its own histories for
@@ -91,7 +91,7 @@ def anchor_matches(
     anchor_hash: str, messages: Sequence[ChatMessage], digests: Sequence[bytes], length: int
 ) -> bool:
     """Whether ``messages[:length]`` (with ``digests``) are the ones ``anchor_hash`` was
-    stored for. A format-1 anchor costs one BLAKE2b pass over them (~1.5 ms a MB), once
+    stored for. A format-1 anchor costs one BLAKE2b pass over them (bench/README.md), once
     per history and process: the verdict is kept under the prefix's own hash, as a turn
     checks its snapshot more than once (under the lock, while waiting on a summary)."""
     ours = prefix_hash(digests, length)

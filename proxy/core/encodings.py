@@ -55,7 +55,7 @@ class TiktokenEncoder:
 
     def __post_init__(self) -> None:
         # tiktoken's Rust core releases the GIL while it encodes, but turning the
-        # ids into the list ``encode`` returns holds it (0.65 s for 32 MiB of text),
+        # ids into the list ``encode`` returns holds it (bench/README.md has the figure),
         # stalling the event loop while another thread counts. The buffer form
         # (what ``encode_to_numpy`` uses) skips that list: same ids, no GIL.
         core = getattr(self._encoding, "_core_bpe", None)

@@ -33,7 +33,7 @@ from proxy.core.wording import OMITTED_HEADING
 from proxy.types import ChatMessage
 
 # Trimming runs on the event loop: per call it reads at most this much text not read
-# before (newest first; about 15 ms at values.py's 2-3 MB/s), and keeps what each
+# before (newest first; a few ms: bench/README.md), and keeps what each
 # message held (``_held``), so a long failing conversation reads each dropped message
 # once, and a span too big for one call is read over the next turns.
 DIGEST_SCANNED = 32 * 1024

@@ -1,4 +1,4 @@
-"""Step 5: how many tokens the upstream will count for a request.
+"""Step 5's arithmetic (compaction/count.py runs it): the tokens the upstream will count.
 
 Follows what providers count: per-message overhead, role, text content
 (strings and content-part arrays), names, tool calls with their arguments,
@@ -40,8 +40,8 @@ IMAGE_TOKENS_LOW = 85
 AUDIO_TOKENS = 400
 # The per-message cache is a plain dict, not a cachetools cache: its lookup runs
 # for every message of every counted request, and LRUCache's Python-level
-# lookup (plus the lock its reordering needs) made a 200-message hit loop
-# 8x slower (10 us -> 80 us). It evicts first-in-first-out instead, which
+# lookup (plus the lock its reordering needs) made a hit loop several times
+# slower (bench/README.md). It evicts first-in-first-out instead, which
 # suits conversations that only grow at the end.
 _CACHE_LIMIT = 200_000  # keyed by 16-byte digests: bounded in bytes as in entries
 _FIXED_CACHE_LIMIT = 1_000
@@ -223,7 +223,7 @@ def _text_bound(body: bytes, n_messages: int) -> int:
 def _media_parts(messages: Sequence[Any]) -> int:
     """The content parts counted at a flat price (images, audio): the only tokens that
     are not bytes of the body. Read from the parsed messages: two byte scans of the
-    body for their names cost more (~10 us for 8 KB) than the whole parse check."""
+    body for their names cost more than the whole parse check (bench/README.md)."""
     n = 0
     for message in messages:
         content = message.get("content")

@@ -29,7 +29,7 @@ _NAME_CHARS = 64
 # It opens every message, so its length is paid per message. Chunks are sized in
 # characters at 3 a token, but hex digits take about a token per one or two: sizes are
 # computed with a stand-in twice as long, or a chunk of many short messages overflows
-# the summarizer's window (tests/test_scale.py).
+# the summarizer's window (tests/e2e/test_scale.py).
 _STAND_IN = "0" * 16
 _NAME_UNSAFE = re.compile(r"[^\w.-]")
 

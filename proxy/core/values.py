@@ -51,7 +51,7 @@ _SECRET_NAME = re.compile(
     r"pass|secret|token|api[_-]?key|auth|credential|private|signature|session|cookie", re.I
 )
 # Python's re holds the GIL for a whole call, even in a worker thread: scan in
-# slices (about 5 ms each) so the event loop gets its turn between them, and only
+# short slices (bench/README.md) so the event loop gets its turn between them, and only
 # the most recent text of a huge span (older values are likely summarized already).
 SLICE_CHARS = 16 * 1024
 MAX_SCANNED = 1024 * 1024

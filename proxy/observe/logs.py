@@ -197,7 +197,7 @@ def write_request_line(fields: dict[str, Any]) -> None:
 
     Once ``configure_logging`` has run, the line is formatted and queued here, as its
     handler would: a LogRecord and the logging call around it cost more than the line
-    itself (measured: about 3 times the CPU), and there is one per request. Elsewhere
+    itself (several times its CPU: bench/README.md), and there is one per request. Elsewhere
     (tests, an embedding application) it goes through ``ACCESS`` as any other line.
     """
     if not ACCESS.isEnabledFor(logging.INFO):

@@ -62,7 +62,7 @@ class _FastHistogram:
     """One labelled histogram child's ``observe``: its sum and the one bucket the value
     falls in, as prometheus-client's own does, without its checks and loop (a child
     from ``labels()`` is always observable). Works on its values in multiprocess mode
-    too; tests/test_metrics.py holds it to the public ``observe``."""
+    too; tests/observe/test_metrics.py holds it to the public ``observe``."""
 
     __slots__ = ("_bounds", "_buckets", "_sum")
 

@@ -24,7 +24,8 @@ Headers = list[tuple[bytes, bytes]]
 class _Ids:
     """32 hex digits: 64 random bits drawn once per process, then a counter. Unique
     across workers and replicas without a system call per request (``os.urandom`` was
-    one, at ~1 % of the passthrough's CPU); an id is a label, not a secret."""
+    one, a measurable share of the passthrough's CPU: bench/README.md); an id is a
+    label, not a secret."""
 
     prefix = ""
     counter = count()

@@ -7,7 +7,7 @@ apart), models the configured entry a name resolves to, or ``other``
 some twenty series); statuses are counted by counters. ``_created`` series are not
 exported (``Metrics.create``): one more per counter and histogram child, which no
 dashboard reads. So ``/metrics`` stays a few hundred series whatever clients and
-upstreams send (tests/test_bounds.py).
+upstreams send (tests/e2e/test_bounds_e2e.py).
 """
 
 from __future__ import annotations

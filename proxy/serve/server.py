@@ -90,14 +90,13 @@ def serve_process(
     drain = Drain()
     config = uvicorn_config(settings, create_app(settings, drain))
     # What start-up built (modules, settings, tables) lives as long as the process:
-    # out of the collector's sight, a full collection no longer walks it all (one
-    # took ~100 ms on this machine, a pause every request in flight waited out).
+    # out of the collector's sight, a full collection no longer walks it all (a pause
+    # every request in flight waited out; bench/README.md has the figure).
     gc.freeze()
-    # A request leaves no reference cycles behind (tests/test_disconnect.py holds the one
+    # A request leaves no reference cycles behind (tests/upstream/test_disconnect.py holds the one
     # that did), so collections find next to nothing, yet at the default threshold (700
     # net new objects) the requests in flight alone set one off every few requests, and
-    # a full one often, the frozen start-up excluded from the sizes that pace them:
-    # 24-63 us a request at c=16-64 here, the largest cost the floor does not pay.
-    # At 10,000 it was one collection in 4 s of load.
+    # a full one often, the frozen start-up excluded from the sizes that pace them: the
+    # largest cost the floor does not pay, and next to none at 10,000 (bench/README.md).
     gc.set_threshold(GC_THRESHOLD)
     GracefulServer(config, drain, settings.server, parent_pid).run(sockets=sockets)

@@ -1,9 +1,9 @@
 """The one upstream HTTP client: sending, and error translation.
 
 This is the one place that knows about the HTTP client: an aiohttp session,
-chosen with numbers (bench/README.md). On this machine a minimal passthrough
-on httpx's own pool served ~70 req/s against a 50 ms upstream at c=64, on
-httpx over an aiohttp transport ~550, and on aiohttp directly ~890.
+chosen with numbers: a minimal passthrough on aiohttp served an order of magnitude
+more than on httpx's own pool, and well more than httpx over an aiohttp transport
+(bench/README.md, "Figures behind the code").
 ``UpstreamClient`` owns the session; everything else sees ``UpstreamClient``,
 ``UpstreamResponse`` and the proxy's own errors, never an aiohttp one. Which
 headers go (``headers.py``), where (``urls.py``) and how an answer goes back to
@@ -43,8 +43,8 @@ def _translated(exc: BaseException, *, body: bool) -> UpstreamError:
     the result ``from exc``. ``body``: the status and headers had already arrived, so
     the failure broke a body off, which a relayed stream can only end early on.
 
-    (A function, not httpx's mapping context manager: ``with`` costs ~0.2 us per use
-    on the request path, a ``try`` nothing until something fails.)
+    (A function, not httpx's mapping context manager: ``with`` costs on every use on the
+    request path, a ``try`` nothing until something fails; bench/README.md.)
     """
     timed_out = isinstance(exc, asyncio.TimeoutError)  # includes ServerTimeoutError
     if body:
@@ -61,7 +61,7 @@ def _translated(exc: BaseException, *, body: bool) -> UpstreamError:
 
 class Upstream(Protocol):
     """The upstream seam: what requests and the summarizer need of ``UpstreamClient``
-    (tests put an in-process fake behind it, ``tests/fakes.py``)."""
+    (tests put an in-process fake behind it, ``tests/support/fakes.py``)."""
 
     async def send(
         self,

@@ -59,8 +59,8 @@ class cancelled_on_disconnect:  # lower case: used where a function was, like on
             self._watcher.cancel()
             # The watcher's CancelledError will hold its frame, which holds us: without
             # this edge back to the watcher, that is no reference cycle, and the request's
-            # objects go by reference counting, not by the garbage collector (measured:
-            # ~40-75 us of collection a request at c=16-64 when they waited for it).
+            # objects go by reference counting, not by the garbage collector (tens of us
+            # of collection a request when they waited for it: bench/README.md).
             self._watcher = None
         cancelled = kind is not None and issubclass(kind, asyncio.CancelledError)
         if cancelled and self._gone and self._task.uncancel() == 0:

@@ -1,0 +1,98 @@
+"""sightings.py: a named session is noted in the store after its answer, at most once per
+``REFRESH_S`` per process, and never on the request's own path."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from proxy.compaction.sightings import REFRESH_S, SessionSightings
+from proxy.core.outcome import Outcome
+from proxy.core.session import session_from_header
+from proxy.store import Sighting
+from proxy.store.memory import MemoryStore
+from tests.support.fakes import (
+    MODEL,
+    TENANT,
+    WINDOW,
+    FakeClock,
+    FakeUpstream,
+    conversation,
+    fake_settings,
+    make_services,
+    turn_of,
+)
+
+WALL = 1_700_000_000.0
+SEEN = Outcome("passthrough", None, 0, 321, WINDOW, counted=False)
+
+
+def sightings(clock: FakeClock) -> tuple[SessionSightings, MemoryStore]:
+    store = MemoryStore(ttl_s=3600, clock=clock)
+    return SessionSightings(store, clock=clock, wall=lambda: WALL + clock.now), store
+
+
+async def test_a_named_session_is_noted_once_its_answer_is_out() -> None:
+    clock = FakeClock()
+    noter, store = sightings(clock)
+    services = make_services(fake_settings(), FakeUpstream(), clock, store=store)
+    turn = await turn_of(services, conversation(2))
+    key = session_from_header(TENANT, "s1")
+    outcome = noter.note(turn, SEEN)
+    assert await store.load_seen(key) is None  # nothing written while the request runs
+    assert outcome.after is not None
+    await outcome.after()
+    assert await store.load_seen(key) == Sighting(6, 321, MODEL, WALL + clock.now)
+
+
+async def test_a_session_is_written_at_most_once_per_refresh_interval() -> None:
+    clock = FakeClock()
+    noter, store = sightings(clock)
+    services = make_services(fake_settings(), FakeUpstream(), clock, store=store)
+    first = noter.note(await turn_of(services, conversation(1)), SEEN)
+    assert first.after is not None
+    await first.after()
+    clock.advance(REFRESH_S / 2)
+    assert noter.note(await turn_of(services, conversation(2)), SEEN) is SEEN
+    clock.advance(REFRESH_S / 2)
+    later = noter.note(await turn_of(services, conversation(3)), SEEN)
+    assert later.after is not None
+    await later.after()
+    seen = await store.load_seen(session_from_header(TENANT, "s1"))
+    assert seen is not None
+    assert seen.messages == 8
+
+
+async def test_a_turn_whose_answer_failed_leaves_the_next_one_due() -> None:
+    clock = FakeClock()
+    noter, store = sightings(clock)
+    services = make_services(fake_settings(), FakeUpstream(), clock, store=store)
+    turn = await turn_of(services, conversation(1))
+    assert noter.note(turn, SEEN).after is not None  # its follow-up never runs
+    assert noter.note(turn, SEEN).after is not None
+
+
+async def test_a_derived_session_has_no_id_to_ask_by_and_is_not_noted() -> None:
+    clock = FakeClock()
+    noter, store = sightings(clock)
+    services = make_services(fake_settings(), FakeUpstream(), clock, store=store)
+    turn = replace(await turn_of(services, conversation(1)), session_header=None)
+    assert noter.note(turn, SEEN) is SEEN
+
+
+async def test_a_pending_background_compaction_still_runs_after_the_note() -> None:
+    clock = FakeClock()
+    noter, store = sightings(clock)
+    services = make_services(fake_settings(), FakeUpstream(), clock, store=store)
+    ran: list[str] = []
+
+    async def precompact() -> None:
+        ran.append("precompact")
+
+    outcome = noter.note(
+        await turn_of(services, conversation(1)),
+        Outcome("snapshot", None, 1, 10, WINDOW, after=precompact),
+    )
+    assert outcome.after is not None
+    await outcome.after()
+    assert ran == ["precompact"]
+    assert await store.load_seen(session_from_header(TENANT, "s1")) is not None

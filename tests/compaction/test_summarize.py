@@ -1,0 +1,126 @@
+"""transcript.py and summarize.py: the transcript the summarizer reads, and chunked summarization.
+
+End to end, against a summarizer window the simulator enforces:
+tests/e2e/test_summarize_e2e.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+import pytest
+
+from proxy.core.prompts import CORE, FULL, SIMPLE, TERSER
+from proxy.core.transcript import frame_prompt, render_transcript
+from proxy.simulator.replies import collect_facts
+from proxy.types import ChatMessage
+
+
+def transcript(messages: list[ChatMessage]) -> str:
+    return frame_prompt("", render_transcript(messages))
+
+
+def tool_exchange(output: str, arguments: str = '{"path": "src/app.py"}') -> list[ChatMessage]:
+    return [
+        {"role": "user", "content": "Open the app module."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_abc",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_abc", "content": output},
+        {"role": "assistant", "content": "The module defines create_app."},
+    ]
+
+
+def test_transcript_has_one_entry_per_message_with_roles() -> None:
+    messages: list[ChatMessage] = [
+        {"role": "user", "content": "Where is the config loaded?"},
+        {"role": "assistant", "content": "In proxy/config.py."},
+    ]
+    entries = render_transcript(messages)
+    assert [(e.role, e.text) for e in entries] == [
+        ("user", "Where is the config loaded?"),
+        ("assistant", "In proxy/config.py."),
+    ]
+
+
+def test_tool_calls_appear_as_name_with_arguments() -> None:
+    text = transcript(tool_exchange("def create_app(): ..."))
+    assert 'read_file({"path": "src/app.py"})' in text
+    assert "def create_app(): ..." in text  # a short output is kept whole
+
+
+def test_tool_results_are_labelled_with_the_tool_that_produced_them() -> None:
+    entries = render_transcript(tool_exchange("def create_app(): ..."))
+    result = next(e for e in entries if "def create_app()" in e.text)
+    assert (result.role, result.tool) == ("tool", "read_file")
+
+
+def test_long_tool_output_is_shortened_and_never_copied_whole() -> None:
+    output = "".join(f"row {i:05d}: payload-{i * 37 % 1000:03d}\n" for i in range(2000))
+    text = transcript(tool_exchange(output))
+    assert output not in text
+    assert "row 00000" in text  # the start of the output is still there
+    assert "row 01999" not in text  # the tail is not
+    assert len(text) < len(output) // 10
+
+
+def test_long_tool_arguments_are_shortened() -> None:
+    arguments = orjson.dumps({"content": "x" * 20_000, "path": "big.txt"}).decode()
+    text = transcript(tool_exchange("written", arguments))
+    assert arguments not in text
+    assert "read_file(" in text
+    assert len(text) < 5_000
+
+
+def test_images_are_marked_not_inlined() -> None:
+    data_url = "data:image/png;base64," + "iVBORw0KGgo" * 500
+    messages: list[ChatMessage] = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What does this chart show?"},
+                {"type": "image_url", "image_url": {"url": data_url}},
+            ],
+        }
+    ]
+    text = transcript(messages)
+    assert "What does this chart show?" in text
+    assert "iVBORw0KGgo" not in text
+    assert "image" in text
+
+
+# The instructions the summarizer reads besides the conversation: whatever they contain,
+# a model may copy into a summary as if the conversation had said it.
+_INSTRUCTIONS = (FULL.system, CORE.system, SIMPLE.system, TERSER.format(limit="{limit}"))
+
+
+@pytest.mark.parametrize("text", _INSTRUCTIONS)
+def test_the_summarizer_instructions_hold_no_example_a_model_could_copy_as_a_fact(
+    text: str,
+) -> None:
+    lines = [line for line in text.splitlines() if not line.startswith("## ")]
+    prose = "\n".join(lines).replace("{limit}", "")
+    assert not re.search(r"\d", prose), "a number is a value a summary could carry"
+    # A quote mark, or an apostrophe not inside a word ("user's" is fine).
+    quoted = re.search(r"[\"`]|(?<![A-Za-z])'|'(?![A-Za-z])", prose)
+    assert not quoted, "a quoted string reads as a value"
+    assert "=" not in prose, "a key=value pair reads as a fact"
+    assert not re.search(r"\b(e\.g\.|i\.e\.|for example|such as|like)\b", prose, re.I)
+
+
+@pytest.mark.parametrize("text", _INSTRUCTIONS)
+def test_a_model_copying_facts_from_everything_it_reads_finds_none_in_the_instructions(
+    text: str,
+) -> None:
+    # The simulator's summarizer carries forward every FACT it reads, the prompt's too:
+    # the old prompt's `"FACT key=value"` put a fact `key` into every simulated summary.
+    assert collect_facts([{"role": "system", "content": text}]) == {}

@@ -1,0 +1,188 @@
+"""The command line: check-config validates and shows windows; serve refuses bad config."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.chat import FILLER, WINDOW, Chat
+from tests.support.servers import RedisServer
+
+# Every test here runs the CLI as a process of its own.
+pytestmark = pytest.mark.e2e
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def write(tmp_path: Path, config: dict[str, Any]) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_check_config_prints_the_resolved_model_table(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        {
+            "upstream": {"base_url": "${TEST_UPSTREAM:-http://fallback.invalid/v1}"},
+            "models": [
+                {"match": "llama-*", "context_window": 8192, "max_output_tokens": 1024},
+                {"match": "gpt-4o", "context_window": 128000, "tokenizer": "o200k_base"},
+            ],
+        },
+    )
+    out = cli("check-config", path, env={"TEST_UPSTREAM": "http://127.0.0.1:9/v1"})
+    assert out.returncode == 0, out.stderr
+    assert "http://127.0.0.1:9/v1" in out.stdout
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.strip()}
+    assert rows["llama-*"][1:3] == ["8192", "1024"]
+    assert rows["gpt-4o"][1] == "128000"
+    assert rows["gpt-4o"][3] == "o200k_base"
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"compaction": {"bogus": 1}}, "compaction.bogus: unknown key"),
+        ({"compaction": {"trigger_ratio": 0.4, "target_ratio": 0.5}}, "target_ratio"),
+        ({"models": [{"match": "x"}]}, "models.0.context_window"),
+        ({"upstream": {"base_url": "ftp://x"}}, "base_url"),
+        ({"upstream": {"api_key": "${SURELY_UNSET_VAR_123}"}}, "SURELY_UNSET_VAR_123"),
+    ],
+)
+def test_bad_config_is_refused_naming_the_key(
+    tmp_path: Path, config: dict[str, Any], message: str
+) -> None:
+    path = write(tmp_path, config)
+    for command in (["check-config", path], ["serve", "--config", path]):
+        out = cli(*command)
+        assert out.returncode == 2
+        assert message in out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def test_environment_overrides_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, {"store": {"url": "memory://"}})
+    out = cli("check-config", path, env={"PROXY_UPSTREAM__BASE_URL": "http://127.0.0.1:7/v1"})
+    assert out.returncode == 0, out.stderr
+    assert "http://127.0.0.1:7/v1" in out.stdout
+
+
+@pytest.mark.redis
+def test_learned_windows_show_in_check_config(
+    tmp_path: Path,
+    sim_reset: str,
+    redis_server: RedisServer,
+    spawn_proxy: Callable[[dict[str, Any]], str],
+) -> None:
+    config = {
+        "upstream": {"base_url": f"{sim_reset}/v1"},
+        "store": {"url": redis_server.url},
+        "models": [{"match": "sim-4k", "context_window": 32768, "max_output_tokens": 256}],
+        # One tenant's report lowers the shared window too (and leaves its rate marker).
+        "compaction": {"learned_window_quorum": 1},
+    }
+    url = spawn_proxy(config)
+    chat = Chat(url, window=None, session="learn")
+    chat.headers = {"X-Sim-Context-Window": str(WINDOW)}
+    for turn in range(40):
+        chat.say(f"Turn {turn}: {FILLER}")
+    out = cli("check-config", write(tmp_path, config))
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("  sim-4k")]
+    own = [int(line.split()[1]) for line in lines if "one tenant" in line]
+    shared = [int(line.split()[1]) for line in lines if "one tenant" not in line]
+    assert len(own) == 1, out.stdout
+    assert 512 <= own[0] < WINDOW
+    assert shared == [32768 // 2], out.stdout  # everyone's: lowered by at most half
+    assert "!lowered" not in out.stdout
+
+
+def test_a_malformed_encryption_key_is_refused_at_start(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, {"store": {"url": "redis://127.0.0.1:1/0", "encryption_keys": ["short"]}}
+    )
+    out = cli("check-config", path)
+    assert out.returncode == 2
+    assert "store.encryption_keys[0]" in out.stderr or "encryption_keys[0]" in out.stderr
+    assert "short" not in out.stderr  # a secret, even a bad one, is not echoed
+
+
+def test_an_unset_optional_rotation_key_is_ignored(tmp_path: Path) -> None:
+    key = "Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFyYmE="  # 32 url-safe base64 bytes
+    config = {"store": {"url": "memory://", "encryption_keys": [key, "${UNSET_OLD_KEY_X:-}"]}}
+    out = cli("check-config", write(tmp_path, config))
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_installed_console_script_serves_from_environment_alone(sim_reset: str) -> None:
+    """What the Dockerfile runs: `compaction-proxy serve`, configured by PROXY_* variables."""
+    import shutil
+    import time
+
+    import httpx
+
+    from tests.support.servers import free_port
+
+    script = shutil.which("compaction-proxy", path=str(Path(sys.executable).parent))
+    assert script, "pip install . provides the compaction-proxy console script"
+    port = free_port()
+    env = {
+        **os.environ,
+        "PROXY_SERVER__HOST": "127.0.0.1",
+        "PROXY_SERVER__PORT": str(port),
+        "PROXY_UPSTREAM__BASE_URL": f"{sim_reset}/v1",
+    }
+    process = subprocess.Popen(
+        [script, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert process.poll() is None, "the proxy exited"
+                assert time.monotonic() < deadline, "the proxy did not start"
+                time.sleep(0.1)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hello"}]},
+        )
+        assert r.status_code == 200
+        assert r.json()["choices"][0]["message"]["content"].startswith("ok:")
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_serve_applies_the_client_limits_from_the_config(
+    sim_reset: str, spawn_proxy: Callable[[dict[str, Any]], str]
+) -> None:
+    """`serve` runs proxy.serve.server's protocol: server.max_header_bytes comes from the YAML."""
+    import httpx
+
+    config = {"upstream": {"base_url": f"{sim_reset}/v1"}, "server": {"max_header_bytes": 2048}}
+    url = spawn_proxy(config)
+    small = httpx.get(f"{url}/healthz", headers={"x-pad": "a" * 1000})
+    assert small.status_code == 200
+    large = httpx.get(f"{url}/healthz", headers={"x-pad": "a" * 4000})
+    assert large.status_code == 431
+    assert large.json()["error"]["code"] == "request_header_fields_too_large"

@@ -1,0 +1,528 @@
+"""The Helm chart: lint, render, Kubernetes schemas, values schema, and its config.
+
+helm itself is the pinned v3 from PyPI (scripts/_helm.py, cached in .cache/helm);
+when it cannot be had these tests fail rather than skip, so CI proves the chart.
+Rendered manifests are validated offline by kubernetes-validate (strict: unknown
+fields are errors) against the oldest Kubernetes the chart supports and the
+newest it ships schemas for. The ServiceMonitor is a CRD with no schema there:
+for it only apiVersion, kind and name are checked.
+
+Tests that run helm start a process, so they are e2e; the schema and values checks
+are pure and run in the fast tier: tests/test_helm.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kubernetes_validate
+import pytest
+import yaml
+from cryptography.fernet import Fernet
+
+from proxy.config import load_settings
+from tests.support.helm import CHART, ROOT, _script
+from tests.support.servers import free_port
+
+FULL = CHART / "ci" / "full-values.yaml"
+
+
+OLDEST_K8S = "1.25.0"  # Chart.yaml kubeVersion
+
+
+K8S_VERSIONS = (OLDEST_K8S, kubernetes_validate.utils.latest_version())
+
+
+# CRDs: kubernetes-validate has no schema for them.
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+
+BUNDLED: dict[str, Any] = {"redis.bundled.enabled": True, "networkPolicy.enabled": True}
+
+
+class Helm:
+    """Runs the pinned helm with its own empty home, so no user config leaks in."""
+
+    def __init__(self, binary: Path, home: Path) -> None:
+        self.binary = binary
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(home),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+
+    def run(self, *args: str | Path, chart: Path = CHART) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.binary), *[str(a) for a in args], str(chart)]
+        return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60)
+
+    def template(
+        self,
+        *values: Path,
+        sets: dict[str, Any] | None = None,
+        chart: Path = CHART,
+    ) -> subprocess.CompletedProcess[str]:
+        args: list[str | Path] = ["template", "--namespace", "llm"]
+        for file in values:
+            args += ["-f", file]
+        for key, value in (sets or {}).items():
+            args += ["--set-json", f"{key}={json.dumps(value)}"]
+        # The release name goes before the chart.
+        return self.run(*args, "rel", chart=chart)
+
+    def render(
+        self, *values: Path, sets: dict[str, Any] | None = None, chart: Path = CHART
+    ) -> list[dict[str, Any]]:
+        done = self.template(*values, sets=sets, chart=chart)
+        assert done.returncode == 0, done.stderr
+        return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    # The same command a developer runs; a non-zero exit fails every test here, never skips.
+    fetch = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "_helm.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if fetch.returncode != 0:
+        pytest.fail(f"no helm binary (scripts/_helm.py): {fetch.stderr.strip()}")
+    return Helm(Path(fetch.stdout.strip()), tmp_path_factory.mktemp("helm-home"))
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"{kind}*{name_suffix}: {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def _config(docs: list[dict[str, Any]]) -> str:
+    data: dict[str, str] = _one(docs, "ConfigMap", "compaction-proxy")["data"]
+    return data["config.yaml"]
+
+
+def _pod_annotations(docs: list[dict[str, Any]]) -> dict[str, str]:
+    annotations: dict[str, str] = _one(docs, "Deployment")["spec"]["template"]["metadata"][
+        "annotations"
+    ]
+    return annotations
+
+
+def _container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    container: dict[str, Any] = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    return container
+
+
+def _write(path: Path, values: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(values), encoding="utf-8")
+    return path
+
+
+@pytest.mark.e2e
+def test_helm_is_the_pinned_v3(helm: Helm) -> None:
+    done = subprocess.run(
+        [str(helm.binary), "version", "--short"], env=helm.env, capture_output=True, text=True
+    )
+    assert done.stdout.startswith(_script("_helm").VERSION), done.stdout + done.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("values", [(), (FULL,)], ids=["defaults", "full-example"])
+def test_helm_lint_passes(helm: Helm, values: tuple[Path, ...]) -> None:
+    args: list[str | Path] = ["lint", "--strict"]
+    for file in values:
+        args += ["-f", file]
+    done = helm.run(*args)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    # In lint mode helm only logs a template's `fail` (as "[INFO] Fail: ...").
+    assert "Fail:" not in out
+    assert "[WARNING]" not in out
+    assert "[ERROR]" not in out
+
+
+RENDERINGS = {
+    "defaults": ((), {}),
+    "full-example": ((FULL,), {}),
+    "bundled-redis": (
+        (),
+        {**BUNDLED, "replicaCount": 2, "redis.bundled.persistence.enabled": True},
+    ),
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", RENDERINGS)
+def test_rendered_manifests_validate_against_kubernetes_schemas(helm: Helm, name: str) -> None:
+    values, sets = RENDERINGS[name]
+    docs = helm.render(*values, sets=sets)
+    kinds = sorted(d["kind"] for d in docs)
+    assert {"ConfigMap", "Deployment", "Service", "ServiceAccount"} <= set(kinds)
+    for doc in docs:
+        assert doc["metadata"]["name"]
+        if (doc["apiVersion"], doc["kind"]) in CRD_KINDS:
+            continue
+        for version in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                where = ".".join(str(p) for p in exc.path)
+                pytest.fail(f"{doc['kind']} {where} (k8s {version}): {exc.message}")
+
+
+@pytest.mark.e2e
+def test_full_example_renders_every_optional_part(helm: Helm) -> None:
+    docs = helm.render(FULL)
+    kinds = {d["kind"] for d in docs}
+    assert {"HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceMonitor"} <= kinds
+    assert "NetworkPolicy" in kinds
+    # The HPA owns the replica count: a fixed one would fight it on every upgrade.
+    assert "replicas" not in _one(docs, "Deployment")["spec"]
+    # Keys come from the existing Secret, so the chart creates none.
+    assert "Secret" not in kinds
+    env = {e["name"]: e for e in _container(docs)["env"]}
+    ref = env["COMPACTION_PROXY_STORE_URL"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "redis-credentials", "key": "redis-url"}
+
+
+@pytest.mark.e2e
+def test_bundled_redis_is_the_store_and_only_the_proxy_reaches_it(helm: Helm) -> None:
+    docs = helm.render(sets=BUNDLED)
+    redis = _one(docs, "Service", "-redis")
+    config = yaml.safe_load(_config(docs))
+    assert config["store"]["url"] == f"redis://{redis['metadata']['name']}:6379/0"
+    policy = _one(docs, "NetworkPolicy", "-redis")
+    peers = policy["spec"]["ingress"][0]["from"]
+    proxy_labels = _one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert peers == [{"podSelector": {"matchLabels": proxy_labels}}]
+    assert (
+        _one(docs, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+        == (policy["spec"]["podSelector"]["matchLabels"])
+    )
+
+
+WRONG_VALUES: dict[str, tuple[dict[str, Any], str]] = {
+    "replicas-not-a-number": ({"replicaCount": "two"}, "replicaCount"),
+    "unknown-top-level-key": ({"replicas": 2}, "replicas"),
+    "model-window-zero": (
+        {"config": {"models": [{"match": "gpt-4o*", "context_window": 0}]}},
+        "context_window",
+    ),
+    "model-window-not-a-number": (
+        {"config": {"models": [{"match": "gpt-4o*", "context_window": "128k"}]}},
+        "context_window",
+    ),
+    "model-without-window": ({"config": {"models": [{"match": "gpt-4o*"}]}}, "context_window"),
+    "unknown-config-key": ({"config": {"compaction": {"trigger": 0.8}}}, "trigger"),
+    "ratio-above-one": ({"config": {"compaction": {"trigger_ratio": 1.5}}}, "trigger_ratio"),
+    "secret-in-config": ({"config": {"upstream": {"api_key": "sk-live"}}}, "api_key"),
+    "bad-log-level": ({"config": {"server": {"log_level": "verbose"}}}, "log_level"),
+    "replicas-on-memory-store": ({"replicaCount": 3}, "replicaCount > 1 needs a shared store"),
+    "autoscaling-on-memory-store": (
+        {"autoscaling": {"enabled": True}},
+        "autoscaling.enabled needs a shared store",
+    ),
+    "two-redis-sources": (
+        {"redis": {"bundled": {"enabled": True}, "external": {"url": "redis://r:6379/0"}}},
+        "not both",
+    ),
+    "store-url-and-redis": (
+        {"redis": {"bundled": {"enabled": True}}, "config": {"store": {"url": "redis://x/0"}}},
+        "config.store.url",
+    ),
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("case", WRONG_VALUES)
+def test_wrong_values_fail_to_render(helm: Helm, tmp_path: Path, case: str) -> None:
+    values, message = WRONG_VALUES[case]
+    done = helm.template(_write(tmp_path / "values.yaml", values))
+    assert done.returncode != 0, done.stdout[:500]
+    assert message in done.stderr
+
+
+@pytest.mark.e2e
+def test_schema_errors_fail_helm_lint(helm: Helm, tmp_path: Path) -> None:
+    bad = _write(tmp_path / "bad.yaml", {"config": {"models": [{"context_window": -1}]}})
+    done = helm.run("lint", "-f", bad)
+    assert done.returncode != 0
+    assert "context_window" in done.stdout + done.stderr
+
+
+@pytest.mark.e2e
+def test_changing_one_model_window_changes_configmap_and_pod_checksum(
+    helm: Helm, tmp_path: Path
+) -> None:
+    models = yaml.safe_load(FULL.read_text())["config"]["models"]
+    changed = [dict(m) for m in models]
+    changed[3]["context_window"] = 16384
+    override = _write(tmp_path / "window.yaml", {"config": {"models": changed}})
+
+    before, again = helm.render(FULL), helm.render(FULL)
+    after = helm.render(FULL, override)
+
+    old, new = yaml.safe_load(_config(before)), yaml.safe_load(_config(after))
+    assert old["models"][3]["context_window"] == 8192
+    assert new["models"][3]["context_window"] == 16384
+    new["models"][3]["context_window"] = 8192
+    assert new == old  # nothing else moved
+    checksum = _pod_annotations(before)["checksum/config"]
+    assert _pod_annotations(again)["checksum/config"] == checksum  # deterministic
+    assert _pod_annotations(after)["checksum/config"] != checksum
+
+
+PLANTED = {
+    "secrets.upstreamApiKey": "sk-planted-upstream-0123456789",
+    "secrets.adminKey": "planted-admin-key-9876",
+    "secrets.encryptionKey": Fernet.generate_key().decode(),
+    "secrets.previousEncryptionKey": Fernet.generate_key().decode(),
+    "redis.external.url": "redis://:planted-redis-password@redis.data:6379/0",
+}
+
+
+@pytest.mark.e2e
+def test_secrets_reach_the_secret_and_never_the_configmap(helm: Helm) -> None:
+    docs = helm.render(sets={**PLANTED, "replicaCount": 2})
+    secret = _one(docs, "Secret")
+    stored = {base64.b64decode(v).decode() for v in secret["data"].values()}
+    assert stored == set(PLANTED.values())
+    for doc in docs:
+        if doc["kind"] == "Secret":
+            continue
+        text = yaml.safe_dump(doc)
+        for value in PLANTED.values():
+            assert value not in text, f"{doc['kind']} holds a secret"
+            assert base64.b64encode(value.encode()).decode() not in text
+    # A changed key rolls the pods too.
+    rotated = helm.render(sets={**PLANTED, "replicaCount": 2, "secrets.adminKey": "other"})
+    assert _pod_annotations(rotated)["checksum/secret"] != _pod_annotations(docs)["checksum/secret"]
+    assert _pod_annotations(rotated)["checksum/config"] == _pod_annotations(docs)["checksum/config"]
+
+
+def _pod_env(container: dict[str, Any], secrets: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The container's environment as the kubelet would set it from these Secrets."""
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+            continue
+        ref = var["valueFrom"]["secretKeyRef"]
+        value = secrets.get(ref["name"], {}).get(ref["key"])
+        if value is not None:
+            env[var["name"]] = value
+        else:
+            assert ref.get("optional"), f"{var['name']}: {ref} is missing and not optional"
+    return env
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", ["defaults", "full-example", "bundled-redis", "keys-in-values"])
+def test_rendered_config_loads_with_the_proxy(
+    helm: Helm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The chart cannot render a config the proxy would refuse at start-up."""
+    key, old_key = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    existing = {
+        "compaction-proxy-keys": {"upstream-api-key": "sk-up", "encryption-key": key},
+        "redis-credentials": {"redis-url": "rediss://:pw@redis.data:6380/0"},
+    }
+    cases: dict[str, tuple[tuple[Path, ...], dict[str, Any]]] = {
+        **RENDERINGS,
+        "keys-in-values": (
+            (),
+            {**PLANTED, "secrets.encryptionKey": key, "secrets.previousEncryptionKey": old_key},
+        ),
+    }
+    values, sets = cases[name]
+    docs = helm.render(*values, sets=sets)
+    if any(d["kind"] == "Secret" for d in docs):
+        secret = _one(docs, "Secret")
+        decoded = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+        existing[secret["metadata"]["name"]] = decoded
+    for var in list(os.environ):
+        if var.startswith(("PROXY_", "COMPACTION_PROXY_")):
+            monkeypatch.delenv(var)
+    for var, value in _pod_env(_container(docs), existing).items():
+        monkeypatch.setenv(var, value)
+    path = tmp_path / "config.yaml"
+    path.write_text(_config(docs), encoding="utf-8")
+
+    settings = load_settings(path)
+
+    expected = yaml.safe_load((values[0] if values else CHART / "values.yaml").read_text())
+    windows = [(m.match, m.context_window) for m in settings.models]
+    assert windows == [(m["match"], m["context_window"]) for m in expected["config"]["models"]]
+    assert settings.server.host == "0.0.0.0"
+    if name == "full-example":
+        assert settings.store.url == "rediss://:pw@redis.data:6380/0"
+        assert settings.upstream.api_key.get_secret_value() == "sk-up"
+        assert [k.get_secret_value() for k in settings.store.encryption_keys] == [key]
+        assert settings.server.admin_key.get_secret_value() == ""
+    if name == "keys-in-values":
+        assert settings.store.url == PLANTED["redis.external.url"]
+        assert settings.server.admin_key.get_secret_value() == PLANTED["secrets.adminKey"]
+        assert [k.get_secret_value() for k in settings.store.encryption_keys] == [key, old_key]
+    if name == "defaults":
+        assert settings.store.url == "memory://"
+        assert not settings.upstream.api_key.get_secret_value()
+
+
+@pytest.mark.e2e
+def test_the_containers_command_starts_the_proxy_and_answers_its_probes(
+    helm: Helm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Deployment's command line, run here on loopback with the rendered config."""
+    docs = helm.render(sets={"secrets.adminKey": "planted-admin"})
+    container = _container(docs)
+    config = tmp_path / "config.yaml"
+    config.write_text(_config(docs), encoding="utf-8")
+    env = _pod_env(container, {"rel-compaction-proxy": {"admin-key": "planted-admin"}})
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    port = free_port()
+    mount = {"/etc/compaction-proxy/config.yaml": str(config), "0.0.0.0": "127.0.0.1"}
+    args = [mount.get(a, a) for a in container["args"]]
+    args[args.index("--port") + 1] = str(port)
+    assert container["command"] == ["compaction-proxy"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while not _answers(f"{base}/healthz"):
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.1)
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            path = container[probe]["httpGet"]["path"]
+            assert httpx.get(f"{base}{path}", timeout=5).status_code == 200, probe
+        # The admin key arrived through the Secret's environment variable.
+        auth = {"Authorization": "Bearer planted-admin"}
+        assert httpx.get(f"{base}/admin/sessions", headers=auth, timeout=5).status_code == 200
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stderr:
+            process.stderr.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("sets", "grace"),
+    [
+        ({}, 5 + 30 + 5),
+        ({"config.server.shutdown_timeout_s": 45.5}, 5 + 46 + 5),
+        ({"config.server.shutdown_timeout_s": 0, "preStopSleepSeconds": 0}, 0 + 0 + 5),
+        ({"terminationGraceMarginSeconds": 20, "preStopSleepSeconds": 10}, 10 + 30 + 20),
+        ({"config.server.drain_delay_s": 2.5}, 5 + 3 + 30 + 5),
+    ],
+)
+def test_termination_grace_covers_the_proxys_drain(
+    helm: Helm, sets: dict[str, Any], grace: int
+) -> None:
+    docs = helm.render(sets=sets)
+    pod = _one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == grace
+    has_prestop = "lifecycle" in pod["containers"][0]
+    assert has_prestop == (sets.get("preStopSleepSeconds") != 0)
+
+
+def _chart_copy(tmp_path: Path) -> Path:
+    """The chart without its dashboards, plus a ConfigMap holding what NOTES.txt prints."""
+    chart = tmp_path / "compaction-proxy"
+    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("dashboards"))
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ include "compaction-proxy.notes" . | toJson }}}\n',
+        encoding="utf-8",
+    )
+    return chart
+
+
+def _notes(docs: list[dict[str, Any]]) -> str:
+    notes: str = _one(docs, "ConfigMap", "notes")["data"]["notes"]
+    return notes
+
+
+def _dashboards(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["metadata"]["name"].endswith("-dashboards")]
+
+
+@pytest.mark.e2e
+def test_dashboard_configmap_carries_each_chart_dashboard(helm: Helm, tmp_path: Path) -> None:
+    """Whatever dashboards/*.json the chart ships lands in a ConfigMap the sidecar finds."""
+    chart = _chart_copy(tmp_path)
+    assert not _dashboards(helm.render(chart=chart))
+
+    (chart / "dashboards").mkdir()
+    board = {"title": "x", "panels": [{"expr": 'sum by (route) (rate(m{a="{{b}}"}[5m]))'}]}
+    (chart / "dashboards" / "one.json").write_text(json.dumps(board), encoding="utf-8")
+    docs = helm.render(sets={"dashboards.annotations.grafana_folder": "LLM"}, chart=chart)
+    [cm] = _dashboards(docs)
+    assert cm["kind"] == "ConfigMap"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "LLM"}
+    assert json.loads(cm["data"]["one.json"]) == board
+
+    relabelled = helm.render(
+        sets={"dashboards.labels.grafana_dashboard": None, "dashboards.labels.team": "llm"},
+        chart=chart,
+    )
+    [cm] = _dashboards(relabelled)
+    assert cm["metadata"]["labels"]["team"] == "llm"
+    assert "grafana_dashboard" not in cm["metadata"]["labels"]
+    assert not _dashboards(helm.render(sets={"dashboards.enabled": False}, chart=chart))
+
+
+@pytest.mark.e2e
+def test_notes_say_where_the_proxy_is_and_what_its_store_shares(helm: Helm, tmp_path: Path) -> None:
+    chart = _chart_copy(tmp_path)
+    notes = _notes(helm.render(chart=chart))
+    assert "http://rel-compaction-proxy.llm.svc:8080/v1" in notes
+    assert "memory:// store is per pod" in notes
+    assert "Grafana" not in notes  # no dashboard in this copy
+
+    (chart / "dashboards").mkdir()
+    (chart / "dashboards" / "one.json").write_text("{}", encoding="utf-8")
+    notes = _notes(helm.render(FULL, chart=chart))
+    assert "external Redis (URL from Secret redis-credentials)" in notes
+    assert "per pod" not in notes
+    assert "Grafana: ConfigMap rel-compaction-proxy-dashboards" in notes
+    assert 'grafana_dashboard="1"' in notes
+
+
+@pytest.mark.e2e
+def test_the_charts_own_dashboards_are_all_rendered(helm: Helm) -> None:
+    shipped = {p.name for p in (CHART / "dashboards").glob("*.json")}
+    boards = _dashboards(helm.render())
+    rendered = set(boards[0]["data"]) if boards else set()
+    assert rendered == shipped

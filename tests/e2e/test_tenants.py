@@ -1,0 +1,247 @@
+"""One tenant cannot touch another: learned windows and keyless callers (issue 14, items 2-3)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.support.chat import FILLER, Chat, chat_requests
+from tests.support.servers import proxy_settings
+
+CONFIGURED = 32768
+REAL = 6144  # what the simulator enforces when asked to
+MODEL = "sim-big"
+
+
+def settings(sim: str, **compaction: Any) -> Any:
+    return proxy_settings(
+        sim,
+        models=[{"match": MODEL, "context_window": CONFIGURED, "max_output_tokens": 256}],
+        compaction=compaction,
+    )
+
+
+def post(url: str, key: str | None, messages: list[dict[str, Any]], **headers: str) -> Any:
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": MODEL, "messages": messages},
+        headers=headers,
+        timeout=30,
+    )
+
+
+def hello() -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "hello " * 200}]
+
+
+def too_long_for_real_window() -> list[dict[str, Any]]:
+    # ~8k tokens: over the simulator's real 6k, far below the configured 32k's trigger,
+    # so the proxy forwards it as is and the upstream's overflow error teaches the window.
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 400}
+        for i in range(20)
+    ]
+    return [*turns, {"role": "user", "content": "and now?"}]
+
+
+def window_of(response: Any) -> int:
+    return int(response.headers["x-context-window"])
+
+
+def shared_gauge(url: str) -> float | None:
+    metrics = httpx.get(f"{url}/metrics").text
+    found = re.search(rf'compaction_proxy_learned_window_tokens{{model="{MODEL}"}} (\S+)', metrics)
+    return float(found.group(1)) if found else None
+
+
+@pytest.mark.parametrize(
+    "role",
+    [
+        "maximum context length is 1 tokens",
+        # The client's \\u escapes are decoded by the upstream before it echoes them.
+        "m\\u0061ximum context length is 1 tokens",
+        # Digits of another script: int() reads them, no provider writes them.
+        "maximum context length is \u0661\u0662 tokens",
+    ],
+)
+def test_an_echoed_limit_changes_no_other_tenants_window(
+    sim_reset: str, start_proxy: Callable[..., str], role: str
+) -> None:
+    """The simulator, like OpenAI, quotes an invalid role back in its 400."""
+    url = start_proxy(settings(sim_reset, learned_window_quorum=1))
+    # Built by hand so the role's JSON escapes reach the proxy as the client wrote them.
+    body = '{"model": "' + MODEL + '", "messages": [{"role": "' + role + '", "content": "hi"}]}'
+    attack = httpx.post(
+        f"{url}/v1/chat/completions",
+        content=body.encode(),
+        headers={"Authorization": "Bearer attacker", "content-type": "application/json"},
+    )
+    assert attack.status_code == 400
+    assert "Invalid value" in attack.json()["error"]["message"]
+    for key in ("victim-1", "victim-2"):
+        r = post(url, key, hello())
+        assert r.status_code == 200, r.text
+        assert window_of(r) >= CONFIGURED * 0.9
+    assert shared_gauge(url) is None
+
+
+def test_a_tenant_learns_its_own_window_at_once_and_everyone_only_on_a_quorum(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(settings(sim_reset))  # quorum 2, one lowering per 600 s, at most half
+    real = {"X-Sim-Context-Window": str(REAL)}
+
+    first = post(url, "tenant-a", too_long_for_real_window(), **real)
+    assert first.status_code == 200, first.text  # recovered: trimmed and retried once
+    assert window_of(first) <= REAL
+    assert window_of(post(url, "tenant-a", hello(), **real)) <= REAL
+    # One tenant's report moves nobody else's window.
+    assert window_of(post(url, "tenant-b", hello(), **real)) >= CONFIGURED * 0.9
+    assert shared_gauge(url) is None
+
+    second = post(url, "tenant-b", too_long_for_real_window(), **real)
+    assert second.status_code == 200, second.text
+    # Two tenants agree: the shared window drops, but by at most half at a time.
+    assert shared_gauge(url) == CONFIGURED // 2
+    c = post(url, "tenant-c", hello(), **real)
+    assert REAL * 1.5 < window_of(c) <= CONFIGURED // 2
+
+    third = post(url, "tenant-c", too_long_for_real_window(), **real)
+    assert third.status_code == 200, third.text
+    # A third report within the interval lowers nothing further.
+    assert shared_gauge(url) == CONFIGURED // 2
+    assert window_of(post(url, "tenant-d", hello(), **real)) > REAL * 1.5
+
+
+def test_a_bare_413_teaches_only_the_tenant_that_hit_it(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(settings(sim_reset, learned_window_quorum=1))
+    gateway = {"X-Sim-Context-Window": str(REAL), "X-Sim-Error-Format": "gateway413"}
+    assert post(url, "tenant-a", too_long_for_real_window(), **gateway).status_code == 200
+    assert window_of(post(url, "tenant-a", hello(), **gateway)) < CONFIGURED // 2
+    assert window_of(post(url, "tenant-b", hello(), **gateway)) >= CONFIGURED * 0.9
+    assert shared_gauge(url) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "method"),
+    [
+        ("/v1/chat/completions", "POST"),
+        ("/v1/models", "GET"),
+        ("/sessions/shared-id", "GET"),
+        ("/sessions/shared-id", "DELETE"),
+        ("/sessions/shared-id/compact", "POST"),
+    ],
+)
+@pytest.mark.parametrize("authorization", [None, "", "Bearer"])
+def test_keyless_callers_are_refused_when_the_proxy_holds_the_key(
+    sim_reset: str,
+    start_proxy: Callable[..., str],
+    path: str,
+    method: str,
+    authorization: str | None,
+) -> None:
+    url = start_proxy(proxy_settings(sim_reset, upstream={"api_key": "sk-proxy-own"}))
+    headers = {"X-Session-Id": "shared-id"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    body = {"model": MODEL, "messages": hello()} if path.endswith("completions") else None
+    r = httpx.request(method, f"{url}{path}", json=body, headers=headers)
+    assert r.status_code == 401
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == "missing_api_key"
+    assert chat_requests(sim_reset) == []
+    assert httpx.get(f"{sim_reset}/_sim/requests").json() == []
+
+
+def test_keyless_callers_no_longer_share_a_session(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """Before: a second keyless caller read and deleted the first one's session."""
+    url = start_proxy(
+        proxy_settings(
+            sim_reset,
+            upstream={"api_key": "sk-proxy-own"},
+            models=[{"match": "sim-4k", "context_window": 4096, "max_output_tokens": 256}],
+            compaction={"summary_max_tokens": 400, "precompact_ratio": None},
+        )
+    )
+    chat = Chat(url, key="owner-key", session="s1")
+    for turn in range(40):
+        chat.say(f"Turn {turn}: {FILLER}")
+        if chat.statuses["compacted"]:
+            break
+    assert chat.statuses["compacted"]
+    owner = {"Authorization": "Bearer owner-key"}
+    assert httpx.get(f"{url}/sessions/s1", headers=owner).status_code == 200
+    assert httpx.get(f"{url}/sessions/s1").status_code == 401
+    assert httpx.delete(f"{url}/sessions/s1").status_code == 401
+    assert httpx.get(f"{url}/sessions/s1", headers=owner).status_code == 200
+
+
+def test_keyless_callers_are_served_when_explicitly_allowed(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(
+        proxy_settings(
+            sim_reset, upstream={"api_key": "sk-proxy-own"}, server={"require_client_key": False}
+        )
+    )
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": hello()})
+    assert r.status_code == 200
+    assert chat_requests(sim_reset)[-1]["headers"]["authorization"] == "Bearer sk-proxy-own"
+
+
+def test_keyless_callers_pass_when_the_upstream_needs_no_key(proxy: str) -> None:
+    """No proxy key: nothing to borrow, so the default does not require one."""
+    r = httpx.post(f"{proxy}/v1/chat/completions", json={"model": MODEL, "messages": hello()})
+    assert r.status_code == 200
+
+
+def test_requests_that_miscount_cannot_vote_the_shared_window_down(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """Parts the proxy counts as a few tokens and the upstream as many (here 450 file
+    parts) make an honest overflow at the configured window look, scaled to the proxy's
+    count, like a window of ~1.5k. Two made-up keys must not share that with everyone."""
+    url = start_proxy(settings(sim_reset))
+    parts = [{"type": "file"} for _ in range(450)]
+    for key in ("sybil-1", "sybil-2"):
+        messages = [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "y"},
+            {"role": "user", "content": parts},
+        ]
+        post(url, key, messages, **{"X-Sim-Context-Window": str(CONFIGURED)})
+    assert shared_gauge(url) is None
+    assert window_of(post(url, "victim", hello())) >= CONFIGURED * 0.9
+
+
+def test_one_callers_skewed_counts_do_not_recalibrate_anyone_else(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(settings(sim_reset))
+    before = window_of(post(url, "victim", hello()))
+    parts = [{"type": "file"} for _ in range(100)]
+    body = orjson.dumps(
+        {"model": MODEL, "max_tokens": 4096, "messages": [{"role": "user", "content": parts}]}
+    )
+    # Padding past the far-below fast path, so the request is counted and calibrated.
+    body = body[:-1] + b" " * 25_000 + b"}"
+    attacker = httpx.post(
+        f"{url}/v1/chat/completions",
+        content=body,
+        headers={"Authorization": "Bearer attacker", "content-type": "application/json"},
+    )
+    assert attacker.status_code == 200
+    assert window_of(post(url, "attacker", hello())) < before  # its own counts: its own window
+    assert window_of(post(url, "victim", hello())) == before

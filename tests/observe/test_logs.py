@@ -1,0 +1,176 @@
+"""Issue 10: request ids, one structured line per request, and the logging set-up,
+in-process.
+
+Through ``compaction-proxy serve`` as its own process, configured from YAML as in
+production, reading what it wrote to stderr: tests/e2e/test_logs_e2e.py.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+import orjson
+import pytest
+
+from proxy.config import LoggingSettings
+from proxy.observe import logs
+from proxy.observe.logs import REQUEST_ID, configure_logging, write_request_line
+from proxy.observe.recorder import api_resource
+from proxy.observe.request_id import request_id_from
+from tests.support.logs import HEX_ID
+
+# --- request ids: the pure part -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [
+        ([b"trace-42"], "trace-42"),
+        ([b"a1b2:c3/d4+e5=f6@g7.h8_i9"], "a1b2:c3/d4+e5=f6@g7.h8_i9"),
+        ([b"x" * 128], "x" * 128),
+        ([b"x" * 129], None),  # too long
+        ([b"has space"], None),
+        ([b"line\nbreak"], None),
+        ([b'quote"d'], None),
+        ([b""], None),
+        ([b"\xc3\xa9t\xc3\xa9"], None),  # not ASCII
+        ([b"bad id", b"good-id"], "good-id"),  # several: the first well-formed one
+        ([], None),
+    ],
+)
+def test_a_request_id_is_kept_when_well_formed_else_generated(
+    given: list[bytes], kept: str | None
+) -> None:
+    headers = [(b"host", b"proxy"), *((b"x-request-id", v) for v in given)]
+    request_id, out = request_id_from(headers)
+    if kept is None:
+        assert HEX_ID.fullmatch(request_id)
+    else:
+        assert request_id == kept
+    # The request goes on with exactly one id, the one that is logged and returned.
+    assert [v for k, v in out if k == b"x-request-id"] == [request_id.encode()]
+    assert (b"host", b"proxy") in out
+
+
+def test_generated_request_ids_differ() -> None:
+    assert len({request_id_from([])[0] for _ in range(1000)}) == 1000
+
+
+# --- formatters ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def captured() -> Iterator[Callable[[LoggingSettings], io.StringIO]]:
+    """``configure_logging`` into a buffer; the test process's logging restored after."""
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level, logging.getLogger("proxy").level)
+
+    def configure(settings: LoggingSettings) -> io.StringIO:
+        buffer = io.StringIO()
+        configure_logging(settings, stream=buffer)
+        return buffer
+
+    yield configure
+    logs._stop_writer()
+    root.handlers[:] = saved[0]
+    root.setLevel(saved[1])
+    logging.getLogger("proxy").setLevel(saved[2])
+
+
+def _flushed(buffer: io.StringIO) -> list[str]:
+    logs._stop_writer()  # writes everything queued
+    return buffer.getvalue().splitlines()
+
+
+def test_json_lines_carry_the_request_id_and_the_fields(
+    captured: Callable[[LoggingSettings], io.StringIO],
+) -> None:
+    buffer = captured(LoggingSettings(format="json"))
+    token = REQUEST_ID.set("req-1")
+    try:
+        logging.getLogger("proxy.test").warning("odd %s", "thing", extra={"fields": {"n": 3}})
+    finally:
+        REQUEST_ID.reset(token)
+    logging.getLogger("proxy.test").warning("outside any request")
+    first, second = (orjson.loads(line) for line in _flushed(buffer))
+    assert first == {
+        "ts": first["ts"],
+        "level": "warning",
+        "logger": "proxy.test",
+        "msg": "odd thing",
+        "request_id": "req-1",
+        "n": 3,
+    }
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", first["ts"])
+    assert "request_id" not in second
+
+
+def test_text_lines_quote_values_that_would_break_the_line(
+    captured: Callable[[LoggingSettings], io.StringIO],
+) -> None:
+    buffer = captured(LoggingSettings(format="text"))
+    fields = {"path": "/v1/a b\nFAKE LINE", "route": "passthrough"}
+    logging.getLogger("proxy.test").warning("request", extra={"fields": fields})
+    (line,) = _flushed(buffer)
+    assert line.endswith(' request path="/v1/a b\\nFAKE LINE" route=passthrough')
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_request_lines_are_written_as_the_configured_format_writes_any_line(
+    captured: Callable[[LoggingSettings], io.StringIO], fmt: Literal["json", "text"]
+) -> None:
+    """Request lines skip the logging call (one per request) but look the same."""
+    buffer = captured(LoggingSettings(format=fmt))
+    fields = {"request_id": "r-1", "route": "chat", "path": "/v1/a b"}
+    write_request_line(fields)
+    logs.ACCESS.info("request", extra={"fields": fields})
+    direct, logged = _flushed(buffer)
+    if fmt == "json":
+        assert {**orjson.loads(direct), "ts": ""} == {**orjson.loads(logged), "ts": ""}
+    else:  # the same but for the time
+        assert direct.split(" ", 2)[2] == logged.split(" ", 2)[2]
+        assert direct.endswith(
+            ' INFO proxy.access request request_id=r-1 route=chat path="/v1/a b"'
+        )
+
+
+def test_request_lines_go_through_logging_when_it_was_not_configured_here(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="proxy.access"):
+        write_request_line({"request_id": "r-2"})
+    (record,) = caplog.records
+    assert record.__dict__["fields"] == {"request_id": "r-2"}
+
+
+def test_the_level_applies_to_the_proxy_and_other_libraries_stay_at_warnings(
+    captured: Callable[[LoggingSettings], io.StringIO],
+) -> None:
+    buffer = captured(LoggingSettings(level="debug"))
+    logging.getLogger("proxy.test").debug("ours")
+    logging.getLogger("some.library").info("theirs")
+    assert [orjson.loads(line)["msg"] for line in _flushed(buffer)] == ["ours"]
+
+
+# --- request ids end to end ------------------------------------------------------------
+
+
+# --- the proxy's own log output --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "logged"),
+    [
+        ("/v1/files/file-abc/content", "/v1/files/…"),
+        ("/v1/embeddings", "/v1/embeddings"),
+        ("/v1/secret-value/..", "other"),
+        ("/v2/models", "other"),
+        ("/", "other"),
+    ],
+)
+def test_a_passthrough_line_names_the_resource_not_the_callers_path(path: str, logged: str) -> None:
+    assert api_resource(path) == logged

@@ -1,0 +1,60 @@
+"""Issue 10: the series a dashboard needs, in-process: the closed label sets exported at
+start-up, and the recorder's fast observe against prometheus_client's.
+
+The series moving as a real proxy works: tests/e2e/test_metrics_e2e.py.
+"""
+
+from __future__ import annotations
+
+from proxy.observe.metrics import Metrics
+from proxy.observe.recorder import _FastCounter, _FastHistogram
+from proxy.store.memory import MemoryStore
+from proxy.store.resilient import ResilientStore
+from tests.support.metrics import Samples
+
+
+def test_closed_label_sets_are_exported_before_anything_happens() -> None:
+    """Dashboards and alerts see zeros, not "no data", on a fresh replica."""
+    metrics = Metrics.create()
+    registry = metrics.registry
+    for trigger in ("threshold", "forced", "overflow_recovery", "scheduled"):
+        labels = {"trigger": trigger, "outcome": "compacted"}
+        assert registry.get_sample_value("compaction_proxy_compactions_total", labels) == 0
+    for operation in ("load", "save", "acquire", "release"):
+        labels = {"operation": operation}
+        assert registry.get_sample_value("compaction_proxy_store_errors_total", labels) == 0
+    assert registry.get_sample_value("compaction_proxy_active_streams") == 0
+    # Store calls are timed only with a Redis store, which declares its series when built.
+    name = "compaction_proxy_store_duration_seconds_count"
+    assert registry.get_sample_value(name, {"operation": "load"}) is None
+    ResilientStore(MemoryStore(60), MemoryStore(60), metrics)
+    for operation in ("load", "save", "acquire", "release"):
+        assert registry.get_sample_value(name, {"operation": operation}) == 0
+
+
+def _samples(metrics: Metrics) -> Samples:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if not s.name.endswith("_created")  # when each was made: differs by design
+    }
+
+
+def test_the_recorders_fast_observe_matches_prometheus_clients_own() -> None:
+    """Each request's series are observed through prometheus-client's internals
+    (proxy.observe.recorder): the same sums and buckets as its public API, bounds included."""
+    ours, theirs = Metrics.create(), Metrics.create()
+    fast = _FastHistogram(ours.added_latency.labels(route="chat"))
+    public = theirs.added_latency.labels(route="chat")
+    for amount in (0.0, 0.0004, 0.0005, 0.0007, 0.001, 0.0011, 2.5, 30.0, 31.0, 1e9):
+        fast.observe(amount)
+        public.observe(amount)
+    fast_count = _FastCounter(ours.input_tokens.labels(stage="before"))
+    for tokens in (0, 1, 2082):
+        fast_count.inc(tokens)
+        theirs.input_tokens.labels(stage="before").inc(tokens)
+    _FastCounter(ours.requests.labels(status="snapshot")).inc()
+    theirs.requests.labels(status="snapshot").inc()
+    assert _samples(ours) == _samples(theirs)
+    assert _samples(ours) != _samples(Metrics.create())

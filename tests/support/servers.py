@@ -1,0 +1,162 @@
+"""Servers a test starts on 127.0.0.1: the helpers tests/conftest.py's fixtures use, and
+tests import (``from tests.support.servers import run_server``).
+
+One module holds the state both share: the fast tier's guard (``allow_servers``, set by
+conftest for each test) and the HTTP clients a helper opened (``OPEN_CLIENTS``, closed by
+conftest after each test). Kept out of conftest.py, which pytest imports as ``conftest``:
+a test importing ``tests.conftest`` got a second copy of that state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import uvicorn
+
+# HTTP clients a test helper opened (tests.support.chat.Chat): closed after each test,
+# so their pooled sockets are not left for a later test's garbage collection.
+OPEN_CLIENTS: list[Any] = []
+_servers_allowed = True
+
+
+def allow_servers(allowed: bool) -> None:
+    """conftest, around each test: may it start a server (is it marked e2e)?"""
+    global _servers_allowed
+    _servers_allowed = allowed
+
+
+def check_server_allowed() -> None:
+    if not _servers_allowed:
+        pytest.fail("this test starts a server: mark it @pytest.mark.e2e")
+
+
+class _QuietServer(uvicorn.Server):
+    # The test process owns signal handling; a server in a thread must not.
+    def install_signal_handlers(self) -> None:
+        pass
+
+
+@contextmanager
+def run_server(app: Any) -> Iterator[str]:
+    """Serve ``app`` on a free loopback port; yields ``http://127.0.0.1:PORT``."""
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        loop="asyncio",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+    )
+    with _run_config(config) as url:
+        yield url
+
+
+@contextmanager
+def run_proxy(settings: Any, app: Any = None) -> Iterator[str]:
+    """Serve the proxy as production does (proxy.serve.server's protocol and limits);
+    ``app``: the proxy's app wrapped by the test (default: ``create_app(settings)``)."""
+    from proxy.serve.server import uvicorn_config
+
+    config = uvicorn_config(settings, app, host="127.0.0.1", port=0, log_level="warning")
+    with _run_config(config) as url:
+        yield url
+
+
+@contextmanager
+def _run_config(config: uvicorn.Config) -> Iterator[str]:
+    check_server_allowed()
+    server = _QuietServer(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("test server did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+
+
+def proxy_settings(upstream_url: str, **sections: Any) -> Any:
+    from proxy.config import Settings
+
+    sections.setdefault("upstream", {})
+    sections["upstream"] = {"base_url": f"{upstream_url}/v1", **sections["upstream"]}
+    return Settings(**sections)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A real redis-server on loopback that a test may stop and start again."""
+
+    def __init__(self, binary: str, password: str = "") -> None:
+        self.binary = binary
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password  # requirepass: clients must AUTH with it
+        self.process: Any = None
+
+    def start(self) -> None:
+        import subprocess
+
+        check_server_allowed()
+        import redis
+
+        args = ["--bind", "127.0.0.1", "--port", str(self.port), "--save", ""]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(
+            [self.binary, *args, "--appendonly", "no", "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url, socket_timeout=0.5, password=self.password or None)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+            finally:
+                client.close()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+def redis_binary() -> str:
+    import os
+    import shutil
+
+    binary = shutil.which("redis-server")
+    if binary:
+        return binary
+    if os.environ.get("CI"):
+        pytest.fail(
+            "redis-server is not installed; .ci/run installs it (apt-get install redis-server)"
+        )
+    pytest.skip("redis-server not installed: `apt-get install redis-server` to run Redis tests")
