@@ -30,7 +30,7 @@ from proxy.compaction.snapshots import load_session
 from proxy.core.budget import Budget
 from proxy.core.digest import tenant_seed
 from proxy.core.models import ResolvedModel
-from proxy.core.outcome import Outcome, Turn
+from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
 from proxy.core.session import SessionKey, session_key, session_name, tenant_from_headers
@@ -41,10 +41,10 @@ from proxy.services import Services
 from proxy.types import ChatMessage
 from proxy.upstream import client as upstream
 from proxy.upstream import recover as recovery
-from proxy.upstream.api import Api, Route
+from proxy.upstream.api import Api, Attempt, Route
 from proxy.upstream.disconnect import cancelled_on_disconnect
 from proxy.upstream.overflow import Overflow
-from proxy.upstream.recover import RECOVERABLE, Attempt, diagnose
+from proxy.upstream.recover import RECOVERABLE, diagnose
 from proxy.upstream.relay import relay
 from proxy.upstream.stream_head import Held, Recovery, respond
 from proxy.upstream.urls import upstream_url
@@ -84,25 +84,28 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         auth_headers=services.headers.auth_only(headers),
     )
     record.note_turn(turn)
+    follow_ups: tuple[FollowUp, ...] = ()  # to start once the answer is out, in order
     if control == "off":
         outcome = Outcome.bypassed(body, window)
     elif not settings.compaction.enabled or not chat["messages"]:
         outcome = Outcome.passthrough(body, window)
     else:  # 3-8, in the order 5, 3, 4, 6, 7-8: session_of (3) reads what 5 counted
-        outcome = await compacted_view(services, turn, force=control == "force")
-        outcome = services.sightings.note(turn, outcome)  # for GET /sessions/{id}
+        outcome, later = await compacted_view(services, turn, force=control == "force")
+        noted = services.sightings.note(turn, outcome)  # for GET /sessions/{id}, first
+        follow_ups = later if noted is None else (noted, *later)
     # Nothing to compact harder without a message (a Responses call with an empty input).
     recover = control != "off" and settings.compaction.recover_overflow and bool(chat["messages"])
-    first = Attempt(route.body_for(outcome), outcome)
+    first = Attempt(route.body_for(outcome), outcome, follow_ups)
     return await forward(services, request, replace(route, recover=recover), first, turn)  # 9-10.
 
 
 async def compacted_view(
     services: Services, turn: Turn, *, force: bool = False, recover: bool = False
-) -> Outcome:
+) -> tuple[Outcome, tuple[FollowUp, ...]]:
     """Steps 3-8: what the upstream sees of ``turn``'s history: the history itself, or
-    pinned messages + handoff summary + verbatim tail. ``recover``: the upstream just
-    rejected a larger view, so compact now (no rate limit) against ``turn.model``'s window.
+    pinned messages + handoff summary + verbatim tail; and what to start once its answer
+    is out (a background pre-compaction). ``recover``: the upstream just rejected a larger
+    view, so compact now (no rate limit) against ``turn.model``'s window.
     """
     c = services.settings.compaction
     chat, model = turn.chat, turn.model
@@ -113,7 +116,7 @@ async def compacted_view(
     far_below = bounded_by(turn.body, chat["messages"], int(window * soonest) - reserve)
     hinted = services.schedule.take_hint(turn.tenant, turn.session_header)
     if far_below and not (force or recover or hinted):
-        return Outcome.passthrough(turn.body, window)
+        return Outcome.passthrough(turn.body, window), ()
 
     counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
     history = await count_history(counter, turn, c.pin_first_user, seed)  # 5. count
@@ -129,14 +132,14 @@ async def compacted_view(
     plan = plan_compaction(history, current, budget, force=bool(asked))  # 6. plan
     if plan.action == "compact":  # 7-8. summarize under the session's lock, save, rebuild
         job = Job(turn, key, history, budget, asked or "threshold")
-        return await services.compactor.compact(job, loaded, plan)
+        return await services.compactor.compact(job, loaded, plan), ()
     if plan.fits:  # 8. rebuild
         outcome = rebuild_outcome(history, plan.view, Handoff.of(loaded, c.summary_role), budget)
         # Past the soft threshold: compact in the background once the answer is out.
         after = services.precompactor.offer(turn, key, history, budget, plan.tokens)
-        return outcome if after is None else replace(outcome, after=after)
+        return outcome, (() if after is None else (after,))
     # Nothing worth summarizing, yet over the window: trim what we can (sticky.py).
-    return services.compactor.trims.outcome(key, history, loaded, budget, reuse=not recover)
+    return services.compactor.trims.outcome(key, history, loaded, budget, reuse=not recover), ()
 
 
 async def session_of(turn: Turn, messages: Sequence[ChatMessage]) -> SessionKey:
@@ -152,14 +155,15 @@ async def forward(
 ) -> Response:
     """Steps 9-12: send ``first``; when ``route.recover`` and the upstream rejects it as too
     long, compact ``turn`` harder and retry once; relay the answer with its view's
-    headers, calibrating on ``turn``'s usage, and pre-compact once the answer is out.
+    headers, calibrating on ``turn``'s usage, and start the follow-ups of the attempt it
+    answers (the first, or the retry) once the answer is out, in order.
     ``turn`` None: a request the proxy does not compact (a chained Responses call)."""
     record = record_of(request)
-    outcome = first.outcome
+    sent = first  # the attempt whose answer goes back: the first, or a recovery's retry
     try:
         # Until the answer's bytes flow, only this notices a client that gave up.
         async with cancelled_on_disconnect(request.receive):
-            record.sending(outcome)
+            record.sending(first.outcome)
             services.precompactor.note_sent(turn)  # queued behind a background summary?
             response = await services.client.send("POST", route.url, route.headers, first.body)
             answer: upstream.UpstreamResponse | Response = response
@@ -167,20 +171,20 @@ async def forward(
             # 10. overflow: an error answer, or a stream that opens with one: retry once
             streamed = status == 200 and turn is not None and turn.chat.get("stream")
             if route.recover and turn is not None and (status in RECOVERABLE or streamed):
-                answer, outcome = await recover_overflow(services, turn, route, first, response)
-            record.answered(answer.status_code, outcome)
+                answer, sent = await recover_overflow(services, turn, route, first, response)
+            record.answered(answer.status_code, sent.outcome)
             if isinstance(answer, upstream.UpstreamResponse):
                 ok = answer.status_code == 200
                 # then calibrate: the provider's own count of what we sent
-                watch = _usage_watcher(services, turn, route, outcome) if ok else None
-                relayed = await relay(answer, outcome.headers(), watch)
-                if ok and outcome.after is not None:  # then pre-compact, once the answer is out
-                    run_after(relayed, outcome.after)
+                watch = _usage_watcher(services, turn, route, sent.outcome) if ok else None
+                relayed = await relay(answer, sent.outcome.headers(), watch)
+                if ok and sent.follow_ups:  # then the sighting, pre-compaction: once it is out
+                    run_after(relayed, sent.follow_ups)
                 return relayed
     except ClientDisconnected:
         services.metrics.client_disconnects.labels(phase="upstream").inc()
         raise
-    answer.raw_headers.extend(outcome.headers())  # an error answer read, or a held stream
+    answer.raw_headers.extend(sent.outcome.headers())  # an error answer read, or a held stream
     return answer
 
 
@@ -190,11 +194,12 @@ async def recover_overflow(
     route: Route,
     first: Attempt,
     response: upstream.UpstreamResponse,
-) -> tuple[upstream.UpstreamResponse | Response, Outcome]:
-    """Step 10: the response to relay and the view it answers. When the upstream said
-    the request is too long, compact harder (or ask for a shorter answer) and retry once;
-    ``response`` is consumed unless it is a 200 stream that opens without an error. A
-    stream that sends comments first starts now and recovers in-stream (stream_head.py)."""
+) -> tuple[upstream.UpstreamResponse | Response, Attempt]:
+    """Step 10: the response to relay and the attempt it answers (its view, follow-ups).
+    When the upstream said the request is too long, compact harder (or ask for a shorter
+    answer) and retry once; ``response`` is consumed unless it is a 200 stream that opens
+    without an error. A stream that sends comments first starts now and recovers
+    in-stream (stream_head.py)."""
     api = route.api
     answer, verdict = await diagnose(response, api.stream_failure)
     if isinstance(answer, Held):
@@ -202,33 +207,38 @@ async def recover_overflow(
         watch_for = partial(_usage_watcher, services, turn, route)
         answered = current_record().answered
         recovery = Recovery(retry, watch_for, api.stream_error, answered, api.stream_failure)
-        return respond(answer, recovery, first.outcome), first.outcome
+        return respond(answer, recovery, first), first
     if verdict is None:  # not ours to recover: relay the answer as the upstream wrote it
-        return answer, first.outcome
+        return answer, first
     retried = await _second_attempt(services, turn, route, first, verdict)
-    return retried or (answer, first.outcome)
+    return retried or (answer, first)
 
 
 async def _second_attempt(
     services: Services, turn: Turn, route: Route, first: Attempt, verdict: Overflow
-) -> tuple[upstream.UpstreamResponse, Outcome] | None:
-    """The retry after ``verdict`` and the view it sent; None when nothing can change."""
+) -> tuple[upstream.UpstreamResponse, Attempt] | None:
+    """The retry after ``verdict`` and what it sent; None when nothing can change. The
+    same view with a lower output budget keeps ``first``'s follow-ups; a view compacted
+    again has its own (no sighting: a turn that recovered leaves the next one due)."""
     current_record().upstream_done()  # the error is read: what follows is the proxy's own time
     if verdict.kind == "output_budget":
         lowered = route.api.lower_output(first.body, verdict)
         if lowered is None:  # nothing we can change: the retry would fail the same way
             return None
-        second = Attempt(lowered, first.outcome)
+        second = replace(first, body=lowered)
     else:
         windows, models = services.windows, services.models
         window, stated = await recovery.learn_window(windows, models, turn, first, verdict)
         model = replace(turn.model, context_window=window)
         view = compacted_view(services, replace(turn, model=model), recover=True)
-        outcome = await recovery.retry_view(view, stated=stated)
-        body = route.body_for(outcome) if outcome else b""
-        if outcome is None or len(body) >= len(first.body):  # it would only fail again
+        retried = await recovery.retry_view(view, stated=stated)
+        if retried is None:
             return None
-        second = Attempt(body, outcome)
+        outcome, follow_ups = retried
+        body = route.body_for(outcome)
+        if len(body) >= len(first.body):  # it would only fail again
+            return None
+        second = Attempt(body, outcome, follow_ups)
     current_record().sending(second.outcome)
     return await recovery.retry_once(services.client, services.metrics, route, verdict, second)
 

@@ -17,12 +17,16 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
 
-from proxy.core.session import tenant_from_headers
+from proxy.compaction.job import Job
+from proxy.compaction.precompact import Precompactor
+from proxy.core.session import SessionKey, session_from_header, tenant_from_headers
 from proxy.errors import ClientDisconnected
 from proxy.routes.chat import handle_chat
 from proxy.routes.passthrough import handle_passthrough
 from proxy.routes.responses import handle_responses
 from proxy.services import Services
+from proxy.store import Sighting
+from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage
 from tests.support.fakes import (
     MODEL,
@@ -284,6 +288,98 @@ async def test_an_output_budget_already_within_the_limit_is_not_retried(
     response = await send_chat(services, HISTORY, max_tokens=100)
     assert response.status_code == 400
     assert len(upstream.calls) == 1, "the same request would fail the same way"
+
+
+# --- what a turn leaves for once its answer is out -------------------------------------
+
+
+class LoggedStore(MemoryStore):
+    """A store that logs the follow-ups a turn leaves as they run (``ran``): the write
+    of its sighting here; the start of a background compaction, with ``followed``."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(ttl_s=3600, clock=clock)
+        self.ran: list[str] = []
+
+    async def note_seen(self, key: SessionKey, sighting: Sighting) -> None:
+        self.ran.append("sighting")
+        await super().note_seen(key, sighting)
+
+
+@pytest.fixture
+def followed(upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -> Services:
+    clock = FakeClock()
+    services = make_services(fake_settings(), upstream, clock, store=LoggedStore(clock))
+    start = Precompactor.start
+
+    async def logged(self: Precompactor, job: Job) -> None:
+        ran(services).append("precompact")
+        await start(self, job)
+
+    monkeypatch.setattr(Precompactor, "start", logged)
+    return services
+
+
+def ran(services: Services) -> list[str]:
+    assert isinstance(services.store, LoggedStore)
+    return services.store.ran
+
+
+async def sent(services: Services, response: Response) -> list[str]:
+    """``response`` sent as the server sends one (its body, then its background work,
+    with the background compactions it starts), and the follow-ups that ran meanwhile."""
+    await body_of(response)
+    assert ran(services) == [], "nothing runs before the answer is out"
+    if response.background is not None:
+        await response.background()
+    await asyncio.wait_for(asyncio.gather(*services.precompactor.running.values()), 2)
+    return ran(services)
+
+
+async def test_a_named_turn_is_noted_then_precompacted_once_its_answer_is_out(
+    followed: Services, upstream: FakeUpstream
+) -> None:
+    """HISTORY is past the soft threshold: the turn's sighting is written first (GET
+    /sessions/{id}), then its session compacts in the background."""
+    response = await send_chat(followed, HISTORY)
+    assert await sent(followed, response) == ["sighting", "precompact"]
+    assert await followed.store.load_seen(session_from_header(TENANT, "s1")) is not None
+    assert len(upstream.summary_calls) == 1, "the background compaction ran"
+
+
+async def test_an_output_budget_retry_keeps_the_turns_follow_ups(
+    followed: Services, upstream: FakeUpstream
+) -> None:
+    upstream.script(chats=[overflow_reply("openai-max-tokens-too-large")])
+    response = await send_chat(followed, HISTORY, max_tokens=8192)
+    assert response.status_code == 200
+    assert await sent(followed, response) == ["sighting", "precompact"]
+
+
+async def test_a_retry_with_a_view_compacted_again_runs_only_that_views_follow_ups(
+    followed: Services, upstream: FakeUpstream
+) -> None:
+    """The retried view is compacted: nothing to pre-compact, and no sighting (a turn that
+    recovered with a new view leaves the next turn due)."""
+    upstream.script(chats=[overflow_reply("openai-messages-resulted-in")])
+    response = await send_chat(followed, HISTORY)
+    assert header(response, "x-compaction-status") == "compacted"
+    assert await sent(followed, response) == []
+
+
+@pytest.mark.parametrize(
+    ("events", "follow_ups"),
+    [
+        ((b": PROCESSING\n\n", *ANSWER_EVENTS), ["sighting", "precompact"]),
+        ((b": PROCESSING\n\n", ERROR_EVENT), []),  # recovered in-stream with a new view
+    ],
+)
+async def test_a_stream_held_for_its_first_event_runs_the_follow_ups_of_what_it_answers(
+    followed: Services, upstream: FakeUpstream, events: tuple[bytes, ...], follow_ups: list[str]
+) -> None:
+    upstream.script(chats=[stream_reply(*events), stream_reply(*ANSWER_EVENTS)])
+    response = await send_chat(followed, HISTORY, stream=True)
+    assert await sent(followed, response) == follow_ups
 
 
 # --- the steps around recovery --------------------------------------------------------

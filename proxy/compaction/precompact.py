@@ -1,7 +1,7 @@
 """Background pre-compaction: compact a session after its answer is out, before it must.
 
 A turn whose view passes ``compaction.precompact_ratio`` of the window (still below
-the trigger) leaves a follow-up on its ``Outcome``; once its answer has gone out (a
+the trigger) leaves a follow-up beside its ``Outcome``; once its answer has gone out (a
 stream: once it has ended), the follow-up starts a task that compacts the history
 that turn sent, under the same single-flight lock and compare-and-swap as an inline
 compaction (``Compactor.try_compact``). The next turn's history extends this one, so
@@ -34,7 +34,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING
@@ -49,7 +49,7 @@ from proxy.compaction.snapshots import load_snapshot
 from proxy.config import CompactionSettings
 from proxy.core.budget import Budget
 from proxy.core.history import History
-from proxy.core.outcome import Turn
+from proxy.core.outcome import FollowUp, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.session import TRACKED_LIMIT, SessionKey
 from proxy.core.view import fits
@@ -60,8 +60,6 @@ if TYPE_CHECKING:
     from proxy.compaction.compact import Compactor
 
 log = logging.getLogger("proxy.compaction")
-
-FollowUp = Callable[[], Awaitable[None]]
 
 
 def background_budget(budget: Budget, settings: CompactionSettings) -> Budget:
@@ -83,13 +81,15 @@ def wants_precompaction(tokens: int, window: int, settings: CompactionSettings) 
     return bool(ratio) and tokens > int(window * (ratio or 0))
 
 
-def run_after(response: Response, follow_up: FollowUp) -> None:
-    """Start ``follow_up`` once ``response`` has been sent (a stream: once it has ended),
-    after the response's own background work (closing the upstream answer)."""
+def run_after(response: Response, follow_ups: Sequence[FollowUp]) -> None:
+    """Run ``follow_ups`` one after the other, in order, once ``response`` has been sent
+    (a stream: once it has ended), after the response's own background work (closing
+    the upstream answer)."""
     tasks = BackgroundTasks()
     if response.background is not None:
         tasks.add_task(response.background)
-    tasks.add_task(follow_up)
+    for follow_up in follow_ups:
+        tasks.add_task(follow_up)
     response.background = tasks
 
 

@@ -4,9 +4,9 @@ A client checking that its session header is recognised should not have to wait
 for a summary. Each turn of a named session (header or body field; a derived
 session has no id to ask by) leaves a ``Sighting`` in the store: its message
 count, the tokens sent upstream, its model. Noting costs the request nothing:
-``note`` is an in-memory check that hangs the write on the turn's ``Outcome``,
-to run once the answer is out (as pre-compaction does), and a process writes a
-session's sighting at most once per ``REFRESH_S``: on first sight, then as it
+``note`` is an in-memory check that returns the write as a follow-up, which the
+pipeline runs once the answer is out (before pre-compaction's), and a process writes
+a session's sighting at most once per ``REFRESH_S``: on first sight, then as it
 keeps going. A write that fails costs nothing but a stale figure.
 """
 
@@ -14,21 +14,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Callable
 from functools import partial
 
 from cachetools import TTLCache
 
-from proxy.core.outcome import Outcome, Turn
+from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.session import TRACKED_LIMIT, SessionKey, session_from_header
 from proxy.errors import StoreError
 from proxy.store import Sighting, Sightings
 
 log = logging.getLogger("proxy.store")
-
-# Work to run once the answer is out (``Outcome.after``, precompact.FollowUp).
-FollowUp = Callable[[], Awaitable[None]]
 
 # At most one write per session per process this often: GET /sessions/{id} figures
 # may lag a busy session's turns by this much.
@@ -50,20 +46,17 @@ class SessionSightings:
         # Sessions written in the last REFRESH_S; bounded, like every per-session table.
         self._recent: TTLCache[SessionKey, bool] = TTLCache(TRACKED_LIMIT, REFRESH_S, timer=clock)
 
-    def note(self, turn: Turn, outcome: Outcome) -> Outcome:
-        """``outcome``, with the write of ``turn``'s sighting to follow its answer when one
-        is due. O(1): a hash of the session's name and a dictionary lookup."""
+    def note(self, turn: Turn, outcome: Outcome) -> FollowUp | None:
+        """The write of ``turn``'s sighting (sent as ``outcome``), to follow its answer;
+        None when none is due. O(1): a hash of the session's name and a dictionary lookup."""
         if turn.session_header is None:
-            return outcome
+            return None
         key = session_from_header(turn.tenant, turn.session_header)
         if key in self._recent:
-            return outcome
+            return None
         n = len(turn.chat["messages"])
         sighting = Sighting(n, outcome.tokens, turn.model.name, self._wall())
-        write = partial(self._write, key, sighting)
-        return replace(
-            outcome, after=write if outcome.after is None else _both(write, outcome.after)
-        )
+        return partial(self._write, key, sighting)
 
     async def _write(self, key: SessionKey, sighting: Sighting) -> None:
         # Marked when written, not when offered: a turn whose answer failed (or that
@@ -73,11 +66,3 @@ class SessionSightings:
             await self._store.note_seen(key, sighting)
         except StoreError as exc:  # a bare remote store; the resilient one never raises
             log.warning("session=%s not noted as seen (%s)", key.log_id, exc)
-
-
-def _both(first: FollowUp, then: FollowUp) -> FollowUp:
-    async def run() -> None:
-        await first()
-        await then()
-
-    return run

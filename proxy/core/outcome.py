@@ -1,4 +1,5 @@
-"""The values one chat request's compaction steps share: its ``Turn`` and its ``Outcome``.
+"""The values one chat request's compaction steps share: its ``Turn``, its ``Outcome``,
+and the ``FollowUp`` work that travels beside an outcome, never inside it.
 
 ``Outcome.headers`` renders the response headers that tell the client what the
 upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Window``),
@@ -21,6 +22,10 @@ Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed"]
 # running when compaction.wait_for_summary_s ran out (late); or the session's back-off
 # after failures skipped it (backoff.py). A closed set: a metric label.
 Degraded = Literal["summary_failed", "summary_late", "backoff"]
+# Work to start once a turn's model answer has gone out (a stream: once it has ended):
+# the write of its session's sighting (sightings.py), a background pre-compaction
+# (precompact.py). Returned beside the view it follows, run in order (pipeline.forward).
+FollowUp = Callable[[], Awaitable[None]]
 # A body sent uncounted is sized at this many bytes a token: a rough estimate.
 _ESTIMATE_BYTES_PER_TOKEN = 4
 
@@ -50,8 +55,6 @@ class Outcome:
     counted: bool = True
     # Identifiers the new summary had lost and the proxy put back (identifiers.py).
     restored: int = 0
-    # To start once the answer has gone out: background pre-compaction (precompact.py).
-    after: Callable[[], Awaitable[None]] | None = None
     degraded: Degraded | None = None
 
     @classmethod

@@ -1,4 +1,5 @@
-"""What sets one compacting API apart (``Api``), and where one of its requests goes (``Route``).
+"""What sets one compacting API apart (``Api``), where one of its requests goes (``Route``),
+and what went there (``Attempt``).
 
 Every API the proxy compacts runs the same steps (``pipeline.handle``): read, parse,
 model, session, compact, forward, recover an overflow, calibrate. What differs is
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.outcome import Outcome
+from proxy.core.outcome import FollowUp, Outcome
 from proxy.types import ChatRequest
 from proxy.upstream.overflow import Overflow
 
@@ -67,3 +68,13 @@ class Route:
 
     def body_for(self, outcome: Outcome) -> bytes:
         return self.api.body_for(self.body, self.data, outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What was sent upstream: the body, the view it came from, and the work to start
+    once that view's answer (a model's, not an error) has gone out, in order."""
+
+    body: bytes
+    outcome: Outcome
+    follow_ups: tuple[FollowUp, ...] = ()

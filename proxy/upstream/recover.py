@@ -18,17 +18,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import TypeVar
 
 from starlette.responses import Response
 
 from proxy.core.models import ModelTable
-from proxy.core.outcome import Outcome, Turn
+from proxy.core.outcome import Turn
 from proxy.core.tokens import output_reserve
 from proxy.errors import ContextTooLarge
 from proxy.observe.metrics import Metrics
 from proxy.upstream import client as upstream
-from proxy.upstream.api import Route
+from proxy.upstream.api import Attempt, Route
 from proxy.upstream.overflow import Overflow, classify_error, echoed, mentions, request_text
 from proxy.upstream.relay import buffered, relay
 from proxy.upstream.stream_head import (
@@ -53,13 +54,7 @@ _MARGIN = 0.95
 SHRINK = 0.75
 _INLINE_DECODE_BYTES = 256 * 1024
 
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """What was sent upstream: the body and the view it came from."""
-
-    body: bytes
-    outcome: Outcome
+T = TypeVar("T")
 
 
 async def diagnose(
@@ -89,9 +84,9 @@ async def diagnose(
 
 async def retry_once(
     client: upstream.Upstream, metrics: Metrics, route: Route, verdict: Overflow, second: Attempt
-) -> tuple[upstream.UpstreamResponse, Outcome]:
+) -> tuple[upstream.UpstreamResponse, Attempt]:
     """Send ``second`` on ``route`` and count how it went (``metrics``); its answer is
-    returned whatever it is."""
+    returned whatever it is, with ``second`` as it answers it (a recovered view's status)."""
     log.warning(
         "upstream rejected the request (%s, %s format, limit %s); retrying once",
         verdict.kind,
@@ -104,9 +99,9 @@ async def retry_once(
     if retry.status_code < 400:
         metrics.overflows.labels(**labels, outcome="recovered").inc()
         status = outcome.status if outcome.status != "passthrough" else "trimmed"
-        return retry, replace(outcome, status=status)
+        return retry, replace(second, outcome=replace(outcome, status=status))
     metrics.overflows.labels(**labels, outcome="failed").inc()
-    return retry, outcome
+    return retry, second
 
 
 async def _stream_error(
@@ -199,10 +194,11 @@ async def learn_window(
     return learned, False
 
 
-async def retry_view(view: Awaitable[Outcome], *, stated: bool) -> Outcome | None:
-    """The compacted view to retry with, or None when even the newest message cannot fit
-    a window of the proxy's making (``stated`` False): that number is no window to quote
-    in the proxy's own error, so the upstream's answer stands."""
+async def retry_view(view: Awaitable[T], *, stated: bool) -> T | None:
+    """The compacted view to retry with (and what goes with it), or None when even the
+    newest message cannot fit a window of the proxy's making (``stated`` False): that
+    number is no window to quote in the proxy's own error, so the upstream's answer
+    stands."""
     try:
         return await view
     except ContextTooLarge:

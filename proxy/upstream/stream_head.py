@@ -30,6 +30,7 @@ from starlette.responses import StreamingResponse
 
 from proxy.core.outcome import Outcome
 from proxy.errors import ProxyError
+from proxy.upstream.api import Attempt
 from proxy.upstream.client import UpstreamResponse
 from proxy.upstream.headers import response_headers
 from proxy.upstream.overflow import Overflow, classify_error
@@ -59,8 +60,9 @@ class Held:
 class Recovery:
     """What a held stream needs from the pipeline to recover in-stream."""
 
-    # Compact harder and send once more; None when nothing can change.
-    retry: Callable[[Overflow], Awaitable[tuple[UpstreamResponse, Outcome] | None]]
+    # Compact harder and send once more: its answer, and what it sent; None when nothing
+    # can change.
+    retry: Callable[[Overflow], Awaitable[tuple[UpstreamResponse, Attempt] | None]]
     watch_for: Callable[[Outcome], Watch | None]  # the usage watcher for a view's answer
     stream_error: Callable[[dict[str, Any]], bytes]  # an error object as the API's event
     answered: Callable[[int, Outcome], None]  # the request's record
@@ -136,11 +138,12 @@ def comments_ahead(pending: bytes) -> tuple[bytes, bytes]:
     return b"".join(out), b"".join(kept)
 
 
-def respond(held: Held, recovery: Recovery, outcome: Outcome) -> StreamingResponse:
-    """The response for ``held`` (the first attempt's, with the view ``outcome``): its
-    headers and comments now, then its events, or after an overflow in its first event,
-    the retry's. The caller adds the view's headers."""
-    state = _State(held.response, outcome)
+def respond(held: Held, recovery: Recovery, first: Attempt) -> StreamingResponse:
+    """The response for ``held`` (the answer to ``first``): its headers and comments now,
+    then its events, or after an overflow in its first event, the retry's; once a model's
+    answer has ended, the follow-ups of the attempt it answers. The caller adds the view's
+    headers."""
+    state = _State(held.response, first)
     out = StreamingResponse(
         _body(held, recovery, state), status_code=200, background=BackgroundTask(state.finish)
     )
@@ -150,20 +153,21 @@ def respond(held: Held, recovery: Recovery, outcome: Outcome) -> StreamingRespon
 
 @dataclass(slots=True)
 class _State:
-    """The answer being relayed (the first, or the retry's) and the view it answers."""
+    """The answer being relayed (the first, or the retry's) and the attempt it answers."""
 
     response: UpstreamResponse
-    outcome: Outcome
-    ok: bool = True  # the answer relayed is the model's (not an error): pre-compact after
+    sent: Attempt
+    ok: bool = True  # the answer relayed is the model's (not an error): follow-ups after
 
     async def finish(self) -> None:
         await self.response.aclose()
-        if self.ok and self.outcome.after is not None:  # pre-compact, once the answer is out
-            await self.outcome.after()
+        if self.ok:  # its follow-ups in order (a sighting, pre-compaction), once it is out
+            for follow_up in self.sent.follow_ups:
+                await follow_up()
 
 
 async def _body(held: Held, recovery: Recovery, state: _State) -> AsyncIterator[bytes]:
-    outcome = state.outcome
+    outcome = state.sent.outcome
     head = unsent = held.head
     source = held.source
     relaying = False  # an event went out: a failure can only end the stream now
@@ -193,12 +197,12 @@ async def _body(held: Held, recovery: Recovery, state: _State) -> AsyncIterator[
             yield unsent
             state.ok = False
             return
-        state.response, state.outcome = retried
+        state.response, state.sent = retried
         retry = state.response
-        recovery.answered(retry.status_code, state.outcome)
+        recovery.answered(retry.status_code, state.sent.outcome)
         if retry.status_code == 200 and _is_stream(retry):
             relaying = True
-            watch = recovery.watch_for(state.outcome)
+            watch = recovery.watch_for(state.sent.outcome)
             async for piece in _relayed(b"", retry.aiter_raw(), watch):
                 yield piece
             return

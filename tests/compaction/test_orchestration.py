@@ -53,7 +53,8 @@ async def view(
     services: Services, messages: list[ChatMessage], session: str = "s1", **kw: bool
 ) -> Outcome:
     """Steps 3-8 for one request: what the upstream would see of ``messages``."""
-    return await compacted_view(services, await turn_of(services, messages, session), **kw)
+    outcome, _ = await compacted_view(services, await turn_of(services, messages, session), **kw)
+    return outcome
 
 
 def key(session: str = "s1") -> SessionKey:

@@ -1,5 +1,8 @@
 """sightings.py: a named session is noted in the store after its answer, at most once per
-``REFRESH_S`` per process, and never on the request's own path."""
+``REFRESH_S`` per process, and never on the request's own path.
+
+That the write runs once the answer is out, before a background compaction the same
+turn left: tests/test_chat_pipeline.py (the pipeline runs a turn's follow-ups)."""
 
 from __future__ import annotations
 
@@ -37,10 +40,10 @@ async def test_a_named_session_is_noted_once_its_answer_is_out() -> None:
     services = make_services(fake_settings(), FakeUpstream(), clock, store=store)
     turn = await turn_of(services, conversation(2))
     key = session_from_header(TENANT, "s1")
-    outcome = noter.note(turn, SEEN)
+    write = noter.note(turn, SEEN)
     assert await store.load_seen(key) is None  # nothing written while the request runs
-    assert outcome.after is not None
-    await outcome.after()
+    assert write is not None
+    await write()
     assert await store.load_seen(key) == Sighting(6, 321, MODEL, WALL + clock.now)
 
 
@@ -49,14 +52,14 @@ async def test_a_session_is_written_at_most_once_per_refresh_interval() -> None:
     noter, store = sightings(clock)
     services = make_services(fake_settings(), FakeUpstream(), clock, store=store)
     first = noter.note(await turn_of(services, conversation(1)), SEEN)
-    assert first.after is not None
-    await first.after()
+    assert first is not None
+    await first()
     clock.advance(REFRESH_S / 2)
-    assert noter.note(await turn_of(services, conversation(2)), SEEN) is SEEN
+    assert noter.note(await turn_of(services, conversation(2)), SEEN) is None
     clock.advance(REFRESH_S / 2)
     later = noter.note(await turn_of(services, conversation(3)), SEEN)
-    assert later.after is not None
-    await later.after()
+    assert later is not None
+    await later()
     seen = await store.load_seen(session_from_header(TENANT, "s1"))
     assert seen is not None
     assert seen.messages == 8
@@ -67,8 +70,8 @@ async def test_a_turn_whose_answer_failed_leaves_the_next_one_due() -> None:
     noter, store = sightings(clock)
     services = make_services(fake_settings(), FakeUpstream(), clock, store=store)
     turn = await turn_of(services, conversation(1))
-    assert noter.note(turn, SEEN).after is not None  # its follow-up never runs
-    assert noter.note(turn, SEEN).after is not None
+    assert noter.note(turn, SEEN) is not None  # its follow-up never runs
+    assert noter.note(turn, SEEN) is not None
 
 
 async def test_a_derived_session_has_no_id_to_ask_by_and_is_not_noted() -> None:
@@ -76,23 +79,4 @@ async def test_a_derived_session_has_no_id_to_ask_by_and_is_not_noted() -> None:
     noter, store = sightings(clock)
     services = make_services(fake_settings(), FakeUpstream(), clock, store=store)
     turn = replace(await turn_of(services, conversation(1)), session_header=None)
-    assert noter.note(turn, SEEN) is SEEN
-
-
-async def test_a_pending_background_compaction_still_runs_after_the_note() -> None:
-    clock = FakeClock()
-    noter, store = sightings(clock)
-    services = make_services(fake_settings(), FakeUpstream(), clock, store=store)
-    ran: list[str] = []
-
-    async def precompact() -> None:
-        ran.append("precompact")
-
-    outcome = noter.note(
-        await turn_of(services, conversation(1)),
-        Outcome("snapshot", None, 1, 10, WINDOW, after=precompact),
-    )
-    assert outcome.after is not None
-    await outcome.after()
-    assert ran == ["precompact"]
-    assert await store.load_seen(session_from_header(TENANT, "s1")) is not None
+    assert noter.note(turn, SEEN) is None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from proxy.config import ModelSpec
-from proxy.core.outcome import Outcome
+from proxy.core.outcome import FollowUp, Outcome
 from proxy.core.session import session_from_header
 from proxy.observe.record import Record, recording
 from proxy.pipeline import compacted_view
@@ -290,7 +290,7 @@ async def test_a_turn_that_waited_on_a_summary_that_failed_says_so() -> None:
     await asyncio.wait_for(upstream.summary_started.wait(), 2)
     waiter_turn = await turn_of(services, history, "failed")
     with recording(Record("test-request", 0.0)) as waiter_record:  # the waiter's request
-        waiter = asyncio.create_task(compacted_view(services, waiter_turn))
+        waiter = asyncio.create_task(_outcome(compacted_view(services, waiter_turn)))
     await until(lambda: clock.sleeps >= 1)
     clock.advance(0.5)
     gate.set()
@@ -308,4 +308,9 @@ async def test_a_turn_that_waited_on_a_summary_that_failed_says_so() -> None:
 
 
 async def _view(services: Services, messages: list[ChatMessage], session: str) -> Outcome:
-    return await compacted_view(services, await turn_of(services, messages, session))
+    return await _outcome(compacted_view(services, await turn_of(services, messages, session)))
+
+
+async def _outcome(view: Awaitable[tuple[Outcome, tuple[FollowUp, ...]]]) -> Outcome:
+    outcome, _ = await view
+    return outcome

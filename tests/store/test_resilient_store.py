@@ -134,7 +134,8 @@ def releases(metrics: Metrics, outcome: str) -> float:
 
 
 async def compact(services: Services) -> str:
-    return (await compacted_view(services, await turn_of(services, conversation(14)))).status
+    outcome, _ = await compacted_view(services, await turn_of(services, conversation(14)))
+    return outcome.status
 
 
 async def test_requests_compact_from_local_state_while_the_store_is_down(
