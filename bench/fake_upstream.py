@@ -1,7 +1,8 @@
 """The cheapest OpenAI-shaped upstream we can serve: the floor every benchmark target stands on.
 
 A raw ASGI app under uvicorn (uvloop + httptools, no access log). ``POST .../chat/completions``
-answers with precomputed bytes and never parses the request: a fixed JSON completion, or, when
+answers with precomputed bytes and never parses the request: a fixed JSON completion (a fixed
+summary for the proxy's summary calls, told by their header), or, when
 the body contains ``"stream": true``, an SSE stream of ``--chunks`` small chunks followed by
 ``data: [DONE]``. ``--delay-ms`` holds every reply for a fixed time before the first byte, to
 stand in for a real model's latency.
@@ -46,6 +47,39 @@ _JSON_HEADERS = [
     (b"content-type", b"application/json"),
     (b"content-length", str(len(_REPLY)).encode()),
 ]
+# The proxy's summary calls (``x-compaction-purpose: summarize``) get a summary that
+# passes its checks (core/summary_check.py: every section asked for, some content):
+# "ok" is rejected as a summary, and the compacting targets would never hold a snapshot.
+_SECTIONS = (
+    *("Active task", "Goal", "Constraints and preferences", "Completed actions"),
+    *("Current state", "In progress", "Blocked", "Key decisions", "Resolved questions"),
+    *("Pending user asks", "Relevant files", "Remaining work", "Critical values"),
+)
+_SUMMARY_TEXT = "\n".join(
+    f"## {name}\nBench line {i}: the load run goes on with its fixed payload."
+    for i, name in enumerate(_SECTIONS)
+)
+_SUMMARY = orjson.dumps(
+    {
+        "id": "chatcmpl-bench-summary",
+        "object": "chat.completion",
+        "created": _CREATED,
+        "model": "bench",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": _SUMMARY_TEXT},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 200, "total_tokens": 210},
+    }
+)
+_SUMMARY_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(_SUMMARY)).encode()),
+]
+_PURPOSE = (b"x-compaction-purpose", b"summarize")
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _NOT_FOUND = b'{"error":{"message":"not found","type":"invalid_request_error"}}'
 _NOT_FOUND_HEADERS = [
@@ -106,6 +140,11 @@ def create_app(delay_s: float, chunk_count: int) -> App:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         if not any(marker in body for marker in _STREAM_MARKERS):
+            if _PURPOSE in scope["headers"]:
+                start = {"type": "http.response.start", "status": 200, "headers": _SUMMARY_HEADERS}
+                await send(start)
+                await send({"type": "http.response.body", "body": _SUMMARY})
+                return
             await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
             await send({"type": "http.response.body", "body": _REPLY})
             return
