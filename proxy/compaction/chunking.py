@@ -37,8 +37,9 @@ from proxy.types import ChatMessage
 # prompt fails at the upstream, and the turn is trimmed, as before).
 _MIN_ROOM = 256
 # The proxy's tokenizer is not the summarizer's: its counts are calibrated to the chat
-# model's on average, not per text. A 32nd of the window (128 tokens of 4k) to spare.
-_MARGIN_SHARE = 32
+# model's on average, not per text, and not before the tenant's first answers, nor for a
+# summarizer_model of its own. A 16th of the window (256 tokens of 4k) to spare.
+_MARGIN_SHARE = 16
 # Tokenizing more than this runs in a worker thread, as count.py's INLINE_COUNT_BYTES.
 _INLINE_CHARS = 32 * 1024
 # The chat template around the two messages (system, user) and the reply's start.

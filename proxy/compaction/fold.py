@@ -89,6 +89,7 @@ class Folder:
                 self.metrics.summary_length_retries.inc(exc.length_retries)
             raise
         self._timed(turn, started, "ok")
+        self.metrics.summarizer_calls.observe(made.calls)
         self._rejected(key, made.rejected)
         if made.omitted:
             log.warning(

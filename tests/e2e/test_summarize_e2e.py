@@ -23,6 +23,7 @@ from proxy.types import ChatMessage
 from proxy.upstream.client import UpstreamClient
 from tests.support.chat import FILLER, WINDOW, Chat, small_window_settings, stats
 from tests.support.encoders import ENCODER
+from tests.support.metrics import exact_metric
 from tests.support.servers import run_server
 
 SUMMARIZER_WINDOW = 1500
@@ -185,6 +186,10 @@ def test_a_4k_windows_first_compaction_takes_at_most_two_summarizer_calls(
     span = sum(ENCODER.count(new_turns(call)) for call in calls)
     assert span >= 3300, "the first compaction folds a ~3.5k-token span"
     assert len(calls) <= 2
+    # Reported: the calls of each new summary, chunks and retries included.
+    histogram = "compaction_proxy_summarizer_calls_per_compaction"
+    assert exact_metric(url, f"{histogram}_count") == 1
+    assert exact_metric(url, f"{histogram}_sum") == len(calls)
     assert stats(sim_reset)["overflows"] == 0, "every call fits the summarizer's window"
     for turn in (0, 12, 20):
         assert chat.say(f"RECALL k{turn}") == f"k{turn}=v{turn * 7}"
