@@ -58,10 +58,14 @@ class Config:
     reply_reserve: int  # the chat model's max_output_tokens: smaller than a full summary
     kind: str  # "chat" or "agent"
     forgets: int  # the summarizer leaves out every Nth fact (0: none)
+    # Background pre-compaction; off, as README advises for a single-slot server (llama.cpp
+    # -np 1), every summary is inline and folds a span as large as the trigger leaves.
+    precompact: bool = True
 
 
 CONFIGS = (
     Config("chat-4k", 4096, 256, "chat", 3),
+    Config("chat-4k-inline", 4096, 256, "chat", 3, precompact=False),
     Config("chat-16k", 16384, 512, "chat", 3),
     Config("agent-8k", 8192, 256, "agent", 3),
     Config("chat-32k", 32768, 1024, "chat", 0),
@@ -135,7 +139,8 @@ def _servers(config: Config, workdir: Path) -> Iterator[str]:
         f'upstream: {{base_url: "http://127.0.0.1:{sim_port}/v1", api_key: "sk-bench"}}\n'
         "models:\n"
         f'  - {{match: "bench-*", context_window: {config.window}, '
-        f"max_output_tokens: {config.reply_reserve}}}\n"
+        f"max_output_tokens: {config.reply_reserve}, "
+        f"precompact: {str(config.precompact).lower()}}}\n"
     )
     logs = workdir / f"{config.name}.log"
     with logs.open("wb") as log:
