@@ -72,7 +72,9 @@ class Folder:
         """``previous`` updated with ``span``, or None when the new summary is far over
         its budget (logged and counted here). Raises the summarizer's ``SummaryError``.
         ``background``: a pre-compaction, which no turn waits for."""
-        request = SummaryRequest.for_turn(turn, self.settings, self.models, self.client)
+        request = SummaryRequest.for_turn(
+            turn, self.settings, self.models, self.client, self.counters
+        )
         started = time.perf_counter()
         if not background:
             self.metrics.summary_waits.labels(kind="summarized").inc()
@@ -87,6 +89,7 @@ class Folder:
                 self.metrics.summary_length_retries.inc(exc.length_retries)
             raise
         self._timed(turn, started, "ok")
+        self.metrics.summarizer_calls.observe(made.calls)
         self._rejected(key, made.rejected)
         if made.omitted:
             log.warning(

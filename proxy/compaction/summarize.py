@@ -21,9 +21,10 @@ asked for once more with the simple prompt (prompts.py), and a second failure
 raises ``SummaryRejected``: nothing is stored, the caller trims and backs off.
 The instructions ask for fewer sections when the budget is small.
 
-One summary makes at most ``compaction.max_summary_calls`` calls, retries
-included, so at most that many times the summarizer's window in tokens: a span
-needing more chunks than that keeps its newest chunks (a call to spare for a
+Each call takes as much of the span as the summarizer's window leaves room for
+(chunking.py). One summary makes at most ``compaction.max_summary_calls`` calls,
+retries included, so at most that many times the summarizer's window in tokens: a
+span needing more chunks than that keeps its newest chunks (a call to spare for a
 retry) and the oldest are left out, a deterministic marker in their place
 (in the transcript, and at the head of the new summary), as trimming does.
 """
@@ -34,20 +35,16 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from proxy.compaction.chunking import ChunkSize, cut
 from proxy.compaction.summary_api import PATHS, SummarizerApi, read_answer, request_body
 from proxy.config import Settings
-from proxy.core.budget import FRAME_TOKENS, summary_limit
+from proxy.core.budget import summary_limit
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Turn
 from proxy.core.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
 from proxy.core.summary_check import Reason, check_summary, echoes
-from proxy.core.transcript import (
-    Entry,
-    chunk_transcript,
-    frame_prompt,
-    framed_marker,
-    render_transcript,
-)
+from proxy.core.tokens import TokenCounter
+from proxy.core.transcript import frame_prompt, framed_marker
 from proxy.core.wording import omitted_marker
 from proxy.errors import SummaryError, SummaryRejected, SummaryTruncated, UpstreamError
 from proxy.observe.record import current_record
@@ -81,17 +78,21 @@ class SummaryRequest:
     model: str
     max_tokens: int
     timeout_s: float
-    # Most transcript characters one call may take (the summarizer's window,
-    # less the prompt and the answer, in characters of the chosen tokenizer).
-    max_chunk_chars: int
+    chunking: ChunkSize  # how much of the span one call may take (chunking.py)
     max_calls: int = 16  # compaction.max_summary_calls: the most one summary may make
     prompt: Prompt = FULL  # the instructions: fewer sections for a small budget
 
     @classmethod
     def for_turn(
-        cls, turn: Turn, settings: Settings, models: ModelTable, client: upstream.Upstream
+        cls,
+        turn: Turn,
+        settings: Settings,
+        models: ModelTable,
+        client: upstream.Upstream,
+        counters: dict[str, TokenCounter],
     ) -> SummaryRequest:
-        """The summary call for ``turn``'s session, sized for the summarizer's window."""
+        """The summary call for ``turn``'s session, sized for the summarizer's window in
+        its tokens (``counters``: by tokenizer name)."""
         c = settings.compaction
         summarizer = models.resolve(c.summarizer_model) if c.summarizer_model else turn.model
         window = c.summarizer_context_window or summarizer.context_window
@@ -102,9 +103,7 @@ class SummaryRequest:
         max_tokens = summary_limit(turn.model, c)
         if c.summarizer_max_output_tokens:
             max_tokens = min(max_tokens, c.summarizer_max_output_tokens)
-        # Room for the transcript: the window less the answer and the prompt's
-        # own framing, in characters at a conservative 3 per token.
-        room = max(window - max_tokens - 2 * FRAME_TOKENS - 600, 256)
+        counter = counters.get(summarizer.tokenizer) or counters[turn.model.tokenizer]
         api = settings.upstream.summarizer_api
         return cls(
             client=client,
@@ -115,7 +114,7 @@ class SummaryRequest:
             model=c.summarizer_model or turn.chat["model"],
             max_tokens=max_tokens,
             timeout_s=c.summary_timeout_s,
-            max_chunk_chars=room * 3,
+            chunking=ChunkSize.for_window(window, max_tokens, counter),
             max_calls=c.max_summary_calls,
             prompt=prompt_for(max_tokens),
         )
@@ -131,8 +130,7 @@ async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessa
     """
     run = _Run(req)
     text = previous
-    chunks = chunk_transcript(render_transcript(span), req.max_chunk_chars)
-    chunks, omitted = _newest_within(chunks, req.max_calls)
+    chunks, omitted = await cut(req.chunking, previous, span, req.max_calls)
     try:
         async with asyncio.timeout(req.timeout_s):
             for chunk in chunks:
@@ -216,23 +214,6 @@ def _cut_off(what: str, retries: int) -> SummaryTruncated:
     cut = SummaryTruncated(f"summary {what}; keeping the previous one")
     cut.length_retries = retries
     return cut
-
-
-def _newest_within(chunks: list[list[Entry]], max_calls: int) -> tuple[list[list[Entry]], int]:
-    """``chunks`` as one summary may take them within ``max_calls`` calls: all of them,
-    or the newest ``max_calls - 1`` (a call to spare for a retry) after a marker entry
-    standing for the messages left out; and how many messages were left out."""
-    keep = max(max_calls - 1, 1)
-    if len(chunks) <= max_calls:
-        return chunks, 0
-    dropped, kept = chunks[:-keep], chunks[-keep:]
-    # A message longer than a chunk continues over several: count where each one starts.
-    omitted = sum(entry.part == 1 for chunk in dropped for entry in chunk)
-    if kept[0][0].part > 1:
-        omitted -= 1  # its start was left out, its rest is kept: not counted whole
-    omitted = max(omitted, 1)  # at least part of one message
-    # The proxy's own note: only the proxy writes a framed line, so it may say system.
-    return [[Entry("system", omitted_marker(omitted)), *kept[0]], *kept[1:]], omitted
 
 
 @dataclass(frozen=True, slots=True)

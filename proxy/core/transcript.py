@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +26,12 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 _NAME_CHARS = 64
 # A boundary is 8 hex digits, drawn per call after the quoted text is known and drawn
 # again if any of it contains the boundary: no text can carry it, however short it is.
-# It opens every message, so its length is paid per message. Chunks are sized in
-# characters at 3 a token, but hex digits take about a token per one or two: sizes are
-# computed with a stand-in twice as long, or a chunk of many short messages overflows
-# the summarizer's window (tests/e2e/test_scale.py).
-_STAND_IN = "0" * 16
+# It opens every message, so its length is paid per message. Chunks are sized with a
+# stand-in as costly as any boundary: 8 characters, and in tokens a letter and a digit
+# in turn, which BPE vocabularies split one token a character (a real boundary
+# costs at most that), or a chunk of many short messages overflows the summarizer's
+# window (tests/e2e/test_scale.py).
+_STAND_IN = "a0b1c2d3"
 _NAME_UNSAFE = re.compile(r"[^\w.-]")
 
 
@@ -124,7 +125,16 @@ def frame_prompt(previous: str, entries: Sequence[Entry]) -> str:
     preamble explaining it. A first compaction has no previous-summary block at all: a
     placeholder there is text a weak model copied into its summary (issue 21)."""
     b = new_boundary([previous, *(e.text for e in entries)])
-    turns = "\n".join(e.framed(b) for e in entries)
+    return _framed(b, previous, "\n".join(e.framed(b) for e in entries))
+
+
+def framing_cost(previous: str, size: Callable[[str], int] = len) -> int:
+    """What ``frame_prompt`` adds to the turns it frames, ``previous`` included, in units
+    of ``size``, at the most any boundary costs."""
+    return size(_framed(_STAND_IN, previous, ""))
+
+
+def _framed(b: str, previous: str, turns: str) -> str:
     prev = f"<previous_summary_{b}>\n{previous}\n</previous_summary_{b}>\n\n" if previous else ""
     return (
         f"The quoted text uses the marker {b}.\n\n"
@@ -158,30 +168,54 @@ def span_sources(messages: Sequence[ChatMessage]) -> list[tuple[str, str]]:
     return out
 
 
-def chunk_transcript(entries: list[Entry], max_chars: int) -> list[list[Entry]]:
-    """``entries`` in order, in chunks of about ``max_chars`` framed characters at most;
-    a longer entry continues over several."""
+def chunk_transcript(
+    entries: list[Entry], first: int, size: Callable[[str], int] = len, rest: int | None = None
+) -> list[list[Entry]]:
+    """``entries`` in order, in chunks of at most ``first`` (the first chunk) or ``rest``
+    (each later one; ``first`` if not given) framed units of ``size``: characters, or the
+    summarizer's tokens. A longer entry continues over several, each part within both."""
+    rest = first if rest is None else rest
     chunks: list[list[Entry]] = [[]]
-    size = 0
-    for entry in _split_long(entries, max_chars):
-        length = len(entry.framed(_STAND_IN)) + 1
-        if chunks[-1] and size + length > max_chars:
+    used = 0
+    for entry in _split_long(entries, min(first, rest), size):
+        cost = entry_cost(entry, size)
+        if chunks[-1] and used + cost > (rest if len(chunks) > 1 else first):
             chunks.append([])
-            size = 0
+            used = 0
         chunks[-1].append(entry)
-        size += length
+        used += cost
     return chunks
 
 
-def _split_long(entries: list[Entry], max_chars: int) -> list[Entry]:
+def entry_cost(entry: Entry, size: Callable[[str], int] = len) -> int:
+    """What ``entry`` costs a chunk, in units of ``size``, at the most any boundary costs:
+    its framed text and the line break joining it to the next."""
+    return size(entry.framed(_STAND_IN)) + 1
+
+
+def _split_long(entries: list[Entry], limit: int, size: Callable[[str], int]) -> list[Entry]:
     """A message longer than a chunk continues over several, losing nothing."""
     out: list[Entry] = []
     for entry in entries:
-        frame = len(entry.framed(_STAND_IN)) - len(entry.text) + 16  # a part="n" attribute
-        if len(entry.text) + frame <= max_chars:
+        # Its framing as a part's: a ", part n" in its header line, and the line break.
+        frame = size(Entry(entry.role, "", entry.tool, entry.call, 99999).framed(_STAND_IN)) + 2
+        whole = size(entry.text)
+        if whole + frame <= limit:
             out.append(entry)
             continue
-        step = max(max_chars - frame, 1)
-        parts = [entry.text[i : i + step] for i in range(0, len(entry.text), step)]
+        parts = _pieces(entry.text, whole, max(limit - frame, 1), size)
         out.extend(Entry(entry.role, p, entry.tool, entry.call, i + 1) for i, p in enumerate(parts))
     return out
+
+
+def _pieces(text: str, whole: int, room: int, size: Callable[[str], int]) -> list[str]:
+    """``text`` cut into consecutive pieces of at most ``room`` units of ``size`` each
+    (``whole``: all of it), cut at character offsets: text denser than the average in
+    some part is cut again with smaller steps."""
+    step = max(len(text) * room // max(whole, 1), 1)
+    while True:
+        parts = [text[i : i + step] for i in range(0, len(text), step)]
+        worst = max(size(p) for p in parts)
+        if worst <= room or step == 1:
+            return parts
+        step = max(min(step * room // worst, step - 1), 1)

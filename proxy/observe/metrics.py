@@ -2,9 +2,9 @@
 
 Series whose labels are a closed set are declared at start-up (``__post_init__``), so
 dashboards and alerts see zeros rather than no data before the first event. A request's
-own series (durations, tokens, streams) are observed in one place, ``recorder.Recorder.finish``.
-Label sets and buckets are in proxy.observe.series: all closed, whatever clients send. With several
-workers, ``/metrics`` sums them (proxy.observe.exposition); gauges say how (``multiprocess_mode``).
+own series are observed in one place, ``recorder.Recorder.finish``. Label sets and buckets
+are in proxy.observe.series, all closed, whatever clients send. With several workers,
+``/metrics`` sums them (proxy.observe.exposition); gauges say how (``multiprocess_mode``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from proxy.observe.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, e
 from proxy.observe.series import (
     ADDED_BUCKETS,
     CALL_BUCKETS,
+    CALLS_BUCKETS,
     CHAT_STATUSES,
     DEGRADED_REASONS,
     PRECOMPACTION_OUTCOMES,
@@ -64,6 +65,7 @@ class Metrics:
     active_streams: Gauge
     input_tokens: Counter
     summarization_duration: Histogram
+    summarizer_calls: Histogram
     store_duration: Histogram
     # Background pre-compaction (precompact.py).
     compactions_by_trigger: Counter
@@ -128,8 +130,7 @@ class Metrics:
             ),
             summaries_truncated=Counter(
                 "compaction_proxy_summaries_truncated",
-                "Summaries still cut off by their token limit after a terser retry (the "
-                "previous snapshot was kept and the turn trimmed)",
+                "Summaries cut off after a terser retry too (old snapshot kept, turn trimmed)",
                 registry=r,
             ),
             summary_length_retries=Counter(
@@ -169,8 +170,7 @@ class Metrics:
             ),
             lock_release_retries=Counter(
                 "compaction_proxy_lock_release_retries",
-                "Summarization locks whose release failed and was retried in the background, "
-                "by outcome (released, expired, cancelled, gave_up)",
+                "Lock releases that failed and were retried in the background, by outcome",
                 ["outcome"],
                 registry=r,
             ),
@@ -184,8 +184,7 @@ class Metrics:
             ),
             upstream_duration=Histogram(
                 "compaction_proxy_upstream_duration_seconds",
-                "Time spent on a request's upstream calls, from sending to the answer's last "
-                "byte, by route (requests that called the upstream)",
+                "A request's upstream calls, from sending to the last byte of the answer, by route",
                 ["route"],
                 buckets=CALL_BUCKETS,
                 registry=r,
@@ -213,8 +212,7 @@ class Metrics:
             ),
             stream_ttfb=Histogram(
                 "compaction_proxy_stream_ttfb_seconds",
-                "Event streams: from the request's arrival to the first byte sent to the "
-                "client, by route",
+                "Event streams: arrival to the first byte sent to the client, by route",
                 ["route"],
                 buckets=TTFB_BUCKETS,
                 registry=r,
@@ -234,10 +232,15 @@ class Metrics:
             ),
             summarization_duration=Histogram(
                 "compaction_proxy_summarization_duration_seconds",
-                "Summaries asked of the upstream, every chunk and retry included, by outcome "
-                "(ok, failed)",
+                "Summaries asked of the upstream, every chunk and retry included, by outcome",
                 ["outcome"],
                 buckets=SUMMARY_BUCKETS,
+                registry=r,
+            ),
+            summarizer_calls=Histogram(
+                "compaction_proxy_summarizer_calls_per_compaction",
+                "Summarizer calls one new summary took, every chunk and retry included",
+                buckets=CALLS_BUCKETS,
                 registry=r,
             ),
             store_duration=Histogram(
@@ -258,8 +261,7 @@ class Metrics:
                 "compaction_proxy_precompactions",
                 "Background pre-compactions by outcome (compacted; covered: a newer snapshot "
                 "already did; unchanged: nothing to fold in; failed; cancelled; preempted: for "
-                "a tenant under its share; skipped_running, skipped_backoff, skipped_cap, "
-                "skipped_locked)",
+                "a tenant under its share; skipped_*: running, backoff, cap, locked)",
                 ["outcome"],
                 registry=r,
             ),
@@ -284,16 +286,14 @@ class Metrics:
             degraded_requests=Counter(
                 "compaction_proxy_degraded_requests",
                 "Chat requests due a summary and served without one (X-Compaction-Degraded), "
-                "by reason (summary_failed: theirs, or the one they waited for, failed; "
-                "summary_late: the one they waited for outlived the wait; backoff: the "
-                "session's summaries kept failing, none asked)",
+                "by reason (summary_failed: theirs or the one they waited for; summary_late: "
+                "that one outlived the wait; backoff: the session's kept failing, none asked)",
                 ["reason"],
                 registry=r,
             ),
             failed_summary_seconds=Counter(
                 "compaction_proxy_failed_summary_seconds",
-                "Seconds chat requests spent in summaries that failed (theirs, or waiting on "
-                "another request's)",
+                "Seconds chat requests spent in failed summaries (theirs, or waiting on another's)",
                 registry=r,
             ),
             sent_during_summary=Counter(

@@ -22,6 +22,8 @@ CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40,
 ADDED_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TTFB_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80)
 SUMMARY_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 120)
+# Summarizer calls per summary: at most compaction.max_summary_calls (16 by default).
+CALLS_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # Redis calls time out after 250 ms.
 STORE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 

@@ -10,8 +10,8 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
+from proxy.compaction.chunking import _newest_within
 from proxy.compaction.job import Job
-from proxy.compaction.summarize import _newest_within
 from proxy.core.session import session_from_header
 from proxy.core.transcript import Entry, chunk_transcript
 from proxy.core.wording import omitted_marker

@@ -11,10 +11,13 @@ import re
 import orjson
 import pytest
 
-from proxy.core.prompts import CORE, FULL, SIMPLE, TERSER
-from proxy.core.transcript import frame_prompt, render_transcript
+from proxy.compaction.chunking import ChunkSize, cut
+from proxy.core.prompts import CORE, FULL, SIMPLE, SMALL_BUDGET, TERSER
+from proxy.core.tokens import TokenCounter
+from proxy.core.transcript import Entry, frame_prompt, render_transcript
 from proxy.simulator.replies import collect_facts
 from proxy.types import ChatMessage
+from tests.support.encoders import ENCODER
 
 
 def transcript(messages: list[ChatMessage]) -> str:
@@ -124,3 +127,77 @@ def test_a_model_copying_facts_from_everything_it_reads_finds_none_in_the_instru
     # The simulator's summarizer carries forward every FACT it reads, the prompt's too:
     # the old prompt's `"FACT key=value"` put a fact `key` into every simulated summary.
     assert collect_facts([{"role": "system", "content": text}]) == {}
+
+
+# --- chunking.py: how much of a span one call takes (issue 24 item 4) ----------------------
+
+COUNTER = TokenCounter(ENCODER)
+
+
+def _request_tokens(size: ChunkSize, previous: str, chunk: list[Entry]) -> int:
+    """What one summary call costs the summarizer's window, its answer included."""
+    prompt = CORE if size.carried < SMALL_BUDGET else FULL
+    framed = f"{frame_prompt(previous, chunk)}\n\n{TERSER.format(limit=size.carried)}"
+    return COUNTER.text(prompt.system) + COUNTER.text(framed) + 9 + size.carried
+
+
+def _span(turns: int) -> list[ChatMessage]:
+    """Prose and, every third turn, dense text (hex ids: about a token per 1-2 characters)."""
+    return [
+        {"role": "user", "content": f"Turn {i}: " + ("notes on the project plan " * 12)}
+        if i % 3
+        else {"role": "tool", "content": " ".join(f"{i:02x}{k:06x}" for k in range(60))}
+        for i in range(turns)
+    ]
+
+
+PREVIOUS = "## Active task\nearlier summary"
+FULL_SUMMARY = "summary " * 612  # a carried summary at its budget of 614 tokens
+
+
+def _assert_each_call_fits(size: ChunkSize, chunks: list[list[Entry]], window: int) -> list[int]:
+    used = [
+        _request_tokens(size, PREVIOUS if i == 0 else FULL_SUMMARY, chunk)
+        for i, chunk in enumerate(chunks)
+    ]
+    assert max(used) <= window, used
+    return used
+
+
+@pytest.mark.parametrize("window", [4096, 8192])
+async def test_each_call_takes_most_of_the_summarizers_window_and_never_more(window: int) -> None:
+    """Sized at 3 characters a token, prose filled about two thirds of a call (a 4k window's
+    first compaction of ~3.5k tokens took three calls); counted in tokens, each call but
+    the last fills the window less its margin, carried summary included, and none
+    overflows it, dense text included."""
+    size = ChunkSize.for_window(window, 614, COUNTER)
+    chunks, omitted = await cut(size, PREVIOUS, _span(150), max_calls=16)
+    assert omitted == 0
+    assert len(chunks) > 2
+    used = _assert_each_call_fits(size, chunks, window)
+    assert min(used[:-1]) >= window * 0.85, used
+
+
+async def test_a_message_longer_than_a_call_is_cut_into_parts_that_fit() -> None:
+    size = ChunkSize.for_window(4096, 614, COUNTER)
+    dense = "".join(f"{k:x}" for k in range(3000))  # ~4.9k tokens in 8.7k characters
+    span: list[ChatMessage] = [*_span(10), {"role": "user", "content": dense}]
+    chunks, _ = await cut(size, PREVIOUS, span, max_calls=16)
+    _assert_each_call_fits(size, chunks, 4096)
+    parts = [e for chunk in chunks for e in chunk if e.part > 1 or e.text in dense]
+    assert len(parts) >= 3
+    assert "".join(e.text for e in parts) == dense
+
+
+async def test_a_span_beyond_the_call_budget_keeps_chunks_that_fit_as_the_first_call() -> None:
+    """Left-out messages put the marker and the previous summary in front of a chunk sized
+    as a later call's: each chunk then is sized to fit either place."""
+    size = ChunkSize.for_window(4096, 614, COUNTER)
+    previous = "## Active task\n" + "an earlier summary of the work so far " * 60
+    chunks, omitted = await cut(size, previous, _span(200), max_calls=4)
+    assert omitted > 0
+    assert len(chunks) == 3
+    assert chunks[0][0].role == "system"
+    assert _request_tokens(size, previous, chunks[0]) <= 4096
+    for chunk in chunks[1:]:
+        assert _request_tokens(size, FULL_SUMMARY, chunk) <= 4096

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from proxy.compaction.chunking import ChunkSize
 from proxy.compaction.summarize import SummaryRequest, summarize
 from proxy.config import CompactionSettings, Settings
 from proxy.core.budget import summary_limit
@@ -155,7 +156,7 @@ def request(upstream: FakeUpstream, max_calls: int = 16, max_tokens: int = 400) 
         model="fake",
         max_tokens=max_tokens,
         timeout_s=10,
-        max_chunk_chars=1_000_000,
+        chunking=ChunkSize(1_000_000),
         max_calls=max_calls,
         prompt=prompt_for(max_tokens),
     )

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.compaction.chunking import ChunkSize
 from proxy.compaction.summarize import SummaryRequest, summarize
 from proxy.config import Settings
 from proxy.simulator import create_simulator_app
@@ -21,6 +22,8 @@ from proxy.simulator.config import ModelRule, SimulatorConfig
 from proxy.types import ChatMessage
 from proxy.upstream.client import UpstreamClient
 from tests.support.chat import FILLER, WINDOW, Chat, small_window_settings, stats
+from tests.support.encoders import ENCODER
+from tests.support.metrics import exact_metric
 from tests.support.servers import run_server
 
 SUMMARIZER_WINDOW = 1500
@@ -53,7 +56,7 @@ async def test_a_span_larger_than_a_chunk_is_folded_call_by_call(sim_reset: str)
             model="sim-summarizer",
             max_tokens=300,
             timeout_s=10,
-            max_chunk_chars=1200,
+            chunking=ChunkSize(1200),
         )
         summary = (await summarize(request, "FACT earlier=kept", span)).text
     finally:
@@ -160,3 +163,33 @@ def test_a_configured_summarizer_output_limit_is_asked_for_directly(
     assert chat.last["x-compaction-status"] == "compacted"
     asked = {call["body"]["max_tokens"] for call in summarizer_calls(short_output_sim)}
     assert asked == {256}
+
+
+def test_a_4k_windows_first_compaction_takes_at_most_two_summarizer_calls(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """Issue 24: chunks sized in characters at 3 a token filled about two thirds of a
+    call, so a 4k window's first compaction of a ~3.5k-token span made three sequential
+    summarizer calls (seconds to tens of seconds each with a real model). Each call now
+    takes what the summarizer's window leaves room for, and none overflows it."""
+    url = start_proxy(small_window_settings(sim_reset, summary_max_tokens=2000))
+    chat = Chat(url, session="two-calls")
+    for turn in range(27):  # ~5k tokens: more than the window, as a client may send
+        chat.history.append(
+            {"role": "user", "content": f"Turn {turn}: {FILLER} FACT k{turn}=v{turn * 7}"}
+        )
+        chat.history.append({"role": "assistant", "content": f"Noted turn {turn}. {FILLER}"})
+    chat.say("and carry on")
+    assert chat.last is not None
+    assert chat.last["x-compaction-status"] == "compacted"
+    calls = summarizer_calls(sim_reset)
+    span = sum(ENCODER.count(new_turns(call)) for call in calls)
+    assert span >= 3300, "the first compaction folds a ~3.5k-token span"
+    assert len(calls) <= 2
+    # Reported: the calls of each new summary, chunks and retries included.
+    histogram = "compaction_proxy_summarizer_calls_per_compaction"
+    assert exact_metric(url, f"{histogram}_count") == 1
+    assert exact_metric(url, f"{histogram}_sum") == len(calls)
+    assert stats(sim_reset)["overflows"] == 0, "every call fits the summarizer's window"
+    for turn in (0, 12, 20):
+        assert chat.say(f"RECALL k{turn}") == f"k{turn}=v{turn * 7}"
