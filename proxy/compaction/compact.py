@@ -85,7 +85,8 @@ class Compactor:
         the view still fits the window (counted ``backoff``), and the next compaction
         that saves tokens ends the back-off."""
         if plan.nothing_to_save:
-            self.idle.failed(job.key)
+            if not self.idle.active(job.key):  # doubles per back-off run out, not per turn
+                self.idle.failed(job.key)
             self.metrics.compactions.labels(trigger=job.trigger, outcome="nothing_to_save").inc()
             kept = Outcome.unchanged(plan.tokens - job.budget.reserve, job.budget.window)
             kept = replace(kept, version=loaded.version)
