@@ -130,9 +130,11 @@ async def compacted_view(
     asked = trigger_for(recover=recover, scheduled=scheduled(loaded.stored), forced=forced)
     current = loaded.view(history.pinned)
     plan = plan_compaction(history, current, budget, force=bool(asked))  # 6. plan
-    if plan.action == "compact":  # 7-8. summarize under the session's lock, save, rebuild
+    if plan.action == "compact" or plan.nothing_to_save:
         job = Job(turn, key, history, budget, asked or "threshold")
-        return await services.compactor.compact(job, loaded, plan), ()
+        plan = services.compactor.settle(job, loaded, plan)  # nothing to save: back off
+        if plan.action == "compact":  # 7-8. summarize under the session's lock, save, rebuild
+            return await services.compactor.compact(job, loaded, plan), ()
     if plan.fits:  # 8. rebuild
         outcome = rebuild_outcome(history, plan.view, Handoff.of(loaded, c.summary_role), budget)
         # Past the soft threshold: compact in the background once the answer is out.

@@ -8,7 +8,8 @@ version) and rebuilds the messages. Concurrent requests wait, bounded, for that
 result, or use the last valid snapshot. A failing summarizer never fails the
 request: the view falls back to deterministic trimming (trim.py) and
 summarization is retried on a later turn, once the session's back-off after the
-failure has passed (backoff.py).
+failure has passed (backoff.py). A plan that saves nothing (plan.py) is no compaction:
+``settle`` counts it, writes nothing and backs the session off likewise.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Compactor:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     backoff: SummaryBackoff = field(init=False)  # sessions whose summaries keep failing
+    idle: SummaryBackoff = field(init=False)  # sessions whose plans keep saving nothing
     trims: TrimCuts = field(init=False)  # sessions' last trimmed cuts, reused (sticky.py)
     _folder: Folder = field(init=False)
 
@@ -73,7 +75,33 @@ class Compactor:
         self._folder = Folder(self.settings, self.models, self.client, self.counters, self.metrics)
         c = self.settings.compaction
         self.backoff = SummaryBackoff(c.summary_backoff_s, c.summary_backoff_max_s, self.clock)
+        self.idle = SummaryBackoff(c.summary_backoff_s, c.summary_backoff_max_s, self.clock)
         self.trims = TrimCuts(c.summary_role)
+
+    def settle(self, job: Job, loaded: Loaded, plan: Plan) -> Plan:
+        """``plan``, or the view kept as it is. A plan with nothing to save is counted
+        and logged as such (no version, no snapshot written) and backs the session off
+        as a failed summary does; meanwhile a summary the threshold asks for waits while
+        the view still fits the window (counted ``backoff``), and the next compaction
+        that saves tokens ends the back-off."""
+        if plan.nothing_to_save:
+            if not self.idle.active(job.key):  # doubles per back-off run out, not per turn
+                self.idle.failed(job.key)
+            self.metrics.compactions.labels(trigger=job.trigger, outcome="nothing_to_save").inc()
+            kept = Outcome.unchanged(plan.tokens - job.budget.reserve, job.budget.window)
+            kept = replace(kept, version=loaded.version)
+            self._log(job, loaded, kept, self.clock(), "nothing_to_save")
+            return plan
+        start, end = plan.summarize
+        if start == end or job.trigger != "threshold" or not self.idle.active(job.key):
+            return plan
+        h, budget = job.history, job.budget
+        current = loaded.view(h.pinned)
+        tokens = view_tokens(h, current, budget)
+        if tokens > budget.window:
+            return plan  # a summary beats a trim
+        self.metrics.compactions.labels(trigger=job.trigger, outcome="backoff").inc()
+        return Plan("keep", current, (current.covered, current.covered), tokens, True)
 
     async def compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Carry out ``plan`` (against ``loaded``), once per session at a time; log it."""
@@ -113,14 +141,16 @@ class Compactor:
     def _lock_ttl(self) -> float:
         return self.settings.compaction.summary_timeout_s + 5
 
-    def _log(self, job: Job, loaded: Loaded, outcome: Outcome, started: float) -> None:
+    def _log(
+        self, job: Job, loaded: Loaded, outcome: Outcome, started: float, status: str = ""
+    ) -> None:
         h = job.history
         previous = view_tokens(h, loaded.view(h.pinned), job.budget)
         # Fields: JSON lines carry them as keys, text lines as key=value (proxy/observe/logs.py).
         fields = {
             "session": job.key.log_id,
             "trigger": job.trigger,
-            "outcome": outcome.status,
+            "outcome": status or outcome.status,
             # Input tokens, as the request line counts them: the output reserve is not sent.
             "tokens_before": previous - job.budget.reserve,
             "tokens_after": outcome.tokens,
@@ -203,6 +233,7 @@ class Compactor:
 
     async def _saved(self, job: Job, new: Snapshot, plan: Plan) -> Outcome:
         """Write ``new`` (compare-and-swap) and show the history under it."""
+        self.idle.succeeded(job.key)
         if not await self.store.save(job.key, new):
             # A concurrent writer got there first; its snapshot is as valid as ours.
             log.info("session=%s snapshot v%d lost a write race", job.key.log_id, new.version)

@@ -1,7 +1,8 @@
 """A compaction to carry out: the request whose plan compacts, and what asked for it.
 
-Built only when a plan compacts (pipeline.py), or after an answer for a background
-pre-compaction (precompact.py); carried out by the ``Compactor`` (compact.py).
+Built only when a plan compacts or has nothing to save (pipeline.py), or after an
+answer for a background pre-compaction (precompact.py); carried out by the
+``Compactor`` (compact.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def trigger_for(*, recover: bool, scheduled: bool, forced: bool) -> Trigger | No
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One request whose plan compacts: built only then, never on the hot path."""
+    """One request whose plan compacts (or saves nothing): built only then, never on the
+    hot path."""
 
     turn: Turn
     key: SessionKey

@@ -30,6 +30,9 @@ class Plan:
     ``summarize`` is the ``[start, end)`` span to fold into the summary; an empty
     span means no model call. ``tokens`` is the request's estimated total
     (messages + fixed + reserve) under ``view``; ``fits`` says it is within the window.
+    ``nothing_to_save``: a kept view past the trigger (or forced), because no compaction
+    would make the request smaller (nothing bulky to elide, and a summary would cost at
+    least what it replaces: a large pinned prefix beside the target).
     """
 
     action: Literal["keep", "compact"]
@@ -37,6 +40,7 @@ class Plan:
     summarize: tuple[int, int]
     tokens: int
     fits: bool
+    nothing_to_save: bool = False
 
 
 def _is_group_start(results: Sequence[int], i: int) -> bool:
@@ -78,7 +82,9 @@ def plan_compaction(
     if that reaches the target, no model call is needed. (b) Else summarise up to
     the smallest legal cut that reaches the target, or the largest one that keeps
     the newest group when none does (``fits`` then says whether it is within the
-    window). Summarising is skipped when it would not beat elision alone.
+    window). Summarising is skipped when it would not beat elision alone. Decided by
+    tokens, not views: what would not make the request smaller is no compaction, and
+    the view is kept (``nothing_to_save``).
 
     ``force`` compacts even under the trigger: it summarises at least everything
     before the protected tail (more when the target needs it), and keeps the view
@@ -99,15 +105,19 @@ def plan_compaction(
     elided_tokens = elision_only.tokens
     if over and elided_tokens <= budget.target:
         return elision_only
+    # Without a summary worth its cost: elision alone if it saves tokens (a view that
+    # differs yet is no smaller is no saving), else the view as it is.
+    saves = elided_tokens < tokens
+    lighter = elision_only if over and saves else replace(keep, nothing_to_save=over)
 
     cut = _choose_cut(totals, elided, budget, protected, force=force)
     if cut is None:
-        return elision_only if over and elided != current else keep
+        return lighter
     view = View(cut, budget.summary_allowance, elided.elide_before)
     plan = _plan("compact", totals, view, budget, (current.covered, cut))
     if not force and plan.tokens >= elided_tokens:
         # The new summary would cost more than it replaces.
-        return elision_only if elided != current else keep
+        return lighter
     return plan
 
 

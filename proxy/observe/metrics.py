@@ -95,8 +95,8 @@ class Metrics:
                 "Compactions by trigger (threshold, forced, overflow_recovery, scheduled; "
                 "precompact: in the background after an answer, counted only when it "
                 "compacted) and outcome (compacted; trimmed: the summary failed; failed: it "
-                "failed, the view fit untrimmed; backoff: not asked, its summaries kept "
-                "failing; snapshot: another's served)",
+                "failed, the view fit; backoff: not asked, its summaries failed or plans saved "
+                "nothing; nothing_to_save: nothing written; snapshot: another's served)",
                 ["trigger", "outcome"],
                 registry=r,
             ),
@@ -306,7 +306,7 @@ class Metrics:
 
     def __post_init__(self) -> None:
         for trigger in TRIGGERS:
-            for outcome in ("compacted", "trimmed", "failed"):
+            for outcome in ("compacted", "trimmed", "failed", "nothing_to_save"):
                 self.compactions.labels(trigger=trigger, outcome=outcome)
         # store_duration's (14 series each) come with the Redis store that times its calls.
         closed: tuple[tuple[Counter | Histogram, str, tuple[str, ...]], ...] = (

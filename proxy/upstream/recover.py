@@ -185,11 +185,14 @@ async def learn_window(
                 turn.model.name, window, turn.tenant, configured=configured, stated=verdict.limit
             )
             return learned, True
-    # No limit we can trust (a gateway's 413, a terse server, echoed text): what we just
-    # sent is too much for this caller, so anything at least that large will fail too.
+    # No limit we can trust (a gateway's 413, a terse server, echoed text, Responses'
+    # context_length_exceeded): what we just sent is too much for this caller. The refusal
+    # bounds the window by what was sent, not by it plus the reply it reserved (the
+    # upstream may not have counted that): learn at most the messages sent, less a margin.
     configured = models.resolve(turn.model.name).context_window
+    sent_tokens = int(sent.outcome.tokens * _MARGIN)
     learned = await windows.learn(
-        turn.model.name, int(ours * _MARGIN), turn.tenant, configured=configured, stated=None
+        turn.model.name, sent_tokens, turn.tenant, configured=configured, stated=None
     )
     return learned, False
 

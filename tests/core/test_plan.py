@@ -179,6 +179,33 @@ def test_plan_keeps_when_only_the_newest_group_is_left() -> None:
     assert (plan.tokens, plan.fits) == (5200, False)
 
 
+def test_a_plan_that_saves_no_tokens_is_nothing_to_save() -> None:
+    """Issue 24 item 3: a pinned prefix dominates the window (Codex's instructions in a
+    16k window). Nothing is bulky enough to elide, and a summary would cost more than
+    the few small turns it replaces: eliding "nothing" moves ``elide_before`` (a view
+    that differs) at the same token count, which is no compaction."""
+    messages = convo("s u a u a u a u a")
+    counts = [12_500] + [80] * 8  # 12,500 + 640 + 500 reserve = 13,640: past 12,800
+    b = budget(window=16_000, reserve=500, trigger=12_800, target=8_000, summary_allowance=660)
+    current = View(1, 0, 1)
+    plan = plan_compaction(measured(messages, counts, 1), current, b)
+    assert (plan.action, plan.view, plan.summarize) == ("keep", current, (1, 1))
+    assert plan.nothing_to_save
+    assert (plan.tokens, plan.fits) == (13_640, True)
+    # Under the trigger the same view is simply kept.
+    under = plan_compaction(measured(messages, counts, 1), current, replace(b, trigger=14_000))
+    assert (under.action, under.nothing_to_save) == ("keep", False)
+
+
+def test_an_elision_that_saves_tokens_is_still_a_compaction() -> None:
+    messages = convo("s u c1 t a u a u a")
+    counts = [12_500, 80, 80, 1_000, 80, 80, 80, 80, 80]  # one bulky result to elide
+    b = budget(window=16_000, reserve=500, trigger=12_800, target=8_000, summary_allowance=660)
+    plan = plan_compaction(measured(messages, counts, 1), View(1, 0, 1), b)
+    assert (plan.action, plan.summarize, plan.nothing_to_save) == ("compact", (1, 1), False)
+    assert plan.tokens == 12_500 + 7 * 80 + ELIDED_TOKENS + 500
+
+
 def test_plan_cut_never_splits_a_tool_group() -> None:
     messages = convo("s u c1 t a u a u")
     # A cut at 3 would reach 750 exactly, but separates the call from its result.
