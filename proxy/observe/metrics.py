@@ -74,6 +74,7 @@ class Metrics:
     degraded_requests: Counter
     failed_summary_seconds: Counter
     sent_during_summary: Counter
+    slot_misses: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -169,23 +170,20 @@ class Metrics:
             ),
             lock_release_retries=Counter(
                 "compaction_proxy_lock_release_retries",
-                "Summarization locks whose release failed and was retried in the background, "
-                "by outcome (released, expired, cancelled, gave_up)",
+                "Summarization locks whose release failed, retried in the background, by outcome",
                 ["outcome"],
                 registry=r,
             ),
             request_duration=Histogram(
                 "compaction_proxy_request_duration_seconds",
-                "Requests from arrival to their response's last byte (a stream: its end, or "
-                "the client leaving), by route",
+                "Requests from arrival to their last byte sent (or the client leaving), by route",
                 ["route"],
                 buckets=CALL_BUCKETS,
                 registry=r,
             ),
             upstream_duration=Histogram(
                 "compaction_proxy_upstream_duration_seconds",
-                "Time spent on a request's upstream calls, from sending to the answer's last "
-                "byte, by route (requests that called the upstream)",
+                "A request's upstream calls, from sending to the answer's last byte, by route",
                 ["route"],
                 buckets=CALL_BUCKETS,
                 registry=r,
@@ -213,8 +211,7 @@ class Metrics:
             ),
             stream_ttfb=Histogram(
                 "compaction_proxy_stream_ttfb_seconds",
-                "Event streams: from the request's arrival to the first byte sent to the "
-                "client, by route",
+                "Event streams: from the request's arrival to the first byte sent, by route",
                 ["route"],
                 buckets=TTFB_BUCKETS,
                 registry=r,
@@ -227,15 +224,14 @@ class Metrics:
             ),
             input_tokens=Counter(
                 "compaction_proxy_input_tokens",
-                "Chat input tokens, by stage: before (the history as the client sent it) and "
-                "after (what the proxy sent upstream); estimates for requests not counted",
+                "Chat input tokens by stage: before (as the client sent them), after (as sent "
+                "upstream); estimates for requests not counted",
                 ["stage"],
                 registry=r,
             ),
             summarization_duration=Histogram(
                 "compaction_proxy_summarization_duration_seconds",
-                "Summaries asked of the upstream, every chunk and retry included, by outcome "
-                "(ok, failed)",
+                "Summaries asked of the upstream (chunks and retries too), by outcome (ok, failed)",
                 ["outcome"],
                 buckets=SUMMARY_BUCKETS,
                 registry=r,
@@ -249,8 +245,7 @@ class Metrics:
             ),
             compactions_by_trigger=Counter(
                 "compaction_proxy_compactions_by_trigger",
-                "Compactions that wrote a new snapshot, by trigger (inline: in a request's "
-                "path; background: pre-compaction after an answer)",
+                "Snapshots written by compactions, by trigger (inline; background: precompact)",
                 ["trigger"],
                 registry=r,
             ),
@@ -300,6 +295,11 @@ class Metrics:
                 "compaction_proxy_turns_sent_during_summary",
                 "Chat requests sent upstream while a background summary on the same model ran "
                 "(a single-slot server, llama.cpp -np 1, makes them wait for it)",
+                registry=r,
+            ),
+            slot_misses=Counter(
+                "compaction_proxy_session_slot_misses",
+                "Turns whose history matched none of its session's stored snapshots (slots)",
                 registry=r,
             ),
         )
