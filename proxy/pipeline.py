@@ -127,8 +127,10 @@ async def compacted_view(
     counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
     history = await count_history(counter, turn, c.pin_first_user, seed)  # 5. count
     key = await session_of(turn, history.messages)  # 3.
-    slots, missed = slot_count(key, services.settings.session), services.metrics.slot_misses
-    key, loaded = await load_session(services.store, key, history, slots, missed.inc)  # 4.
+    slots, misses = slot_count(key, services.settings.session), services.metrics.slot_misses
+    key, loaded = await load_session(  # 4. snapshot
+        services.store, key, history, slots, lambda outcome: misses.labels(outcome=outcome).inc()
+    )
     current_record().counted(key, history)
     forced = force and services.schedule.may_force(key)
     budget = Budget.for_model(model, c, reserve, history.fixed)

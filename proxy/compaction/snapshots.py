@@ -44,13 +44,13 @@ async def load_session(
     key: SessionKey,
     history: History,
     slots: int,
-    missed: Callable[[], object] | None = None,
+    missed: Callable[[str], object] | None = None,
 ) -> tuple[SessionKey, Loaded]:
     """Where ``history``'s snapshot lives, and the snapshot. A session (``key``, named or
     derived) has ``slots``, shared by every conversation under it: the newest one whose
     snapshot this history starts with, else an empty one, else the least recently
-    updated (a conversation long gone, most likely). ``missed`` is called when slots hold
-    snapshots and none matches (the history plans from scratch)."""
+    updated (a conversation long gone, most likely). When slots hold snapshots and none
+    matches (the history plans from scratch), ``missed`` hears which: "free" or "evicted"."""
     keys = session_slots(key, slots)
     if len(keys) == 1:
         return key, await load_snapshot(store, key, history)
@@ -60,10 +60,12 @@ async def load_session(
     for i in newest:
         if (valid := valid_snapshot(stored[i], history)) is not None:
             return keys[i], Loaded(stored[i], valid)
-    if any(stored) and missed is not None:
-        missed()
     if None in stored:
+        if any(stored) and missed is not None:
+            missed("free")
         return keys[stored.index(None)], Loaded(None, None)
+    if missed is not None:
+        missed("evicted")
     oldest = newest[-1]
     log.info("session=%s no snapshot matches the history; re-planning", key.log_id)
     return keys[oldest], Loaded(stored[oldest], None)

@@ -157,8 +157,7 @@ class Metrics:
             ),
             learned_windows=Counter(
                 "compaction_proxy_learned_windows",
-                "Windows learned from overflow errors, by scope (tenant: one caller's own; "
-                "shared: lowered for everyone once enough tenants agreed)",
+                "Learned windows by scope (tenant: one caller's; shared: everyone's, once agreed)",
                 ["scope"],
                 registry=r,
             ),
@@ -196,8 +195,7 @@ class Metrics:
             ),
             upstream_responses=Counter(
                 "compaction_proxy_upstream_responses",
-                "Requests that called the upstream, by route and the status class of its "
-                "last answer (429 apart; none: no answer)",
+                "Requests by route and their last upstream answer's status class (429 apart; none)",
                 ["route", "status"],
                 registry=r,
             ),
@@ -299,7 +297,9 @@ class Metrics:
             ),
             slot_misses=Counter(
                 "compaction_proxy_session_slot_misses",
-                "Turns whose history matched none of its session's stored snapshots (slots)",
+                "Histories that started with none of their session's snapshots (slots), by "
+                "outcome (free: took a free slot; evicted: the least recently updated one's)",
+                ["outcome"],
                 registry=r,
             ),
         )

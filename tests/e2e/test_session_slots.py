@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.support.chat import FILLER, WINDOW, Chat, stats, upstream_requests
+from tests.support.metrics import metric
 from tests.support.servers import RedisServer, proxy_settings
 
 TURNS = 60
@@ -51,6 +52,14 @@ def alone_and_together(proxy: str, sim: str, count: int) -> None:
         assert shared <= own + 1, (alone, together)
     marked = [r for r in upstream_requests(sim) if r["headers"].get("x-compaction-purpose")]
     assert len(marked) == sum(alone) + sum(together)
+    # Enough slots: no conversation's snapshot was evicted for another's.
+    assert metric(proxy, "compaction_proxy_session_slot_misses", outcome="evicted") == 0
+    assert metric(proxy, "compaction_proxy_session_slot_misses", outcome="free") >= count - 1
+    # The name's every conversation is forgotten at once.
+    url, auth = f"{proxy}/sessions/shared", {"Authorization": "Bearer sk-tenant-a"}
+    assert httpx.get(url, headers=auth).json()["version"] >= 1
+    assert httpx.delete(url, headers=auth).status_code == 200
+    assert httpx.get(url, headers=auth).status_code == 404
 
 
 def settings(sim: str, **sections: Any) -> Any:
