@@ -9,7 +9,6 @@ replaced as a rewind point, and stamps the snapshot that replaces it
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -54,7 +53,7 @@ async def load_session(
     keys = session_slots(key, slots)
     if len(keys) == 1:
         return key, await load_snapshot(store, key, history)
-    stored = await asyncio.gather(*(store.load(k) for k in keys))
+    stored = await store.load_many(keys)
     ages = [-s.updated_at if s is not None else 0.0 for s in stored]
     newest = sorted(range(len(keys)), key=ages.__getitem__)  # empty slots last
     for i in newest:
@@ -77,7 +76,7 @@ async def keep_rewind_point(store: Snapshots, key: SessionKey, old: Snapshot, sl
     regenerates an answer) still finds a snapshot its history starts with. A free slot
     only, never another conversation's; the copy starts that slot's versions over."""
     keys = [k for k in session_slots(key, slots) if k != key]
-    stored = await asyncio.gather(*(store.load(k) for k in keys))
+    stored = await store.load_many(keys)
     if None in stored:
         copy = replace(old, version=1, compact_requested_at=0.0)
         await store.save(keys[stored.index(None)], copy)

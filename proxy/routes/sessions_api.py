@@ -30,7 +30,7 @@ async def _newest(services: Services, key: SessionKey) -> tuple[SessionKey, Snap
     """The slot of ``key``'s session (session.explicit_slots) its newest snapshot is in:
     the conversation under this name that compacted last; ``key`` when it has none."""
     slots = session_slots(key, services.settings.session.explicit_slots)
-    stored = await asyncio.gather(*(services.store.load(k) for k in slots))
+    stored = await services.store.load_many(slots)
     found = [(s.updated_at, i) for i, s in enumerate(stored) if s is not None]
     if not found:
         return key, None
