@@ -291,8 +291,7 @@ class Metrics:
             ),
             sent_during_summary=Counter(
                 "compaction_proxy_turns_sent_during_summary",
-                "Chat requests sent upstream while a background summary on the same model ran "
-                "(a single-slot server, llama.cpp -np 1, makes them wait for it)",
+                "Chat requests sent upstream while a background summary on the same model ran",
                 registry=r,
             ),
             slot_misses=Counter(
@@ -323,6 +322,7 @@ class Metrics:
             (self.summary_waits, "kind", ("summarized", "waited")),
             (self.summaries_rejected, "reason", REJECTIONS),
             (self.degraded_requests, "reason", DEGRADED_REASONS),
+            (self.slot_misses, "outcome", ("free", "evicted")),
         )
         for metric, label, values in closed:
             for value in values:
