@@ -115,12 +115,16 @@ def rewind_cost(proxy: str, sim: str, session: str) -> int:
     return cost
 
 
+@pytest.mark.parametrize("redis", [False, pytest.param(True, marks=pytest.mark.redis)])
 def test_a_rewind_past_the_newest_cut_reuses_the_older_snapshot(
-    sim_reset: str, start_proxy: Callable[..., str]
+    redis: bool, sim_reset: str, start_proxy: Callable[..., str], request: pytest.FixtureRequest
 ) -> None:
-    one_slot = start_proxy(settings(sim_reset, session={"explicit_slots": 1}))
+    url = request.getfixturevalue("redis_server").url if redis else "memory://"
+    one_slot = start_proxy(settings(sim_reset, store={"url": url}, session={"explicit_slots": 1}))
     without = rewind_cost(one_slot, sim_reset, "rewind-one-slot")
-    with_slots = rewind_cost(start_proxy(settings(sim_reset)), sim_reset, "rewind")
+    with_slots = rewind_cost(
+        start_proxy(settings(sim_reset, store={"url": url})), sim_reset, "rewind"
+    )
     print(f"rewind summaries: one slot {without}, slots {with_slots}")
     # One snapshot per name: the rewound history plans from scratch (a compaction, its
     # summary in one or more calls); with slots, the older snapshot still fits it.
