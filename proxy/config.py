@@ -151,15 +151,15 @@ class StoreSettings(_Section):
 
 class SessionSettings(_Section):
     header: str = "X-Session-Id"
-    # Body fields that name the session when the header does not, after the
-    # request's prompt_cache_key (always honoured). Off by default: "user" often names
-    # a person, whose conversations are not one session.
+    # Body fields that name the session when the header does not, after prompt_cache_key
+    # (always honoured). Off by default: "user" often names a person, not a session.
     body_fields: list[Literal["metadata.session_id", "user"]] = []
-    # Snapshots kept per header-less (derived) session id: conversations that open
-    # identically (a fixed kickoff at temperature 0) each keep their own.
+    # Snapshots kept per derived session id (identical openings each keep their own) and
+    # per named one (several conversations under one name; a rewind reuses an older one).
     derived_slots: int = Field(4, ge=1, le=32)
-    # A session name (the header's value, prompt_cache_key or a body_fields field)
-    # longer than this (UTF-8 bytes) gets a 400: far above a UUID or an agent's id.
+    explicit_slots: int = Field(4, ge=1, le=32)
+    # A session name (header, prompt_cache_key, body field) longer than this (UTF-8
+    # bytes) gets a 400: far above a UUID or an agent's id.
     max_name_bytes: int = Field(1024, ge=64)
 
 

@@ -33,7 +33,13 @@ from proxy.core.models import ResolvedModel
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
-from proxy.core.session import SessionKey, session_key, session_name, tenant_from_headers
+from proxy.core.session import (
+    SessionKey,
+    session_key,
+    session_name,
+    slot_count,
+    tenant_from_headers,
+)
 from proxy.core.tokens import bounded_by, output_reserve
 from proxy.errors import ClientDisconnected
 from proxy.observe.record import current_record, record_of
@@ -121,8 +127,10 @@ async def compacted_view(
     counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
     history = await count_history(counter, turn, c.pin_first_user, seed)  # 5. count
     key = await session_of(turn, history.messages)  # 3.
-    slots = services.settings.session.derived_slots
-    key, loaded = await load_session(services.store, key, history, slots)  # 4. snapshot
+    slots, misses = slot_count(key, services.settings.session), services.metrics.slot_misses
+    key, loaded = await load_session(  # 4. snapshot
+        services.store, key, history, slots, lambda outcome: misses.labels(outcome=outcome).inc()
+    )
     current_record().counted(key, history)
     forced = force and services.schedule.may_force(key)
     budget = Budget.for_model(model, c, reserve, history.fixed)

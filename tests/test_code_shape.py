@@ -14,7 +14,7 @@ MAX_LINES = 300
 EXEMPT = ("simulator/", "upstream/overflow.py")
 # Over the limit today: they may shrink, not grow. Remove an entry once its module is
 # split. observe/metrics.py is the declaration of every series, one block each, in one place.
-CEILINGS = {"observe/metrics.py": 332}
+CEILINGS = {"observe/metrics.py": 330}
 
 
 def modules() -> list[tuple[str, Path]]:

@@ -25,14 +25,14 @@ from typing import Protocol
 from proxy.compaction.backoff import SummaryBackoff
 from proxy.compaction.fold import Folder
 from proxy.compaction.job import Job
-from proxy.compaction.snapshots import load_snapshot, next_snapshot
+from proxy.compaction.snapshots import keep_rewind_point, load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
 from proxy.config import Settings
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Degraded, Outcome, counted_as
 from proxy.core.plan import Plan, plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
-from proxy.core.session import TRACKED_LIMIT, SessionKey
+from proxy.core.session import TRACKED_LIMIT, SessionKey, slot_count
 from proxy.core.snapshot import Loaded, Snapshot
 from proxy.core.tokens import TokenCounter
 from proxy.core.view import fits, view_tokens
@@ -173,7 +173,7 @@ class Compactor:
         if start == end:
             # Elision alone was enough: no model call, no lock needed.
             new = next_snapshot(loaded, loaded.summary, plan, job)
-            return await self._saved(job, new, plan)
+            return await self._saved(job, loaded, new, plan)
 
         token = await self.store.acquire(job.key, self._lock_ttl)
         if token is None:
@@ -222,7 +222,7 @@ class Compactor:
         self.backoff.succeeded(job.key)
         plan = replace(plan, view=replace(plan.view, summary_tokens=folded.tokens))
         new = next_snapshot(loaded, folded.summary, plan, job)
-        outcome = await self._saved(job, new, plan)
+        outcome = await self._saved(job, loaded, new, plan)
         return replace(outcome, restored=folded.restored)
 
     def _failed(self, job: Job, fallback: Outcome, started: float) -> Outcome:
@@ -231,10 +231,15 @@ class Compactor:
         current_record().summary_failed_s += self.clock() - started
         return replace(fallback, degraded="summary_failed")
 
-    async def _saved(self, job: Job, new: Snapshot, plan: Plan) -> Outcome:
-        """Write ``new`` (compare-and-swap) and show the history under it."""
+    async def _saved(self, job: Job, loaded: Loaded, new: Snapshot, plan: Plan) -> Outcome:
+        """Write ``new`` over ``loaded`` (compare-and-swap), keeping the snapshot it
+        replaces as a rewind point, and show the history under it."""
         self.idle.succeeded(job.key)
-        if not await self.store.save(job.key, new):
+        slots = slot_count(job.key, self.settings.session)
+        if await self.store.save(job.key, new):
+            if loaded.stored is not None and slots > 1:
+                await keep_rewind_point(self.store, job.key, loaded.stored, slots)
+        else:
             # A concurrent writer got there first; its snapshot is as valid as ours.
             log.info("session=%s snapshot v%d lost a write race", job.key.log_id, new.version)
         role = self.settings.compaction.summary_role

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from cachetools import LRUCache
 
-from proxy.core.session import TRACKED_LIMIT, SessionKey, session_from_header
+from proxy.core.session import TRACKED_LIMIT, SessionKey, session_from_header, slot_base
 from proxy.core.snapshot import Snapshot
 from proxy.store import Snapshots
 
@@ -73,8 +73,9 @@ class Schedule:
             )
             if await store.save(key, scheduled):
                 break
-        self.last_scheduled[key] = self.clock()
-        self.hints[key] = None
+        base = slot_base(key)  # the session, whichever of its slots was scheduled
+        self.last_scheduled[base] = self.clock()
+        self.hints[base] = None
         if len(self.hints) > TRACKED_LIMIT:
             self.hints.popitem(last=False)
         return True

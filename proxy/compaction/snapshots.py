@@ -1,21 +1,24 @@
 """Step 4: the session's snapshot, loaded and checked against the history it is for.
 
 What a history may use of a snapshot is core/snapshot.py's (``Loaded``,
-``valid_snapshot``); this loads it from the store, finds a derived session's slot,
-and stamps the snapshot that replaces it (``next_snapshot``).
+``valid_snapshot``); this loads it from the store, finds the session's slot (one
+per conversation under a name or a derived id), keeps the snapshot a compaction
+replaced as a rewind point, and stamps the snapshot that replaces it
+(``next_snapshot``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
 from proxy.compaction.job import Job
 from proxy.core.digest import prefix_hash
 from proxy.core.history import History
 from proxy.core.plan import Plan
-from proxy.core.session import SessionKey, derived_slots
+from proxy.core.session import SessionKey, session_slots
 from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot
 from proxy.store import Snapshots
 
@@ -36,24 +39,47 @@ async def load_snapshot(store: Snapshots, key: SessionKey, history: History) -> 
 
 
 async def load_session(
-    store: Snapshots, key: SessionKey, history: History, slots: int
+    store: Snapshots,
+    key: SessionKey,
+    history: History,
+    slots: int,
+    missed: Callable[[str], object] | None = None,
 ) -> tuple[SessionKey, Loaded]:
-    """Where ``history``'s snapshot lives, and the snapshot. A header-named session has
-    one place; a derived one (``key``) has ``slots``, shared by every conversation that
-    opens alike: the one whose snapshot this history starts with, else an empty one,
-    else the least recently updated (a conversation long gone, most likely)."""
-    keys = derived_slots(key, slots)
+    """Where ``history``'s snapshot lives, and the snapshot. A session (``key``, named or
+    derived) has ``slots``, shared by every conversation under it: the newest one whose
+    snapshot this history starts with, else an empty one, else the least recently
+    updated (a conversation long gone, most likely). When slots hold snapshots and none
+    matches (the history plans from scratch), ``missed`` hears which: "free" or "evicted"."""
+    keys = session_slots(key, slots)
     if len(keys) == 1:
         return key, await load_snapshot(store, key, history)
-    stored = await asyncio.gather(*(store.load(k) for k in keys))
-    for k, snapshot in zip(keys, stored, strict=True):
-        if (valid := valid_snapshot(snapshot, history)) is not None:
-            return k, Loaded(snapshot, valid)
+    stored = await store.load_many(keys)
+    ages = [-s.updated_at if s is not None else 0.0 for s in stored]
+    newest = sorted(range(len(keys)), key=ages.__getitem__)  # empty slots last
+    for i in newest:
+        if (valid := valid_snapshot(stored[i], history)) is not None:
+            return keys[i], Loaded(stored[i], valid)
     if None in stored:
+        if any(stored) and missed is not None:
+            missed("free")
         return keys[stored.index(None)], Loaded(None, None)
-    oldest = min(range(len(keys)), key=lambda i: stored[i].updated_at)  # type: ignore[union-attr]
+    if missed is not None:
+        missed("evicted")
+    oldest = newest[-1]
     log.info("session=%s no snapshot matches the history; re-planning", key.log_id)
     return keys[oldest], Loaded(stored[oldest], None)
+
+
+async def keep_rewind_point(store: Snapshots, key: SessionKey, old: Snapshot, slots: int) -> None:
+    """``key``'s snapshot just moved on from ``old``: keep ``old`` in a free slot of the
+    session, so a client that rewinds past the new cut (edits an earlier message,
+    regenerates an answer) still finds a snapshot its history starts with. A free slot
+    only, never another conversation's; the copy starts that slot's versions over."""
+    keys = [k for k in session_slots(key, slots) if k != key]
+    stored = await store.load_many(keys)
+    if None in stored:
+        copy = replace(old, version=1, compact_requested_at=0.0)
+        await store.save(keys[stored.index(None)], copy)
 
 
 def next_snapshot(loaded: Loaded, summary: str, plan: Plan, job: Job) -> Snapshot:

@@ -9,7 +9,9 @@ conversations that merely share a system prompt get different sessions.
 Conversations whose openings are identical too (a temperature-0 agent with a
 fixed kickoff) share the derived id but not a snapshot: the id names a few
 slots (``derived_slots``) and each conversation uses the one whose snapshot it
-still starts with (snapshots.py).
+still starts with (snapshots.py). A named session has slots too
+(``explicit_slots``): clients run several conversations under one name, and a
+client that rewinds finds an older snapshot its history still starts with.
 
 Clients that cannot set headers name the session in the body instead:
 ``prompt_cache_key`` (both APIs), and the fields ``session.body_fields`` lists.
@@ -134,14 +136,26 @@ def session_name(
     return None
 
 
-def derived_slots(key: SessionKey, count: int) -> list[SessionKey]:
-    """The keys under which conversations sharing ``key``'s derived id keep their own
-    snapshots: ``key`` itself first, so a session's snapshot stays where it was."""
-    if key.source != "derived":
-        return [key]
-    return [key] + [
-        SessionKey(key.tenant, f"{key.session}-{i}", key.source) for i in range(1, count)
-    ]
+def session_slots(key: SessionKey, count: int) -> list[SessionKey]:
+    """The ``count`` keys under which conversations sharing ``key``'s session (its name, or
+    its derived id) keep their own snapshots: the session's own key first, so a session's
+    snapshot stays where it was. ``key`` may be any of them."""
+    base = slot_base(key)
+    extra = (SessionKey(base.tenant, f"{base.session}-{i}", base.source) for i in range(1, count))
+    return [base, *extra]
+
+
+def slot_base(key: SessionKey) -> SessionKey:
+    """The session whose slot ``key`` is (``key`` itself for its first slot): a session
+    id is a hex digest, so a slot's suffix is the only dash in it."""
+    session = key.session.partition("-")[0]
+    return key if session == key.session else SessionKey(key.tenant, session, key.source)
+
+
+def slot_count(key: SessionKey, settings: SessionSettings) -> int:
+    """How many snapshots ``key``'s session keeps: ``session.explicit_slots`` for a named
+    session, ``session.derived_slots`` for a derived one."""
+    return settings.explicit_slots if key.source == "header" else settings.derived_slots
 
 
 def session_key(tenant: str, header: str | None, messages: Sequence[ChatMessage]) -> SessionKey:

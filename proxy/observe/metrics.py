@@ -11,13 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from proxy.core.summary_check import REASONS as REJECTIONS
 from proxy.observe.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
@@ -76,6 +70,7 @@ class Metrics:
     degraded_requests: Counter
     failed_summary_seconds: Counter
     sent_during_summary: Counter
+    slot_misses: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -157,8 +152,7 @@ class Metrics:
             ),
             learned_windows=Counter(
                 "compaction_proxy_learned_windows",
-                "Windows learned from overflow errors, by scope (tenant: one caller's own; "
-                "shared: lowered for everyone once enough tenants agreed)",
+                "Learned windows by scope (tenant: one caller's; shared: everyone's, once agreed)",
                 ["scope"],
                 registry=r,
             ),
@@ -176,8 +170,7 @@ class Metrics:
             ),
             request_duration=Histogram(
                 "compaction_proxy_request_duration_seconds",
-                "Requests from arrival to their response's last byte (a stream: its end, or "
-                "the client leaving), by route",
+                "Requests from arrival to their last byte sent (or the client leaving), by route",
                 ["route"],
                 buckets=CALL_BUCKETS,
                 registry=r,
@@ -197,8 +190,7 @@ class Metrics:
             ),
             upstream_responses=Counter(
                 "compaction_proxy_upstream_responses",
-                "Requests that called the upstream, by route and the status class of its "
-                "last answer (429 apart; none: no answer)",
+                "Requests by route and their last upstream answer's status class (429 apart; none)",
                 ["route", "status"],
                 registry=r,
             ),
@@ -225,8 +217,8 @@ class Metrics:
             ),
             input_tokens=Counter(
                 "compaction_proxy_input_tokens",
-                "Chat input tokens, by stage: before (the history as the client sent it) and "
-                "after (what the proxy sent upstream); estimates for requests not counted",
+                "Chat input tokens by stage: before (as the client sent them), after (as sent "
+                "upstream); estimates for requests not counted",
                 ["stage"],
                 registry=r,
             ),
@@ -252,8 +244,7 @@ class Metrics:
             ),
             compactions_by_trigger=Counter(
                 "compaction_proxy_compactions_by_trigger",
-                "Compactions that wrote a new snapshot, by trigger (inline: in a request's "
-                "path; background: pre-compaction after an answer)",
+                "Snapshots written by compactions, by trigger (inline; background: precompact)",
                 ["trigger"],
                 registry=r,
             ),
@@ -298,8 +289,14 @@ class Metrics:
             ),
             sent_during_summary=Counter(
                 "compaction_proxy_turns_sent_during_summary",
-                "Chat requests sent upstream while a background summary on the same model ran "
-                "(a single-slot server, llama.cpp -np 1, makes them wait for it)",
+                "Chat requests sent upstream while a background summary on the same model ran",
+                registry=r,
+            ),
+            slot_misses=Counter(
+                "compaction_proxy_session_slot_misses",
+                "Histories that started with none of their session's snapshots (slots), by "
+                "outcome (free: took a free slot; evicted: the least recently updated one's)",
+                ["outcome"],
                 registry=r,
             ),
         )
@@ -323,6 +320,7 @@ class Metrics:
             (self.summary_waits, "kind", ("summarized", "waited")),
             (self.summaries_rejected, "reason", REJECTIONS),
             (self.degraded_requests, "reason", DEGRADED_REASONS),
+            (self.slot_misses, "outcome", ("free", "evicted")),
         )
         for metric, label, values in closed:
             for value in values:

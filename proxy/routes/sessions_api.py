@@ -15,7 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.core.session import SessionKey, session_from_header, tenant_from_headers
+from proxy.core.session import SessionKey, session_from_header, session_slots, tenant_from_headers
 from proxy.errors import NotFound, RateLimited
 from proxy.services import Services
 from proxy.store import Snapshot
@@ -26,13 +26,27 @@ def _key(request: Request) -> SessionKey:
     return session_from_header(tenant, request.path_params["session_id"])
 
 
+async def _newest(services: Services, key: SessionKey) -> tuple[SessionKey, Snapshot | None]:
+    """The slot of ``key``'s session (session.explicit_slots) its newest snapshot is in:
+    the conversation under this name that compacted last; ``key`` when it has none."""
+    slots = session_slots(key, services.settings.session.explicit_slots)
+    stored = await services.store.load_many(slots)
+    found = [(s.updated_at, i) for i, s in enumerate(stored) if s is not None]
+    if not found:
+        return key, None
+    i = max(found)[1]
+    return slots[i], stored[i]
+
+
 def _not_found(key: SessionKey) -> NotFound:
     return NotFound("The proxy has not seen a session with this id.", param="session_id")
 
 
 async def get_session(request: Request, services: Services) -> Response:
     key = _key(request)
-    snapshot, seen = await asyncio.gather(services.store.load(key), services.store.load_seen(key))
+    (_, snapshot), seen = await asyncio.gather(
+        _newest(services, key), services.store.load_seen(key)
+    )
     if snapshot is None and seen is None:
         raise _not_found(key)
     body: dict[str, Any] = {"id": request.path_params["session_id"], "object": "compaction.session"}
@@ -62,7 +76,8 @@ def _snapshot_fields(snapshot: Snapshot) -> dict[str, Any]:
 
 async def delete_session(request: Request, services: Services) -> Response:
     key = _key(request)
-    if not await services.store.delete(key):
+    slots = session_slots(key, services.settings.session.explicit_slots)
+    if not any(await asyncio.gather(*(services.store.delete(k) for k in slots))):
         raise _not_found(key)
     return JSONResponse({"id": request.path_params["session_id"], "deleted": True})
 
@@ -76,7 +91,8 @@ async def compact_session(request: Request, services: Services) -> Response:
     if wait > 0:
         # Each scheduled compaction costs a summary: one per force_interval_s, as the header.
         return _rate_limited(wait)  # before any store call: a refusal costs nothing
-    if not await schedule.request(services.store, key):
+    newest, _ = await _newest(services, key)  # the conversation that compacted last
+    if not await schedule.request(services.store, newest):
         # Nothing to compact yet, or not yours (the same answer: no tenant learns more).
         message = "No session with this id has a snapshot yet; X-Compaction: force on its "
         raise NotFound(message + "next request compacts it now.", param="session_id")

@@ -13,6 +13,7 @@ replace a newer summary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,6 +29,10 @@ class Snapshots(Protocol):
     """Per-session snapshots, compare-and-swap on the version."""
 
     async def load(self, key: SessionKey) -> Snapshot | None: ...
+
+    async def load_many(self, keys: Sequence[SessionKey]) -> list[Snapshot | None]:
+        """``load`` of each key, in order; one round trip to a shared store."""
+        ...
 
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
         """Write if the stored version is ``snapshot.version - 1``; False if it lost the race."""

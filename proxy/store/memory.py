@@ -19,7 +19,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 from proxy.core.session import SessionKey
@@ -115,6 +115,9 @@ class MemoryStore:
         self._data.move_to_end(key)
         self._tenants.touch(key)
         return snapshot
+
+    async def load_many(self, keys: Sequence[SessionKey]) -> list[Snapshot | None]:
+        return [await self.load(k) for k in keys]
 
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
         current = await self.load(key)

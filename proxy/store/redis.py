@@ -33,6 +33,7 @@ Every call has a short socket timeout; failures raise ``StoreError`` and the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
@@ -142,6 +143,26 @@ class RedisStore:
         except RedisError as exc:
             await self._load_failed(exc, "snapshot", key.log_id, name, "hash")
             return None
+        return await self._decoded(key, name, version, raw)
+
+    async def load_many(self, keys: Sequence[SessionKey]) -> list[Snapshot | None]:
+        """``load`` of every key in one round trip (a session's slots)."""
+        names = [self._k("snap", k) for k in keys]
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hmget(name, ["v", "d"])
+                    pipe.pexpire(name, self._ttl_ms)
+                replies = await pipe.execute()
+        except RedisError:  # each key its own way: a wrong type discarded, else StoreError
+            return list(await asyncio.gather(*(self.load(k) for k in keys)))
+        pairs = zip(keys, names, replies[::2], strict=True)
+        return [await self._decoded(k, name, *reply) for k, name, reply in pairs]
+
+    async def _decoded(
+        self, key: SessionKey, name: str, version: bytes | None, raw: bytes | None
+    ) -> Snapshot | None:
+        """The snapshot stored under ``name`` as ``version`` and ``raw``; None for none."""
         if version is None and raw is None:
             return None
         try:

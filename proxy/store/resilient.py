@@ -129,6 +129,12 @@ class ResilientStore:
     async def load(self, key: SessionKey) -> Snapshot | None:
         return await self._call("load", lambda: self.remote.load(key), lambda: self.local.load(key))
 
+    async def load_many(self, keys: Sequence[SessionKey]) -> list[Snapshot | None]:
+        remote, local = self.remote, self.local
+        return await self._call(
+            "load", lambda: remote.load_many(keys), lambda: local.load_many(keys)
+        )
+
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
         return await self._call(
             "save", lambda: self.remote.save(key, snapshot), lambda: self.local.save(key, snapshot)

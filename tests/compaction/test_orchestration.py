@@ -259,6 +259,9 @@ class PausedLocks(MemoryStore):
     async def load(self, key: SessionKey) -> Snapshot | None:
         return await self.shared.load(key)
 
+    async def load_many(self, keys: list[SessionKey]) -> list[Snapshot | None]:
+        return await self.shared.load_many(keys)
+
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
         return await self.shared.save(key, snapshot)
 

@@ -19,7 +19,7 @@ from proxy.core.history import History, result_flags
 from proxy.core.models import ResolvedModel
 from proxy.core.outcome import Turn
 from proxy.core.plan import Plan
-from proxy.core.session import derived_slots, session_from_header, session_from_history
+from proxy.core.session import session_from_header, session_from_history, session_slots
 from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot, view_of
 from proxy.core.trim import trim_outcome
 from proxy.core.view import View
@@ -315,7 +315,7 @@ async def test_with_every_slot_taken_the_least_recently_updated_is_replaced() ->
     store = MemoryStore(ttl_s=60)
     h = history(BASE)
     key = session_from_history("t", BASE)
-    slots = derived_slots(key, 3)
+    slots = session_slots(key, 3)
     other = history(convo("d u a u a u a u"))  # another conversation's snapshots
     for age, slot in zip((300.0, 100.0, 200.0), slots, strict=True):
         assert await store.save(slot, snapshot_of(other, covered=2, version=1, updated_at=age))
@@ -325,8 +325,8 @@ async def test_with_every_slot_taken_the_least_recently_updated_is_replaced() ->
     assert loaded.version == 1  # what the compare-and-swap replaces
 
 
-async def test_a_named_session_has_exactly_one_place() -> None:
+async def test_a_named_session_with_one_slot_has_exactly_one_place() -> None:
     key = session_from_header("t", "named")
-    assert derived_slots(key, 8) == [key]
-    found, loaded = await load_session(MemoryStore(ttl_s=60), key, history(BASE), slots=8)
+    assert session_slots(key, 1) == [key]
+    found, loaded = await load_session(MemoryStore(ttl_s=60), key, history(BASE), slots=1)
     assert (found, loaded.stored) == (key, None)

@@ -167,6 +167,16 @@ async def test_keys_are_independent(store: Store) -> None:
     assert (b.version, b.summary) == (1, "b")
 
 
+async def test_load_many_loads_each_key_in_order(store: Store) -> None:
+    """A session's slots in one call (one Redis round trip): each as ``load`` has it."""
+    keys = [key("slot"), key("slot-1"), key("slot-2"), key("slot", "tenant-b")]
+    assert await store.save(keys[0], snap(1, "first"))
+    assert await store.save(keys[2], snap(1, "third"))
+    assert await store.load_many(keys) == [await store.load(k) for k in keys]
+    assert [s and s.summary for s in await store.load_many(keys)] == ["first", None, "third", None]
+    assert await store.load_many([]) == []
+
+
 async def test_delete_removes_and_reports_whether_anything_was_there(store: Store) -> None:
     assert await store.save(KEY, snap(1))
     assert await store.delete(KEY) is True
