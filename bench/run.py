@@ -108,7 +108,7 @@ SCENARIOS = (
         "throughput",
         "chat20",
         64,
-        targets=(BASELINE, "passthrough-aiohttp", "proxy", "proxy-2-workers"),
+        targets=(BASELINE, "passthrough-aiohttp", "passthrough-lean", "proxy", "proxy-2-workers"),
     ),
 )
 COMPARISONS = (
@@ -133,6 +133,26 @@ COMPARISONS = (
         "workers_c64",
         "proxy-2-workers",
         "workers_c64",
+        "passthrough-aiohttp",
+    ),
+    Comparison(
+        "workers: 2 / pt-lean at saturation",
+        "workers_c64",
+        "proxy-2-workers",
+        "workers_c64",
+        "passthrough-lean",
+    ),
+    # Issue 27: the proxy against the floor that counts where goals.py has no line for it, and
+    # that floor against the earlier one.
+    Comparison(
+        "proxy / pt-lean, stream", "stream_ttfb", "proxy", "stream_ttfb", "passthrough-lean"
+    ),
+    Comparison("proxy / pt-lean, 400 KB c=1", "big_c1", "proxy", "big_c1", "passthrough-lean"),
+    Comparison(
+        "pt-lean / pt-aiohttp at saturation",
+        "saturation_c64",
+        "passthrough-lean",
+        "saturation_c64",
         "passthrough-aiohttp",
     ),
 )

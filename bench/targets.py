@@ -41,20 +41,32 @@ COMPACTING_WINDOW = 120_000
 class Target:
     name: str
     kind: Kind
-    client: str = ""  # passthrough: its --client
+    client: str = ""  # passthrough: its --client ("" for a script that has none)
     note: str = ""
     context_window: int = FORWARDING_WINDOW  # proxy: default_model.context_window
     store: StoreKind = "memory"  # proxy: store.url is memory:// or a Redis the Fleet starts
     workers: int = 1  # proxy: server.workers
     # Measured only by the scenarios that name it in ``Scenario.targets``.
     dedicated: bool = False
+    script: str = "passthrough.py"  # passthrough: the bench/ script that serves it
 
 
 TARGETS = (
     Target("direct", "direct", note="the fake upstream itself"),
     Target("passthrough-httpx", "passthrough", "httpx", "baseline: starlette + httpx"),
     Target("passthrough-httpx-aiohttp", "passthrough", "httpx-aiohttp"),
-    Target("passthrough-aiohttp", "passthrough", "aiohttp"),
+    Target(
+        "passthrough-aiohttp",
+        "passthrough",
+        "aiohttp",
+        "the earlier floor: a StreamingResponse and a background task for every reply",
+    ),
+    Target(
+        "passthrough-lean",
+        "passthrough",
+        note="the floor: starlette + aiohttp, orjson body, one Response per non-streamed reply",
+        script="passthrough_lean.py",
+    ),
     Target("proxy", "proxy", note="compaction-proxy serve"),
     Target(
         "proxy-compacting",
@@ -84,6 +96,7 @@ DEFAULT_TARGETS = (
     "passthrough-httpx",
     "passthrough-httpx-aiohttp",
     "passthrough-aiohttp",
+    "passthrough-lean",
     "proxy",
     "proxy-compacting",
     "proxy-compacting-redis",
@@ -159,8 +172,9 @@ def _command(
     address = ["--host", "127.0.0.1", "--port", str(port)]
     if target.kind == "passthrough":
         upstream = f"http://127.0.0.1:{upstream_port}/v1"
-        script = str(BENCH / "passthrough.py")
-        return [sys.executable, script, *address, "--upstream", upstream, "--client", target.client]
+        client = ["--client", target.client] if target.client else []
+        script = str(BENCH / target.script)
+        return [sys.executable, script, *address, "--upstream", upstream, *client]
     exe = Path(sys.executable).with_name("compaction-proxy")
     found = str(exe) if exe.exists() else shutil.which("compaction-proxy")
     if found is None:
