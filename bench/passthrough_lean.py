@@ -29,28 +29,15 @@ from typing import TypedDict
 import aiohttp
 import orjson
 import uvicorn
+from passthrough import _DROP_REQUEST, _HOP_BY_HOP, _TIMEOUT_S, POOL_SIZE
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-POOL_SIZE = 1000
-_TIMEOUT_S = 600.0
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-_DROP_REQUEST = _HOP_BY_HOP | {"host", "content-length"}
-# Our server adds its own date and server; ``Response`` sets content-length for the body it
-# sends, and a stream goes out chunked.
+# The pool, timeout and dropped request headers are the old floor's (passthrough.py): the
+# two differ only in how they relay an answer. Our server adds its own date and server;
+# ``Response`` sets content-length for the body it sends, and a stream goes out chunked.
 _DROP_REPLY = _HOP_BY_HOP | {"date", "server", "content-length"}
 _BAD_BODY = b'{"error":{"message":"the body is not a JSON object","type":"invalid_request_error"}}'
 
