@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -172,8 +172,7 @@ class CompactionSettings(_Section):
     # ...and at most this share of the chat model's window (raise it for small windows).
     summary_budget_ratio: float = Field(0.15, gt=0, le=0.5)
     summary_timeout_s: float = Field(60.0, gt=0)
-    # The summarizer's own window when it is a different model than the request's.
-    summarizer_context_window: int | None = Field(None, gt=0)
+    summarizer_context_window: int | None = Field(None, gt=0)  # if not the request's model
     # The most the summarizer model can write in one answer, if below the summary
     # budget. Not the chat model's max_output_tokens: that is the reply reserve.
     summarizer_max_output_tokens: int | None = Field(None, gt=0)
@@ -184,11 +183,12 @@ class CompactionSettings(_Section):
     summary_role: Literal["user", "system"] = "user"
     # Most values restored into a summary or quoted in a trimmed view's digest, with role.
     restored_identifiers_max: int = Field(64, ge=0, le=1000)
+    # Verbatim after the leading system/developer messages: README "Pinned user messages".
     pin_first_user: bool = False
+    pin_user_prefixes: list[Annotated[str, Field(min_length=1)]] = []
     min_tail_messages: int = Field(4, ge=1)
     elide_min_tokens: int = Field(400, ge=1)
-    # Concurrent requests of a session wait this long for a running summary.
-    wait_for_summary_s: float = Field(30.0, ge=0)
+    wait_for_summary_s: float = Field(30.0, ge=0)  # a session's requests wait for its summary
     # Background pre-compaction (precompact.py): past this share of the window (below
     # trigger_ratio) a session is compacted after the answer, so the turn that crosses the
     # trigger finds a snapshot ready; down to target_ratio * precompact_ratio / trigger_ratio.

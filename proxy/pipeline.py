@@ -125,7 +125,7 @@ async def compacted_view(
         return Outcome.passthrough(turn.body, window), ()
 
     counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
-    history = await count_history(counter, turn, c.pin_first_user, seed)  # 5. count
+    history = await count_history(counter, turn, c, seed)  # 5. count
     key = await session_of(turn, history.messages)  # 3.
     slots, misses = slot_count(key, services.settings.session), services.metrics.slot_misses
     key, loaded = await load_session(  # 4. snapshot

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+from proxy.config import CompactionSettings
 from proxy.core.digest import digests_and_sizes
 from proxy.core.history import History, count_pinned, result_flags
 from proxy.core.outcome import Turn
@@ -28,11 +29,12 @@ _INLINE_MESSAGES = 2_000
 
 
 async def count_history(
-    counter: TokenCounter, turn: Turn, pin_first_user: bool, seed: int
+    counter: TokenCounter, turn: Turn, pins: CompactionSettings, seed: int
 ) -> History:
     """Digests (under ``seed``: ``digest.tenant_seed``), per-message token counts and
     the tokens outside the messages (tool definitions as a chat template renders them
-    when the model's ``templated_tools``: ``TokenCounter.fixed``) of ``turn``'s chat."""
+    when the model's ``templated_tools``: ``TokenCounter.fixed``) of ``turn``'s chat;
+    its pinned messages by ``pins.pin_first_user`` and ``pins.pin_user_prefixes``."""
     chat, body, templated = turn.chat, turn.body, turn.model.templated_tools
     messages = chat["messages"]
     if len(body) > _INLINE_DIGEST_BYTES or len(messages) > _INLINE_MESSAGES:
@@ -49,7 +51,7 @@ async def count_history(
             counts, fixed = await asyncio.to_thread(_count, counter, chat, digests, seed, templated)
         else:
             counts, fixed = _count(counter, chat, digests, seed, templated)
-    pinned = count_pinned(messages, pin_first_user)
+    pinned = count_pinned(messages, pins.pin_first_user, pins.pin_user_prefixes)
     return History(messages, digests, counts, pinned, fixed, results)
 
 

@@ -32,19 +32,37 @@ class History:
     results: bytes
 
 
-def count_pinned(messages: Sequence[ChatMessage], pin_first_user: bool) -> int:
+def count_pinned(
+    messages: Sequence[ChatMessage], pin_first_user: bool, user_prefixes: Sequence[str] = ()
+) -> int:
     """How many leading messages are always sent verbatim (invariant 1).
 
-    The leading system/developer messages, plus the first message after them
-    when it is a user message and ``pin_first_user``. The newest message is
-    never pinned: it belongs to the tail.
+    The leading system/developer messages, then the user messages right after them:
+    the first one when ``pin_first_user``, and each one in a row with a text part
+    opening with one of ``user_prefixes`` (a client's context message, as Codex's
+    ``<environment_context>``). The newest message is never pinned: it is the tail's.
     """
     pinned = 0
     while pinned < len(messages) and messages[pinned]["role"] in _LEADING_ROLES:
         pinned += 1
-    if pin_first_user and pinned < len(messages) and messages[pinned]["role"] == "user":
+    first, prefixes = pinned, tuple(user_prefixes)
+    while pinned < len(messages) and messages[pinned]["role"] == "user":
+        if not (pin_first_user and pinned == first) and not _opens_with(messages[pinned], prefixes):
+            break
         pinned += 1
     return min(pinned, max(len(messages) - 1, 0))
+
+
+def _opens_with(message: ChatMessage, prefixes: tuple[str, ...]) -> bool:
+    """Whether a text part of ``message`` (its content, when a string) opens with one of
+    ``prefixes``, leading whitespace aside."""
+    content = message.get("content")
+    if not prefixes or not content:
+        return False
+    if isinstance(content, str):
+        return content.lstrip().startswith(prefixes)
+    texts = (part.get("text") for part in content if isinstance(part, dict))
+    return any(isinstance(t, str) and t.lstrip().startswith(prefixes) for t in texts)
 
 
 def result_flags(messages: Sequence[ChatMessage]) -> bytes:

@@ -73,6 +73,43 @@ def test_count_pinned(spec: str, pin_first_user: bool, expected: int) -> None:
     assert count_pinned(convo(spec), pin_first_user) == expected
 
 
+ENV = "<environment_context>\n  <cwd>/repo</cwd>\n</environment_context>"
+AGENTS = "# AGENTS.md instructions for /repo"
+
+
+def _said(role: str, *texts: str) -> ChatMessage:
+    return {"role": role, "content": [{"type": "text", "text": t} for t in texts]}
+
+
+@pytest.mark.parametrize(
+    ("messages", "pin_first_user", "expected"),
+    [
+        # Codex: one context message of several parts; a part other than the first opens it.
+        ([_said("developer", "d"), _said("user", AGENTS, ENV), _said("user", "go")], False, 2),
+        # Earlier Codex: one message per part, each pinned while they follow each other.
+        ([_said("system", "s"), _said("user", AGENTS), _said("user", ENV), _said("user", "go")],
+         False, 3),
+        # A string content, leading whitespace aside.
+        ([{"role": "user", "content": "\n " + ENV}, _said("user", "go")], False, 1),
+        # Only in a row: a context message after a turn is not leading.
+        ([_said("user", "go"), _said("assistant", ENV), _said("user", ENV), _said("user", "x")],
+         False, 0),
+        ([_said("user", "go"), _said("user", ENV), _said("user", "x")], True, 2),
+        # Opening with the prefix, not containing it.
+        ([_said("user", "see " + ENV), _said("user", "x")], False, 0),
+        ([{"role": "user", "content": None}, _said("user", "x")], False, 0),
+        ([{"role": "user", "content": [{"type": "image_url"}]}, _said("user", "x")], False, 0),
+        # The newest message is never pinned, whatever it opens with.
+        ([_said("user", ENV)], False, 0),
+    ],
+)  # fmt: skip
+def test_count_pinned_by_prefix(
+    messages: list[ChatMessage], pin_first_user: bool, expected: int
+) -> None:
+    prefixes = ("<environment_context>", "# AGENTS.md instructions")
+    assert count_pinned(messages, pin_first_user, prefixes) == expected
+
+
 # --- group starts -------------------------------------------------------------------------
 
 

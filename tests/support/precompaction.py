@@ -9,7 +9,7 @@ from typing import Any
 from proxy.compaction.count import count_history
 from proxy.compaction.job import Job
 from proxy.compaction.precompact import background_budget
-from proxy.config import Settings
+from proxy.config import CompactionSettings, Settings
 from proxy.core.budget import Budget
 from proxy.core.outcome import Turn
 from proxy.core.session import session_from_header
@@ -36,7 +36,7 @@ async def _job(services: Services, session: str, messages: list[Any]) -> Job:
     chat: Any = {"model": "sim-4k", "messages": messages}
     model = services.models.resolve("sim-4k")
     turn = Turn(chat, b"{}", model, "tenant", session, [])
-    history = await count_history(services.counters[model.tokenizer], turn, False, 0)
+    history = await count_history(services.counters[model.tokenizer], turn, CompactionSettings(), 0)
     budget = Budget.for_model(model, services.settings.compaction, 256, history.fixed)
     key = session_from_header("tenant", session)
     early = background_budget(budget, services.settings.compaction)
