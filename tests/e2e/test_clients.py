@@ -23,7 +23,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.support.chat import FILLER, TOOLS, small_window_settings, stats
+from tests.support.chat import FILLER, TOOLS, chat_requests, small_window_settings, stats
 
 TURNS = 36
 HEADERS = {"X-Sim-Context-Window": "4096"}
@@ -335,4 +335,117 @@ def test_litellm(proxy4k: str, sim_reset: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     check_script_result(done.stdout)
     assert compacted_versions(proxy4k, "litellm", "sk-litellm") >= 2
+    check_upstream(sim_reset)
+
+
+# The Vercel AI SDK, pinned: 6 is the newest major whose packages support the Node.js the
+# CI installs (Debian's 20; ai 7 and @ai-sdk/openai 4 need 22). Installed like openai-node,
+# into a folder of its own (both pins together), a stamp marking a finished install.
+VERCEL_AI = ("ai@6.0.325", "@ai-sdk/openai@3.0.141")
+VERCEL_AI_CACHE = NODE_CACHE.parent / "vercel-ai-6.0.325"
+
+
+def _vercel_ai() -> Path:
+    npm = shutil.which("npm")
+    assert npm, "npm is needed for the Vercel AI SDK test (scripts/test installs it)"
+    stamp = VERCEL_AI_CACHE / ".installed"
+    if not stamp.exists():
+        shutil.rmtree(VERCEL_AI_CACHE, ignore_errors=True)
+        VERCEL_AI_CACHE.mkdir(parents=True)
+        subprocess.run(
+            [npm, "install", "--prefix", str(VERCEL_AI_CACHE), "--no-audit", "--no-fund",
+             *VERCEL_AI],
+            check=True,
+            timeout=300,
+            capture_output=True,
+        )  # fmt: skip
+        stamp.touch()
+    return VERCEL_AI_CACHE
+
+
+def test_vercel_ai_sdk_on_responses(proxy4k: str, sim_reset: str) -> None:
+    """``openai(model)``: the Responses provider, the session named by
+    ``providerOptions.openai.promptCacheKey``, tools run by the SDK (``stopWhen``)."""
+    folder = _vercel_ai()
+    script = Path(__file__).parent / "clients" / "vercel_ai.mjs"
+    runner = folder / script.name  # beside its node_modules, as for openai-node
+    shutil.copyfile(script, runner)
+    done = subprocess.run(
+        ["node", str(runner), proxy4k, FILLER.strip()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    check_script_result(done.stdout)
+    assert compacted_versions(proxy4k, "vercel", "sk-vercel") >= 2
+    requests = chat_requests(sim_reset)
+    assert requests
+    assert all(r["body"]["prompt_cache_key"] == "vercel" for r in requests)
+    assert all("input" in r["body"] for r in requests)  # the Responses API, not chat
+    check_upstream(sim_reset)
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_pydantic_ai(proxy4k: str, sim_reset: str, api: str) -> None:
+    """pydantic-ai's agent loop (``Agent.run``, ``run_stream``, a plain tool) on its
+    default OpenAI model, the Responses API (the session in ``openai_prompt_cache_key``),
+    and on chat completions (the session header on the client)."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    statuses: Counter[str] = Counter()
+
+    async def count(response: httpx.Response) -> None:
+        check_headers(response.headers, statuses)
+
+    session = f"pydantic-ai-{api}"
+    header = {"X-Session-Id": session} if api == "chat" else {}
+    client = openai.AsyncOpenAI(
+        base_url=f"{proxy4k}/v1",
+        api_key="sk-pydantic-ai",
+        max_retries=0,
+        http_client=httpx.AsyncClient(event_hooks={"response": [count]}),
+        default_headers={**HEADERS, **header},
+    )
+    provider = OpenAIProvider(openai_client=client)
+    if api == "chat":
+        model: Any = OpenAIChatModel("sim-4k", provider=provider)
+    else:
+        model = OpenAIResponsesModel(
+            "sim-4k", provider=provider, settings={"openai_prompt_cache_key": session}
+        )
+    agent = Agent(model, instructions="You are a helpful assistant.")
+    reads: list[int] = []
+
+    @agent.tool_plain
+    def read_file(step: int) -> str:
+        """Read a file."""
+        reads.append(step)
+        return "x " * 300
+
+    history: list[Any] = []
+    try:
+        for turn in range(TURNS):
+            text = user_text(turn)
+            if turn % 3 == 1:
+                async with agent.run_stream(text, message_history=history) as streamed:
+                    output = "".join([d async for d in streamed.stream_text(delta=True)])
+                history = streamed.all_messages()
+            else:
+                result = await agent.run(text, message_history=history)
+                output, history = result.output, result.all_messages()
+            if "CALL 1" in text:
+                assert output == "observed 1 tool results"
+        recall = await agent.run("RECALL code", message_history=history)
+    finally:
+        await client.close()
+    assert recall.output == "code=k7q2"
+    assert reads == [1] * 7  # turns 4, 9, ..., 34, streamed or not
+    assert statuses["compacted"] >= 2, statuses
+    assert compacted_versions(proxy4k, session, "sk-pydantic-ai") >= 2
+    field = "input" if api == "responses" else "messages"
+    assert all(field in r["body"] for r in chat_requests(sim_reset))
     check_upstream(sim_reset)
