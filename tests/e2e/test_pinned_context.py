@@ -17,7 +17,14 @@ import orjson
 import pytest
 
 from proxy.core.wording import HANDOFF_INTRO
-from tests.support.chat import FILLER, chat_requests, stats, upstream_requests
+from tests.support.chat import (
+    FILLER,
+    Chat,
+    chat_requests,
+    small_window_settings,
+    stats,
+    upstream_requests,
+)
 from tests.support.responses import settings
 
 WINDOW = 4096
@@ -120,3 +127,27 @@ def test_context_messages_stay_verbatim_after_compaction(
     sim = stats(sim_reset)
     assert sim["rejected_structure"] == 0
     assert sim["overflows"] == 0
+
+
+@pytest.mark.parametrize("pin_first_user", [True, False])
+def test_the_first_user_message_on_chat_completions(
+    sim_reset: str, start_proxy: Callable[..., str], pin_first_user: bool
+) -> None:
+    """The same on chat completions: the task a conversation opens with."""
+    proxy = start_proxy(small_window_settings(sim_reset, pin_first_user=pin_first_user))
+    chat = Chat(proxy, session="pinned")
+    task = "The task: keep the release notes of project Ardent. " + FILLER
+    chat.say(task)
+    for turn in range(30):
+        chat.say(f"Turn {turn}: {FILLER * 2}")
+    assert chat.statuses["compacted"] >= 2, chat.statuses
+    compacted = [
+        r["body"]["messages"]
+        for r in chat_requests(sim_reset)
+        if any(HANDOFF_INTRO in str(m.get("content")) for m in r["body"]["messages"])
+    ]
+    assert len(compacted) >= 3
+    for sent in compacted:
+        assert (sent[1] == {"role": "user", "content": task}) == pin_first_user
+    assert summarized(sim_reset, task) != pin_first_user
+    assert stats(sim_reset)["rejected_structure"] == 0
