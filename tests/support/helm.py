@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,3 +27,56 @@ def _script(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class Helm:
+    """Runs the pinned helm with its own empty home, so no user config leaks in."""
+
+    def __init__(self, binary: Path, home: Path) -> None:
+        self.binary = binary
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(home),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+
+    def run(self, *args: str | Path, chart: Path = CHART) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.binary), *[str(a) for a in args], str(chart)]
+        return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60)
+
+    def template(
+        self,
+        *values: Path,
+        sets: dict[str, Any] | None = None,
+        chart: Path = CHART,
+    ) -> subprocess.CompletedProcess[str]:
+        args: list[str | Path] = ["template", "--namespace", "llm"]
+        for file in values:
+            args += ["-f", file]
+        for key, value in (sets or {}).items():
+            args += ["--set-json", f"{key}={json.dumps(value)}"]
+        # The release name goes before the chart.
+        return self.run(*args, "rel", chart=chart)
+
+    def render(
+        self, *values: Path, sets: dict[str, Any] | None = None, chart: Path = CHART
+    ) -> list[dict[str, Any]]:
+        done = self.template(*values, sets=sets, chart=chart)
+        assert done.returncode == 0, done.stderr
+        return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def pinned_helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """The pinned helm (scripts/_helm.py), for a module-scoped ``helm`` fixture."""
+    # The same command a developer runs; a non-zero exit fails every test here, never skips.
+    fetch = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "_helm.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if fetch.returncode != 0:
+        pytest.fail(f"no helm binary (scripts/_helm.py): {fetch.stderr.strip()}")
+    return Helm(Path(fetch.stdout.strip()), tmp_path_factory.mktemp("helm-home"))
