@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +30,30 @@ from cryptography.fernet import Fernet
 
 from proxy.config import load_settings
 from tests.support.helm import CHART, Helm, _script, pinned_helm
+from tests.support.helm import (
+    chart_copy as _chart_copy,
+)
+from tests.support.helm import (
+    config_of as _config,
+)
+from tests.support.helm import (
+    container as _container,
+)
+from tests.support.helm import (
+    notes as _notes,
+)
+from tests.support.helm import (
+    one as _one,
+)
+from tests.support.helm import (
+    pod_annotations as _pod_annotations,
+)
+from tests.support.helm import (
+    pod_env as _pod_env,
+)
+from tests.support.helm import (
+    write as _write,
+)
 from tests.support.servers import free_port
 
 FULL = CHART / "ci" / "full-values.yaml"
@@ -56,36 +79,6 @@ BUNDLED: dict[str, Any] = {"redis.bundled.enabled": True, "networkPolicy.enabled
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
     return pinned_helm(tmp_path_factory)
-
-
-def _one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
-    assert len(found) == 1, f"{kind}*{name_suffix}: {[d['metadata']['name'] for d in found]}"
-    return found[0]
-
-
-def _config(docs: list[dict[str, Any]]) -> str:
-    data: dict[str, str] = _one(docs, "ConfigMap", "compaction-proxy")["data"]
-    return data["config.yaml"]
-
-
-def _pod_annotations(docs: list[dict[str, Any]]) -> dict[str, str]:
-    annotations: dict[str, str] = _one(docs, "Deployment")["spec"]["template"]["metadata"][
-        "annotations"
-    ]
-    return annotations
-
-
-def _container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    container: dict[str, Any] = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][
-        0
-    ]
-    return container
-
-
-def _write(path: Path, values: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(values), encoding="utf-8")
-    return path
 
 
 @pytest.mark.e2e
@@ -271,22 +264,6 @@ def test_secrets_reach_the_secret_and_never_the_configmap(helm: Helm) -> None:
     assert _pod_annotations(rotated)["checksum/config"] == _pod_annotations(docs)["checksum/config"]
 
 
-def _pod_env(container: dict[str, Any], secrets: dict[str, dict[str, str]]) -> dict[str, str]:
-    """The container's environment as the kubelet would set it from these Secrets."""
-    env: dict[str, str] = {}
-    for var in container.get("env", []):
-        if "value" in var:
-            env[var["name"]] = var["value"]
-            continue
-        ref = var["valueFrom"]["secretKeyRef"]
-        value = secrets.get(ref["name"], {}).get(ref["key"])
-        if value is not None:
-            env[var["name"]] = value
-        else:
-            assert ref.get("optional"), f"{var['name']}: {ref} is missing and not optional"
-    return env
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", ["defaults", "full-example", "bundled-redis", "keys-in-values"])
 def test_rendered_config_loads_with_the_proxy(
@@ -413,23 +390,6 @@ def test_termination_grace_covers_the_proxys_drain(
     assert pod["terminationGracePeriodSeconds"] == grace
     has_prestop = "lifecycle" in pod["containers"][0]
     assert has_prestop == (sets.get("preStopSleepSeconds") != 0)
-
-
-def _chart_copy(tmp_path: Path) -> Path:
-    """The chart without its dashboards, plus a ConfigMap holding what NOTES.txt prints."""
-    chart = tmp_path / "compaction-proxy"
-    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("dashboards"))
-    (chart / "templates" / "zz-notes.yaml").write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
-        'data: {notes: {{ include "compaction-proxy.notes" . | toJson }}}\n',
-        encoding="utf-8",
-    )
-    return chart
-
-
-def _notes(docs: list[dict[str, Any]]) -> str:
-    notes: str = _one(docs, "ConfigMap", "notes")["data"]["notes"]
-    return notes
 
 
 def _dashboards(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:

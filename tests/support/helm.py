@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,69 @@ def pinned_helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
     if fetch.returncode != 0:
         pytest.fail(f"no helm binary (scripts/_helm.py): {fetch.stderr.strip()}")
     return Helm(Path(fetch.stdout.strip()), tmp_path_factory.mktemp("helm-home"))
+
+
+def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"{kind}*{name_suffix}: {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def config_of(docs: list[dict[str, Any]]) -> str:
+    data: dict[str, str] = one(docs, "ConfigMap", "compaction-proxy")["data"]
+    return data["config.yaml"]
+
+
+def pod_annotations(docs: list[dict[str, Any]]) -> dict[str, str]:
+    annotations: dict[str, str] = one(docs, "Deployment")["spec"]["template"]["metadata"][
+        "annotations"
+    ]
+    return annotations
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    container: dict[str, Any] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def write(path: Path, values: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(values), encoding="utf-8")
+    return path
+
+
+class PodWouldNotStart(AssertionError):
+    """A required Secret key is missing: the kubelet refuses to start the container
+    (CreateContainerConfigError)."""
+
+
+def pod_env(container: dict[str, Any], secrets: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The container's environment as the kubelet would set it from these Secrets."""
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+            continue
+        ref = var["valueFrom"]["secretKeyRef"]
+        value = secrets.get(ref["name"], {}).get(ref["key"])
+        if value is not None:
+            env[var["name"]] = value
+        elif not ref.get("optional"):
+            raise PodWouldNotStart(f"{var['name']}: {ref} is missing and not optional")
+    return env
+
+
+def chart_copy(tmp_path: Path) -> Path:
+    """The chart without its dashboards, plus a ConfigMap holding what NOTES.txt prints."""
+    chart = tmp_path / "compaction-proxy"
+    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("dashboards"))
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ include "compaction-proxy.notes" . | toJson }}}\n',
+        encoding="utf-8",
+    )
+    return chart
+
+
+def notes(docs: list[dict[str, Any]]) -> str:
+    notes: str = one(docs, "ConfigMap", "notes")["data"]["notes"]
+    return notes
