@@ -13,12 +13,15 @@ import base64
 import json
 import os
 import re
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
+import redis
 import yaml
 from cryptography.fernet import Fernet
 
@@ -37,6 +40,7 @@ from tests.support.helm import (
     pod_env,
     write,
 )
+from tests.support.servers import check_server_allowed, free_port, redis_binary
 
 FULL = CHART / "ci" / "full-values.yaml"
 CRD_SCHEMA = ROOT / "tests" / "fixtures" / "crds" / "prometheusrule-v1.json"
@@ -260,7 +264,7 @@ def test_the_redis_ca_bundle_is_mounted_and_given_to_the_store(
 
 @pytest.mark.e2e
 def test_the_bundled_store_is_valkey_with_a_generated_password_and_protected_mode(
-    helm: Helm,
+    helm: Helm, tmp_path: Path
 ) -> None:
     docs = helm.render(sets=BUNDLED)
     store = _pod(docs, "StatefulSet")["containers"][0]
@@ -283,6 +287,8 @@ def test_the_bundled_store_is_valkey_with_a_generated_password_and_protected_mod
     # ...and kept across upgrades: the template reads the installed Secret back first.
     template = (CHART / "templates" / "redis.yaml").read_text(encoding="utf-8")
     assert 'lookup "v1" "Secret" .Release.Namespace $name' in template
+    shown = notes(helm.render(sets=BUNDLED, chart=chart_copy(tmp_path)))
+    assert "the bundled Valkey (rel-compaction-proxy-redis, password in Secret" in shown
     # Or an existing Secret's: then the chart generates none.
     given = helm.render(sets={**BUNDLED, "redis.bundled.existingSecret": "store-auth"})
     assert not [d for d in given if d["kind"] == "Secret"]
@@ -480,3 +486,69 @@ def test_crd_schema_test_data_says_where_it_comes_from() -> None:
     schema = json.loads(CRD_SCHEMA.read_text(encoding="utf-8"))
     assert "prometheus-operator" in schema["$comment"]
     assert os.path.getsize(CRD_SCHEMA) < 10_000
+
+
+def _kubelet(value: str, env: dict[str, str]) -> str:
+    """$(VAR) in a container's args or env, as the kubelet expands it."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+
+
+@pytest.mark.e2e
+def test_the_bundled_store_command_line_refuses_strangers_and_serves_the_proxy(
+    helm: Helm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The StatefulSet's arguments, run on loopback (redis-server standing in for
+    valkey-server: the same flags), the probe's client with its password from the
+    environment, and the proxy's rendered config reaching it."""
+    docs = helm.render(sets=BUNDLED)
+    secret = one(docs, "Secret", "-redis")
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    store = _pod(docs, "StatefulSet")["containers"][0]
+    env: dict[str, str] = {"VALKEY_PASSWORD": password}
+    for var in store["env"]:
+        if "value" in var:
+            env[var["name"]] = _kubelet(var["value"], env)
+    port = free_port()
+    args = [_kubelet(a, env) for a in store["args"]]
+    args[args.index("--port") + 1] = str(port)
+    args[args.index("--dir") + 1] = str(tmp_path)
+    check_server_allowed()
+    server = subprocess.Popen(
+        [redis_binary(), *args, "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        cli = ["redis-cli", "-p", str(port)]
+        deadline = time.monotonic() + 10
+        while "PONG" not in _run([*cli, "ping"], {"REDISCLI_AUTH": env["REDISCLI_AUTH"]}):
+            assert time.monotonic() < deadline, "the store did not start"
+            time.sleep(0.05)
+        assert "NOAUTH" in _run([*cli, "ping"], {})  # no password, no answer
+        # The proxy, with its rendered config and environment, reaches it.
+        proxy_env = pod_env(container(docs), {secret["metadata"]["name"]: {"password": password}})
+        for var, value in proxy_env.items():
+            monkeypatch.setenv(var, value)
+        config = yaml.safe_load(config_of(docs))
+        config["store"]["url"] = config["store"]["url"].replace(
+            "rel-compaction-proxy-redis:6379", f"127.0.0.1:{port}"
+        )
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+        url = load_settings(tmp_path / "config.yaml").store.url
+        assert url == f"redis://:{password}@127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url, socket_timeout=2)
+        try:
+            assert client.ping()
+            assert client.config_get("protected-mode") == {"protected-mode": "yes"}
+        finally:
+            client.close()
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(
+        cmd, env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=10
+    )
+    return done.stdout + done.stderr
