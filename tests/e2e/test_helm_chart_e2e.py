@@ -525,6 +525,9 @@ def test_the_bundled_store_command_line_refuses_strangers_and_serves_the_proxy(
             assert time.monotonic() < deadline, "the store did not start"
             time.sleep(0.05)
         assert "NOAUTH" in _run([*cli, "ping"], {})  # no password, no answer
+        # The server's process title replaced its arguments: no password in `ps`.
+        with open(f"/proc/{server.pid}/cmdline", "rb") as cmdline:
+            assert password.encode() not in cmdline.read()
         # The proxy, with its rendered config and environment, reaches it.
         proxy_env = pod_env(container(docs), {secret["metadata"]["name"]: {"password": password}})
         for var, value in proxy_env.items():
