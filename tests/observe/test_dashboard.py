@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import promql_parser
 import pytest
 
 from proxy.observe.metrics import Metrics
@@ -72,3 +73,14 @@ def test_compaction_panels_do_not_count_served_snapshots_as_compactions() -> Non
     queries = [e for e in expressions(dashboard()) if "compaction_proxy_compactions_total" in e]
     assert queries
     assert all('outcome!="snapshot"' in e for e in queries), queries
+
+
+def test_every_dashboard_query_is_valid_promql() -> None:
+    """With Grafana's variables put in as Prometheus would receive them."""
+    filled = {"$__rate_interval": "5m", "$job": ".*", "$instance": ".*"}
+    for expr in expressions(dashboard()):
+        if expr.startswith("label_values("):
+            continue
+        for variable, value in filled.items():
+            expr = expr.replace(variable, value)
+        promql_parser.parse(expr)
