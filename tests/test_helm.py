@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import promql_parser
+import pytest
 import yaml
 
 from proxy.config import Settings
@@ -58,3 +60,19 @@ def test_values_config_mirrors_config_example() -> None:
     assert secret_fields == SECRET_KEYS
     models = [(m["match"], m["context_window"]) for m in values["models"]]
     assert models == [(m["match"], m["context_window"]) for m in example["models"]]
+
+
+RULES = yaml.safe_load((CHART / "rules" / "alerts.yaml").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.get("alert") or r["record"] for r in RULES])
+def test_each_alert_rule_is_valid_promql(rule: dict[str, Any]) -> None:
+    """What the Prometheus Operator's admission webhook checks before taking the rule."""
+    promql_parser.parse(rule["expr"])
+    assert set(rule) <= {"alert", "record", "expr", "for", "summary"}
+    assert ("alert" in rule) != ("record" in rule)
+
+
+def test_the_promql_check_can_fail() -> None:
+    with pytest.raises(ValueError, match="parenthesis"):
+        promql_parser.parse("sum(rate(compaction_proxy_responses_total[5m])")

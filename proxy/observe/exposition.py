@@ -3,7 +3,8 @@ processes (``server.workers``), the sum over every worker.
 
 Each worker calls ``enable_multiprocess(directory)`` before building its app: its
 metrics then live in files there, and ``/metrics``, whichever worker serves it,
-shows the sum over every worker (prometheus-client's multiprocess mode).
+shows the sum over every worker (prometheus-client's multiprocess mode), and
+``process_*`` sum the supervisor's and the live workers' (process_metrics.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 from prometheus_client import CollectorRegistry, generate_latest, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from proxy.observe.process_metrics import WorkersProcessCollector
 
 __all__ = ["CONTENT_TYPE_LATEST", "enable_multiprocess", "exposition"]
 
@@ -38,4 +41,5 @@ def exposition(registry: CollectorRegistry) -> bytes:
     # Every worker's files, read at each scrape (dead workers' counters included).
     merged = CollectorRegistry(auto_describe=True)
     MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]  # untyped
+    merged.register(WorkersProcessCollector(directory))
     return generate_latest(merged)

@@ -1,11 +1,9 @@
 """Prometheus metrics, on a registry of the app's own (several apps per test process).
-
 Series whose labels are a closed set are declared at start-up (``__post_init__``), so
 dashboards and alerts see zeros rather than no data before the first event. A request's
 own series are observed in one place, ``recorder.Recorder.finish``. Label sets and buckets
 are in proxy.observe.series, all closed, whatever clients send. With several workers,
-``/metrics`` sums them (proxy.observe.exposition); gauges say how (``multiprocess_mode``).
-"""
+``/metrics`` sums them (proxy.observe.exposition); gauges say how (``multiprocess_mode``)."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from proxy.core.summary_check import REASONS as REJECTIONS
 from proxy.observe.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
+from proxy.observe.process_metrics import ProcessSeries
 from proxy.observe.series import (
     ADDED_BUCKETS,
     CALL_BUCKETS,
@@ -61,8 +60,7 @@ class Metrics:
     summarization_duration: Histogram
     summarizer_calls: Histogram
     store_duration: Histogram
-    # Background pre-compaction (precompact.py).
-    compactions_by_trigger: Counter
+    compactions_by_trigger: Counter  # this and the next three: precompact.py
     precompactions: Counter
     precompactions_running: Gauge
     summary_waits: Counter
@@ -71,6 +69,7 @@ class Metrics:
     failed_summary_seconds: Counter
     sent_during_summary: Counter
     slot_misses: Counter
+    process: ProcessSeries  # process_*, build info, requests in flight: process_metrics.py
 
     @classmethod
     def create(cls) -> Metrics:
@@ -79,6 +78,7 @@ class Metrics:
         r = CollectorRegistry(auto_describe=True)
         return cls(
             registry=r,
+            process=ProcessSeries.create(r),
             requests=Counter(
                 "compaction_proxy_chat_requests",
                 "Chat completion requests by X-Compaction-Status",

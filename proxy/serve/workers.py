@@ -8,7 +8,8 @@ single process does. The supervisor:
   multiprocess mode), so ``/metrics`` from any worker is the sum over all, and
   removes it on exit; it marks each worker that exits as dead there (gauges of
   the ``live*`` modes then drop its values);
-- starts a replacement for a worker that dies while serving, and stops
+- starts a replacement for a worker that dies while serving (counted in
+  ``compaction_proxy_worker_restarts_total``, in the same files), and stops
   everything if a worker fails to start (uvicorn's exit status 3, which the
   supervisor exits with too: the app's start-up failed, and would again);
 - on SIGTERM or SIGINT closes its copy of the socket and sends SIGTERM to every
@@ -39,10 +40,12 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.multiprocess import mark_process_dead
 
 from proxy.config import Settings
 from proxy.observe.metrics import enable_multiprocess
+from proxy.observe.process_metrics import worker_restarts
 
 log = logging.getLogger("proxy.workers")
 
@@ -83,6 +86,7 @@ class _Supervisor:
         self.directory = directory
         self.workers: list[BaseProcess] = []
         self.stopping = False
+        self.restarts: Counter | None = None  # made at the first restart
         self._fork = multiprocessing.get_context("fork")
 
     def run(self) -> int:
@@ -132,8 +136,16 @@ class _Supervisor:
                 log.error("worker %d failed to start: stopping", worker.pid)
                 return False
             log.error("worker %d exited (status %s): starting another", worker.pid, worker.exitcode)
+            self._count_restart()
             self.workers[i] = self._start()
         return True
+
+    def _count_restart(self) -> None:
+        # In the workers' metrics directory, which /metrics sums (their zeros included).
+        if self.restarts is None:
+            enable_multiprocess(self.directory)
+            self.restarts = worker_restarts(CollectorRegistry())
+        self.restarts.inc()
 
     def _stop_all(self) -> int:
         # Once every worker has stopped accepting, the socket closes and connections are refused.

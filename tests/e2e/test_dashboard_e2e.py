@@ -47,6 +47,12 @@ REQUIRED = frozenset(
         "compaction_proxy_learned_windows_total",
         "compaction_proxy_store_errors_total",
         "compaction_proxy_store_duration_seconds_bucket",
+        "compaction_proxy_requests_in_flight",
+        "compaction_proxy_worker_restarts_total",
+        "compaction_proxy_build_info",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
     }
 )
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -30,7 +29,31 @@ import yaml
 from cryptography.fernet import Fernet
 
 from proxy.config import load_settings
-from tests.support.helm import CHART, ROOT, _script
+from tests.support.helm import CHART, Helm, _script, pinned_helm
+from tests.support.helm import (
+    chart_copy as _chart_copy,
+)
+from tests.support.helm import (
+    config_of as _config,
+)
+from tests.support.helm import (
+    container as _container,
+)
+from tests.support.helm import (
+    notes as _notes,
+)
+from tests.support.helm import (
+    one as _one,
+)
+from tests.support.helm import (
+    pod_annotations as _pod_annotations,
+)
+from tests.support.helm import (
+    pod_env as _pod_env,
+)
+from tests.support.helm import (
+    write as _write,
+)
 from tests.support.servers import free_port
 
 FULL = CHART / "ci" / "full-values.yaml"
@@ -43,93 +66,19 @@ K8S_VERSIONS = (OLDEST_K8S, kubernetes_validate.utils.latest_version())
 
 
 # CRDs: kubernetes-validate has no schema for them.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),  # its own schema: test_helm_chart_e2e.py
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+}
 
 
 BUNDLED: dict[str, Any] = {"redis.bundled.enabled": True, "networkPolicy.enabled": True}
 
 
-class Helm:
-    """Runs the pinned helm with its own empty home, so no user config leaks in."""
-
-    def __init__(self, binary: Path, home: Path) -> None:
-        self.binary = binary
-        self.env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(home),
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_DATA_HOME": str(home / "data"),
-        }
-
-    def run(self, *args: str | Path, chart: Path = CHART) -> subprocess.CompletedProcess[str]:
-        cmd = [str(self.binary), *[str(a) for a in args], str(chart)]
-        return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60)
-
-    def template(
-        self,
-        *values: Path,
-        sets: dict[str, Any] | None = None,
-        chart: Path = CHART,
-    ) -> subprocess.CompletedProcess[str]:
-        args: list[str | Path] = ["template", "--namespace", "llm"]
-        for file in values:
-            args += ["-f", file]
-        for key, value in (sets or {}).items():
-            args += ["--set-json", f"{key}={json.dumps(value)}"]
-        # The release name goes before the chart.
-        return self.run(*args, "rel", chart=chart)
-
-    def render(
-        self, *values: Path, sets: dict[str, Any] | None = None, chart: Path = CHART
-    ) -> list[dict[str, Any]]:
-        done = self.template(*values, sets=sets, chart=chart)
-        assert done.returncode == 0, done.stderr
-        return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-
-
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    # The same command a developer runs; a non-zero exit fails every test here, never skips.
-    fetch = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "_helm.py")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if fetch.returncode != 0:
-        pytest.fail(f"no helm binary (scripts/_helm.py): {fetch.stderr.strip()}")
-    return Helm(Path(fetch.stdout.strip()), tmp_path_factory.mktemp("helm-home"))
-
-
-def _one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
-    assert len(found) == 1, f"{kind}*{name_suffix}: {[d['metadata']['name'] for d in found]}"
-    return found[0]
-
-
-def _config(docs: list[dict[str, Any]]) -> str:
-    data: dict[str, str] = _one(docs, "ConfigMap", "compaction-proxy")["data"]
-    return data["config.yaml"]
-
-
-def _pod_annotations(docs: list[dict[str, Any]]) -> dict[str, str]:
-    annotations: dict[str, str] = _one(docs, "Deployment")["spec"]["template"]["metadata"][
-        "annotations"
-    ]
-    return annotations
-
-
-def _container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    container: dict[str, Any] = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][
-        0
-    ]
-    return container
-
-
-def _write(path: Path, values: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(values), encoding="utf-8")
-    return path
+    return pinned_helm(tmp_path_factory)
 
 
 @pytest.mark.e2e
@@ -204,7 +153,8 @@ def test_bundled_redis_is_the_store_and_only_the_proxy_reaches_it(helm: Helm) ->
     docs = helm.render(sets=BUNDLED)
     redis = _one(docs, "Service", "-redis")
     config = yaml.safe_load(_config(docs))
-    assert config["store"]["url"] == f"redis://{redis['metadata']['name']}:6379/0"
+    name = redis["metadata"]["name"]
+    assert config["store"]["url"] == f"redis://:${{COMPACTION_PROXY_STORE_PASSWORD}}@{name}:6379/0"
     policy = _one(docs, "NetworkPolicy", "-redis")
     peers = policy["spec"]["ingress"][0]["from"]
     proxy_labels = _one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
@@ -314,22 +264,6 @@ def test_secrets_reach_the_secret_and_never_the_configmap(helm: Helm) -> None:
     assert _pod_annotations(rotated)["checksum/config"] == _pod_annotations(docs)["checksum/config"]
 
 
-def _pod_env(container: dict[str, Any], secrets: dict[str, dict[str, str]]) -> dict[str, str]:
-    """The container's environment as the kubelet would set it from these Secrets."""
-    env: dict[str, str] = {}
-    for var in container.get("env", []):
-        if "value" in var:
-            env[var["name"]] = var["value"]
-            continue
-        ref = var["valueFrom"]["secretKeyRef"]
-        value = secrets.get(ref["name"], {}).get(ref["key"])
-        if value is not None:
-            env[var["name"]] = value
-        else:
-            assert ref.get("optional"), f"{var['name']}: {ref} is missing and not optional"
-    return env
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", ["defaults", "full-example", "bundled-redis", "keys-in-values"])
 def test_rendered_config_loads_with_the_proxy(
@@ -369,7 +303,9 @@ def test_rendered_config_loads_with_the_proxy(
     assert windows == [(m["match"], m["context_window"]) for m in expected["config"]["models"]]
     assert settings.server.host == "0.0.0.0"
     if name == "full-example":
-        assert settings.store.url == "rediss://:pw@redis.data:6380/0"
+        # The CA bundle (redis.tls) reaches the store as the URL's ssl_ca_certs.
+        ca = "ssl_ca_certs=/etc/compaction-proxy/redis-ca/ca.crt"
+        assert settings.store.url == f"rediss://:pw@redis.data:6380/0?{ca}"
         assert settings.upstream.api_key.get_secret_value() == "sk-up"
         assert [k.get_secret_value() for k in settings.store.encryption_keys] == [key]
         assert settings.server.admin_key.get_secret_value() == ""
@@ -439,11 +375,11 @@ def _answers(url: str) -> bool:
 @pytest.mark.parametrize(
     ("sets", "grace"),
     [
-        ({}, 5 + 30 + 5),
+        ({}, 5 + 300 + 5),
         ({"config.server.shutdown_timeout_s": 45.5}, 5 + 46 + 5),
         ({"config.server.shutdown_timeout_s": 0, "preStopSleepSeconds": 0}, 0 + 0 + 5),
-        ({"terminationGraceMarginSeconds": 20, "preStopSleepSeconds": 10}, 10 + 30 + 20),
-        ({"config.server.drain_delay_s": 2.5}, 5 + 3 + 30 + 5),
+        ({"terminationGraceMarginSeconds": 20, "preStopSleepSeconds": 10}, 10 + 300 + 20),
+        ({"config.server.drain_delay_s": 2.5}, 5 + 3 + 300 + 5),
     ],
 )
 def test_termination_grace_covers_the_proxys_drain(
@@ -454,23 +390,6 @@ def test_termination_grace_covers_the_proxys_drain(
     assert pod["terminationGracePeriodSeconds"] == grace
     has_prestop = "lifecycle" in pod["containers"][0]
     assert has_prestop == (sets.get("preStopSleepSeconds") != 0)
-
-
-def _chart_copy(tmp_path: Path) -> Path:
-    """The chart without its dashboards, plus a ConfigMap holding what NOTES.txt prints."""
-    chart = tmp_path / "compaction-proxy"
-    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("dashboards"))
-    (chart / "templates" / "zz-notes.yaml").write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
-        'data: {notes: {{ include "compaction-proxy.notes" . | toJson }}}\n',
-        encoding="utf-8",
-    )
-    return chart
-
-
-def _notes(docs: list[dict[str, Any]]) -> str:
-    notes: str = _one(docs, "ConfigMap", "notes")["data"]["notes"]
-    return notes
 
 
 def _dashboards(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:

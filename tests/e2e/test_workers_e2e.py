@@ -141,3 +141,48 @@ def test_a_worker_that_dies_is_replaced_and_its_counts_kept(simulator: str, tmp_
         served.process.send_signal(signal.SIGTERM)
         assert served.wait(timeout=15) == 0
     assert f"worker {workers[0]} exited (status -9): starting another" in served.log()
+
+
+def _scraped(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.e2e
+def test_worker_restarts_in_flight_and_process_series_cover_every_process(
+    simulator: str, tmp_path: Path
+) -> None:
+    """Issue 23: restarts counted by the supervisor, in-flight requests summed over the
+    workers, and process_* the sum over the supervisor and the live workers."""
+    with serve_process(tmp_path, _config(simulator)) as served:
+        workers = served.children()
+        before = _scraped(served.url)
+        assert before["compaction_proxy_worker_restarts_total"] == 0
+        assert before["compaction_proxy_build_info"] == 1
+        # The scrape itself is not counted: /metrics is not a measured route.
+        assert before["compaction_proxy_requests_in_flight"] == 0
+        os.kill(workers[0], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while len(now := served.children()) < 2 or workers[0] in now:
+            assert time.monotonic() < deadline, f"no replacement: {now}"
+            time.sleep(0.1)
+        streams = [SlowStream(served.url, chunk_delay_ms=300).start() for _ in range(3)]
+        time.sleep(0.5)
+        during = _scraped(served.url)
+        for stream in streams:
+            stream.join(timeout=15)
+        after = _scraped(served.url)
+        processes = [served.process.pid, *now]
+        rss, one = sum(_rss(pid) for pid in processes), _rss(now[0])
+        served.process.send_signal(signal.SIGTERM)
+        assert served.wait(timeout=15) == 0
+    assert during["compaction_proxy_requests_in_flight"] == 3
+    assert after["compaction_proxy_requests_in_flight"] == 0
+    assert after["compaction_proxy_worker_restarts_total"] == 1
+    assert after["process_resident_memory_bytes"] == pytest.approx(rss, rel=0.25)
+    assert after["process_resident_memory_bytes"] > 1.5 * one  # not one process's

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import promql_parser
 import pytest
 
 from proxy.observe.metrics import Metrics
@@ -65,3 +66,21 @@ def test_every_family_a_fresh_proxy_declares_is_on_the_dashboard() -> None:
     used = set().union(*(referenced(e)[0] for e in expressions(dashboard())))
     shown = {re.sub(r"(_total|_bucket|_count|_sum)$", "", name) for name in used}
     assert declared - shown == set()
+
+
+def test_compaction_panels_do_not_count_served_snapshots_as_compactions() -> None:
+    """Issue 23: outcome="snapshot" is a turn served from another request's summary."""
+    queries = [e for e in expressions(dashboard()) if "compaction_proxy_compactions_total" in e]
+    assert queries
+    assert all('outcome!="snapshot"' in e for e in queries), queries
+
+
+def test_every_dashboard_query_is_valid_promql() -> None:
+    """With Grafana's variables put in as Prometheus would receive them."""
+    filled = {"$__rate_interval": "5m", "$job": ".*", "$instance": ".*"}
+    for expr in expressions(dashboard()):
+        if expr.startswith("label_values("):
+            continue
+        for variable, value in filled.items():
+            expr = expr.replace(variable, value)
+        promql_parser.parse(expr)

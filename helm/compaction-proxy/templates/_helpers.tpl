@@ -61,45 +61,106 @@ app.kubernetes.io/component: redis
 {{- end }}
 {{- end }}
 
-{{/* Where the store comes from: bundled, external (URL from a Secret), or config (memory:// or a URL in config.store.url). */}}
+{{- define "compaction-proxy.image" -}}
+{{- $i := .Values.image }}
+{{- $ref := printf "%s:%s" $i.repository ($i.tag | default .Chart.AppVersion) }}
+{{- if $i.digest }}{{ printf "%s@%s" $ref $i.digest }}{{ else }}{{ $ref }}{{ end }}
+{{- end }}
+
+{{/* Where the store comes from: bundled, external (URL from a Secret: redis.external, or a
+Redis URL written in config.store.url, which the chart moves into its Secret), or memory. */}}
 {{- define "compaction-proxy.storeSource" -}}
 {{- $ext := .Values.redis.external }}
 {{- if .Values.redis.bundled.enabled }}bundled
 {{- else if or $ext.url $ext.existingSecret }}external
-{{- else }}config
+{{- else if not (hasPrefix "memory://" (toString .Values.config.store.url)) }}external
+{{- else }}memory
+{{- end }}
+{{- end }}
+
+{{/* The store URL the chart keeps in its own Secret (key redis-url), if any. */}}
+{{- define "compaction-proxy.storeUrlValue" -}}
+{{- if .Values.redis.external.url }}{{ .Values.redis.external.url }}
+{{- else if and (not .Values.redis.bundled.enabled) (not .Values.redis.external.existingSecret) (not (hasPrefix "memory://" (toString .Values.config.store.url))) }}{{ .Values.config.store.url }}
 {{- end }}
 {{- end }}
 
 {{/* Whether every pod has its own sessions: several pods then cannot share them. */}}
 {{- define "compaction-proxy.storeIsPerPod" -}}
-{{- if and (eq (include "compaction-proxy.storeSource" .) "config") (hasPrefix "memory://" (toString .Values.config.store.url)) }}true{{- end }}
+{{- if eq (include "compaction-proxy.storeSource" .) "memory" }}true{{- end }}
+{{- end }}
+
+{{/* The Secret keys the proxy uses, comma-separated: those listed for an existing Secret,
+or those set in values. Each is mounted required. */}}
+{{- define "compaction-proxy.secretKeys" -}}
+{{- $s := .Values.secrets }}
+{{- if $s.existingSecret }}{{ join "," $s.existingSecretKeys }}
+{{- else }}
+{{- $keys := list }}
+{{- range $key, $value := dict "upstream-api-key" $s.upstreamApiKey "admin-key" $s.adminKey "encryption-key" $s.encryptionKey "previous-encryption-key" $s.previousEncryptionKey }}
+{{- if $value }}{{ $keys = append $keys $key }}{{ end }}
+{{- end }}
+{{- join "," $keys }}
+{{- end }}
 {{- end }}
 
 {{/* The Secret holding the proxy's keys, when there is one: the existing one, or the chart's when any key is set. */}}
 {{- define "compaction-proxy.keysSecretName" -}}
-{{- $s := .Values.secrets }}
-{{- if $s.existingSecret }}{{ $s.existingSecret }}
-{{- else if or $s.upstreamApiKey $s.adminKey $s.encryptionKey $s.previousEncryptionKey }}{{ include "compaction-proxy.fullname" . }}
+{{- if .Values.secrets.existingSecret }}{{ .Values.secrets.existingSecret }}
+{{- else if include "compaction-proxy.secretKeys" . }}{{ include "compaction-proxy.fullname" . }}
 {{- end }}
 {{- end }}
 
-{{/* Whether the chart creates its own Secret (keys given in values, or the Redis URL). */}}
+{{/* Whether the chart creates its own Secret (keys given in values, or the store URL). */}}
 {{- define "compaction-proxy.createsSecret" -}}
-{{- $s := .Values.secrets }}
-{{- if or .Values.redis.external.url (and (not $s.existingSecret) (or $s.upstreamApiKey $s.adminKey $s.encryptionKey $s.previousEncryptionKey)) }}true{{- end }}
+{{- if or (include "compaction-proxy.storeUrlValue" .) (and (not .Values.secrets.existingSecret) (include "compaction-proxy.secretKeys" .)) }}true{{- end }}
+{{- end }}
+
+{{/* The bundled store's password Secret: the one given, or the chart's generated one. */}}
+{{- define "compaction-proxy.redisSecretName" -}}
+{{- .Values.redis.bundled.existingSecret | default (include "compaction-proxy.redisName" .) }}
+{{- end }}
+
+{{/* Where the Redis CA bundle is mounted, when there is one. */}}
+{{- define "compaction-proxy.redisCaFile" -}}
+{{- with .Values.redis.tls }}{{ if or .caSecret .caConfigMap }}/etc/compaction-proxy/redis-ca/{{ .caKey }}{{ end }}{{ end }}
+{{- end }}
+
+{{/* How many replicas run at least: a PodDisruptionBudget is only worth it above one. */}}
+{{- define "compaction-proxy.minReplicas" -}}
+{{- if .Values.autoscaling.enabled }}{{ int .Values.autoscaling.minReplicas }}{{ else }}{{ int .Values.replicaCount }}{{ end }}
 {{- end }}
 
 {{/* Refuse combinations that would deploy something that cannot work. */}}
 {{- define "compaction-proxy.validate" -}}
 {{- $ext := .Values.redis.external }}
+{{- $s := .Values.secrets }}
 {{- if and .Values.redis.bundled.enabled (or $ext.url $ext.existingSecret) }}
 {{- fail "redis: set either redis.external or redis.bundled.enabled, not both" }}
 {{- end }}
 {{- if and $ext.url $ext.existingSecret }}
 {{- fail "redis.external: set either url or existingSecret, not both" }}
 {{- end }}
-{{- if and (ne (include "compaction-proxy.storeSource" .) "config") (not (hasPrefix "memory://" (toString .Values.config.store.url))) }}
+{{- if and (or .Values.redis.bundled.enabled $ext.url $ext.existingSecret) (not (hasPrefix "memory://" (toString .Values.config.store.url))) }}
 {{- fail "config.store.url: leave it memory:// when redis.external or redis.bundled provides the store" }}
+{{- end }}
+{{- if and $s.existingSecret (not $s.existingSecretKeys) }}
+{{- fail "secrets.existingSecret: list the keys it holds in secrets.existingSecretKeys (each is then required: a missing one keeps the pod from starting)" }}
+{{- end }}
+{{- if and $s.existingSecretKeys (not $s.existingSecret) }}
+{{- fail "secrets.existingSecretKeys: only with secrets.existingSecret" }}
+{{- end }}
+{{- $keys := splitList "," (include "compaction-proxy.secretKeys" .) }}
+{{- if and (has "previous-encryption-key" $keys) (not (has "encryption-key" $keys)) }}
+{{- fail "secrets: previous-encryption-key needs encryption-key (the key that encrypts)" }}
+{{- end }}
+{{- with .Values.redis.tls }}
+{{- if and .caSecret .caConfigMap }}
+{{- fail "redis.tls: set either caSecret or caConfigMap, not both" }}
+{{- end }}
+{{- if and (or .caSecret .caConfigMap) (ne (include "compaction-proxy.storeSource" $) "external") }}
+{{- fail "redis.tls: a CA bundle is for an external rediss:// store (redis.external)" }}
+{{- end }}
 {{- end }}
 {{- if include "compaction-proxy.storeIsPerPod" . }}
 {{- if .Values.autoscaling.enabled }}
@@ -109,27 +170,51 @@ app.kubernetes.io/component: redis
 {{- fail "replicaCount > 1 needs a shared store: the memory:// store is per pod, so replicas would not share sessions. Set redis.external.url (or existingSecret) or redis.bundled.enabled=true" }}
 {{- end }}
 {{- end }}
+{{- $pdb := .Values.podDisruptionBudget }}
+{{- if and $pdb.enabled (not (kindIs "invalid" $pdb.minAvailable)) }}
+{{- $min := toString $pdb.minAvailable }}
+{{- if or (eq $min "100%") (and (regexMatch "^[0-9]+$" $min) (ge (atoi $min) (int (include "compaction-proxy.minReplicas" .)))) }}
+{{- fail (printf "podDisruptionBudget.minAvailable %s leaves no pod evictable with %s replicas: node drains would block" $min (include "compaction-proxy.minReplicas" .)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The store URL the proxy's config names: the bundled store's with the password from
+the environment, or ${COMPACTION_PROXY_STORE_URL} (from a Secret) with the CA file. */}}
+{{- define "compaction-proxy.storeUrl" -}}
+{{- $source := include "compaction-proxy.storeSource" . }}
+{{- if eq $source "bundled" }}
+{{- printf "redis://:${COMPACTION_PROXY_STORE_PASSWORD}@%s:%v/0" (include "compaction-proxy.redisName" .) .Values.redis.bundled.port }}
+{{- else if eq $source "external" }}
+{{- $url := "${COMPACTION_PROXY_STORE_URL}" }}
+{{- with include "compaction-proxy.redisCaFile" . }}
+{{- $sep := ternary "&" "?" (contains "?" (include "compaction-proxy.storeUrlValue" $)) }}
+{{- $url = printf "%s%sssl_ca_certs=%s" $url $sep . }}
+{{- end }}
+{{- $url }}
+{{- else }}
+{{- .Values.config.store.url }}
+{{- end }}
 {{- end }}
 
 {{/* The proxy's config.yaml: values' config, with secrets replaced by references to the pod's environment. */}}
 {{- define "compaction-proxy.config" -}}
 {{- $cfg := deepCopy .Values.config }}
 {{- $store := $cfg.store | default dict }}
-{{- $source := include "compaction-proxy.storeSource" . }}
-{{- if eq $source "bundled" }}
-{{- $_ := set $store "url" (printf "redis://%s:%v/0" (include "compaction-proxy.redisName" .) .Values.redis.bundled.port) }}
-{{- else if eq $source "external" }}
-{{- $_ := set $store "url" "${COMPACTION_PROXY_STORE_URL}" }}
+{{- $_ := set $store "url" (include "compaction-proxy.storeUrl" .) }}
+{{- $keys := splitList "," (include "compaction-proxy.secretKeys" .) }}
+{{- if has "upstream-api-key" $keys }}
+{{- $_ := set $cfg "upstream" (merge (dict "api_key" "${COMPACTION_PROXY_UPSTREAM_API_KEY}") ($cfg.upstream | default dict)) }}
 {{- end }}
-{{- if include "compaction-proxy.keysSecretName" . }}
-{{- $server := $cfg.server | default dict }}
-{{- $upstream := $cfg.upstream | default dict }}
-{{- $_ := set $upstream "api_key" "${COMPACTION_PROXY_UPSTREAM_API_KEY:-}" }}
-{{- $_ := set $server "admin_key" "${COMPACTION_PROXY_ADMIN_KEY:-}" }}
-{{- /* An unset rotation key interpolates to "", which the proxy drops. */}}
-{{- $_ := set $store "encryption_keys" (list "${COMPACTION_PROXY_ENCRYPTION_KEY:-}" "${COMPACTION_PROXY_PREVIOUS_ENCRYPTION_KEY:-}") }}
-{{- $_ := set $cfg "server" $server }}
-{{- $_ := set $cfg "upstream" $upstream }}
+{{- if has "admin-key" $keys }}
+{{- $_ := set $cfg "server" (merge (dict "admin_key" "${COMPACTION_PROXY_ADMIN_KEY}") ($cfg.server | default dict)) }}
+{{- end }}
+{{- if has "encryption-key" $keys }}
+{{- $enc := list "${COMPACTION_PROXY_ENCRYPTION_KEY}" }}
+{{- if has "previous-encryption-key" $keys }}
+{{- $enc = append $enc "${COMPACTION_PROXY_PREVIOUS_ENCRYPTION_KEY}" }}
+{{- end }}
+{{- $_ := set $store "encryption_keys" $enc }}
 {{- end }}
 {{- $_ := set $cfg "store" $store }}
 {{- toYaml $cfg }}
@@ -148,29 +233,67 @@ app.kubernetes.io/component: redis
 {{- add (int .Values.preStopSleepSeconds) $delay $drain (int .Values.terminationGraceMarginSeconds) }}
 {{- end }}
 
-{{/* The proxy container's environment: the keys and the Redis URL from Secrets (the config references them), then extraEnv. */}}
+{{/* The container's resources; the memory limit, unless given, from max_sessions (values.yaml, memorySizing). */}}
+{{- define "compaction-proxy.resources" -}}
+{{- $res := deepCopy .Values.resources }}
+{{- $limits := $res.limits | default dict }}
+{{- if not $limits.memory }}
+{{- $m := .Values.memorySizing }}
+{{- $workers := int (.Values.config.server.workers | default 1) }}
+{{- $sessions := int (.Values.config.store.max_sessions | default 100000) }}
+{{- $thousands := div (add $sessions 999) 1000 }}
+{{- $perProcess := add (int $m.baseMiB) (mul $thousands (int $m.perThousandSessionsMiB)) }}
+{{- $_ := set $limits "memory" (printf "%dMi" (add (mul $workers $perProcess) (int $m.headroomMiB))) }}
+{{- end }}
+{{- $_ := set $res "limits" $limits }}
+{{- toYaml $res }}
+{{- end }}
+
+{{/* The proxy container's environment: the keys and the store's URL or password from Secrets (the config references them), then extraEnv. Every key is required. */}}
 {{- define "compaction-proxy.env" -}}
-{{- $keys := include "compaction-proxy.keysSecretName" . }}
-{{- if $keys }}
-{{- range $var, $key := dict "COMPACTION_PROXY_UPSTREAM_API_KEY" "upstream-api-key" "COMPACTION_PROXY_ADMIN_KEY" "admin-key" "COMPACTION_PROXY_ENCRYPTION_KEY" "encryption-key" "COMPACTION_PROXY_PREVIOUS_ENCRYPTION_KEY" "previous-encryption-key" }}
-- name: {{ $var }}
+{{- $secret := include "compaction-proxy.keysSecretName" . }}
+{{- $vars := dict "upstream-api-key" "COMPACTION_PROXY_UPSTREAM_API_KEY" "admin-key" "COMPACTION_PROXY_ADMIN_KEY" "encryption-key" "COMPACTION_PROXY_ENCRYPTION_KEY" "previous-encryption-key" "COMPACTION_PROXY_PREVIOUS_ENCRYPTION_KEY" }}
+{{- range $key := splitList "," (include "compaction-proxy.secretKeys" .) }}
+{{- if $key }}
+- name: {{ get $vars $key }}
   valueFrom:
     secretKeyRef:
-      name: {{ $keys }}
+      name: {{ $secret }}
       key: {{ $key }}
-      optional: true
 {{- end }}
 {{- end }}
-{{- with .Values.redis.external }}
-{{- if or .url .existingSecret }}
+{{- $source := include "compaction-proxy.storeSource" . }}
+{{- if eq $source "external" }}
+{{- $ext := .Values.redis.external }}
 - name: COMPACTION_PROXY_STORE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ .existingSecret | default (include "compaction-proxy.fullname" $) }}
-      key: {{ if .existingSecret }}{{ .existingSecretKey }}{{ else }}redis-url{{ end }}
-{{- end }}
+      name: {{ $ext.existingSecret | default (include "compaction-proxy.fullname" .) }}
+      key: {{ if $ext.existingSecret }}{{ $ext.existingSecretKey }}{{ else }}redis-url{{ end }}
+{{- else if eq $source "bundled" }}
+- name: COMPACTION_PROXY_STORE_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "compaction-proxy.redisSecretName" . }}
+      key: password
 {{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The default soft spread over nodes and zones (values: topologySpreadConstraints). */}}
+{{- define "compaction-proxy.topologySpread" -}}
+{{- if .Values.topologySpreadConstraints }}
+{{- toYaml .Values.topologySpreadConstraints }}
+{{- else if .Values.defaultTopologySpread }}
+{{- range $key := list "kubernetes.io/hostname" "topology.kubernetes.io/zone" }}
+- maxSkew: 1
+  topologyKey: {{ $key }}
+  whenUnsatisfiable: ScheduleAnyway
+  labelSelector:
+    matchLabels:
+      {{- include "compaction-proxy.selectorLabels" $ | nindent 6 }}
+{{- end }}
 {{- end }}
 {{- end }}

@@ -9,7 +9,7 @@ Point an OpenAI SDK's base_url at it:
   from here:           kubectl -n {{ .Release.Namespace }} port-forward svc/{{ $fullname }} 8080:{{ .Values.service.port }}
                        then http://127.0.0.1:8080/v1
 
-Store: {{ if eq $source "bundled" }}the bundled Redis ({{ include "compaction-proxy.redisName" . }}){{ else if eq $source "external" }}external Redis (URL from Secret {{ .Values.redis.external.existingSecret | default $fullname }}){{ else }}{{ .Values.config.store.url }}{{ end }}
+Store: {{ if eq $source "bundled" }}the bundled Valkey ({{ include "compaction-proxy.redisName" . }}, password in Secret {{ include "compaction-proxy.redisSecretName" . }}){{ else if eq $source "external" }}external Redis (URL from Secret {{ .Values.redis.external.existingSecret | default $fullname }}){{ else }}{{ .Values.config.store.url }}{{ end }}
 {{- if include "compaction-proxy.storeIsPerPod" . }}
   The memory:// store is per pod (and per worker process): sessions do not survive
   a restart and are not shared. Use Redis (redis.external or redis.bundled) before
