@@ -14,9 +14,11 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from proxy.config import Settings
-from proxy.store import ItemStore, Store
+if TYPE_CHECKING:
+    from proxy.config import Settings
+    from proxy.store import ItemStore, Store
 
 # An answer of a model's whole 16k-token output is some 64 KB of JSON; encrypted
 # reasoning rarely more. Bigger items are not kept (their references count unresolved).
