@@ -73,7 +73,8 @@ class OutputItems:
 
     def _events(self, chunk: bytes) -> None:
         pending = self._pending
-        pending += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
+        # Lines may end in CRLF, split across chunks; no JSON holds a raw CR.
+        pending += chunk.replace(b"\r", b"") if b"\r" in chunk else chunk
         while True:
             end = pending.find(b"\n\n")
             if end < 0:
