@@ -93,8 +93,8 @@ class ItemStore(Protocol):
 
     Values are an item's JSON, as bytes. Bounded (``store/items.py``): an item of more
     than ``MAX_ITEM_BYTES`` or with an id of more than ``MAX_ID_CHARS`` is not kept; a
-    tenant keeps at most ``ITEMS_PER_TENANT``, its oldest dropped first; each is kept
-    ``store.ttl_s`` from its write."""
+    tenant keeps at most ``ITEMS_PER_TENANT``, its least recently used dropped first;
+    each is kept ``store.ttl_s`` from its last write or read."""
 
     async def remember_items(self, tenant: str, items: Sequence[tuple[str, bytes]]) -> None:
         """Keep each (id, JSON) of ``items`` for ``tenant``."""

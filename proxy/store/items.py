@@ -6,7 +6,8 @@ Redis's own is ``redis_items.py``.
 Every value a client or an upstream chooses is bounded: an item's JSON (at most
 ``MAX_ITEM_BYTES``; a bigger one is not kept and a reference to it counts as unresolved),
 its id (at most ``MAX_ID_CHARS``), a tenant's items (at most ``ITEMS_PER_TENANT``, its
-oldest dropped first) and, in this process, all of them (``MEMORY_BYTES``).
+least recently used dropped first) and, in this process, all of them (``MEMORY_BYTES``).
+An item is kept ``store.ttl_s`` from its last write or read, as snapshots are.
 """
 
 from __future__ import annotations
@@ -76,8 +77,17 @@ class MemoryItems:
         now = self._clock()
         out: list[bytes | None] = []
         for item_id in ids:
-            entry = self._items.get((tenant, item_id))
-            out.append(entry[1] if entry is not None and entry[0] >= now else None)
+            key = (tenant, item_id)
+            entry = self._items.get(key)
+            if entry is None or entry[0] < now:
+                out.append(None)
+                continue
+            # Refreshed on use, like snapshots: a live conversation's answers stay, and
+            # a tenant past its bound loses its least recently used.
+            self._items[key] = (now + self._ttl, entry[1])
+            self._items.move_to_end(key)
+            self._tenants[tenant].move_to_end(item_id)
+            out.append(entry[1])
         return out
 
     def _drop_expired(self, now: float) -> None:

@@ -8,15 +8,17 @@ added in one place:
 ```
 {prefix}:item:{tenant}:{id}   string  the item's JSON (Fernet-encrypted when
                                       store.encryption_keys are set), PX = store.ttl_s
-{prefix}:items:{tenant}       zset    the tenant's item ids, scored by write time (ms),
+{prefix}:items:{tenant}       zset    the tenant's item ids, scored by last use (ms),
                                       PX = store.ttl_s from the tenant's last write
 ```
 
 A write is one pipelined round trip (the items, their ids in the tenant's index, the
 index's expired ids dropped, its size); only a tenant past ``ITEMS_PER_TENANT`` costs a
-second, which drops its oldest items. Not atomic: two replicas writing one tenant's
-items at once may keep a few over the bound until its next write. A read is one round
-trip of GETs (not MGET: a Cluster serves keys of several slots in a pipeline).
+second, which drops its least recently used items. Not atomic: two replicas writing one
+tenant's items at once may keep a few over the bound until its next write. A read is one
+round trip: GETEX (the TTL refreshed on use, as snapshots' is; Redis 6.2+) and the id's
+score in the index moved to now, per id (not MGET: a Cluster serves keys of several
+slots in a pipeline).
 """
 
 from __future__ import annotations
@@ -79,14 +81,18 @@ class RedisItems:
     async def recall_items(self, tenant: str, ids: Sequence[str]) -> list[bytes | None]:
         if not ids:
             return []
+        index, keys = item_keys(self._prefix, tenant, ids)
+        now_ms = int(time.time() * 1000)
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                for key in item_keys(self._prefix, tenant, ids)[1]:
-                    pipe.get(key)
+                for key in keys:
+                    pipe.getex(key, px=self._ttl_ms)
+                pipe.zadd(index, {i: now_ms for i in ids}, xx=True)
+                pipe.pexpire(index, self._ttl_ms)
                 replies = await pipe.execute(raise_on_error=False)
         except RedisError as exc:
             raise StoreError(f"redis item load failed: {type(exc).__name__}") from exc
-        return [self._decoded(raw) for raw in replies]
+        return [self._decoded(raw) for raw in replies[: len(keys)]]
 
     def _decoded(self, raw: object) -> bytes | None:
         """An item's JSON; None for nothing, a wrong type, or what no key decrypts."""

@@ -165,3 +165,21 @@ async def test_build_item_store_keeps_items_in_redis_and_falls_back_when_it_is_o
     assert isinstance(
         build_item_store(proxy_settings("http://127.0.0.1:1"), MemoryStore(60)), MemoryItems
     )
+
+
+async def test_an_item_read_is_kept_longer_and_evicted_last(items: Items) -> None:
+    """Refreshed on use, as snapshots are: a live conversation's answers stay."""
+    store = await items.make(1.0, 2)
+    await store.remember_items("t", [item(1)])
+    await items.elapse(0.05)
+    await store.remember_items("t", [item(2)])
+    await items.elapse(0.6)
+    assert await store.recall_items("t", ["msg_1"]) == [item(1)[1]]
+    await items.elapse(0.05)
+    await store.remember_items("t", [item(3)])  # past the bound: msg_2 is the least used
+    await items.elapse(0.5)  # msg_1 lives 1 s from its read, not from its write
+    assert await store.recall_items("t", ["msg_1", "msg_2", "msg_3"]) == [
+        item(1)[1],
+        None,
+        item(3)[1],
+    ]
