@@ -17,7 +17,7 @@ import pytest
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import SimulatorConfig
 from tests.support.chat import stats, upstream_requests
-from tests.support.servers import proxy_settings, run_server
+from tests.support.servers import RedisServer, proxy_settings, run_server
 
 WINDOW = 4096
 # Answers of some 150 words: an answer's text, not its reference's JSON, must dominate.
@@ -52,6 +52,7 @@ class Referencing:
     base: str
     stream: bool = False
     session: str = "referencing"
+    headers: dict[str, str] = field(default_factory=dict)  # more request headers
     items: list[dict[str, Any]] = field(default_factory=list)
     whole: list[dict[str, Any]] = field(default_factory=list)  # the same, every item whole
     turns: list[tuple[httpx.Headers, int]] = field(default_factory=list)  # headers, usage
@@ -71,6 +72,7 @@ class Referencing:
             "Authorization": "Bearer sk-referencing",
             "X-Session-Id": self.session,
             "X-Sim-Context-Window": str(WINDOW),
+            **self.headers,
         }
         body = {"instructions": "You are a careful assistant.", **body}
         answer = httpx.post(f"{self.base}/v1/responses", json=body, headers=headers, timeout=60)
@@ -158,3 +160,31 @@ def test_an_unknown_reference_is_counted_conservatively_and_reported(
         'compaction_proxy_item_references_total{outcome="resolved"} 1.0'
         in httpx.get(f"{proxy}/metrics").text
     )
+
+
+def test_a_stream_that_opens_with_comments_keeps_its_items(
+    sim: str, start_proxy: Callable[..., str]
+) -> None:
+    """The held-head path (stream_head.py): comments relayed before the first event."""
+    proxy = start_proxy(settings(sim))
+    client = Referencing(proxy, stream=True, headers={"X-Sim-Thinking-Ms": "300"})
+    client.turn("Hello there.")
+    client.turn("And now?")
+    headers, theirs = client.turns[-1]
+    assert "x-compaction-unresolved-references" not in headers
+    assert abs(int(headers["x-context-tokens"]) - theirs) <= 0.1 * theirs
+
+
+@pytest.mark.redis
+def test_a_replica_reads_the_answers_another_relayed(
+    sim: str, start_proxy: Callable[..., str], redis_server: RedisServer
+) -> None:
+    first = start_proxy(settings(sim, redis_server.url))
+    second = start_proxy(settings(sim, redis_server.url))
+    client = Referencing(first)
+    client.turn("Hello there.")
+    client.base = second
+    client.turn("And now?")
+    headers, theirs = client.turns[-1]
+    assert "x-compaction-unresolved-references" not in headers
+    assert abs(int(headers["x-context-tokens"]) - theirs) <= 0.1 * theirs
