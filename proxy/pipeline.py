@@ -21,6 +21,7 @@ from functools import partial
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.compaction import references as refs
 from proxy.compaction.count import count_history
 from proxy.compaction.inflight import read_body
 from proxy.compaction.job import Job, trigger_for
@@ -49,6 +50,7 @@ from proxy.upstream import client as upstream
 from proxy.upstream import recover as recovery
 from proxy.upstream.api import Api, Attempt, Route
 from proxy.upstream.disconnect import cancelled_on_disconnect
+from proxy.upstream.output_items import OutputItems
 from proxy.upstream.overflow import Overflow
 from proxy.upstream.recover import RECOVERABLE, diagnose
 from proxy.upstream.relay import relay
@@ -77,10 +79,16 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     headers = services.headers.outgoing(request.headers.raw, inspect=True)
     control = request.headers.get("x-compaction", "").strip().lower()
     url = upstream_url(settings.upstream.base_url, api.path, b"")
-    route = Route(api, url, headers, body, data)
+    kept = OutputItems(services.items, tenant) if api.keeps_items else None
+    route = Route(api, url, headers, body, data, items=kept)
     if api.untouched(data, control):  # no history in sight: no session, no recovery
         bypassed = Outcome.bypassed(body, window)
         return await forward(services, request, route, Attempt(body, bypassed), None)
+    read = refs.Resolved(chat)  # items named by reference, read as the ones the proxy relayed
+    if control != "off" and settings.compaction.enabled:
+        read = await refs.resolve_references(services.items, api, tenant, data, chat)
+        services.references.observe(read.references, read.unresolved)
+    chat = read.chat
     turn = Turn(
         chat=chat,
         body=body,
@@ -88,6 +96,8 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         tenant=tenant,
         session_header=session_name(request.headers, data, settings.session),
         auth_headers=services.headers.auth_only(headers),
+        references=read.references,
+        unresolved=read.unresolved,
     )
     record.note_turn(turn)
     follow_ups: tuple[FollowUp, ...] = ()  # to start once the answer is out, in order
@@ -119,7 +129,9 @@ async def compacted_view(
     reserve = output_reserve(chat, model.max_output_tokens)
     # Far below the trigger (and the pre-compaction threshold): no store, no counting.
     soonest = (c.precompact_ratio if model.precompact else None) or c.trigger_ratio
-    far_below = bounded_by(turn.body, chat["messages"], int(window * soonest) - reserve)
+    # (A body's bytes bound nothing of the items it names by reference.)
+    limit = int(window * soonest) - reserve
+    far_below = not turn.references and bounded_by(turn.body, chat["messages"], limit)
     hinted = services.schedule.take_hint(turn.tenant, turn.session_header)
     if far_below and not (force or recover or hinted):
         return Outcome.passthrough(turn.body, window), ()
@@ -187,14 +199,18 @@ async def forward(
                 ok = answer.status_code == 200
                 # then calibrate: the provider's own count of what we sent
                 watch = _usage_watcher(services, turn, route, sent.outcome) if ok else None
-                relayed = await relay(answer, sent.outcome.headers(), watch)
-                if ok and sent.follow_ups:  # then the sighting, pre-compaction: once it is out
-                    run_after(relayed, sent.follow_ups)
+                relayed = await relay(answer, refs.reference_headers(sent.outcome, turn), watch)
+                # then the sighting, pre-compaction, the output items kept: once it is out
+                later = (*sent.follow_ups, *refs.kept_after(route)) if ok else ()
+                if later:
+                    run_after(relayed, later)
                 return relayed
     except ClientDisconnected:
         services.metrics.client_disconnects.labels(phase="upstream").inc()
         raise
-    answer.raw_headers.extend(sent.outcome.headers())  # an error answer read, or a held stream
+    # an error answer read, or a held stream
+    answer.raw_headers.extend(refs.reference_headers(sent.outcome, turn))
+    run_after(answer, refs.kept_after(route))
     return answer
 
 
@@ -264,9 +280,10 @@ async def effective_model(services: Services, name: str, tenant: str) -> Resolve
 def _usage_watcher(
     services: Services, turn: Turn | None, route: Route, outcome: Outcome
 ) -> Callable[[bytes], None] | None:
-    """Feed the provider's prompt token count back into our estimates."""
+    """Feed the provider's prompt token count back into our estimates, and the answer's
+    bytes to the output items it keeps (``route.items``)."""
     if turn is None or not outcome.counted:
-        return None
+        return refs.watching_items(route, None)
     calibration, prompt_tokens = services.calibration, route.api.prompt_tokens
     tenant, model = turn.tenant, turn.model.name
 
@@ -275,4 +292,4 @@ def _usage_watcher(
         if theirs is not None:
             calibration.observe(tenant, model, outcome.tokens, theirs)
 
-    return watch
+    return refs.watching_items(route, watch)

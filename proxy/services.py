@@ -23,7 +23,9 @@ from proxy.core.encodings import Encoder, load_encoders
 from proxy.core.models import ModelTable
 from proxy.core.tokens import TokenCounter
 from proxy.observe.metrics import Metrics
-from proxy.store import Store, build_store
+from proxy.observe.references import ReferenceMetrics
+from proxy.store import ItemStore, Store, build_store
+from proxy.store.items import build_item_store
 from proxy.upstream.calibrate import Calibration
 from proxy.upstream.client import Upstream, UpstreamClient
 from proxy.upstream.headers import HeaderPolicy
@@ -46,6 +48,8 @@ class Services:
     windows: LearnedWindows
     metrics: Metrics
     bodies: BodyBudget  # request bodies held by this process (server.max_inflight_body_bytes)
+    items: ItemStore  # output items relayed, for Responses item_reference inputs
+    references: ReferenceMetrics
 
     async def aclose(self) -> None:
         """Close what ``build_services`` opened: background compactions (they use both),
@@ -109,6 +113,8 @@ async def build_services(settings: Settings) -> Services:
             windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics),
             metrics=metrics,
             bodies=BodyBudget(settings.server),
+            items=build_item_store(settings, store),
+            references=ReferenceMetrics(metrics.registry),
         )
         opened.pop_all()  # built: from here on, closing is Services.aclose's
     return services

@@ -20,6 +20,11 @@ class ToolCall(TypedDict):
     function: FunctionCall
 
 
+# A content part of the proxy's own: a Responses ``item_reference`` to an output the
+# proxy does not hold (routes/items.py), priced by tokens.py, named by transcript.py.
+UNSEEN_ITEM = "unseen_item"
+
+
 class ChatMessage(TypedDict):
     role: str
     content: NotRequired[str | list[dict[str, Any]] | None]

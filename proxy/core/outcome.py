@@ -40,6 +40,10 @@ class Turn:
     tenant: str
     session_header: str | None
     auth_headers: list[tuple[bytes, bytes]]
+    # Items the history names by reference (Responses' item_reference), and how many of
+    # those the proxy could not read (each priced at tokens.UNSEEN_ITEM_TOKENS).
+    references: int = 0
+    unresolved: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from cachetools import LRUCache
 from xxhash import xxh3_128_digest
 
 from proxy.core.encodings import Encoder
-from proxy.types import ChatMessage, ChatRequest
+from proxy.types import UNSEEN_ITEM, ChatMessage, ChatRequest
 
 # OpenAI's cookbook accounting for chat models: 3 tokens wrap every message,
 # 1 more for a name, and 3 prime the assistant's reply.
@@ -38,6 +38,11 @@ PER_TOOL_CALL = 7
 IMAGE_TOKENS = 765
 IMAGE_TOKENS_LOW = 85
 AUDIO_TOKENS = 400
+# A Responses ``item_reference`` to an output the proxy does not hold (routes/items.py)
+# is a content part of type UNSEEN_ITEM, priced at this many tokens: conservatively, a long
+# answer's worth (a chat answer is mostly a few hundred tokens, a tool call far less),
+# so compaction triggers early rather than late when the proxy cannot see its text.
+UNSEEN_ITEM_TOKENS = 512
 # The per-message cache is a plain dict, not a cachetools cache: its lookup runs
 # for every message of every counted request, and LRUCache's Python-level
 # lookup (plus the lock its reordering needs) made a hit loop several times
@@ -200,6 +205,8 @@ def _content_tokens(content: Any, count: Any) -> int:
             n += IMAGE_TOKENS_LOW if low else IMAGE_TOKENS
         elif kind == "input_audio":
             n += AUDIO_TOKENS
+        elif kind == UNSEEN_ITEM:
+            n += UNSEEN_ITEM_TOKENS
         else:
             # Unknown part types (files, future kinds): count their JSON so we err high.
             n += int(count(orjson.dumps(part).decode()))
@@ -230,7 +237,7 @@ def _media_parts(messages: Sequence[Any]) -> int:
         if isinstance(content, list):
             for part in content:
                 kind = part.get("type") if isinstance(part, dict) else None
-                if kind == "image_url" or kind == "input_audio":
+                if kind == "image_url" or kind == "input_audio" or kind == UNSEEN_ITEM:
                     n += 1
     return n
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.types import ChatMessage
+from proxy.types import UNSEEN_ITEM, ChatMessage
 
 _ARG_CHARS = 300
 _RESULT_CHARS = 800
@@ -68,6 +68,8 @@ def _text(content: Any) -> str:
                     parts.append(str(part.get("text", "")))
                 elif part.get("type") == "image_url":
                     parts.append("[image]")
+                elif part.get("type") == UNSEEN_ITEM:  # a Responses item_reference
+                    parts.append(f"[an earlier output not seen: {_name(part.get('id'))}]")
         return "\n".join(parts)
     return ""
 

@@ -39,6 +39,8 @@ STORE_OPERATIONS = (
     "list_sessions",
     "note_seen",
     "load_seen",
+    "remember_items",
+    "recall_items",
 )
 TRIGGERS = ("threshold", "forced", "overflow_recovery", "scheduled", "precompact")
 CHAT_STATUSES = ("passthrough", "snapshot", "compacted", "trimmed", "bypassed")

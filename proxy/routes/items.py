@@ -21,14 +21,19 @@ messages, and an elided output as its item with the placeholder for ``output``.
 
 Parts the model reads but no text shows (encrypted reasoning, images in files,
 hosted tool calls) are counted as their JSON, so the estimate errs high.
+
+An ``item_reference`` (a client with ``store: true`` sends an earlier answer back by
+its id) plans as the output item the proxy relayed under that id, when it has it
+(compaction/references.py looks them up): counted and summarized as that item, and
+sent on as the reference, which the upstream resolves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from proxy.types import ChatMessage, ToolCall
+from proxy.types import UNSEEN_ITEM, ChatMessage, ToolCall
 
 Item = dict[str, Any]
 
@@ -45,11 +50,16 @@ class ItemMessage(ChatMessage, total=False):
     _items: list[Item]
 
 
-def to_messages(instructions: object, items: Sequence[Item]) -> list[ChatMessage]:
+def to_messages(
+    instructions: object, items: Sequence[Item], found: Mapping[str, Item] | None = None
+) -> list[ChatMessage]:
     """The chat messages ``items`` (after ``instructions``, if any) plan as.
 
     ``instructions`` become a leading system message (pinned, never summarised) that
-    stands for no item: they stay in the request's own field.
+    stands for no item: they stay in the request's own field. An ``item_reference``
+    reads as the item ``found`` holds for its id (an output the proxy relayed), and
+    stands for the reference itself; one not found reads as an ``unseen_item`` part,
+    which the counter prices at ``UNSEEN_ITEM_TOKENS`` and the transcript names.
     """
     out: list[ItemMessage] = []
     if isinstance(instructions, str) and instructions:
@@ -59,24 +69,42 @@ def to_messages(instructions: object, items: Sequence[Item]) -> list[ChatMessage
     names: dict[str, str] = {}
     run: ItemMessage | None = None  # the model's items since the last other message
     for item in items:
-        kind = item.get("type", "message")
-        role = item.get("role")
+        shown = _shown(item, found)
+        kind = shown.get("type", "message")
+        role = shown.get("role")
         if kind == "message" and role in _PEOPLE:
             run = None
-            out.append(
-                ItemMessage(role=str(role), content=_content(item.get("content")), _items=[item])
-            )
+            content = _content(shown.get("content"))
+            out.append(ItemMessage(role=str(role), content=content, _items=[item]))
         elif kind in RESULT_TYPES:
             run = None
-            out.append(_result(item, names))
+            out.append(_result(item, shown, names))
         elif isinstance(kind, str) and kind.endswith("_output") and out:
-            _attach(out[-1], item)
+            _attach(out[-1], item, shown)
         else:
             if run is None:
                 run = ItemMessage(role="assistant", content=[], _items=[])
                 out.append(run)
-            _add_to_run(run, item, names)
+            _add_to_run(run, item, shown, names)
     return cast(list[ChatMessage], out)
+
+
+def references(items: object) -> list[str]:
+    """The ids the ``item_reference`` items of ``items`` (a request's input) name."""
+    if not isinstance(items, list):
+        return []
+    return [
+        item["id"]
+        for item in items
+        if item.get("type") == "item_reference" and isinstance(item.get("id"), str)
+    ]
+
+
+def _shown(item: Item, found: Mapping[str, Item] | None) -> Item:
+    """What ``item`` says: itself, or for a reference the item it names, if found."""
+    if item.get("type") != "item_reference" or not found:
+        return item
+    return found.get(str(item.get("id")), item)
 
 
 def to_items(messages: Sequence[ChatMessage]) -> list[Item]:
@@ -103,42 +131,44 @@ def to_items(messages: Sequence[ChatMessage]) -> list[Item]:
     return out
 
 
-def _result(item: Item, names: dict[str, str]) -> ItemMessage:
-    call_id = str(item.get("call_id", ""))
+def _result(item: Item, shown: Item, names: dict[str, str]) -> ItemMessage:
+    call_id = str(shown.get("call_id", ""))
     message = ItemMessage(
-        role="tool", tool_call_id=call_id, content=_content(item.get("output")), _items=[item]
+        role="tool", tool_call_id=call_id, content=_content(shown.get("output")), _items=[item]
     )
     if call_id in names:  # the elision placeholder names the tool
         message["name"] = names[call_id]
     return message
 
 
-def _add_to_run(run: ItemMessage, item: Item, names: dict[str, str]) -> None:
+def _add_to_run(run: ItemMessage, item: Item, shown: Item, names: dict[str, str]) -> None:
     run["_items"].append(item)
     parts = cast(list[dict[str, Any]], run["content"])
-    kind = item.get("type", "message")
+    kind = shown.get("type", "message")
     if kind == "message":
-        content = _content(item.get("content"))
+        content = _content(shown.get("content"))
         parts.extend([{"type": "text", "text": content}] if isinstance(content, str) else content)
     elif kind in _CALL_TYPES:
-        name, call_id = str(item.get("name", "")), str(item.get("call_id", ""))
-        arguments = item.get("arguments" if kind == "function_call" else "input", "")
+        name, call_id = str(shown.get("name", "")), str(shown.get("call_id", ""))
+        arguments = shown.get("arguments" if kind == "function_call" else "input", "")
         names[call_id] = name
         call = ToolCall(
             id=call_id, type="function", function={"name": name, "arguments": str(arguments)}
         )
         run.setdefault("tool_calls", []).append(call)
-    else:  # reasoning, hosted tool calls, references, anything newer
-        parts.append(_opaque(item))
+    elif kind == "item_reference":  # not found: priced conservatively, named as unseen
+        parts.append({"type": UNSEEN_ITEM, "id": str(shown.get("id", ""))})
+    else:  # reasoning, hosted tool calls, anything newer
+        parts.append(_opaque(shown))
 
 
-def _attach(message: ItemMessage, item: Item) -> None:
+def _attach(message: ItemMessage, item: Item, shown: Item) -> None:
     """An output that belongs to whatever came before it (a computer or shell call)."""
     message["_items"].append(item)
     content = message.get("content")
     if isinstance(content, str):
         content = [{"type": "text", "text": content}]
-    message["content"] = [*(content or []), _opaque(item)]
+    message["content"] = [*(content or []), _opaque(shown)]
 
 
 def _content(content: object) -> str | list[dict[str, Any]]:

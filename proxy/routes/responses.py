@@ -12,6 +12,11 @@ has its history at the provider, out of the proxy's sight: it is forwarded
 untouched, ``X-Compaction-Status: bypassed``. So is any request under
 ``X-Compaction: off``.
 
+Output items of every answer relayed are remembered per tenant (upstream/output_items.py),
+and an ``item_reference`` in ``input`` (the Vercel AI SDK's, any ``store: true``
+client's) reads as the item it names when counting and summarizing
+(compaction/references.py); it goes upstream as it came, for the upstream resolves it.
+
 Overflow recovery is the pipeline's step 10 with Responses' shapes: a
 400 ``context_length_exceeded``, or a stream whose first event after its
 lifecycle preamble is ``response.failed`` with a context error (recover.py),
@@ -21,6 +26,7 @@ compacts harder against the learned window and retries once; a too-large
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 import orjson
@@ -30,7 +36,7 @@ from starlette.responses import Response
 from proxy import pipeline
 from proxy.core.outcome import Outcome
 from proxy.errors import InvalidRequest
-from proxy.routes.items import Item, to_items, to_messages
+from proxy.routes.items import Item, references, to_items, to_messages
 from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request
 from proxy.services import Services
 from proxy.types import ChatRequest
@@ -79,9 +85,10 @@ def parse_responses_request(
     return data
 
 
-def chat_view(data: dict[str, Any]) -> ChatRequest:
-    """The request as the chat steps read it: the items as messages, and the fields
-    that size it (tools, the output format, the output budget)."""
+def chat_view(data: dict[str, Any], found: Mapping[str, Item] | None = None) -> ChatRequest:
+    """The request as the chat steps read it: the items as messages (an
+    ``item_reference`` as the item ``found`` holds for its id), and the fields that size
+    it (tools, the output format, the output budget)."""
     raw = data.get("input")
     items: list[Item] = []
     if isinstance(raw, str):
@@ -90,7 +97,7 @@ def chat_view(data: dict[str, Any]) -> ChatRequest:
         items = raw
     chat: dict[str, Any] = {
         "model": data["model"],
-        "messages": to_messages(data.get("instructions"), items) if items else [],
+        "messages": to_messages(data.get("instructions"), items, found) if items else [],
     }
     if data.get("stream") is True:
         chat["stream"] = True
@@ -148,4 +155,7 @@ RESPONSES = Api(
     stream_failure=error_event,
     stream_error=_stream_error,
     untouched=_untouched,
+    references=lambda data: references(data.get("input")),
+    resolved=chat_view,
+    keeps_items=True,
 )

@@ -4,7 +4,9 @@ A request goes through the chat handler's steps with Responses' shapes:
 
 1. parse the JSON body and record it (``/_sim/requests``); ``X-Sim-Fail`` answers;
 2. the conversation: a stored response's items (``previous_response_id``), then
-   ``input`` (a string is one user message); checked as OpenAI checks items (items.py);
+   ``input`` (a string is one user message), each ``item_reference`` replaced by the
+   stored output item it names (an unknown id: OpenAI's 404, below); checked as OpenAI
+   checks items (items.py);
 3. reject ``max_output_tokens`` above the model's output limit;
 4. count the prompt (``instructions``, the items as chat messages, reasoning passed
    back, tool definitions) and reject an overflow: OpenAI's Responses wording
@@ -13,7 +15,12 @@ A request goes through the chat handler's steps with Responses' shapes:
 5. the reply rules of replies.py (tools given in Responses' flat shape), with a
    reasoning item first when the request sets ``reasoning``;
 6. answer as a ``response`` object or as its event stream, and keep the items
-   (unless ``store`` is false) for a later ``previous_response_id``.
+   (unless ``store`` is false) for a later ``previous_response_id``, and each output
+   item by its id for a later ``item_reference``.
+
+An ``item_reference`` to an id that no stored response output is what api.openai.com
+answers with a 404 ``invalid_request_error`` on ``input`` (its words below, as clients
+report them: Codex, opencode, CLIProxyAPI issue 999), ``store: false`` or not.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy.simulator.errors import (
+    ErrorInfo,
     SimError,
     invalid_request,
     missing_parameter,
+    openai_error,
     overflow_error,
     simulated_failure,
 )
@@ -54,7 +63,13 @@ if TYPE_CHECKING:
 CONTEXT_EXCEEDED = (
     "Your input exceeds the context window of this model. Please adjust your input and try again."
 )
+# api.openai.com's words for an item it does not hold (HTTP 404, param "input", no code).
+ITEM_NOT_FOUND = (
+    "Item with id '{id}' not found. Items are not persisted when `store` is set to false. "
+    "Try again with `store` set to true, or remove this item from your input."
+)
 _STORED_LIMIT = 1024
+_STORED_ITEMS_LIMIT = 16 * _STORED_LIMIT
 _COUNTED: dict[str, Counter] = {
     "structure": "rejected_structure",
     "overflow": "overflows",
@@ -63,10 +78,12 @@ _COUNTED: dict[str, Counter] = {
 
 
 class StoredResponses:
-    """Conversations of recent responses (input and output items), for chaining."""
+    """Conversations of recent responses (input and output items), for chaining, and
+    their output items by id, for ``item_reference``."""
 
     def __init__(self) -> None:
         self._items: LRUCache[str, list[dict[str, Any]]] = LRUCache(_STORED_LIMIT)
+        self._outputs: LRUCache[str, dict[str, Any]] = LRUCache(_STORED_ITEMS_LIMIT)
 
     def get(self, response_id: str) -> list[dict[str, Any]]:
         found = self._items.get(response_id)
@@ -78,8 +95,22 @@ class StoredResponses:
             )
         return found
 
-    def put(self, response_id: str, items: list[dict[str, Any]]) -> None:
+    def item(self, item_id: str) -> dict[str, Any]:
+        """The stored output item ``item_id``, as the response gave it."""
+        found = self._outputs.get(item_id)
+        if found is None:
+            info = ErrorInfo(ITEM_NOT_FOUND.format(id=item_id), param="input")
+            raise openai_error(404, info)
+        return found
+
+    def put(
+        self, response_id: str, items: list[dict[str, Any]], output: list[dict[str, Any]]
+    ) -> None:
+        """Keep ``items`` (the conversation, ``output`` last) and each output item by id."""
         self._items[response_id] = items
+        for item in output:
+            if isinstance(item.get("id"), str):
+                self._outputs[item["id"]] = item
 
 
 def responses_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:
@@ -157,7 +188,7 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any]) -> Res
     answer = Answer(seed.hex()[:24], profile.name, reply, total, reasoning)
     response = response_object(answer, body)
     if body.get("store") is not False:
-        sim.responses.put(response["id"], [*items, *response["output"]])
+        sim.responses.put(response["id"], [*items, *response["output"]], response["output"])
     if body.get("stream") is True:
         events = response_events(response, sim.config.stream.chunk_chars)
         return _stream(events, sim, overrides)
@@ -175,6 +206,7 @@ def _conversation(sim: Simulator, body: dict[str, Any]) -> list[Any]:
             param="input",
             code="invalid_type",
         )
+    items = [_dereferenced(sim, item) for item in items]
     previous = body.get("previous_response_id")
     if isinstance(previous, str) and previous:
         items = [*sim.responses.get(previous), *items]
@@ -185,6 +217,13 @@ def _conversation(sim: Simulator, body: dict[str, Any]) -> list[Any]:
             code="empty_array",
         )
     return items
+
+
+def _dereferenced(sim: Simulator, item: Any) -> Any:
+    """``item``, or the stored output item an ``item_reference`` names."""
+    if isinstance(item, dict) and item.get("type") == "item_reference":
+        return sim.responses.item(str(item.get("id")))
+    return item
 
 
 def _max_output(body: dict[str, Any]) -> int | None:

@@ -5,7 +5,9 @@ A store keeps, per ``SessionKey``, one ``Snapshot``, the session's latest
 ``Sighting`` and a short-lived summarization lock, and learned context
 windows under plain string keys. The protocols are split by concern
 (``Snapshots``, ``Sightings``, ``LockStore``, ``WindowStore``); callers
-take the narrowest one they need, and ``Store`` combines them. Writes are
+take the narrowest one they need, and ``Store`` combines them. The output items
+``item_reference`` inputs name are an ``ItemStore`` of their own, built beside the
+store on the same backend (``store/items.py``). Writes are
 compare-and-swap on the version: a snapshot with version N is written only
 over version N-1 (or over nothing for N=1), so a slow writer can never
 replace a newer summary.
@@ -83,6 +85,24 @@ class WindowStore(Protocol):
         ...
 
     async def save_window(self, key: str, tokens: int, ttl_s: float) -> None: ...
+
+
+class ItemStore(Protocol):
+    """Output items the proxy relayed on ``/v1/responses``, per tenant by item id, so an
+    ``item_reference`` to one can be read when counting and summarizing (issue 24).
+
+    Values are an item's JSON, as bytes. Bounded (``store/items.py``): an item of more
+    than ``MAX_ITEM_BYTES`` or with an id of more than ``MAX_ID_CHARS`` is not kept; a
+    tenant keeps at most ``ITEMS_PER_TENANT``, its least recently used dropped first;
+    each is kept ``store.ttl_s`` from its last write or read."""
+
+    async def remember_items(self, tenant: str, items: Sequence[tuple[str, bytes]]) -> None:
+        """Keep each (id, JSON) of ``items`` for ``tenant``."""
+        ...
+
+    async def recall_items(self, tenant: str, ids: Sequence[str]) -> list[bytes | None]:
+        """The JSON kept for each of ``ids`` (None: not kept, or no longer), in order."""
+        ...
 
 
 class Store(Snapshots, Sightings, LockStore, WindowStore, Protocol):

@@ -128,6 +128,11 @@ class RedisStore:
         self._discard_snapshot = self._redis.register_script(lua.DISCARD_SNAPSHOT)
         self._discard_wrong_type = self._redis.register_script(lua.DISCARD_WRONG_TYPE)
 
+    @property
+    def client(self) -> aioredis.Redis:
+        """The connection pool's client, for the items kept beside (redis_items.py)."""
+        return self._redis
+
     def _k(self, kind: str, key: SessionKey | str) -> str:
         """The Redis key; a session's is derived from ``SessionKey.storage_key`` only."""
         name = key.storage_key if isinstance(key, SessionKey) else key

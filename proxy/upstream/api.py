@@ -14,13 +14,21 @@ routes/responses.py), served at ``/v1/`` and its path upstream from app.py's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.core.outcome import FollowUp, Outcome
 from proxy.types import ChatRequest
 from proxy.upstream.overflow import Overflow
+
+if TYPE_CHECKING:
+    from proxy.upstream.output_items import OutputItems
+
+
+def no_references(data: dict[str, Any]) -> list[str]:
+    """No request of the API names items it does not carry (the chat completions default)."""
+    return []
 
 
 def never(data: dict[str, Any], control: str) -> bool:
@@ -51,6 +59,14 @@ class Api:
     # Whether a request (parsed, and its X-Compaction value) goes upstream as it came,
     # without a session or recovery: its history is not in sight (a chained call).
     untouched: Callable[[dict[str, Any], str], bool] = never
+    # The ids of items the request names by reference rather than carries (Responses'
+    # ``item_reference``), and its chat view with those it was given (id -> item) read
+    # in their place (compaction/references.py).
+    references: Callable[[dict[str, Any]], list[str]] = no_references
+    resolved: Callable[[dict[str, Any], Mapping[str, Any]], ChatRequest] | None = None
+    # Whether its answers' output items are remembered for later references
+    # (upstream/output_items.py).
+    keeps_items: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +81,7 @@ class Route:
     body: bytes
     data: dict[str, Any]
     recover: bool = False
+    items: OutputItems | None = None  # collects its answer's output items (keeps_items)
 
     def body_for(self, outcome: Outcome) -> bytes:
         return self.api.body_for(self.body, self.data, outcome)

@@ -124,3 +124,48 @@ def test_previous_response_id_continues_a_stored_conversation(sim_reset: str) ->
     unstored = sdk.responses.create(model="sim", input="FACT pet=dog", store=False)
     with pytest.raises(openai.BadRequestError):
         sdk.responses.create(model="sim", previous_response_id=unstored.id, input="RECALL pet")
+
+
+def test_an_item_reference_stands_for_the_stored_output_item(sim_reset: str) -> None:
+    """As api.openai.com: the referenced item is read as if sent whole (same prompt count,
+    same answer), whether its response was streamed or not."""
+    sdk = client(sim_reset)
+    first = sdk.responses.create(model="sim", input="FACT pet=cat and RECALL pet")
+    with sdk.responses.stream(model="sim", input="FACT toy=ball and RECALL toy") as stream:
+        streamed = stream.get_final_response()
+    whole: list[dict[str, Any]] = [{"role": "user", "content": "FACT pet=cat and RECALL pet"}]
+    whole += [item.model_dump(exclude_none=True) for item in first.output]
+    whole += [{"role": "user", "content": "FACT toy=ball and RECALL toy"}]
+    whole += [item.model_dump(exclude_none=True) for item in streamed.output]
+    whole += [{"role": "user", "content": "RECALL pet"}]
+    referenced = [
+        item if "id" not in item else {"type": "item_reference", "id": item["id"]} for item in whole
+    ]
+    assert sum(item.get("type") == "item_reference" for item in referenced) == 2
+    sent_whole = sdk.responses.create(model="sim", input=whole, store=False)
+    by_reference = sdk.responses.create(model="sim", input=referenced, store=False)
+    assert by_reference.output_text == sent_whole.output_text == "pet=cat"
+    assert by_reference.usage is not None
+    assert sent_whole.usage is not None
+    assert by_reference.usage.input_tokens == sent_whole.usage.input_tokens
+
+
+def test_an_unknown_item_reference_is_openais_404(sim_reset: str) -> None:
+    unstored = client(sim_reset).responses.create(model="sim", input="hi", store=False)
+    for item_id in ("msg_nope", unstored.output[0].id):
+        body = {
+            "model": "sim",
+            "input": [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": item_id}],
+        }
+        answer = httpx.post(f"{sim_reset}/v1/responses", json=body)
+        assert answer.status_code == 404
+        assert answer.json() == {
+            "error": {
+                "message": f"Item with id '{item_id}' not found. Items are not persisted when "
+                "`store` is set to false. Try again with `store` set to true, or remove this "
+                "item from your input.",
+                "type": "invalid_request_error",
+                "param": "input",
+                "code": None,
+            }
+        }

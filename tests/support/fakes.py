@@ -45,9 +45,11 @@ from proxy.core.outcome import Turn
 from proxy.core.tokens import TokenCounter
 from proxy.errors import UpstreamError
 from proxy.observe.metrics import Metrics
+from proxy.observe.references import ReferenceMetrics
 from proxy.pipeline import effective_model
 from proxy.services import Services
 from proxy.store import Store
+from proxy.store.items import MemoryItems
 from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage
 from proxy.upstream.calibrate import Calibration
@@ -325,6 +327,8 @@ def make_services(
         precompactor=Precompactor(settings.compaction, compactor, metrics, clock=clock),
         sightings=SessionSightings(store, clock=clock),
         bodies=BodyBudget(settings.server),
+        items=MemoryItems(settings.store.ttl_s, clock=clock),
+        references=ReferenceMetrics(metrics.registry),
     )
 
 
