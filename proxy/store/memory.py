@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
 from proxy.store import Sighting
+from proxy.store.health import Health
 
 _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
@@ -204,6 +205,12 @@ class MemoryStore:
 
     async def ping(self) -> bool:
         return True
+
+    async def probe(self) -> None:
+        return None
+
+    async def health(self) -> Health:
+        return Health()
 
     async def aclose(self) -> None:
         self._data.clear()
