@@ -126,14 +126,10 @@ class ResilientStore:
         self, keys: Sequence[SessionKey], loaded: list[Snapshot | None]
     ) -> list[Snapshot | None]:
         """While the store fails, what this replica saved meanwhile (kept only locally)
-        where it is newer than what the store answered."""
+        where it is newer than what the store answered; the local state keeps the newer."""
         if self._watch.cause is None:
             return loaded
-        mine = await self.local.load_many(keys)
-        newest = [
-            m if m and (s is None or m.version > s.version) else s
-            for s, m in zip(loaded, mine, strict=True)
-        ]
+        newest = await self.local.newest(keys, loaded)
         if newest != loaded:
             self._watch.fell_back("load")
         return newest
