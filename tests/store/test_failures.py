@@ -3,8 +3,6 @@ from the exceptions redis-py itself builds out of the server's error replies."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from redis import exceptions as rx
 from redis._parsers.base import BaseParser
@@ -56,7 +54,7 @@ def raised_from(exc: BaseException) -> StoreError:
         (reply("WRONGTYPE Operation against a key holding the wrong kind of value"), "other"),
         (reply("ERR unknown command 'FOO'"), "other"),
         (rx.TimeoutError("Timeout reading from socket"), "timeout"),
-        (asyncio.TimeoutError(), "timeout"),
+        (TimeoutError(), "timeout"),
         (
             rx.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
             "connection",
