@@ -142,6 +142,7 @@ def test_a_read_only_redis_fails_readiness_within_5s_while_requests_flow(
 ) -> None:
     url = start_proxy(settings(sim_reset, redis_server.url))
     raw = redis.Redis.from_url(redis_server.url, socket_timeout=5)
+    raw.config_set("repl-diskless-load", "swapdb")  # no dump.rdb written in the cwd
     try:
         with caplog.at_level(logging.WARNING, "proxy.store"), Traffic(url) as traffic:
             until_ready_is(url, 200)
