@@ -53,6 +53,28 @@ class Health:
         return f"{state} ({self.cause})"
 
 
+class Reports:
+    """Log lines by subject, each at most once per ``LOG_INTERVAL_S``."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._last: dict[str, tuple[float, int]] = {}  # when last logged, how many since
+
+    def due(self, subject: str) -> str | None:
+        """None if ``subject`` was logged within the interval (counted); else what to add
+        to its line: how many were left out since the last one."""
+        now = self._clock()
+        last, suppressed = self._last.get(subject, (-LOG_INTERVAL_S, 0))
+        if now - last < LOG_INTERVAL_S:
+            self._last[subject] = (last, suppressed + 1)
+            return None
+        self._last[subject] = (now, 0)
+        return f" ({suppressed} more since the last report)" if suppressed else ""
+
+    def clear(self) -> None:
+        self._last.clear()
+
+
 class StoreWatch:
     """The shared store's health from this replica's calls: ``failed`` and ``succeeded``
     after each one, ``fell_back`` for each served from local state instead."""
@@ -63,8 +85,7 @@ class StoreWatch:
         self.cause: str | None = None
         self._cooling_until = 0.0
         self._last_seen = -PROBE_AFTER_S  # a write's outcome or any failure
-        # Per cause: when it was last logged, and how many failures since.
-        self._logged: dict[str, tuple[float, int]] = {}
+        self._reports = Reports(clock)  # by cause
         series.degraded.set(0)
 
     @property
@@ -90,11 +111,9 @@ class StoreWatch:
         self._last_seen = now
         if kind not in ANSWERED:
             self._cooling_until = now + COOLDOWN_S
-        last, suppressed = self._logged.get(kind, (-LOG_INTERVAL_S, 0))
-        if now - last < LOG_INTERVAL_S:
-            self._logged[kind] = (last, suppressed + 1)
+        extra = self._reports.due(kind)
+        if extra is None:
             return
-        extra = f" ({suppressed} more since the last report)" if suppressed else ""
         log.warning(
             "store unavailable (%s: %s failed: %s); serving from local state until its "
             "writes succeed again%s",
@@ -103,7 +122,6 @@ class StoreWatch:
             exc,
             extra,
         )
-        self._logged[kind] = (now, 0)
 
     def succeeded(self, op: str) -> None:
         if op not in WRITES:
@@ -119,7 +137,7 @@ class StoreWatch:
         )
         self.cause = None
         self._cooling_until = 0.0
-        self._logged.clear()
+        self._reports.clear()
         self._series.degraded.set(0)
 
     def fell_back(self, op: str) -> None:

@@ -35,7 +35,8 @@ from proxy.observe.series import STORE_OPERATIONS
 from proxy.store import Remote, Sighting
 from proxy.store.failures import failure_kind
 from proxy.store.health import COOLDOWN_S as COOLDOWN_S  # re-exported: tests' clocks
-from proxy.store.health import LOG_INTERVAL_S, Health, StoreWatch
+from proxy.store.health import LOG_INTERVAL_S as LOG_INTERVAL_S
+from proxy.store.health import Health, Reports, StoreWatch
 from proxy.store.memory import MemoryStore
 
 log = logging.getLogger("proxy.store")
@@ -78,8 +79,7 @@ class ResilientStore:
         self._owed: dict[SessionKey, str] = {}
         # Owner token -> the background task retrying its release.
         self._retries: dict[str, asyncio.Task[None]] = {}
-        self._last_release_log = -LOG_INTERVAL_S
-        self._release_suppressed = 0
+        self._reports = Reports(clock)
 
     @property
     def degraded(self) -> bool:
@@ -94,6 +94,16 @@ class ResilientStore:
                 return await self._tried(op, remote())
         self._watch.fell_back(op)
         return await local()
+
+    async def _read(
+        self, op: str, remote: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]]
+    ) -> T:
+        """``_call``; while the store fails, the local value where the store has none (it
+        refused the write that would have put it there)."""
+        found = await self._call(op, remote, local)
+        if found is None and self._watch.cause is not None:
+            return await local()
+        return found
 
     async def _tried(self, op: str, call: Awaitable[T]) -> T:
         """A remote call, timed (failures included) and told to the watch; ``StoreError``
@@ -153,7 +163,7 @@ class ResilientStore:
         )
 
     async def load_seen(self, key: SessionKey) -> Sighting | None:
-        return await self._call(
+        return await self._read(
             "load_seen", lambda: self.remote.load_seen(key), lambda: self.local.load_seen(key)
         )
 
@@ -236,24 +246,18 @@ class ResilientStore:
             self._log_release(key, outcome)
 
     def _log_release(self, key: SessionKey, outcome: str) -> None:
-        now = self._clock()
-        if now - self._last_release_log < LOG_INTERVAL_S:
-            self._release_suppressed += 1
+        extra = self._reports.due("release")
+        if extra is None:
             return
-        extra = ""
-        if self._release_suppressed:
-            extra = f" ({self._release_suppressed} more since the last report)"
         log.warning(
             "summarization lock of session=%s: release failed, retried in the background: %s%s",
             key.log_id,
             outcome,
             extra,
         )
-        self._last_release_log = now
-        self._release_suppressed = 0
 
     async def load_window(self, key: str) -> int | None:
-        return await self._call(
+        return await self._read(
             "load_window", lambda: self.remote.load_window(key), lambda: self.local.load_window(key)
         )
 

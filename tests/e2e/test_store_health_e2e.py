@@ -219,6 +219,11 @@ def test_a_full_redis_fails_readiness_within_5s_with_no_requests_at_all(
             noted = sample(url, "compaction_proxy_store_fallbacks_total", operation="note_seen")
             assert oom >= 20
             assert noted >= 20
+            # Reads a full Redis still answers (a session's snapshots and sighting) end nothing.
+            assert httpx.get(f"{url}/sessions/full-0", headers=AUTH).status_code == 200
+            assert ready(url) == (503, {"ready": False, "store": "degraded (oom)"})
+            assert sample(url, "compaction_proxy_store_degraded") == 1
+            assert store_logs(caplog, "reachable again") == []
 
             raw.config_set("maxmemory", 0)  # room again
             recovered = until_ready_is(url, 200)

@@ -52,6 +52,14 @@ class RefusingStore(MemoryStore):
         self._check("load_window", write=False)
         return await super().load_window(key)
 
+    async def load_seen(self, key: SessionKey) -> Sighting | None:
+        self._check("load_seen", write=False)
+        return await super().load_seen(key)
+
+    async def save_window(self, key: str, tokens: int, ttl_s: float) -> None:
+        self._check("save_window")
+        await super().save_window(key, tokens, ttl_s)
+
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
         self._check("save")
         return await super().save(key, snapshot)
@@ -136,13 +144,18 @@ async def test_reads_that_succeed_neither_end_the_failure_nor_say_shared_again(
         assert lines(caplog, "reachable again") == []
         assert len(lines(caplog, "store unavailable (readonly")) == 1
 
+        # What the store refused to keep, this replica still answers with.
+        assert await store.load_seen(KEY) == Sighting(4, 10, "m", 0.0)
+        await store.save_window("up|m", 2048, 60)
+        assert await store.load_window("up|m") == 2048
+
         remote.refusal = None  # promoted: writes succeed
         await store.note_seen(KEY, Sighting(9, 10, "m", 0.0))
         await store.note_seen(KEY, Sighting(10, 10, "m", 0.0))
     assert value(metrics, "store_degraded") == 0
     assert str(await store.health()) == "ok"
     assert len(lines(caplog, "reachable again")) == 1
-    assert value(metrics, "store_failures_total", kind="readonly") == 5
+    assert value(metrics, "store_failures_total", kind="readonly") == 6  # 5 notes, 1 window
 
 
 async def test_each_distinct_cause_is_logged_once_not_each_time_it_alternates(
