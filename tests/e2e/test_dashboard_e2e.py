@@ -46,6 +46,9 @@ REQUIRED = frozenset(
         "compaction_proxy_upstream_overflows_total",
         "compaction_proxy_learned_windows_total",
         "compaction_proxy_store_errors_total",
+        "compaction_proxy_store_failures_total",
+        "compaction_proxy_store_fallbacks_total",
+        "compaction_proxy_store_degraded",
         "compaction_proxy_store_duration_seconds_bucket",
     }
 )
