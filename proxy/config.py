@@ -39,8 +39,8 @@ class ServerSettings(_Section):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     admin_key: SecretStr = SecretStr("")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # false: /readyz stays 200 while the store is down (the proxy degrades and keeps
-    # serving); true: it answers 503, taking the replica out of rotation.
+    # false: /readyz stays 200 while the store fails (down, read-only, full...: the
+    # proxy degrades and keeps serving); true: it answers 503, out of rotation.
     ready_requires_store: bool = False
     # Callers must send a credential (Authorization, api-key or x-api-key): it is what
     # scopes their sessions. None: required exactly when upstream.api_key is set, since

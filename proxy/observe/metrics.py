@@ -22,12 +22,12 @@ from proxy.observe.series import (
     DEGRADED_REASONS,
     PRECOMPACTION_OUTCOMES,
     STORE_BUCKETS,
-    STORE_OPERATIONS,
     SUMMARY_BUCKETS,
     TRIGGERS,
     TTFB_BUCKETS,
     ModelGauge,
 )
+from proxy.observe.store_series import StoreSeries
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess"]
 
@@ -39,7 +39,7 @@ class Metrics:
     compactions: Counter
     overflows: Counter
     summary_failures: Counter
-    store_errors: Counter
+    store: StoreSeries  # the shared store's health: errors, fallbacks, degraded
     learned_window: ModelGauge
     learned_windows: Counter
     client_disconnects: Counter
@@ -106,12 +106,7 @@ class Metrics:
                 "Summarizations that failed or timed out (the turn was trimmed instead)",
                 registry=r,
             ),
-            store_errors=Counter(
-                "compaction_proxy_store_errors",
-                "Snapshot store calls that failed (served without the store)",
-                ["operation"],
-                registry=r,
-            ),
+            store=StoreSeries.create(r),
             learned_window=ModelGauge(
                 Gauge(
                     "compaction_proxy_learned_window_tokens",
@@ -308,7 +303,6 @@ class Metrics:
         # store_duration's (14 series each) come with the Redis store that times its calls.
         closed: tuple[tuple[Counter | Histogram, str, tuple[str, ...]], ...] = (
             (self.requests, "status", CHAT_STATUSES),
-            (self.store_errors, "operation", STORE_OPERATIONS),
             (self.input_tokens, "stage", ("before", "after")),
             (self.summarization_duration, "outcome", ("ok", "failed")),
             (self.learned_windows, "scope", ("tenant", "shared")),

@@ -41,6 +41,25 @@ STORE_OPERATIONS = (
     "load_seen",
     "remember_items",
     "recall_items",
+    "probe",  # /readyz's write when none was seen lately (store/resilient.py)
+)
+# What a failed store operation met (store/failures.py): a redirect to another cluster
+# node, a read-only replica, a full Redis (maxmemory, noeviction), a cross-slot call, an
+# ACL refusal, bad credentials, a dataset still loading, a cluster without a quorum, no
+# answer in time, no connection (or none free in the pool), anything else.
+STORE_FAILURE_KINDS = (
+    "moved",
+    "readonly",
+    "oom",
+    "crossslot",
+    "noperm",
+    "auth",
+    "loading",
+    "cluster_down",
+    "timeout",
+    "connection",
+    "pool",
+    "other",
 )
 TRIGGERS = ("threshold", "forced", "overflow_recovery", "scheduled", "precompact")
 CHAT_STATUSES = ("passthrough", "snapshot", "compacted", "trimmed", "bypassed")

@@ -25,6 +25,7 @@ from proxy.core.snapshot import Snapshot as Snapshot  # re-exported: the value s
 if TYPE_CHECKING:
     from proxy.core.session import SessionKey
     from proxy.observe.metrics import Metrics
+    from proxy.store.health import Health
 
 
 class Snapshots(Protocol):
@@ -105,12 +106,25 @@ class ItemStore(Protocol):
         ...
 
 
-class Store(Snapshots, Sightings, LockStore, WindowStore, Protocol):
-    """Everything a store does: what ``build_store`` returns."""
+class Remote(Snapshots, Sightings, LockStore, WindowStore, Protocol):
+    """What a shared store does (``RedisStore``), which ``ResilientStore`` wraps."""
 
     async def ping(self) -> bool: ...
 
+    async def probe(self) -> None:
+        """One small write that expires by itself; ``StoreError`` if the store refuses
+        it. A PING does not tell: a read-only replica and a full Redis answer it."""
+        ...
+
     async def aclose(self) -> None: ...
+
+
+class Store(Remote, Protocol):
+    """Everything a store does: what ``build_store`` returns."""
+
+    async def health(self) -> Health:
+        """What recent calls say of the store (``/readyz``), probing when they say little."""
+        ...
 
 
 def build_store(settings: Settings, metrics: Metrics) -> Store:

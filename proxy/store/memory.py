@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
 from proxy.store import Sighting
+from proxy.store.health import Health
 
 _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
@@ -123,6 +124,26 @@ class MemoryStore:
         current = await self.load(key)
         if (current.version if current else 0) != snapshot.version - 1:
             return False
+        self._keep(key, snapshot)
+        return True
+
+    async def newest(
+        self, keys: Sequence[SessionKey], loaded: Sequence[Snapshot | None]
+    ) -> list[Snapshot | None]:
+        """Per key, the newer of ``loaded`` (what a shared store answered while it refused
+        writes: ResilientStore) and what this store holds, which then keeps the newer:
+        a summary saved on top of either is saved here."""
+        newest: list[Snapshot | None] = []
+        for key, theirs in zip(keys, loaded, strict=True):
+            mine = await self.load(key)
+            if theirs is not None and (mine is None or mine.version < theirs.version):
+                self._keep(key, theirs)
+            newest.append(
+                mine if mine and (theirs is None or mine.version > theirs.version) else theirs
+            )
+        return newest
+
+    def _keep(self, key: SessionKey, snapshot: Snapshot) -> None:
         now = self._clock()
         _drop_expired(self._data, now, self._tenants.remove)
         if key not in self._data:
@@ -132,7 +153,6 @@ class MemoryStore:
         self._data[key] = (now + self._ttl, snapshot)
         self._data.move_to_end(key)
         self._tenants.touch(key)
-        return True
 
     async def delete(self, key: SessionKey) -> bool:
         seen = self._seen.pop(key, None) is not None
@@ -204,6 +224,12 @@ class MemoryStore:
 
     async def ping(self) -> bool:
         return True
+
+    async def probe(self) -> None:
+        return None
+
+    async def health(self) -> Health:
+        return Health()
 
     async def aclose(self) -> None:
         self._data.clear()

@@ -9,6 +9,7 @@ a window's key is the string it was saved under, ``windows.window_key``):
 {prefix}:lock:{key}   string owner token, PX = lock ttl       (summarization single flight)
 {prefix}:win:{key}    string learned window in tokens, PX = ttl
 {prefix}:seen:{key}   string the session's latest Sighting (codec.py), PX = store.ttl_s
+{prefix}:health:probe string "1", PX = 10 s   (/readyz's write when no other was seen lately)
 ```
 
 How a snapshot becomes those bytes, encrypted or not, is ``codec.py``; the
@@ -239,9 +240,9 @@ class RedisStore:
     async def load_seen(self, key: SessionKey) -> Sighting | None:
         try:
             raw = await self._redis.get(self._k("seen", key))
-        except ResponseError:
-            return None  # not a value we wrote (a wrong type): the next note replaces it
         except RedisError as exc:
+            if isinstance(exc, ResponseError) and _wrong_type(exc):
+                return None  # not a value we wrote: the next note replaces it
             raise StoreError(f"redis seen load failed: {type(exc).__name__}") from exc
         return None if raw is None else decode_sighting(raw)
 
@@ -292,6 +293,12 @@ class RedisStore:
             return bool(await self._redis.ping())
         except RedisError:
             return False
+
+    async def probe(self) -> None:
+        try:
+            await self._redis.set(self._k("health", "probe"), "1", px=10_000)
+        except RedisError as exc:
+            raise StoreError(f"redis probe failed: {type(exc).__name__}") from exc
 
     async def aclose(self) -> None:
         await self._redis.aclose(close_connection_pool=True)  # the pool is ours, not its

@@ -1,23 +1,26 @@
 """A remote store that degrades instead of failing requests.
 
-Any ``StoreError`` from the remote store (Redis down, slow, unreadable)
-makes this replica serve from its own in-process store for a short
-cool-down, then try the remote again: requests keep their compaction from
-local state, no request waits on a dead server more than once per cool-down,
-and reconnection needs no restart. Failures are counted in metrics and logged
-once per interval, not per request. This is the one place a store outage
-becomes "no snapshot".
+A call that fails with ``StoreError`` (Redis down, slow, a read-only replica, full)
+is served from this replica's own in-process store instead; every failure is counted
+by kind, every call served locally too, and the store reads as failing until a write
+succeeds again (``health.StoreWatch``: which failures leave the store untried for a
+cool-down, so no request waits on a dead server more than once per cool-down; what
+is logged). Reconnection needs no restart. While failing, a snapshot this replica
+saved locally wins over an older one the store still answers with (a replica's or a
+full Redis's reads go on). ``/readyz`` asks ``health``: with no write seen lately it
+writes a probe key (a PING would pass). This is the one place a store outage becomes
+"no snapshot".
 
-A summarization lock taken in Redis is always released there, outage or not:
-a lock left behind would make the session's next turns wait for a holder
-that is long gone. A release that fails is retried in the background (a few
-attempts with backoff, never past the lock's own expiry), and this replica's
-next ``acquire`` of that session settles the release first.
+A summarization lock taken in Redis is always released there, outage or not: a lock
+left behind would make the session's next turns wait for a holder that is long gone.
+A release that fails is retried in the background (a few attempts with backoff, never
+past the lock's own expiry); this replica's next ``acquire`` of it settles it first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,14 +32,16 @@ from proxy.core.snapshot import Snapshot
 from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
 from proxy.observe.series import STORE_OPERATIONS
-from proxy.store import Sighting, Store
+from proxy.store import Remote, Sighting
+from proxy.store.failures import failure_kind
+from proxy.store.health import COOLDOWN_S as COOLDOWN_S  # re-exported: tests' clocks
+from proxy.store.health import LOG_INTERVAL_S as LOG_INTERVAL_S
+from proxy.store.health import Health, Reports, StoreWatch
 from proxy.store.memory import MemoryStore
 
 log = logging.getLogger("proxy.store")
 
 T = TypeVar("T")
-COOLDOWN_S = 2.0
-LOG_INTERVAL_S = 30.0
 # Pauses before each background retry of a failed lock release (~16 s in all).
 RELEASE_BACKOFF_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # Leases of locks that were never released (a caller bug) are dropped past this many.
@@ -54,7 +59,7 @@ class _Lease:
 class ResilientStore:
     def __init__(
         self,
-        remote: Store,
+        remote: Remote,
         local: MemoryStore,
         metrics: Metrics,
         *,
@@ -66,10 +71,7 @@ class ResilientStore:
         self._metrics = metrics
         self._latency = {op: metrics.store_duration.labels(operation=op) for op in STORE_OPERATIONS}
         self._clock = clock
-        self._down_until = 0.0
-        self._last_log = -LOG_INTERVAL_S
-        self._suppressed = 0
-        self._outage = False
+        self._watch = StoreWatch(metrics.store, clock)
         self._release_backoff_s = tuple(release_backoff_s)
         # Owner token -> lease, for locks taken in the remote store.
         self._leases: dict[str, _Lease] = {}
@@ -77,63 +79,70 @@ class ResilientStore:
         self._owed: dict[SessionKey, str] = {}
         # Owner token -> the background task retrying its release.
         self._retries: dict[str, asyncio.Task[None]] = {}
-        self._last_release_log = -LOG_INTERVAL_S
-        self._release_suppressed = 0
+        self._reports = Reports(clock)
 
     @property
     def degraded(self) -> bool:
-        return self._clock() < self._down_until
+        """In the cool-down after a failure: calls are served locally, the store untried."""
+        return self._watch.cooling
 
     async def _call(
         self, op: str, remote: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]]
     ) -> T:
-        if self.degraded:
-            return await local()
-        try:
-            result = await self._timed(op, remote())
-        except StoreError as exc:
-            self._failed(op, exc)
-            return await local()
-        if self._outage:
-            self._recovered()
-        return result
+        if not self.degraded:
+            with contextlib.suppress(StoreError):
+                return await self._tried(op, remote())
+        self._watch.fell_back(op)
+        return await local()
 
-    async def _timed(self, op: str, call: Awaitable[T]) -> T:
-        """A remote call, its duration observed (failures and timeouts included)."""
+    async def _read(
+        self, op: str, remote: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]]
+    ) -> T:
+        """``_call``; while the store fails, the local value where the store has none (it
+        refused the write that would have put it there)."""
+        found = await self._call(op, remote, local)
+        if found is None and self._watch.cause is not None:
+            return await local()
+        return found
+
+    async def _tried(self, op: str, call: Awaitable[T]) -> T:
+        """A remote call, timed (failures included) and told to the watch; ``StoreError``
+        raised on."""
         started = time.perf_counter()
         try:
-            return await call
+            result = await call
+        except StoreError as exc:
+            self._watch.failed(op, failure_kind(exc), exc)
+            raise
         finally:
             self._latency[op].observe(time.perf_counter() - started)
-
-    def _failed(self, op: str, exc: StoreError) -> None:
-        now = self._clock()
-        self._outage = True
-        self._down_until = now + COOLDOWN_S
-        self._metrics.store_errors.labels(operation=op).inc()
-        if now - self._last_log >= LOG_INTERVAL_S:
-            extra = f" ({self._suppressed} more since the last report)" if self._suppressed else ""
-            log.warning("store unavailable (%s: %s); serving from local state%s", op, exc, extra)
-            self._last_log = now
-            self._suppressed = 0
-        else:
-            self._suppressed += 1
-
-    def _recovered(self) -> None:
-        log.warning("store reachable again; snapshots are shared across replicas once more")
-        self._outage = False
-        self._down_until = 0.0
-        self._suppressed = 0
-        self._last_log = -LOG_INTERVAL_S
+        self._watch.succeeded(op)
+        return result
 
     async def load(self, key: SessionKey) -> Snapshot | None:
-        return await self._call("load", lambda: self.remote.load(key), lambda: self.local.load(key))
+        loaded = await self._call(
+            "load", lambda: self.remote.load(key), lambda: self.local.load(key)
+        )
+        return (await self._newest([key], [loaded]))[0]
 
     async def load_many(self, keys: Sequence[SessionKey]) -> list[Snapshot | None]:
         remote, local = self.remote, self.local
-        return await self._call(
+        loaded = await self._call(
             "load", lambda: remote.load_many(keys), lambda: local.load_many(keys)
         )
+        return await self._newest(keys, loaded)
+
+    async def _newest(
+        self, keys: Sequence[SessionKey], loaded: list[Snapshot | None]
+    ) -> list[Snapshot | None]:
+        """While the store fails, what this replica saved meanwhile (kept only locally)
+        where it is newer than what the store answered; the local state keeps the newer."""
+        if self._watch.cause is None:
+            return loaded
+        newest = await self.local.newest(keys, loaded)
+        if newest != loaded:
+            self._watch.fell_back("load")
+        return newest
 
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
         return await self._call(
@@ -154,7 +163,7 @@ class ResilientStore:
         )
 
     async def load_seen(self, key: SessionKey) -> Sighting | None:
-        return await self._call(
+        return await self._read(
             "load_seen", lambda: self.remote.load_seen(key), lambda: self.local.load_seen(key)
         )
 
@@ -164,16 +173,12 @@ class ResilientStore:
             # late. Settle it now rather than wait for a lock nobody holds.
             await self._release_remote(key, self._owed[key])
         if not self.degraded:
-            try:
-                token = await self._timed("acquire", self.remote.acquire(key, ttl_s))
-            except StoreError as exc:
-                self._failed("acquire", exc)
-            else:
-                if self._outage:
-                    self._recovered()
+            with contextlib.suppress(StoreError):
+                token = await self._tried("acquire", self.remote.acquire(key, ttl_s))
                 if token is not None:
                     self._lease(key, token, ttl_s)
                 return token
+        self._watch.fell_back("acquire")
         return await self.local.acquire(key, ttl_s)
 
     def _lease(self, key: SessionKey, token: str, ttl_s: float) -> None:
@@ -201,17 +206,14 @@ class ResilientStore:
     async def _release_remote(self, key: SessionKey, token: str) -> bool:
         """One attempt; True when the remote lock is gone (or was not ours any more)."""
         try:
-            await self._timed("release", self.remote.release(key, token))
-        except StoreError as exc:
-            self._failed("release", exc)
+            await self._tried("release", self.remote.release(key, token))
+        except StoreError:
             return False
         if self._owed.get(key) == token:
             del self._owed[key]
         retry = self._retries.get(token)
         if retry is not None:
             retry.cancel()  # settled: it counts itself as released
-        if self._outage:
-            self._recovered()
         return True
 
     def _retry_release(self, key: SessionKey, token: str, expires: float) -> None:
@@ -228,9 +230,9 @@ class ResilientStore:
                     break
                 await asyncio.sleep(pause)
                 try:
-                    await self._timed("release", self.remote.release(key, token))
+                    await self._tried("release", self.remote.release(key, token))
                 except StoreError:
-                    continue  # the outage is already counted and logged by the first failure
+                    continue  # counted: every failure is
                 outcome = "released"
                 break
         except asyncio.CancelledError:
@@ -244,24 +246,18 @@ class ResilientStore:
             self._log_release(key, outcome)
 
     def _log_release(self, key: SessionKey, outcome: str) -> None:
-        now = self._clock()
-        if now - self._last_release_log < LOG_INTERVAL_S:
-            self._release_suppressed += 1
+        extra = self._reports.due("release")
+        if extra is None:
             return
-        extra = ""
-        if self._release_suppressed:
-            extra = f" ({self._release_suppressed} more since the last report)"
         log.warning(
             "summarization lock of session=%s: release failed, retried in the background: %s%s",
             key.log_id,
             outcome,
             extra,
         )
-        self._last_release_log = now
-        self._release_suppressed = 0
 
     async def load_window(self, key: str) -> int | None:
-        return await self._call(
+        return await self._read(
             "load_window", lambda: self.remote.load_window(key), lambda: self.local.load_window(key)
         )
 
@@ -282,6 +278,18 @@ class ResilientStore:
 
     async def ping(self) -> bool:
         return await self.remote.ping()
+
+    async def probe(self) -> None:
+        """A write of the probe key, counted like any call (``StoreError`` if refused)."""
+        await self._tried("probe", self.remote.probe())
+
+    async def health(self) -> Health:
+        """The store's state as recent calls left it; with no write nor failure seen for
+        ``PROBE_AFTER_S`` (no traffic, or reads only), a probe's first."""
+        if self._watch.stale:
+            with contextlib.suppress(StoreError):
+                await self.probe()
+        return self._watch.health
 
     async def aclose(self) -> None:
         retries = list(self._retries.values())

@@ -556,7 +556,7 @@ def test_redis_killed_mid_summary_then_restarted_empty(
     assert first[0].headers["x-compaction-status"] == "compacted"  # from local state
     assert newest_forwarded(slow_summaries) == history[-1]["content"]
     turns(url, slow_summaries, "killed", history, 2)  # Redis down: still served
-    assert httpx.get(f"{url}/readyz").json()["store"] == "unreachable"
+    assert httpx.get(f"{url}/readyz").json()["store"] == "unreachable (connection)"
 
     redis_server.start()  # same port, nothing in it
     time.sleep(2.5)  # the replica's cool-down
@@ -600,7 +600,7 @@ def test_redis_password_the_proxy_lacks_degrades_instead_of_failing(
     assert r.headers["x-compaction-status"] == "compacted"  # from local state
     assert newest_forwarded(sim_reset) == history[-1]["content"]
     assert set(turns(url, sim_reset, "noauth", history, 2)) <= {"snapshot", "compacted"}
-    assert httpx.get(f"{url}/readyz").json() == {"ready": True, "store": "unreachable"}
+    assert httpx.get(f"{url}/readyz").json() == {"ready": True, "store": "unreachable (auth)"}
     assert metric(url, "compaction_proxy_store_errors") >= 1
     # With the password the same store works: it was the missing password, nothing else.
     password = redis_with_password.password

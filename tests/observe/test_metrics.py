@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from proxy.observe.metrics import Metrics
 from proxy.observe.recorder import _FastCounter, _FastHistogram
+from proxy.observe.series import STORE_FAILURE_KINDS
+from proxy.observe.store_series import FALLBACK_OPERATIONS
 from proxy.store.memory import MemoryStore
 from proxy.store.resilient import ResilientStore
 from tests.support.metrics import Samples
@@ -30,6 +32,20 @@ def test_closed_label_sets_are_exported_before_anything_happens() -> None:
     ResilientStore(MemoryStore(60), MemoryStore(60), metrics)
     for operation in ("load", "save", "acquire", "release"):
         assert registry.get_sample_value(name, {"operation": operation}) == 0
+
+
+def test_the_store_health_series_are_exported_at_zero_from_start_up() -> None:
+    """Issue 23: an alert on a failure kind or on fallbacks sees zeros, not "no data"."""
+    registry = Metrics.create().registry
+    for kind in STORE_FAILURE_KINDS:
+        name = "compaction_proxy_store_failures_total"
+        assert registry.get_sample_value(name, {"kind": kind}) == 0
+    for operation in FALLBACK_OPERATIONS:
+        name = "compaction_proxy_store_fallbacks_total"
+        assert registry.get_sample_value(name, {"operation": operation}) == 0
+    assert registry.get_sample_value("compaction_proxy_store_degraded") == 0
+    labels = {"operation": "probe"}
+    assert registry.get_sample_value("compaction_proxy_store_errors_total", labels) == 0
 
 
 def _samples(metrics: Metrics) -> Samples:
