@@ -159,7 +159,7 @@ async def test_build_item_store_keeps_items_in_redis_and_falls_back_when_it_is_o
     fallback = build_item_store(settings, down)
     await fallback.remember_items("t", [item(2)])  # Redis refuses: kept in this process
     assert await fallback.recall_items("t", ["msg_2"]) == [item(2)[1]]
-    errors = metrics.store_errors.labels(operation="remember_items")._value.get()
+    errors = metrics.store.errors.labels(operation="remember_items")._value.get()
     assert errors == 1
     await down.aclose()
     assert isinstance(
