@@ -137,7 +137,7 @@ class StoreSettings(_Section):
             except ValueError:
                 raw = b""
             if len(raw) != 32:
-                raise ValueError(f"[{i}] is not a Fernet key (32 url-safe base64 bytes)")
+                raise ValueError(f"encryption_keys[{i}] is not a Fernet key (32 base64url bytes)")
         return keys
 
     @model_validator(mode="after")
