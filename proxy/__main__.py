@@ -61,7 +61,8 @@ def _check_store(settings: Settings) -> int:
         return 0
 
     async def probe() -> str | None:
-        store = RedisStore(settings.store.url, settings.store.ttl_s, RedisOptions(timeout_s=2.0))
+        options = RedisOptions(prefix=settings.store.prefix, timeout_s=2.0)
+        store = RedisStore(settings.store.url, settings.store.ttl_s, options)
         try:
             if not await store.ping():
                 return "PING failed"

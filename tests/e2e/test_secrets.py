@@ -151,8 +151,21 @@ def test_check_config_store_writes_to_a_reachable_store(tmp_path: Path) -> None:
         client = redis.Redis(port=server.port, password=PASSWORD)
         try:
             assert client.keys("*") == []  # the test write took its key away again
+            # An ACL user that may touch only its deployment's keys: the test write goes
+            # under store.prefix, as serving's do, and fails outside it.
+            client.acl_setuser(
+                "app", enabled=True, passwords=["+app-pw"], keys=["app:*"], commands=["+@all"]
+            )
         finally:
             client.close()
+        scoped = f"redis://app:app-pw@127.0.0.1:{server.port}/0"
+        config: dict[str, Any] = {"store": {"url": scoped, "prefix": "app"}}
+        out = cli("check-config", write(tmp_path, config), "--store")
+        assert out.returncode == 0, out.stderr
+        config["store"]["prefix"] = "other"
+        out = cli("check-config", write(tmp_path, config), "--store")
+        assert out.returncode == 1
+        assert "app-pw" not in out.stdout + out.stderr
     finally:
         server.stop()
 
