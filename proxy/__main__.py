@@ -118,7 +118,7 @@ def _print_learned_windows(settings: Settings) -> None:
     for (upstream, model, tenant), tokens in windows:
         scope = "one tenant, " if tenant else ""
         name = model if model.isprintable() else repr(model)  # the client's text
-        print(f"  {name:<26} {tokens:>9}  ({scope}from {upstream})")
+        print(f"  {name:<26} {tokens:>9}  ({scope}from {redact_url(upstream)})")
 
 
 def _setup_logging(settings: LoggingSettings) -> None:

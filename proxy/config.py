@@ -111,7 +111,7 @@ class UpstreamSettings(_Section):
 
 
 class StoreSettings(_Section):
-    url: str = "memory://"
+    url: str = Field("memory://", repr=False)  # may hold a password: show redact_url(url)
     ttl_s: int = Field(7 * 24 * 3600, gt=0)
     prefix: str = "cp"  # Redis key prefix, to share one Redis between deployments
     # The embedded (memory://) store keeps at most this many sessions, least recently

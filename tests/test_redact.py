@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.config import Settings
 from proxy.redact import redact_url
 
 
@@ -37,3 +38,21 @@ from proxy.redact import redact_url
 def test_a_url_is_shown_without_its_secrets(url: str, shown: str) -> None:
     assert redact_url(url) == shown
     assert "hunter" not in redact_url(url)
+
+
+def test_settings_repr_leaves_the_store_url_out() -> None:
+    """Settings printed whole (a debugging print, an exception's locals) show no password."""
+    settings = Settings(store={"url": "redis://:hunter2@h:6379/0"})
+    assert "hunter2" not in repr(settings)
+    assert "hunter2" not in str(settings)
+
+
+def test_learned_window_keys_hold_no_secret_of_the_upstream_url() -> None:
+    """Windows learned from an upstream are stored under its URL: not under its key."""
+    from proxy.upstream.windows import WindowPolicy
+
+    settings = Settings(upstream={"base_url": "https://u:hunter2@llm.example/v1?key=hunter3"})
+    policy = WindowPolicy.from_settings(settings)
+    assert policy.upstream == "https://u:***@llm.example/v1?key=***"
+    plain = Settings(upstream={"base_url": "http://127.0.0.1:8000/v1"})
+    assert WindowPolicy.from_settings(plain).upstream == "http://127.0.0.1:8000/v1"  # as before
