@@ -10,10 +10,9 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from proxy.errors import ConfigError
 from proxy.redact import redact_url
 
-if TYPE_CHECKING:  # imported once SIGTERM is handled (main): pydantic takes a while
+if TYPE_CHECKING:  # imported once SIGTERM is handled (main): pydantic, orjson take a while
     from proxy.config import LoggingSettings, Settings
 
 log = logging.getLogger("proxy")
@@ -172,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         _exit_on_sigterm()
     from proxy.config import LoggingSettings, load_settings
+    from proxy.errors import ConfigError
 
     try:
         if args.command == "simulate-upstream":
