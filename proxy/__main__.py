@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
 
-from proxy.config import LoggingSettings, Settings, load_settings
-from proxy.errors import ConfigError
+from proxy.redact import redact_url
+
+if TYPE_CHECKING:  # imported once SIGTERM is handled (main): pydantic, orjson take a while
+    from proxy.config import LoggingSettings, Settings
 
 log = logging.getLogger("proxy")
 
@@ -20,8 +25,8 @@ def _check_config(settings: Settings) -> None:
 
     # The model table and tokenizers, built as the server's lifespan builds them.
     table, encoders = asyncio.run(load_models(settings))
-    print(f"upstream: {settings.upstream.base_url}")
-    print(f"store:    {settings.store.url}")
+    print(f"upstream: {redact_url(settings.upstream.base_url)}")
+    print(f"store:    {redact_url(settings.store.url)}")
     c = settings.compaction
     print(
         f"compaction: {'on' if c.enabled else 'off'}, trigger {c.trigger_ratio:.0%}, "
@@ -37,6 +42,46 @@ def _check_config(settings: Settings) -> None:
         max_out = max_out or resolved.max_output_tokens
         print(f"{match:<28} {window:>9} {max_out:>8}  {resolved.tokenizer} ({quality})")
     _print_learned_windows(settings)
+
+
+def _check_store(settings: Settings) -> int:
+    """``check-config --store``: connect, PING, take and release a lock (a write, a delete
+    and a script, as serving does); 0 when all of it worked, 1 otherwise."""
+    import asyncio
+    import secrets
+
+    from proxy.core.session import SessionKey
+    from proxy.errors import StoreError
+    from proxy.store.redis import RedisOptions, RedisStore
+
+    url = redact_url(settings.store.url)
+    if settings.store.url.startswith("memory://"):
+        print(f"store check: {url} is in-process, nothing to reach")
+        return 0
+
+    async def probe() -> str | None:
+        options = RedisOptions(prefix=settings.store.prefix, timeout_s=2.0)
+        store = RedisStore(settings.store.url, settings.store.ttl_s, options)
+        try:
+            if not await store.ping():
+                return "PING failed"
+            key = SessionKey("check-config", secrets.token_hex(8), "header")
+            token = await store.acquire(key, ttl_s=10)
+            if token is None:
+                return "a test write did not take"
+            await store.release(key, token)
+            return None
+        except StoreError as exc:
+            return exc.message
+        finally:
+            await store.aclose()
+
+    problem = asyncio.run(probe())
+    if problem is not None:
+        print(f"store check: {url} is unreachable or refuses writes ({problem})", file=sys.stderr)
+        return 1
+    print(f"store check: {url} answers PING and takes writes")
+    return 0
 
 
 def _print_learned_windows(settings: Settings) -> None:
@@ -72,7 +117,7 @@ def _print_learned_windows(settings: Settings) -> None:
     for (upstream, model, tenant), tokens in windows:
         scope = "one tenant, " if tenant else ""
         name = model if model.isprintable() else repr(model)  # the client's text
-        print(f"  {name:<26} {tokens:>9}  ({scope}from {upstream})")
+        print(f"  {name:<26} {tokens:>9}  ({scope}from {redact_url(upstream)})")
 
 
 def _setup_logging(settings: LoggingSettings) -> None:
@@ -80,6 +125,30 @@ def _setup_logging(settings: LoggingSettings) -> None:
     from proxy.observe.logs import configure_logging
 
     configure_logging(settings)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM ends the process from the first instant, until the server installs its own
+    handler (proxy.serve.shutdown). As PID 1 (a container's entry point) a signal with no
+    handler is ignored: without this one, a SIGTERM during start-up (imports, tokenizers)
+    would be lost, and the orchestrator would wait out its grace period to SIGKILL."""
+
+    def stop(sig: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + sig)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _warn_unencrypted(settings: Settings) -> None:
+    """Once per start: snapshots (summaries of user content) leave the process in plaintext."""
+    store = settings.store
+    if not store.url.startswith("memory://") and not store.encryption_keys:
+        log.warning(
+            "store %s has no store.encryption_keys: summaries of user content are stored "
+            "there in plaintext (set encryption_keys, and store.require_encryption to refuse "
+            "plaintext)",
+            redact_url(store.url),
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,11 +160,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="listen port (overrides server.port)")
     check = sub.add_parser("check-config", help="validate a config and print the model table")
     check.add_argument("config", help="YAML config file")
+    check.add_argument(
+        "--store", action="store_true", help="connect to the store and write to it (exit 1 if not)"
+    )
     sim = sub.add_parser("simulate-upstream", help="run the local OpenAI-compatible simulator")
     sim.add_argument("--config", help="simulator YAML config")
     sim.add_argument("--host", default="127.0.0.1")
     sim.add_argument("--port", type=int, default=8081)
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        _exit_on_sigterm()
+    from proxy.config import LoggingSettings, load_settings
+    from proxy.errors import ConfigError
 
     try:
         if args.command == "simulate-upstream":
@@ -108,13 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             _setup_logging(LoggingSettings(format="text", level="warning"))
             _check_config(settings)
-            return 0
+            return _check_store(settings) if args.store else 0
         server = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
         if server:
             settings = settings.model_copy(
                 update={"server": settings.server.model_copy(update=server)}
             )
         _setup_logging(settings.logging)
+        _warn_unencrypted(settings)
         from proxy.serve.server import serve as serve_proxy
 
         return serve_proxy(settings)

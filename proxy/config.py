@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from proxy.config_file import YamlSource, describe_invalid, read_config_file, yaml_values
 from proxy.errors import ConfigError
+from proxy.redact import redact_url
 
 
 class _Section(BaseModel):
@@ -52,25 +53,22 @@ class ServerSettings(_Section):
     # A longer model name (UTF-8 bytes) gets a 400: per-process tables are keyed by it, so
     # this bounds their bytes. Far above any real id (hf.co/org/X-GGUF:Q4_K_M, an ARN).
     max_model_bytes: int = Field(512, ge=64)
-    # Slow or hostile clients: the request line and headers must arrive within
-    # header_timeout_s and total at most max_header_bytes; a request body may stall
-    # at most body_timeout_s between reads.
+    # Slow or hostile clients: the request line and headers must arrive within header_timeout_s
+    # and total at most max_header_bytes; a request body may stall body_timeout_s between reads.
     header_timeout_s: float = Field(10.0, gt=0)
     max_header_bytes: int = Field(64 * 1024, ge=1024)
     body_timeout_s: float = Field(60.0, gt=0)
-    # An idle client connection is closed after this. Longer than what clients and load
-    # balancers keep idle connections for (httpx 5 s, aiohttp 15 s, AWS ALB 60 s), so
-    # they close first: a server that closes first races their next request on it,
-    # which fails (a 502 at a load balancer).
+    # An idle client connection is closed after this: longer than clients and load balancers
+    # keep idle connections (httpx 5 s, aiohttp 15 s, AWS ALB 60 s), so they close first (a
+    # server that closes first races their next request on it: a 502 at a load balancer).
     keepalive_timeout_s: int = Field(75, gt=0)
     # ...and, once it has been arriving for body_timeout_s, must average at least this
     # (time the proxy itself is not reading does not count): a byte every few seconds
     # never stalls, yet would hold a connection for ever. 0: no minimum.
     min_body_rate_bytes_s: int = Field(256, ge=0)
-    # On SIGTERM /readyz answers 503 at once, but the proxy keeps accepting for
-    # drain_delay_s, so a load balancer (Kubernetes endpoints) stops routing here before
-    # connections are refused; then requests in flight have at most shutdown_timeout_s
-    # to finish, and what is left (streams included) is ended.
+    # On SIGTERM /readyz answers 503 at once, but the proxy keeps accepting for drain_delay_s,
+    # so a load balancer (Kubernetes endpoints) stops routing here before connections are
+    # refused; then requests in flight have shutdown_timeout_s to finish, the rest is ended.
     drain_delay_s: float = Field(0.0, ge=0)
     shutdown_timeout_s: float = Field(30.0, ge=0)
     # Worker processes sharing the port. Each has its own memory:// store: beyond one,
@@ -108,12 +106,12 @@ class UpstreamSettings(_Section):
     @model_validator(mode="after")
     def _check_url(self) -> UpstreamSettings:
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+            raise ValueError(f"base_url is not http:// or https://: {redact_url(self.base_url)!r}")
         return self
 
 
 class StoreSettings(_Section):
-    url: str = "memory://"
+    url: str = Field("memory://", repr=False)  # may hold a password: show redact_url(url)
     ttl_s: int = Field(7 * 24 * 3600, gt=0)
     prefix: str = "cp"  # Redis key prefix, to share one Redis between deployments
     # The embedded (memory://) store keeps at most this many sessions, least recently
@@ -122,30 +120,34 @@ class StoreSettings(_Section):
     # ...and at most this many of one tenant's, its own least recently used dropped
     # first: one caller cannot push the others' sessions out.
     max_sessions_per_tenant: int = Field(10_000, gt=0)
-    # Fernet keys (`Fernet.generate_key()`); snapshots in Redis are encrypted with
-    # the first and readable with any, so keys can be rotated. Needs the
-    # `encryption` extra. Empty: stored as plain JSON.
+    # Fernet keys (`Fernet.generate_key()`); snapshots in Redis are encrypted with the first
+    # and readable with any (rotation). Needs the `encryption` extra. Empty: plain JSON.
     encryption_keys: list[SecretStr] = []
+    # true: no snapshot read or written in plaintext; a remote store needs encryption_keys.
+    require_encryption: bool = False
 
     @field_validator("encryption_keys")
     @classmethod
-    def _drop_empty_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+    def _check_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
         # "${OLD_KEY:-}" for an optional rotation key interpolates to "".
-        return [k for k in keys if k.get_secret_value()]
-
-    @model_validator(mode="after")
-    def _check_url(self) -> StoreSettings:
-        if not self.url.startswith(("memory://", "redis://", "rediss://", "unix://")):
-            raise ValueError(f"unsupported store url {self.url!r} (memory://, redis://, rediss://)")
-        for i, key in enumerate(self.encryption_keys):
+        keys = [k for k in keys if k.get_secret_value()]
+        for i, key in enumerate(keys):
             try:
                 raw = base64.urlsafe_b64decode(key.get_secret_value().encode())
             except ValueError:
                 raw = b""
             if len(raw) != 32:
-                raise ValueError(
-                    f"encryption_keys[{i}] is not a Fernet key (32 url-safe base64 bytes)"
-                )
+                raise ValueError(f"encryption_keys[{i}] is not a Fernet key (32 base64url bytes)")
+        return keys
+
+    @model_validator(mode="after")
+    def _check_url(self) -> StoreSettings:
+        url = redact_url(self.url)
+        if not self.url.startswith(("memory://", "redis://", "rediss://", "unix://")):
+            raise ValueError(f"unsupported store url {url!r} (memory://, redis://, rediss://)")
+        remote = not self.url.startswith("memory://")
+        if self.require_encryption and remote and not self.encryption_keys:
+            raise ValueError(f"require_encryption is set and {url} has no encryption_keys")
         return self
 
 
@@ -210,10 +212,9 @@ class CompactionSettings(_Section):
     # Overflow recovery is the last line of defence: on even with enabled: false.
     recover_overflow: bool = True
     learned_window_ttl_s: float = Field(24 * 3600, gt=0)
-    # A window learned from one caller's overflow error applies to that caller at
-    # once; it becomes every caller's only when this many tenants report it, and a
-    # shared window is lowered at most once per learned_window_interval_s, by at most
-    # half each time, so no one caller can shrink everyone's window.
+    # A window learned from one caller's overflow error applies to that caller at once; every
+    # caller's once this many tenants report it. So no one caller shrinks everyone's window, a
+    # shared window is lowered at most once per learned_window_interval_s, by half at most.
     learned_window_quorum: int = Field(2, ge=1)
     learned_window_interval_s: float = Field(600.0, ge=0)
 
@@ -233,9 +234,8 @@ class LoggingSettings(_Section):
     # The proxy's own loggers; other libraries log warnings and above whatever this says
     # (their debug output is not ours to vouch for). uvicorn's own: server.log_level.
     level: Literal["debug", "info", "warning", "error"] = "info"
-    # Debugging a client's sessions: request lines also carry the raw session header
-    # value. Message content and credentials (API keys, the admin key) are never logged,
-    # whatever this says: no log call is ever handed them.
+    # Debugging a client's sessions: request lines also carry the raw session header value.
+    # Content and credentials (API keys, the admin key) are never logged: no log call gets them.
     include_sensitive: bool = False
 
 

@@ -1,5 +1,6 @@
-# Sourced by scripts/*: create .venv on first use and install the project into it.
-# Re-installs only when pyproject.toml changed since the last install.
+# Sourced by scripts/*: create .venv on first use and install the project into it, every
+# dependency at the version constraints.txt pins (the versions the image installs too).
+# Re-installs only when pyproject.toml or constraints.txt changed since the last install.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -9,7 +10,7 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 stamp="$venv/.installed${extras:+-$extras}"
-current() { [ -f "$1" ] && [ ! pyproject.toml -nt "$1" ]; }
+current() { [ -f "$1" ] && [ ! pyproject.toml -nt "$1" ] && [ ! constraints.txt -nt "$1" ]; }
 # A wider install serves a narrower one: the test extra holds every other extra's
 # packages, and any install holds the project's own.
 serves=("$stamp" "$venv/.installed-test")
@@ -20,7 +21,7 @@ for done in "${serves[@]}"; do
 done
 if [ "$installed" = false ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q -e ".${extras:+[$extras]}"
+  "$venv/bin/python" -m pip install -q -c constraints.txt -e ".${extras:+[$extras]}"
   touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

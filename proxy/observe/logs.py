@@ -192,6 +192,11 @@ def _stop_writer() -> None:
         _writer = None
 
 
+def configured() -> bool:
+    """Whether ``configure_logging`` has run in this process: uvicorn then logs through it."""
+    return _writer is not None
+
+
 def write_request_line(fields: dict[str, Any]) -> None:
     """One request's line, at info level on ``ACCESS``.
 

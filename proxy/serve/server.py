@@ -17,6 +17,7 @@ from typing import Any
 import uvicorn
 
 from proxy.config import Settings
+from proxy.observe import logs
 from proxy.serve.limits import limited_protocol
 from proxy.serve.shutdown import Drain, GracefulServer
 
@@ -38,6 +39,10 @@ def uvicorn_config(
         app = create_app(settings)
     server = settings.server
     options: dict[str, Any] = {}
+    if logs.configured():
+        # uvicorn's own lines (uvicorn.error) reach the proxy's handler, in its format
+        # (JSON or text), instead of uvicorn's handlers and text format beside them.
+        options["log_config"] = None
     try:
         options["http"] = limited_protocol(server)
     except ImportError:  # pragma: no cover - uvicorn[standard] installs httptools

@@ -148,6 +148,7 @@ def build_store(settings: Settings, metrics: Metrics) -> Store:
         RedisOptions(
             prefix=settings.store.prefix,
             encryption_keys=[k.get_secret_value() for k in settings.store.encryption_keys],
+            require_encryption=settings.store.require_encryption,
         ),
         metrics=metrics,
     )

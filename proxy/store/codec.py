@@ -4,8 +4,10 @@ A stored snapshot is orjson with a format version (``fv``). With
 ``store.encryption_keys`` the JSON is encrypted (Fernet: AES-128-CBC with
 HMAC-SHA256, from the ``cryptography`` package) before it leaves the process;
 summaries carry user data. Snapshots written before encryption was turned on
-are still read. Decoding checks every field's type, so a value this release
-cannot use raises ``Unreadable`` rather than reaching the pipeline.
+are still read, unless ``store.require_encryption`` says no plaintext: then one
+reads as unreadable (counted, and replaced like any other). Decoding checks
+every field's type, so a value this release cannot use raises ``Unreadable``
+rather than reaching the pipeline.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class NewerFormat(Exception):
 class SnapshotCipher:
     """Fernet encryption for snapshot payloads; the first key encrypts, all decrypt."""
 
-    def __init__(self, keys: Sequence[str]) -> None:
+    def __init__(self, keys: Sequence[str], *, read_plaintext: bool = True) -> None:
+        self.read_plaintext = read_plaintext  # snapshots stored before encryption
         try:
             from cryptography.fernet import Fernet, InvalidToken, MultiFernet
         except ImportError as exc:
@@ -79,6 +82,8 @@ def encode_snapshot(snapshot: Snapshot, cipher: SnapshotCipher | None) -> bytes:
 
 def decode_snapshot(raw: bytes, cipher: SnapshotCipher | None) -> Snapshot:
     """The snapshot in ``raw``; raises ``Unreadable`` or ``NewerFormat``."""
+    if cipher is not None and raw.startswith(b"{") and not cipher.read_plaintext:
+        raise Unreadable("stored in plaintext (store.require_encryption)")
     try:
         if cipher is not None and not raw.startswith(b"{"):  # plain JSON predates encryption
             raw = cipher.decrypt(raw)

@@ -49,7 +49,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
-from proxy.errors import StoreError
+from proxy.errors import ConfigError, StoreError
 from proxy.store import Sighting, lua
 from proxy.store import redis_scans as scans
 from proxy.store.codec import (
@@ -87,11 +87,13 @@ def log_id(key: str) -> str:
 @dataclass(frozen=True, slots=True)
 class RedisOptions:
     """How a ``RedisStore`` uses its Redis: the prefix of its keys, each call's timeout,
-    and the keys snapshots are encrypted with (none: stored in the clear)."""
+    and the keys snapshots are encrypted with (none: stored in the clear, and refused with
+    ``require_encryption``, which also makes a snapshot stored in the clear unreadable)."""
 
     prefix: str = "cp"
     timeout_s: float = 0.25
     encryption_keys: Sequence[str] = ()
+    require_encryption: bool = False
 
 
 class RedisStore:
@@ -108,7 +110,10 @@ class RedisStore:
         self._last_log = -_LOG_INTERVAL_S
         self._suppressed = 0
         keys = options.encryption_keys
-        self._cipher = SnapshotCipher(keys) if keys else None
+        if options.require_encryption and not keys:
+            raise ConfigError("store.require_encryption is set but store.encryption_keys is empty")
+        plain = not options.require_encryption
+        self._cipher = SnapshotCipher(keys, read_plaintext=plain) if keys else None
         self._ttl_ms = max(int(ttl_s * 1000), 1)
         self._prefix = options.prefix
         # Blocking: a call that finds every connection busy waits for one. The default

@@ -43,6 +43,7 @@ from cachetools import LRUCache, TTLCache
 from proxy.config import Settings
 from proxy.core.models import ResolvedModel
 from proxy.observe.metrics import Metrics
+from proxy.redact import redact_url
 from proxy.store import WindowStore
 
 log = logging.getLogger("proxy.windows")
@@ -106,7 +107,8 @@ class WindowPolicy:
     def from_settings(cls, settings: Settings) -> WindowPolicy:
         c = settings.compaction
         return cls(
-            upstream=settings.upstream.base_url,
+            # Part of every key in a shared store: a key in the URL's query stays out of it.
+            upstream=redact_url(settings.upstream.base_url),
             ttl_s=c.learned_window_ttl_s,
             quorum=c.learned_window_quorum,
             interval_s=c.learned_window_interval_s,

@@ -326,3 +326,19 @@ def test_every_worker_writes_its_request_lines_up_to_its_exit(
     requests = [line for line in lines if line["logger"] == "proxy.access"]
     assert {r["request_id"] for r in requests} >= {f"w-{i}" for i in range(12)}
     assert [r.get("stream") for r in requests].count(True) == 1
+
+
+def test_uvicorn_lines_are_json_when_the_proxy_logs_json(sim_reset: str, tmp_path: Path) -> None:
+    """uvicorn's own lines (start-up, shutdown) come out as the proxy's: one JSON object each,
+    not uvicorn's text format beside them (a log collector parsing JSON drops those)."""
+    config = {"upstream": {"base_url": f"{sim_reset}/v1"}, "logging": {"format": "json"}}
+    with serve_process(tmp_path, config) as served:
+        served.process.terminate()
+        assert served.wait(timeout=30) == 0
+    lines = served.log().splitlines()
+    assert lines
+    assert [line for line in lines if not line.startswith("{")] == []
+    parsed = [orjson.loads(line) for line in lines]
+    uvicorn = {line["msg"].split(" (")[0] for line in parsed if line["logger"] == "uvicorn.error"}
+    assert "Application startup complete." in uvicorn
+    assert any(msg.startswith("Uvicorn running on") for msg in uvicorn)
