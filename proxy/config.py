@@ -115,7 +115,7 @@ class UpstreamSettings(_Section):
 class StoreSettings(_Section):
     url: str = "memory://"
     ttl_s: int = Field(7 * 24 * 3600, gt=0)
-    prefix: str = "cp"  # Redis key prefix, to share one Redis between deployments
+    prefix: str = Field("cp", pattern="^[^{}]*$")  # to share one Redis; no {}: store/keys.py
     # The embedded (memory://) store keeps at most this many sessions, least recently
     # used dropped first; each holds one summary (a few KB).
     max_sessions: int = Field(100_000, gt=0)
@@ -130,13 +130,13 @@ class StoreSettings(_Section):
     @field_validator("encryption_keys")
     @classmethod
     def _drop_empty_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
-        # "${OLD_KEY:-}" for an optional rotation key interpolates to "".
-        return [k for k in keys if k.get_secret_value()]
+        return [k for k in keys if k.get_secret_value()]  # "${OLD_KEY:-}" gives ""
 
     @model_validator(mode="after")
     def _check_url(self) -> StoreSettings:
-        if not self.url.startswith(("memory://", "redis://", "rediss://", "unix://")):
-            raise ValueError(f"unsupported store url {self.url!r} (memory://, redis://, rediss://)")
+        schemes = ("memory", "redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+        if "://" not in self.url or self.url.partition("://")[0] not in schemes:
+            raise ValueError(f"unsupported store url {self.url!r} ({'://, '.join(schemes)}://)")
         for i, key in enumerate(self.encryption_keys):
             try:
                 raw = base64.urlsafe_b64decode(key.get_secret_value().encode())

@@ -1,0 +1,165 @@
+"""Issue 23: the store on a real 3-primary Redis Cluster (``redis+cluster://``), shared by
+proxy processes; a plain ``redis://`` URL to a cluster node is refused at start-up.
+
+The store contract runs on the cluster too (tests/store/test_store_contract.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from proxy.config import Settings
+from proxy.core.session import SessionKey, tenant_of
+from proxy.errors import ConfigError
+from proxy.services import build_services
+from proxy.store import Sighting
+from proxy.store.redis import RedisStore
+from proxy.upstream.windows import window_key
+from tests.e2e.test_cli import cli, write
+from tests.e2e.test_redis import ReplicaChat, replica_config, session_info
+from tests.support.chat import FILLER, stats
+from tests.support.servers import RedisCluster
+from tests.support.snapshots import snap
+
+pytestmark = pytest.mark.redis
+
+TENANT = tenant_of("Bearer sk-tenant-a")  # ReplicaChat's default key
+
+
+def keys_by_node(cluster: RedisCluster, pattern: str = "cp:*") -> list[list[str]]:
+    """Each primary's keys matching ``pattern``, read from the node itself."""
+    out = []
+    for url in cluster.node_urls:
+        client = redis.Redis.from_url(url, socket_timeout=2)
+        try:
+            out.append(sorted(k.decode() for k in client.scan_iter(match=pattern, count=500)))
+        finally:
+            client.close()
+    return out
+
+
+def keyslot(cluster: RedisCluster, name: str) -> int:
+    client = redis.Redis.from_url(cluster.node_urls[0], socket_timeout=2)
+    try:
+        return int(client.execute_command("CLUSTER", "KEYSLOT", name))
+    finally:
+        client.close()
+
+
+def test_two_replicas_share_conversations_on_a_cluster_one_summary_per_version(
+    sim_reset: str, redis_cluster: RedisCluster, spawn_proxy: Callable[..., str]
+) -> None:
+    config = replica_config(sim_reset, redis_cluster.url)
+    config["server"] = {"admin_key": "adm-cluster"}
+    urls = [spawn_proxy(config) for _ in range(2)]
+    # Sessions whose keys fall on different primaries (checked below, not assumed).
+    sessions = [f"shared-{i}" for i in range(3)]
+    for session in sessions:
+        chat = ReplicaChat(urls, session=session)
+        chat.say(f"FACT city=lisbon-{session}")
+        for turn in range(40):
+            chat.say(f"Turn {turn}: {FILLER}")
+        assert chat.say("RECALL city") == f"city=lisbon-{session}"
+    versions = 0
+    for session in sessions:
+        info = [session_info(u, session) for u in urls]
+        assert info[0] == info[1]
+        versions += info[0]["version"]
+    # Every summarization became exactly one snapshot version, whichever replica ran it:
+    # no replica summarized on its own for want of the store.
+    summaries = stats(sim_reset)["summaries"]
+    assert summaries >= len(sessions)
+    assert versions == summaries
+    snapshots = keys_by_node(redis_cluster, "cp:snap:*")
+    assert sum(len(keys) for keys in snapshots) == len(sessions)
+    assert sum(1 for keys in snapshots if keys) >= 2  # the sessions span primaries
+    # The admin listing reads every primary.
+    listing = httpx.get(
+        f"{urls[1]}/admin/sessions", headers={"Authorization": "Bearer adm-cluster"}
+    )
+    assert listing.status_code == 200, listing.text
+    assert len(listing.json()["data"]) == len(sessions)
+    # DELETE removes a session's snapshot and sighting (one slot, one DEL).
+    gone = httpx.delete(
+        f"{urls[0]}/sessions/{sessions[0]}", headers={"Authorization": "Bearer sk-tenant-a"}
+    )
+    assert gone.status_code in (200, 204), gone.text
+    left = [k for keys in keys_by_node(redis_cluster) for k in keys if sessions[0] in k]
+    assert left == []
+
+
+async def test_a_sessions_keys_share_one_slot_and_sessions_spread_over_every_primary(
+    redis_cluster: RedisCluster,
+) -> None:
+    store = RedisStore(redis_cluster.url, ttl_s=3600)
+    try:
+        for i in range(30):
+            key = SessionKey(TENANT, f"spread-{i}", "header")
+            assert await store.save(key, snap(1, f"summary {i}"))
+            await store.note_seen(key, Sighting(messages=3, tokens=10, model="m", seen_at=1.0))
+            assert await store.acquire(key, 30) is not None
+        listed = await store.list_sessions(100)
+    finally:
+        await store.aclose()
+    by_node = keys_by_node(redis_cluster)
+    assert all(by_node), by_node  # every primary holds some
+    for i in range(30):
+        names = [n for keys in by_node for n in keys if n.rstrip("}").endswith(f":spread-{i}")]
+        assert len(names) == 3, names  # snap, seen, lock
+        assert len({keyslot(redis_cluster, n) for n in names}) == 1, names
+        assert sum(1 for keys in by_node if set(names) & set(keys)) == 1
+    assert len(listed) == 30
+
+
+async def test_check_config_reads_learned_windows_from_every_primary(
+    tmp_path: Path, redis_cluster: RedisCluster
+) -> None:
+    store = RedisStore(redis_cluster.url, ttl_s=3600)
+    try:
+        for i in range(12):
+            await store.save_window(window_key("http://up/v1", f"model-{i}"), 4096 + i, 3600)
+    finally:
+        await store.aclose()
+    assert sum(1 for keys in keys_by_node(redis_cluster, "cp:win:*") if keys) >= 2
+    out = cli("check-config", write(tmp_path, {"store": {"url": redis_cluster.url}}))
+    assert out.returncode == 0, out.stderr
+    assert "learned windows: 12" in out.stdout, out.stdout
+    for i in range(12):
+        assert f"model-{i} " in out.stdout
+
+
+def test_a_plain_redis_url_to_a_cluster_node_refuses_to_start(
+    tmp_path: Path, redis_cluster: RedisCluster
+) -> None:
+    path = write(tmp_path, {"store": {"url": redis_cluster.node_urls[0]}})
+    served = cli("serve", "--config", path, "--host", "127.0.0.1", "--port", "0")
+    assert served.returncode == 2, served.stderr
+    assert "redis+cluster://" in served.stderr
+    assert "Traceback" not in served.stderr
+    checked = cli("check-config", path)
+    assert checked.returncode == 2, checked.stdout
+    assert "redis+cluster://" in checked.stderr
+
+
+async def test_an_app_on_a_plain_redis_url_to_a_cluster_node_does_not_start(
+    redis_cluster: RedisCluster,
+) -> None:
+    """The lifespan refuses too: an app served without ``compaction-proxy serve``."""
+    settings = Settings(store={"url": redis_cluster.node_urls[1]})
+    try:
+        services = await build_services(settings)
+    except ConfigError as exc:
+        assert "redis+cluster://" in exc.message
+    else:
+        await services.aclose()
+        pytest.fail("the app started on one node of a cluster")
+
+
+def test_a_standalone_server_is_not_refused(tmp_path: Path, redis_server: Any) -> None:
+    out = cli("check-config", write(tmp_path, {"store": {"url": redis_server.url}}))
+    assert out.returncode == 0, out.stderr
