@@ -1,4 +1,4 @@
-"""store.url to a Redis client (proxy/store/connect.py): a cluster URL's startup nodes
+"""store.url to a Redis client (proxy/store/connect.py, cluster.py): a cluster URL's startup nodes
 and options, and what no cluster has refused before any connection is made."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from proxy.config import Settings
 from proxy.errors import ConfigError
-from proxy.store.connect import close_redis, open_redis, parse_cluster_url
+from proxy.store.cluster import parse_cluster_url
+from proxy.store.connect import close_redis, open_redis
 
 
 def test_a_cluster_url_names_every_startup_node() -> None:
