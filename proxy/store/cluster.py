@@ -15,7 +15,8 @@ busy, where the one-server store's pool makes it wait. A burst of turns would th
 a replica off Redis (``ResilientStore``) with nothing wrong with Redis, so calls here
 wait for one of ``places`` (each holds at most one connection per node) for up to
 ``wait_s`` instead. And the slot map is read before the first call, not by each of a
-burst of first calls at once (``QueuedCluster.place``).
+burst of first calls at once (``QueuedCluster.place``); a primary that goes down fails
+the calls to its own slots only (``_CommandTable``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
 
+from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
@@ -45,6 +47,7 @@ class QueuedCluster(RedisCluster):
 
     def __init__(self, places: int, wait_s: float, **options: Any) -> None:
         super().__init__(max_connections=places, **options)
+        self.commands_parser = _CommandTable()
         self._places = asyncio.Semaphore(places)
         self._wait_s = wait_s
 
@@ -82,6 +85,18 @@ class QueuedCluster(RedisCluster):
             return super().pipeline(transaction, shard_hint)  # refused by redis-py
         # redis-py's stubs leave an attribute abstract that its own ClusterPipeline sets.
         return _QueuedPipeline(self)  # type: ignore[abstract]
+
+
+class _CommandTable(AsyncCommandsParser):
+    """redis-py's table of commands (where each one's keys are), read once. redis-py reads
+    it again from the first primary on every refresh of the slot map: with that primary
+    down, every refresh failed, and with it every call, to the other primaries too."""
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        if not self.commands:
+            await super().initialize(node)
+        elif node is not None:
+            self.node = node
 
 
 class _QueuedPipeline(ClusterPipeline):

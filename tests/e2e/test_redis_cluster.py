@@ -16,7 +16,7 @@ import redis
 
 from proxy.config import Settings
 from proxy.core.session import SessionKey, tenant_of
-from proxy.errors import ConfigError
+from proxy.errors import ConfigError, StoreError
 from proxy.services import build_services
 from proxy.store import Sighting
 from proxy.store.redis import RedisOptions, RedisStore
@@ -24,7 +24,7 @@ from proxy.upstream.windows import window_key
 from tests.e2e.test_cli import cli, write
 from tests.e2e.test_redis import ReplicaChat, replica_config, session_info
 from tests.support.chat import FILLER, stats
-from tests.support.servers import RedisCluster
+from tests.support.servers import RedisCluster, redis_binary
 from tests.support.snapshots import snap
 
 pytestmark = pytest.mark.redis
@@ -163,6 +163,33 @@ async def test_a_burst_of_first_calls_on_a_new_client_all_succeed(
         finally:
             await store.aclose()
         assert sum(token is not None for token in tokens) == 1
+
+
+async def test_a_primary_down_fails_its_own_slots_only(tmp_path: Path) -> None:
+    """The other primaries keep serving their sessions (redis-py refreshed its slot map
+    through the dead primary and failed every call)."""
+    cluster = RedisCluster(redis_binary(), tmp_path, full_coverage=False)
+    cluster.start()
+    store = RedisStore(cluster.url, ttl_s=3600)
+    try:
+        keys = [SessionKey(TENANT, f"down-{i}", "header") for i in range(30)]
+        for key in keys:
+            assert await store.save(key, snap(1))
+        on_dead = set(keys_by_node(cluster, "cp:snap:*")[0])
+        cluster.kill_node(0)
+        served = failed = 0
+        for key in keys:
+            try:
+                assert await store.load(key) == snap(1)
+                served += 1
+            except StoreError:
+                failed += 1
+                assert f"cp:snap:{{{key.storage_key}}}" in on_dead
+        assert served == len(keys) - len(on_dead)
+        assert failed == len(on_dead) > 0
+    finally:
+        await store.aclose()
+        cluster.stop()
 
 
 def test_a_plain_redis_url_to_a_cluster_node_refuses_to_start(

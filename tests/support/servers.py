@@ -172,9 +172,11 @@ class RedisCluster:
 
     PRIMARIES = 3
 
-    def __init__(self, binary: str, workdir: Any) -> None:
+    def __init__(self, binary: str, workdir: Any, full_coverage: bool = True) -> None:
         self.binary = binary
         self.workdir = workdir
+        # no: the nodes still up keep serving their slots while one is down.
+        self.full_coverage = full_coverage
         self.ports = [free_port() for _ in range(self.PRIMARIES)]
         # Each node's cluster bus: its own free port (the default, port + 10000, may be
         # past 65535 or taken).
@@ -202,6 +204,7 @@ class RedisCluster:
             args += ["--appendonly", "no", "--protected-mode", "yes", "--dir", str(self.workdir)]
             args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
             args += ["--cluster-port", str(bus), "--cluster-node-timeout", "2000"]
+            args += ["--cluster-require-full-coverage", "yes" if self.full_coverage else "no"]
             self.processes.append(
                 subprocess.Popen(
                     [self.binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -248,6 +251,11 @@ class RedisCluster:
                 client.flushall()
             finally:
                 client.close()
+
+    def kill_node(self, index: int) -> None:
+        """Kill one node (by PID), as a crashed primary."""
+        self.processes[index].kill()
+        self.processes[index].wait(timeout=10)
 
     def stop(self) -> None:
         for process in self.processes:
