@@ -73,8 +73,9 @@ async def close_redis(client: Client) -> None:
 async def refuse_cluster_node(url: str, timeout_s: float = 2.0) -> None:
     """``ConfigError`` if ``url`` is a one-server URL and the server is a cluster node.
 
-    A server that cannot be reached is not refused: the proxy starts on local state
-    and shares once it can, as with any outage (and says so in the log)."""
+    A server that cannot be reached (or will not say) is not refused: the proxy starts
+    on local state and shares once it can, as with any outage, and logs that it could
+    not check."""
     if not url.startswith(("redis://", "rediss://", "unix://")):
         return  # memory://, or a topology whose client knows what it talks to
     client = aioredis.Redis.from_url(
@@ -83,7 +84,7 @@ async def refuse_cluster_node(url: str, timeout_s: float = 2.0) -> None:
     try:
         info = await client.info("cluster")
     except ERRORS as exc:
-        log.warning("store not reachable at start-up (%s): not checked", type(exc).__name__)
+        log.warning("store not checked at start-up (%s)", type(exc).__name__)
         return
     finally:
         await client.aclose()
