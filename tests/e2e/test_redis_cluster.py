@@ -19,6 +19,7 @@ from proxy.core.session import SessionKey, tenant_of
 from proxy.errors import ConfigError, StoreError
 from proxy.services import build_services
 from proxy.store import Sighting
+from proxy.store.connect import refuse_cluster_node
 from proxy.store.redis import RedisOptions, RedisStore
 from proxy.upstream.windows import window_key
 from tests.e2e.test_cli import cli, write
@@ -187,6 +188,30 @@ async def test_a_primary_down_fails_its_own_slots_only(tmp_path: Path) -> None:
                 assert f"cp:snap:{{{key.storage_key}}}" in on_dead
         assert served == len(keys) - len(on_dead)
         assert failed == len(on_dead) > 0
+    finally:
+        await store.aclose()
+        cluster.stop()
+
+
+async def test_a_tls_cluster_with_a_password_serves_the_store(tmp_path: Path) -> None:
+    """rediss+cluster://:password@…?ssl_ca_certs=…: TLS and AUTH on every node the client
+    finds, not only the ones named; a plain rediss:// URL to one node is refused."""
+    cluster = RedisCluster(redis_binary(), tmp_path, password="cl-secret", tls=True)
+    cluster.start()
+    assert cluster.url.startswith("rediss+cluster://:cl-secret@")
+    first_node_only = cluster.url.split(",")[0] + "?" + cluster.url.split("?")[1]
+    store = RedisStore(first_node_only, ttl_s=3600)
+    try:
+        keys = [SessionKey(TENANT, f"tls-{i}", "header") for i in range(20)]
+        for key in keys:
+            assert await store.save(key, snap(1, "over tls"))
+        assert [s and s.summary for s in await store.load_many(keys)] == ["over tls"] * 20
+        assert len(await store.list_sessions(100)) == 20
+        assert await store.delete(keys[0])
+        assert await store.ping()
+        assert all(keys_by_node(cluster))  # every primary, reached over TLS
+        with pytest.raises(ConfigError, match=r"redis\+cluster://"):
+            await refuse_cluster_node(cluster.node_urls[2])
     finally:
         await store.aclose()
         cluster.stop()

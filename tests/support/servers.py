@@ -167,23 +167,41 @@ class RedisCluster:
     x3, joined by ``redis-cli --cluster create``), killed by PID on ``stop``.
 
     ``url`` is the proxy's ``redis+cluster://`` URL naming every node; ``node_urls``
-    each node's plain ``redis://`` URL.
+    each node's plain ``redis://`` URL. With ``tls``, nodes speak TLS only (clients and
+    the cluster bus, a throwaway CA: tests.support.tls) and the URLs are ``rediss``
+    ones naming the CA; with ``password``, nodes require it and the URLs carry it.
     """
 
     PRIMARIES = 3
 
-    def __init__(self, binary: str, workdir: Any, full_coverage: bool = True) -> None:
+    def __init__(
+        self,
+        binary: str,
+        workdir: Any,
+        full_coverage: bool = True,
+        password: str = "",
+        tls: bool = False,
+    ) -> None:
+        from pathlib import Path
+
+        from tests.support.tls import make_certs
+
         self.binary = binary
         self.workdir = workdir
         # no: the nodes still up keep serving their slots while one is down.
         self.full_coverage = full_coverage
+        self.password = password
+        self.certs = make_certs(Path(workdir)) if tls else None
         self.ports = [free_port() for _ in range(self.PRIMARIES)]
         # Each node's cluster bus: its own free port (the default, port + 10000, may be
         # past 65535 or taken).
         self.bus_ports = [free_port() for _ in range(self.PRIMARIES)]
         nodes = ",".join(f"127.0.0.1:{p}" for p in self.ports)
-        self.url = f"redis+cluster://{nodes}"
-        self.node_urls = [f"redis://127.0.0.1:{p}/0" for p in self.ports]
+        scheme = "rediss" if tls else "redis"
+        auth = f":{password}@" if password else ""
+        query = f"?ssl_ca_certs={self.certs.ca}" if self.certs else ""
+        self.url = f"{scheme}+cluster://{auth}{nodes}{query}"
+        self.node_urls = [f"{scheme}://{auth}127.0.0.1:{p}/0{query}" for p in self.ports]
         self.processes: list[Any] = []
 
     def start(self, timeout_s: float = 20.0) -> None:
@@ -200,7 +218,7 @@ class RedisCluster:
         import subprocess
 
         for port, bus in zip(self.ports, self.bus_ports, strict=True):
-            args = ["--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+            args = ["--bind", "127.0.0.1", "--save", "", *self._listen(port)]
             args += ["--appendonly", "no", "--protected-mode", "yes", "--dir", str(self.workdir)]
             args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
             args += ["--cluster-port", str(bus), "--cluster-node-timeout", "2000"]
@@ -212,16 +230,31 @@ class RedisCluster:
             )
         for url in self.node_urls:
             _wait_for_ping(url, deadline)
-        cli = shutil.which("redis-cli") or "redis-cli"
+        cli = [shutil.which("redis-cli") or "redis-cli"]
+        if self.certs:
+            cli += ["--tls", "--cacert", str(self.certs.ca)]
+        if self.password:
+            cli += ["-a", self.password, "--no-auth-warning"]
         nodes = [f"127.0.0.1:{p}" for p in self.ports]
         subprocess.run(
-            [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            [*cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             timeout=max(deadline - time.monotonic(), 1),
         )
         self._wait_until_ok(deadline)
+
+    def _listen(self, port: int) -> list[str]:
+        """A node's arguments for its port, TLS and password."""
+        args = ["--port", str(port)]
+        if self.certs:
+            args = ["--port", "0", "--tls-port", str(port), "--tls-cluster", "yes"]
+            args += ["--tls-cert-file", str(self.certs.cert), "--tls-key-file", str(self.certs.key)]
+            args += ["--tls-ca-cert-file", str(self.certs.ca), "--tls-auth-clients", "no"]
+        if self.password:
+            args += ["--requirepass", self.password, "--masterauth", self.password]
+        return args
 
     def _wait_until_ok(self, deadline: float) -> None:
         """Every node says ``cluster_state:ok`` and knows every other one."""
