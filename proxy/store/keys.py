@@ -2,7 +2,8 @@
 
 ``prefix`` defaults to ``cp``; ``key`` is ``SessionKey.storage_key``,
 ``{tenant}:{h|d}:{session}``, which holds no credential and no client bytes; a window's
-key is the string it was saved under, ``windows.window_key``:
+key is the string it was saved under, ``windows.window_key``. ``{name}`` stands for a
+value, but the outer braces of ``{{key}}`` are literal (``cp:snap:{<tenant>:h:<id>}``):
 
 ```
 one server (redis://)             a cluster (redis+cluster://)
@@ -20,8 +21,8 @@ no tag.
 One server keeps the layout it always had, untagged: an upgrade finds every snapshot
 where the previous release left it and no session is summarized again, with no
 migration and no second read on each load. Moving a store from one server to a cluster
-starts it empty (as any new Redis does); the prefix of a cluster store may not hold
-braces (``StoreSettings``), which would move the tag.
+starts it empty (as any new Redis does). A prefix may not hold braces
+(``StoreSettings``): one there would move the tag.
 """
 
 from __future__ import annotations
