@@ -22,9 +22,12 @@ def _check_config(settings: Settings) -> None:
     import asyncio
 
     from proxy.services import load_models
+    from proxy.store import refuse_cluster_node
 
-    # The model table and tokenizers, built as the server's lifespan builds them.
+    # The model table and tokenizers, built as the server's lifespan builds them; a store
+    # URL naming one node of a Redis Cluster refused as serve refuses it.
     table, encoders = asyncio.run(load_models(settings))
+    asyncio.run(refuse_cluster_node(settings.store.url))
     print(f"upstream: {redact_url(settings.upstream.base_url)}")
     print(f"store:    {redact_url(settings.store.url)}")
     c = settings.compaction

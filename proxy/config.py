@@ -110,10 +110,13 @@ class UpstreamSettings(_Section):
         return self
 
 
+STORE_SCHEMES = ("memory", "redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+
+
 class StoreSettings(_Section):
     url: str = Field("memory://", repr=False)  # may hold a password: show redact_url(url)
     ttl_s: int = Field(7 * 24 * 3600, gt=0)
-    prefix: str = "cp"  # Redis key prefix, to share one Redis between deployments
+    prefix: str = Field("cp", pattern="^[^{}]*$")  # to share one Redis; no {}: store/keys.py
     # The embedded (memory://) store keeps at most this many sessions, least recently
     # used dropped first; each holds one summary (a few KB).
     max_sessions: int = Field(100_000, gt=0)
@@ -143,8 +146,8 @@ class StoreSettings(_Section):
     @model_validator(mode="after")
     def _check_url(self) -> StoreSettings:
         url = redact_url(self.url)
-        if not self.url.startswith(("memory://", "redis://", "rediss://", "unix://")):
-            raise ValueError(f"unsupported store url {url!r} (memory://, redis://, rediss://)")
+        if "://" not in self.url or self.url.partition("://")[0] not in STORE_SCHEMES:
+            raise ValueError(f"unsupported store url {url!r} ({'://, '.join(STORE_SCHEMES)}://)")
         remote = not self.url.startswith("memory://")
         if self.require_encryption and remote and not self.encryption_keys:
             raise ValueError(f"require_encryption is set and {url} has no encryption_keys")

@@ -24,7 +24,7 @@ from proxy.core.models import ModelTable
 from proxy.core.tokens import TokenCounter
 from proxy.observe.metrics import Metrics
 from proxy.observe.references import ReferenceMetrics
-from proxy.store import ItemStore, Store, build_store
+from proxy.store import ItemStore, Store, build_store, refuse_cluster_node
 from proxy.store.items import build_item_store
 from proxy.upstream.calibrate import Calibration
 from proxy.upstream.client import Upstream, UpstreamClient
@@ -90,6 +90,7 @@ async def build_services(settings: Settings) -> Services:
         opened.push_async_callback(client.aclose)
         store = build_store(settings, metrics)
         opened.push_async_callback(store.aclose)
+        await refuse_cluster_node(settings.store.url)  # an app served without serve()
         compactor = Compactor(
             settings=settings,
             store=store,

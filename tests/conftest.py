@@ -25,6 +25,7 @@ from hypothesis import settings
 
 from tests.support.servers import (
     OPEN_CLIENTS,
+    RedisCluster,
     RedisServer,
     allow_servers,
     check_server_allowed,
@@ -57,6 +58,8 @@ _SERVER_FIXTURES = frozenset(
         "start_proxy",
         "proxy",
         "redis_server",
+        "redis_cluster",
+        "redis_cluster_nodes",
         "spawn_proxy",
         "spawn_proxy_process",
         "server_runner",
@@ -140,6 +143,25 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A 3-primary Redis Cluster started once for the test session (about 2 s), killed
+    at its end; tests take it through ``redis_cluster``, which empties it first."""
+    cluster = RedisCluster(redis_binary(), tmp_path_factory.mktemp("redis-cluster"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster(redis_cluster_nodes: RedisCluster) -> RedisCluster:
+    """The session's Redis Cluster, every primary emptied for this test."""
+    redis_cluster_nodes.flush()
+    return redis_cluster_nodes
 
 
 @pytest.fixture

@@ -72,7 +72,15 @@ def uvicorn_config(
 
 
 def serve(settings: Settings) -> int:
-    """Run until SIGINT/SIGTERM, then drain (proxy.serve.shutdown); the exit status."""
+    """Run until SIGINT/SIGTERM, then drain (proxy.serve.shutdown); the exit status.
+
+    A ``store.url`` that names one node of a Redis Cluster is refused first, before any
+    worker starts (``ConfigError``: the command line prints it and exits 2)."""
+    import asyncio
+
+    from proxy.store import refuse_cluster_node
+
+    asyncio.run(refuse_cluster_node(settings.store.url))
     if settings.server.workers > 1:
         from proxy.serve.workers import run_workers
 

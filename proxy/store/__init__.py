@@ -127,8 +127,18 @@ class Store(Remote, Protocol):
         ...
 
 
+async def refuse_cluster_node(url: str) -> None:
+    """``ConfigError`` if a one-server ``url`` names a node of a Redis Cluster: start-up's
+    check (``connect.refuse_cluster_node``; redis-py is not imported for ``memory://``)."""
+    if not url.startswith("memory://"):
+        from proxy.store import connect
+
+        await connect.refuse_cluster_node(url)
+
+
 def build_store(settings: Settings, metrics: Metrics) -> Store:
-    """``memory://`` in-process; ``redis://``, ``rediss://``, ``unix://`` shared and resilient."""
+    """``memory://`` in-process; ``redis://``, ``rediss://``, ``unix://`` and
+    ``redis+cluster://`` (connect.py) shared and resilient."""
     from proxy.store.memory import MemoryStore
 
     url = settings.store.url

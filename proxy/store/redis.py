@@ -1,17 +1,7 @@
 """Snapshots in Redis, so any replica can serve any turn of a session.
 
-Key layout (``prefix`` defaults to ``cp``; ``key`` is ``SessionKey.storage_key``,
-``{tenant}:{h|d}:{session}``, which holds no credential and no client bytes;
-a window's key is the string it was saved under, ``windows.window_key``):
-
-```
-{prefix}:snap:{key}   hash  v=<version>  d=<orjson snapshot, with format version "fv">
-{prefix}:lock:{key}   string owner token, PX = lock ttl       (summarization single flight)
-{prefix}:win:{key}    string learned window in tokens, PX = ttl
-{prefix}:seen:{key}   string the session's latest Sighting (codec.py), PX = store.ttl_s
-{prefix}:health:probe string "1", PX = 10 s   (/readyz's write when no other was seen lately)
-```
-
+Which keys (one server's and a cluster's, hash-tagged per session) is ``keys.py``;
+which client a URL makes (``redis://``, ``redis+cluster://``) is ``connect.py``.
 How a snapshot becomes those bytes, encrypted or not, is ``codec.py``; the
 scripts that make each read-compare-write atomic are ``lua.py``.
 
@@ -44,8 +34,7 @@ from dataclasses import dataclass
 from hashlib import blake2b
 from typing import TYPE_CHECKING
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
@@ -62,6 +51,8 @@ from proxy.store.codec import (
     encode_snapshot,
     window_tokens,
 )
+from proxy.store.connect import ERRORS, Client, close_redis, is_cluster, open_redis
+from proxy.store.keys import KeyLayout
 
 if TYPE_CHECKING:
     from proxy.observe.metrics import Metrics
@@ -69,10 +60,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("proxy.store")
 
 _LOG_INTERVAL_S = 30.0
-# Connections to Redis per process, and how long a call waits for one when all are busy
-# (each call holds one for a millisecond or so, at most its socket timeout).
-_POOL_SIZE = 100
-_POOL_WAIT_S = 2.0
 
 
 def _wrong_type(exc: ResponseError) -> bool:
@@ -115,34 +102,21 @@ class RedisStore:
         plain = not options.require_encryption
         self._cipher = SnapshotCipher(keys, read_plaintext=plain) if keys else None
         self._ttl_ms = max(int(ttl_s * 1000), 1)
-        self._prefix = options.prefix
-        # Blocking: a call that finds every connection busy waits for one. The default
-        # pool fails it at once, and a burst of turns would take this replica off Redis
-        # (ResilientStore) with nothing wrong with Redis.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=_POOL_SIZE,
-            timeout=_POOL_WAIT_S,
-            socket_timeout=options.timeout_s,
-            socket_connect_timeout=options.timeout_s,
-            health_check_interval=30,
-            retry_on_timeout=False,
-        )
-        self._redis: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        self._redis = open_redis(url, options.timeout_s)
+        self._keys = KeyLayout(options.prefix, tagged=is_cluster(url))
         self._cas = self._redis.register_script(lua.CAS)
         self._delete_if_equal = self._redis.register_script(lua.DELETE_IF_EQUAL)
         self._discard_snapshot = self._redis.register_script(lua.DISCARD_SNAPSHOT)
         self._discard_wrong_type = self._redis.register_script(lua.DISCARD_WRONG_TYPE)
 
     @property
-    def client(self) -> aioredis.Redis:
-        """The connection pool's client, for the items kept beside (redis_items.py)."""
+    def client(self) -> Client:
+        """The connection's client, for the items kept beside (redis_items.py)."""
         return self._redis
 
-    def _k(self, kind: str, key: SessionKey | str) -> str:
-        """The Redis key; a session's is derived from ``SessionKey.storage_key`` only."""
-        name = key.storage_key if isinstance(key, SessionKey) else key
-        return f"{self._prefix}:{kind}:{name}"
+    def _k(self, kind: str, key: SessionKey) -> str:
+        """A session's Redis key, derived from ``SessionKey.storage_key`` only."""
+        return self._keys.session(kind, key)
 
     async def load(self, key: SessionKey) -> Snapshot | None:
         name = self._k("snap", key)
@@ -151,7 +125,7 @@ class RedisStore:
                 pipe.hmget(name, ["v", "d"])
                 pipe.pexpire(name, self._ttl_ms)
                 (version, raw), _ = await pipe.execute()
-        except RedisError as exc:
+        except ERRORS as exc:
             await self._load_failed(exc, "snapshot", key.log_id, name, "hash")
             return None
         return await self._decoded(key, name, version, raw)
@@ -165,7 +139,7 @@ class RedisStore:
                     pipe.hmget(name, ["v", "d"])
                     pipe.pexpire(name, self._ttl_ms)
                 replies = await pipe.execute()
-        except RedisError:  # each key its own way: a wrong type discarded, else StoreError
+        except ERRORS:  # each key its own way: a wrong type discarded, else StoreError
             return list(await asyncio.gather(*(self.load(k) for k in keys)))
         pairs = zip(keys, names, replies[::2], strict=True)
         return [await self._decoded(k, name, *reply) for k, name, reply in pairs]
@@ -186,7 +160,7 @@ class RedisStore:
             return None
 
     async def _load_failed(
-        self, exc: RedisError, kind: str, ident: str, name: str, expected: str
+        self, exc: Exception, kind: str, ident: str, name: str, expected: str
     ) -> None:
         """A load of ``name`` raised ``exc``. A value there of another Redis type than
         ``expected`` is discarded, and the load finds nothing; any other error is the
@@ -201,7 +175,7 @@ class RedisStore:
         """Count and log an unreadable value, and delete it if it is still what was read
         (``delete``: the script call that does, awaited here)."""
         # Failing to delete is harmless: the next reader tries again.
-        with contextlib.suppress(RedisError):
+        with contextlib.suppress(*ERRORS):
             await delete
         if self.metrics is not None:
             self.metrics.snapshots_unreadable.labels(kind=kind).inc()
@@ -226,26 +200,26 @@ class RedisStore:
                 keys=[self._k("snap", key)],
                 args=[snapshot.version, encode_snapshot(snapshot, self._cipher), self._ttl_ms],
             )
-        except RedisError as exc:
+        except ERRORS as exc:
             raise StoreError(f"redis save failed: {type(exc).__name__}") from exc
         return bool(done)
 
     async def delete(self, key: SessionKey) -> bool:
         try:
             return bool(await self._redis.delete(self._k("snap", key), self._k("seen", key)))
-        except RedisError as exc:
+        except ERRORS as exc:
             raise StoreError(f"redis delete failed: {type(exc).__name__}") from exc
 
     async def note_seen(self, key: SessionKey, sighting: Sighting) -> None:
         try:
             await self._redis.set(self._k("seen", key), encode_sighting(sighting), px=self._ttl_ms)
-        except RedisError as exc:
+        except ERRORS as exc:
             raise StoreError(f"redis note failed: {type(exc).__name__}") from exc
 
     async def load_seen(self, key: SessionKey) -> Sighting | None:
         try:
             raw = await self._redis.get(self._k("seen", key))
-        except RedisError as exc:
+        except ERRORS as exc:
             if isinstance(exc, ResponseError) and _wrong_type(exc):
                 return None  # not a value we wrote: the next note replaces it
             raise StoreError(f"redis seen load failed: {type(exc).__name__}") from exc
@@ -255,21 +229,21 @@ class RedisStore:
         token = secrets.token_hex(8)
         try:
             ok = await self._redis.set(self._k("lock", key), token, nx=True, px=int(ttl_s * 1000))
-        except RedisError as exc:
+        except ERRORS as exc:
             raise StoreError(f"redis lock failed: {type(exc).__name__}") from exc
         return token if ok else None
 
     async def release(self, key: SessionKey, token: str) -> None:
         try:
             await self._delete_if_equal(keys=[self._k("lock", key)], args=[token])
-        except RedisError as exc:
+        except ERRORS as exc:
             raise StoreError(f"redis unlock failed: {type(exc).__name__}") from exc
 
     async def load_window(self, key: str) -> int | None:
-        name = self._k("win", key)
+        name = self._keys.window(key)
         try:
             raw = await self._redis.get(name)
-        except RedisError as exc:
+        except ERRORS as exc:
             await self._load_failed(exc, "window", log_id(key), name, "string")
             return None
         if raw is None:
@@ -282,28 +256,28 @@ class RedisStore:
 
     async def save_window(self, key: str, tokens: int, ttl_s: float) -> None:
         try:
-            await self._redis.set(self._k("win", key), tokens, px=int(ttl_s * 1000))
-        except RedisError as exc:
+            await self._redis.set(self._keys.window(key), tokens, px=int(ttl_s * 1000))
+        except ERRORS as exc:
             raise StoreError(f"redis window save failed: {type(exc).__name__}") from exc
 
     async def list_sessions(self, limit: int) -> list[tuple[SessionKey, Snapshot]]:
-        return await scans.list_sessions(self._redis, self._k("snap", ""), self._cipher, limit)
+        return await scans.list_sessions(self._redis, self._keys, self._cipher, limit)
 
     async def learned_windows(self) -> dict[str, int]:
         """Every learned window (``windows.window_key`` -> tokens), for check-config."""
-        return await scans.learned_windows(self._redis, self._k("win", ""))
+        return await scans.learned_windows(self._redis, self._keys)
 
     async def ping(self) -> bool:
         try:
             return bool(await self._redis.ping())
-        except RedisError:
+        except ERRORS:
             return False
 
     async def probe(self) -> None:
         try:
-            await self._redis.set(self._k("health", "probe"), "1", px=10_000)
-        except RedisError as exc:
+            await self._redis.set(self._keys.probe(), "1", px=10_000)
+        except ERRORS as exc:
             raise StoreError(f"redis probe failed: {type(exc).__name__}") from exc
 
     async def aclose(self) -> None:
-        await self._redis.aclose(close_connection_pool=True)  # the pool is ours, not its
+        await close_redis(self._redis)

@@ -27,11 +27,9 @@ import time
 from collections.abc import Sequence
 from typing import cast
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
 from proxy.errors import StoreError
 from proxy.store.codec import SnapshotCipher
+from proxy.store.connect import ERRORS, Client
 from proxy.store.items import ITEMS_PER_TENANT, keepable
 
 
@@ -43,7 +41,7 @@ def item_keys(prefix: str, tenant: str, ids: Sequence[str]) -> tuple[str, list[s
 class RedisItems:
     def __init__(
         self,
-        redis: aioredis.Redis,
+        redis: Client,
         prefix: str,
         ttl_s: float,
         encryption_keys: Sequence[str] = (),
@@ -75,7 +73,7 @@ class RedisItems:
                 oldest = cast(list[tuple[bytes, float]], await self._redis.zpopmin(index, over))
                 ids = [member.decode() for member, _ in oldest]
                 await self._redis.delete(*item_keys(self._prefix, tenant, ids)[1])
-        except RedisError as exc:
+        except ERRORS as exc:
             raise StoreError(f"redis item save failed: {type(exc).__name__}") from exc
 
     async def recall_items(self, tenant: str, ids: Sequence[str]) -> list[bytes | None]:
@@ -90,7 +88,7 @@ class RedisItems:
                 pipe.zadd(index, {i: now_ms for i in ids}, xx=True)
                 pipe.pexpire(index, self._ttl_ms)
                 replies = await pipe.execute(raise_on_error=False)
-        except RedisError as exc:
+        except ERRORS as exc:
             raise StoreError(f"redis item load failed: {type(exc).__name__}") from exc
         return [self._decoded(raw) for raw in replies[: len(keys)]]
 

@@ -1,10 +1,11 @@
 """Whole-store scans of a Redis store, for the admin listing and check-config: off every
-request's path, and skipping (as a load would treat as absent) what they cannot read."""
+request's path, and skipping (as a load would treat as absent) what they cannot read.
+On a cluster a scan walks every primary (redis-py's ``scan_iter`` keeps a cursor per
+node) and each read goes to the key's own node."""
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
@@ -16,16 +17,18 @@ from proxy.store.codec import (
     decode_snapshot,
     window_tokens,
 )
+from proxy.store.connect import ERRORS, Client
+from proxy.store.keys import KeyLayout
 
 
 async def list_sessions(
-    redis: aioredis.Redis, prefix: str, cipher: SnapshotCipher | None, limit: int
+    redis: Client, keys: KeyLayout, cipher: SnapshotCipher | None, limit: int
 ) -> list[tuple[SessionKey, Snapshot]]:
-    """Up to ``limit`` readable snapshots under ``prefix`` (``{prefix}:snap:``)."""
+    """Up to ``limit`` readable snapshots of the store ``keys`` lays out."""
     out: list[tuple[SessionKey, Snapshot]] = []
     try:
-        async for name in redis.scan_iter(match=f"{prefix}*", count=500):
-            key = SessionKey.from_storage_key(name.decode()[len(prefix) :])
+        async for name in redis.scan_iter(match=f"{keys.snapshots()}*", count=500):
+            key = keys.session_of(name.decode())
             if key is None:
                 continue  # not a session key we wrote
             try:
@@ -37,13 +40,14 @@ async def list_sessions(
                 out.append((key, snapshot))
             if len(out) >= limit:
                 break
-    except RedisError as exc:
+    except ERRORS as exc:
         raise StoreError(f"redis scan failed: {type(exc).__name__}") from exc
     return out
 
 
-async def learned_windows(redis: aioredis.Redis, prefix: str) -> dict[str, int]:
-    """Every learned window under ``prefix`` (``{prefix}:win:``): its key -> tokens."""
+async def learned_windows(redis: Client, keys: KeyLayout) -> dict[str, int]:
+    """Every learned window of the store ``keys`` lays out: its key -> tokens."""
+    prefix = keys.windows()
     out: dict[str, int] = {}
     try:
         async for name in redis.scan_iter(match=f"{prefix}*", count=500):
@@ -54,6 +58,6 @@ async def learned_windows(redis: aioredis.Redis, prefix: str) -> dict[str, int]:
             tokens = window_tokens(raw) if raw is not None else None
             if tokens is not None:
                 out[name.decode()[len(prefix) :]] = tokens
-    except RedisError as exc:
+    except ERRORS as exc:
         raise StoreError(f"redis scan failed: {type(exc).__name__}") from exc
     return out

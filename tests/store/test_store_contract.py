@@ -27,6 +27,7 @@ STORES = [
     "memory",
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("resilient", marks=pytest.mark.redis),
+    pytest.param("cluster", marks=pytest.mark.redis),
 ]
 LONG_TTL = 3600.0
 SHORT_TTL = 0.05
@@ -73,6 +74,10 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
             server = request.getfixturevalue("redis_server")
             remote = RedisStore(server.url, ttl_s=ttl_s)
             store = ResilientStore(remote, MemoryStore(ttl_s=ttl_s), Metrics.create())
+        elif request.param == "cluster":
+            # A 3-primary Redis Cluster: a session's keys on one node, sessions on all.
+            cluster = request.getfixturevalue("redis_cluster")
+            store = RedisStore(cluster.url, ttl_s=ttl_s)
         else:  # pragma: no cover - a new store kind must be wired up here
             raise AssertionError(f"unknown store kind {request.param}")
         made.append(store)

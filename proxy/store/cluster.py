@@ -1,0 +1,166 @@
+"""The client of a Redis Cluster: ``redis+cluster://`` and ``rediss+cluster://`` URLs.
+
+```
+redis+cluster://[user:password@]host:port[,host:port…][/0][?option=value…]
+```
+
+Every node named is a startup node (any one reachable is enough: the client reads the
+slot map from it and follows slots as they move); credentials and query options are
+read as redis-py reads a ``redis://`` URL's, and ``rediss+`` means TLS. A cluster has
+database 0 only.
+
+The client is redis-py's asyncio ``RedisCluster``, with one change: its connection
+pools fail a call at once (``MaxConnectionsError``) when every connection to a node is
+busy, where the one-server store's pool makes it wait. A burst of turns would then take
+a replica off Redis (``ResilientStore``) with nothing wrong with Redis, so calls here
+wait for one of ``places`` (each holds at most one connection per node) for up to
+``wait_s`` instead. And the slot map is read before the first call, not by each of a
+burst of first calls at once (``QueuedCluster.place``); a primary that goes down fails
+the calls to its own slots only (``_CommandTable``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from typing import Any
+from urllib.parse import urlsplit
+
+from redis._parsers.commands import AsyncCommandsParser
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.asyncio.connection import parse_url
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from proxy.errors import ConfigError
+
+# Set while a task holds a place: a pipeline that retries a redirected command through
+# the client must not wait for a second one (it could wait on itself).
+_holding: ContextVar[bool] = ContextVar("cluster_place_held", default=False)
+
+
+class QueuedCluster(RedisCluster):
+    """``RedisCluster`` whose calls queue for a free place instead of failing at once."""
+
+    def __init__(self, places: int, wait_s: float, **options: Any) -> None:
+        super().__init__(max_connections=places, **options)
+        self.commands_parser = _CommandTable()
+        self._places = asyncio.Semaphore(places)
+        self._wait_s = wait_s
+
+    @asynccontextmanager
+    async def place(self) -> AsyncIterator[None]:
+        """Hold one place for a call; ``ConnectionError`` after waiting ``wait_s``."""
+        if _holding.get():
+            yield
+            return
+        try:
+            await asyncio.wait_for(self._places.acquire(), self._wait_s)
+        except TimeoutError:
+            raise RedisConnectionError("every connection to the cluster is busy") from None
+        held = _holding.set(True)
+        try:
+            if self._initialize:
+                # The slot map first, read once while the others wait: calls that start
+                # before it is known go to one node and draw MOVED, and every fifth
+                # MOVED makes redis-py close the connections other calls are using.
+                await self.initialize()
+            yield
+        except AttributeError as exc:
+            # A connection closed under this call by such a refresh (its writer gone).
+            raise RedisConnectionError("connection closed by a slot map refresh") from exc
+        finally:
+            _holding.reset(held)
+            self._places.release()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        async with self.place():
+            return await super().execute_command(*args, **kwargs)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
+        if shard_hint or transaction:
+            return super().pipeline(transaction, shard_hint)  # refused by redis-py
+        # redis-py's stubs leave an attribute abstract that its own ClusterPipeline sets.
+        return _QueuedPipeline(self)  # type: ignore[abstract]
+
+
+class _CommandTable(AsyncCommandsParser):
+    """redis-py's table of commands (where each one's keys are), read once. redis-py reads
+    it again from the first primary on every refresh of the slot map: with that primary
+    down, every refresh failed, and with it every call, to the other primaries too."""
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        if not self.commands:
+            await super().initialize(node)
+        elif node is not None:
+            self.node = node
+
+
+class _QueuedPipeline(ClusterPipeline):
+    def __init__(self, client: QueuedCluster) -> None:
+        super().__init__(client)
+        self._queued_client = client
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        async with self._queued_client.place():
+            return await super().execute(raise_on_error, allow_redirections)
+
+
+def open_cluster(url: str, timeout_s: float, places: int, wait_s: float) -> QueuedCluster:
+    """The client of the cluster ``url`` names, each call bounded by ``timeout_s``."""
+    nodes, options = parse_cluster_url(url)
+    try:
+        return QueuedCluster(
+            places,
+            wait_s,
+            startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            health_check_interval=30,
+            # One more try after a node fails or a slot moves (the client re-reads the
+            # slot map first), not redis-py's three with back-off: a call stays short.
+            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.05), retries=1),
+            **options,
+        )
+    except TypeError as exc:  # a query parameter no client option has
+        raise ConfigError(f"store.url: {exc}") from None
+
+
+def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """A ``redis+cluster://`` URL's startup nodes and the client options of the rest
+    (credentials, TLS, query parameters); ``ConfigError`` for one no cluster has."""
+    scheme, _, rest = url.partition("+cluster://")
+    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]  # tail: the /db and ?query
+    userinfo, at, hosts = netloc.rpartition("@")
+    nodes = [_node(part) for part in hosts.split(",") if part]
+    if not nodes:
+        raise ConfigError("store.url: redis+cluster:// names no node (host:port[,host:port…])")
+    # redis-py reads the rest (unquoting, TLS, typed query parameters) as for one node.
+    single = f"{scheme}://{userinfo}{at}{hosts.split(',')[0]}{tail}"
+    try:
+        options = dict(parse_url(single))
+    except ValueError as exc:
+        raise ConfigError(f"store.url: {exc}") from None
+    if options.pop("db", 0) not in (0, None):
+        raise ConfigError("store.url: a Redis Cluster has database 0 only (…/0 or no path)")
+    for key in ("host", "port", "path", "connection_class"):
+        options.pop(key, None)
+    if scheme == "rediss":
+        options["ssl"] = True
+    return nodes, options
+
+
+def _node(part: str) -> tuple[str, int]:
+    # urlsplit reads "[::1]:7000" and "host:7000" alike; one node at a time.
+    parsed = urlsplit(f"//{part}")
+    try:
+        port = parsed.port or 6379
+    except ValueError:
+        raise ConfigError(f"store.url: {part!r} is not host:port") from None
+    if not parsed.hostname:
+        raise ConfigError(f"store.url: {part!r} is not host:port")
+    return parsed.hostname, port
