@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -110,18 +110,15 @@ class UpstreamSettings(_Section):
         return self
 
 
-STORE_SCHEMES = ("memory", "redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
-
-
 class StoreSettings(_Section):
+    SCHEMES: ClassVar = ("memory", "redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
     url: str = Field("memory://", repr=False)  # may hold a password: show redact_url(url)
     ttl_s: int = Field(7 * 24 * 3600, gt=0)
     prefix: str = Field("cp", pattern="^[^{}]*$")  # to share one Redis; no {}: store/keys.py
     # The embedded (memory://) store keeps at most this many sessions, least recently
     # used dropped first; each holds one summary (a few KB).
     max_sessions: int = Field(100_000, gt=0)
-    # ...and at most this many of one tenant's, its own least recently used dropped
-    # first: one caller cannot push the others' sessions out.
+    # ...and this many of one tenant's, its own oldest dropped first: none crowds others out.
     max_sessions_per_tenant: int = Field(10_000, gt=0)
     # Fernet keys (`Fernet.generate_key()`); snapshots in Redis are encrypted with the first
     # and readable with any (rotation). Needs the `encryption` extra. Empty: plain JSON.
@@ -146,8 +143,8 @@ class StoreSettings(_Section):
     @model_validator(mode="after")
     def _check_url(self) -> StoreSettings:
         url = redact_url(self.url)
-        if "://" not in self.url or self.url.partition("://")[0] not in STORE_SCHEMES:
-            raise ValueError(f"unsupported store url {url!r} ({'://, '.join(STORE_SCHEMES)}://)")
+        if "://" not in self.url or self.url.partition("://")[0] not in self.SCHEMES:
+            raise ValueError(f"unsupported store url {url!r} ({'://, '.join(self.SCHEMES)}://)")
         remote = not self.url.startswith("memory://")
         if self.require_encryption and remote and not self.encryption_keys:
             raise ValueError(f"require_encryption is set and {url} has no encryption_keys")
