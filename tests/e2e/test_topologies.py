@@ -4,6 +4,7 @@ compaction with one summary per snapshot version."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable
@@ -102,7 +103,16 @@ def test_a_sentinel_failover_mid_conversation_fails_no_turn(
     assert info[0]["version"] - base_version == summaries
     assert stored_version(new) == info[0]["version"]
     errors = sum(store_errors(u) for u in urls)
-    print(f"failover: {time.monotonic() - started:.1f} s, {turn} turns, store errors {errors}")
+    total = stats(sim_reset)["summaries"]
+    print(
+        f"failover: {time.monotonic() - started:.1f} s, {turn} turns, store errors {errors}, "
+        f"{total} summaries for {info[0]['version']} versions"
+    )
+    # Lost: only what reached the old primary in the second or two before the sentinels
+    # named the new one (replication is asynchronous), one summary in each run measured.
+    # Following the sentinels only on errors lost 10 of 15 (the old primary took writes
+    # until they reconfigured it).
+    assert total - info[0]["version"] <= 3
 
 
 async def test_the_store_follows_a_failover_the_old_primary_does_not_announce(
@@ -116,7 +126,7 @@ async def test_the_store_follows_a_failover_the_old_primary_does_not_announce(
         old = sentinel_group.primary()
         assert await store.save(KEY, snap(1))
         new = sentinel_group.failover(settle=False)
-        time.sleep(sentinel.CHECK_S)
+        await asyncio.sleep(sentinel.CHECK_S)
         assert await store.save(KEY, snap(2))
         assert stored_version(new) == 2
         assert _role(old) == "master"  # not yet told: nothing made the store reconnect
