@@ -94,7 +94,8 @@ class Store(Snapshots, Sightings, LockStore, WindowStore, Protocol):
 
 
 def build_store(settings: Settings, metrics: Metrics) -> Store:
-    """``memory://`` in-process; ``redis://``, ``rediss://``, ``unix://`` shared and resilient."""
+    """``memory://`` in-process; ``redis://``, ``rediss://``, ``unix://`` and
+    ``redis[s]+sentinel://`` (``sentinel.py``) shared and resilient."""
     from proxy.store.memory import MemoryStore
 
     url = settings.store.url
