@@ -24,6 +24,7 @@ once more, to the primary the sentinels name now.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, ReadOnlyError, TimeoutError
+
+log = logging.getLogger("proxy.store")
 
 SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 DEFAULT_PORT = 26379
@@ -118,9 +121,10 @@ def sentinel_client(url: str, pool: Mapping[str, Any]) -> aioredis.Redis:
     ``pool``: the options of the standalone store's pool (size, wait, timeouts)."""
     target = parse_sentinel_url(url)
     timeouts = {k: v for k, v in pool.items() if k.startswith("socket_")}
-    manager = Sentinel(  # type: ignore[no-untyped-call]
-        target.sentinels, sentinel_kwargs={**timeouts, **target.sentinel}
-    )
+    # Each sentinel asked once: redis-py's default retries with backoff made a call wait
+    # 20 s and more when none answered (or all refused the password).
+    once = {"retry": Retry(NoBackoff(), 0), **timeouts, **target.sentinel}
+    manager = Sentinel(target.sentinels, sentinel_kwargs=once)  # type: ignore[no-untyped-call]
     connection = _SSLConnection if target.tls else _Connection
     client: aioredis.Redis = manager.master_for(
         target.service,
@@ -161,6 +165,14 @@ class _Pool(SentinelConnectionPool, BlockingConnectionPool):
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
         self._next_check = 0.0
 
+    async def get_master_address(self) -> Any:
+        before = self.master_address
+        address = await super().get_master_address()  # type: ignore[no-untyped-call]
+        if before is not None and address != before:
+            new, old = ":".join(map(str, address)), ":".join(map(str, before))
+            log.warning("store: the sentinels name a new primary, %s (was %s)", new, old)
+        return address
+
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         now = time.monotonic()
         if now >= self._next_check:
@@ -168,7 +180,7 @@ class _Pool(SentinelConnectionPool, BlockingConnectionPool):
             # Closes the idle connections when the primary moved. Sentinels unreachable:
             # the open connections go on, and a new one fails.
             with contextlib.suppress(ConnectionError, TimeoutError):
-                await self.get_master_address()  # type: ignore[no-untyped-call]
+                await self.get_master_address()
         conn = await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
         where = (conn.host, conn.port)
         if conn.is_connected and self.master_address and where != self.master_address:

@@ -116,7 +116,7 @@ def test_a_sentinel_failover_mid_conversation_fails_no_turn(
 
 
 async def test_the_store_follows_a_failover_the_old_primary_does_not_announce(
-    sentinel_group: SentinelGroup,
+    sentinel_group: SentinelGroup, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SENTINEL FAILOVER leaves the old primary up and writable until the sentinels
     reconfigure it, seconds later: a client that only reconnects on errors keeps writing
@@ -130,6 +130,8 @@ async def test_the_store_follows_a_failover_the_old_primary_does_not_announce(
         assert await store.save(KEY, snap(2))
         assert stored_version(new) == 2
         assert _role(old) == "master"  # not yet told: nothing made the store reconnect
+        moved = f"new primary, 127.0.0.1:{new.port} (was 127.0.0.1:{old.port})"
+        assert [r.levelname for r in caplog.records if moved in r.message] == ["WARNING"]
     finally:
         await store.aclose()
 
@@ -172,14 +174,32 @@ async def test_each_password_is_its_own(sentinel_shared: SentinelGroup, wrong: s
     secret = "sentinel-secret" if wrong == "sentinel" else "data-secret"
     store = RedisStore(url.replace(secret, "not-it"), ttl_s=60)
     try:
+        started = time.monotonic()
         assert not await store.ping()
         with pytest.raises(StoreError) as raised:
             await store.save(KEY, snap(1))
         assert "not-it" not in str(raised.value)
+        assert time.monotonic() - started < 1.0  # refused at once, not retried for seconds
     finally:
         await store.aclose()
     store = RedisStore(url, ttl_s=60)
     try:
         assert await store.ping()
+    finally:
+        await store.aclose()
+
+
+async def test_with_every_sentinel_down_the_connected_primary_keeps_serving(
+    sentinel_group: SentinelGroup,
+) -> None:
+    store = RedisStore(sentinel_group.url, ttl_s=60)
+    try:
+        assert await store.save(KEY, snap(1))
+        sentinel_group.stop_sentinels()
+        await asyncio.sleep(sentinel.CHECK_S)  # the next call asks them, and nobody answers
+        started = time.monotonic()
+        assert await store.save(KEY, snap(2))
+        assert await store.load(KEY) == snap(2)
+        assert time.monotonic() - started < 1.0
     finally:
         await store.aclose()

@@ -333,10 +333,13 @@ class SentinelGroup:
                 raise RuntimeError(message)
             time.sleep(0.05)
 
-    def stop(self) -> None:
+    def stop_sentinels(self) -> None:
         for process in self.sentinels:
             process.kill()
             process.wait(timeout=10)
         self.sentinels = []
+
+    def stop(self) -> None:
+        self.stop_sentinels()
         for node in self.nodes:
             node.stop()
