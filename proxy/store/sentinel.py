@@ -12,11 +12,12 @@ userinfo authenticates to the data nodes (their ``requirepass`` or ACL user), an
 (their own ``requirepass``). The other options are redis-py's ``ssl_*`` ones, for both.
 Passwords, in the userinfo or the query, are secrets: no message here repeats the URL.
 
-The client asks the sentinels for the primary when it connects, and again at most once a
-second while it is used, so a failover is followed within a second even when the old
-primary stays up and writable for a while (``SENTINEL FAILOVER`` leaves it so until the
-sentinels reconfigure it, 8-20 s later); a connection to a node that is no longer the
-primary is closed when it is next taken from the pool. A ``READONLY`` reply (the node
+The client asks the sentinels for the primary when it connects, and again at most every
+``CHECK_S`` while it is used, so a failover is followed within that of the sentinels
+naming the new primary (about 1 s after they promote it), even when the old primary stays
+up and writable (``SENTINEL FAILOVER`` leaves it so until the sentinels reconfigure it,
+8-20 s later); a connection to a node that is no longer the primary is closed when it is
+next taken from the pool. A ``READONLY`` reply (the node
 was demoted under an open connection) closes the connection and the command is sent
 once more, to the primary the sentinels name now.
 """
@@ -43,8 +44,9 @@ log = logging.getLogger("proxy.store")
 SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 DEFAULT_PORT = 26379
 FORMAT = "redis+sentinel://[user:password@]host[:port][,host[:port]…]/<service>[/db]"
-# How often a client in use asks the sentinels which node is the primary.
-CHECK_S = 1.0
+# How often a client in use asks the sentinels which node is the primary (one small
+# round trip; what reaches a former primary meanwhile is lost).
+CHECK_S = 0.5
 _SENTINEL_AUTH = {"sentinel_username": "username", "sentinel_password": "password"}
 
 
