@@ -136,27 +136,32 @@ async def test_the_store_follows_a_failover_the_old_primary_does_not_announce(
         await store.aclose()
 
 
-async def test_a_readonly_reply_sends_the_write_to_the_new_primary(
+async def test_a_readonly_reply_sends_the_command_to_the_new_primary(
     sentinel_group: SentinelGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sentinel, "CHECK_S", 3600.0)  # no look at the sentinels but on connect
-    store = RedisStore(sentinel_group.url, ttl_s=60)
+    stores = [RedisStore(sentinel_group.url, ttl_s=60) for _ in range(2)]
     try:
         old = sentinel_group.primary()
-        assert await store.save(KEY, snap(1))
+        assert await stores[0].save(KEY, snap(1))
+        assert await stores[1].load(KEY) == snap(1)
         new = sentinel_group.failover(settle=False)
-        # Demoted under the store's open connection (the sentinels would also have closed
-        # it; an operator's REPLICAOF or a managed service's switchover does not).
+        # Demoted under the stores' open connections (the sentinels would also have closed
+        # them; an operator's REPLICAOF or a managed service's switchover does not).
         client = redis.Redis(port=old.port, password=old.password)
         try:
             client.replicaof("127.0.0.1", new.port)
         finally:
             client.close()
         assert _role(old) == "slave"
-        assert await store.save(KEY, snap(2))  # no StoreError: sent again, to the primary
+        # No StoreError: each is sent again, to the primary. A script, then a pipeline
+        # (HMGET, PEXPIRE).
+        assert await stores[0].save(KEY, snap(2))
+        assert await stores[1].load(KEY) == snap(2)
         assert stored_version(new) == 2
     finally:
-        await store.aclose()
+        for store in stores:
+            await store.aclose()
 
 
 def _role(node: RedisServer) -> str:
