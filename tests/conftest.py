@@ -27,6 +27,7 @@ from tests.support.servers import (
     OPEN_CLIENTS,
     RedisServer,
     SentinelGroup,
+    TestCA,
     allow_servers,
     check_server_allowed,
     free_port,
@@ -62,6 +63,7 @@ _SERVER_FIXTURES = frozenset(
         "valkey_server",
         "sentinel_group",
         "sentinel_shared",
+        "tls_sentinel_group",
         "spawn_proxy",
         "spawn_proxy_process",
         "server_runner",
@@ -170,6 +172,18 @@ def sentinel_group(tmp_path: Path) -> Iterator[SentinelGroup]:
     group = _sentinel_group(tmp_path)
     try:
         group.start(converged=True)
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def tls_sentinel_group(tmp_path: Path) -> Iterator[SentinelGroup]:
+    """The same, every process speaking TLS only (a CA made here, in ``tmp_path``)."""
+    ca = TestCA(tmp_path)
+    group = SentinelGroup(redis_binary(), tmp_path, "data-secret", "sentinel-secret", ca)
+    try:
+        group.start()
         yield group
     finally:
         group.stop()

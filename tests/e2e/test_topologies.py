@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import redis
 
 from proxy.core.session import SessionKey
 from proxy.errors import StoreError
@@ -30,7 +29,7 @@ KEY = SessionKey("tenant", "s", "header")
 
 def stored_version(node: RedisServer) -> int:
     """The highest snapshot version on ``node`` (a session may fill several slots)."""
-    client = redis.Redis(port=node.port, password=node.password or None, socket_timeout=2)
+    client = node.client()
     try:
         versions = [int(client.hget(k, "v") or 0) for k in client.scan_iter("cp:snap:*")]
     finally:
@@ -148,7 +147,7 @@ async def test_a_readonly_reply_sends_the_command_to_the_new_primary(
         new = sentinel_group.failover(settle=False)
         # Demoted under the stores' open connections (the sentinels would also have closed
         # them; an operator's REPLICAOF or a managed service's switchover does not).
-        client = redis.Redis(port=old.port, password=old.password)
+        client = old.client()
         try:
             client.replicaof("127.0.0.1", new.port)
         finally:
@@ -165,7 +164,7 @@ async def test_a_readonly_reply_sends_the_command_to_the_new_primary(
 
 
 def _role(node: RedisServer) -> str:
-    client = redis.Redis(port=node.port, password=node.password, decode_responses=True)
+    client = node.client(decode_responses=True)
     try:
         return str(client.info("replication")["role"])
     finally:
@@ -208,3 +207,22 @@ async def test_with_every_sentinel_down_the_connected_primary_keeps_serving(
         assert time.monotonic() - started < 1.0
     finally:
         await store.aclose()
+
+
+async def test_rediss_sentinel_speaks_tls_to_the_sentinels_and_the_data_nodes(
+    tls_sentinel_group: SentinelGroup,
+) -> None:
+    url = tls_sentinel_group.url
+    store = RedisStore(url, ttl_s=60)
+    try:
+        assert await store.save(KEY, snap(1))
+        assert await store.load(KEY) == snap(1)
+        assert stored_version(tls_sentinel_group.primary()) == 1
+    finally:
+        await store.aclose()
+    # Without the CA (ssl_ca_certs) the sentinels' certificate is not trusted.
+    untrusted = RedisStore(url.partition("&ssl_ca_certs=")[0], ttl_s=60)
+    try:
+        assert not await untrusted.ping()
+    finally:
+        await untrusted.aclose()

@@ -104,16 +104,84 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class RedisServer:
-    """A real redis-server on loopback that a test may stop and start again."""
+class TestCA:
+    """A CA and a certificate it signed for 127.0.0.1, as PEM files in ``workdir``: TLS
+    for the Redis servers a test starts (clients need no certificate of their own)."""
 
-    def __init__(self, binary: str, password: str = "", args: Sequence[str] = ()) -> None:
+    def __init__(self, workdir: Any) -> None:
+        import datetime
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        now = datetime.datetime.now(datetime.UTC)
+        ca_key, key = (
+            ec.generate_private_key(ec.SECP256R1()),
+            ec.generate_private_key(ec.SECP256R1()),
+        )
+
+        def signed(subject: str, public: Any, *extensions: tuple[Any, bool]) -> Any:
+            builder = (
+                x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")]))
+                .public_key(public)
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=1))
+            )
+            for extension, critical in extensions:
+                builder = builder.add_extension(extension, critical=critical)
+            return builder.sign(ca_key, hashes.SHA256())
+
+        ca = signed("test-ca", ca_key.public_key(), (x509.BasicConstraints(True, None), True))
+        loopback = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+        cert = signed(
+            "127.0.0.1", key.public_key(), (x509.SubjectAlternativeName([loopback]), False)
+        )
+        self.ca, self.cert, self.key = (workdir / n for n in ("ca.pem", "cert.pem", "key.pem"))
+        pem = serialization.Encoding.PEM
+        self.ca.write_bytes(ca.public_bytes(pem))
+        self.cert.write_bytes(cert.public_bytes(pem))
+        self.key.write_bytes(
+            key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        )
+
+    def server_args(self) -> list[str]:
+        """redis-server's options: TLS on its port and to its primary; no client certs."""
+        files = ["--tls-cert-file", self.cert, "--tls-key-file", self.key]
+        files += ["--tls-ca-cert-file", self.ca, "--tls-auth-clients", "no"]
+        return [str(arg) for arg in files] + ["--tls-replication", "yes"]
+
+    def client_kwargs(self) -> dict[str, Any]:
+        return {"ssl": True, "ssl_ca_certs": str(self.ca)}
+
+
+class RedisServer:
+    """A real redis-server on loopback that a test may stop and start again; ``tls``:
+    TLS only, on the same port."""
+
+    def __init__(
+        self, binary: str, password: str = "", args: Sequence[str] = (), tls: TestCA | None = None
+    ) -> None:
         self.binary = binary
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
         self.password = password  # requirepass: clients must AUTH with it
         self.args = list(args)  # more redis-server options (--replicaof, --masterauth)
+        self.tls = tls
         self.process: Any = None
+
+    def client(self, **options: Any) -> Any:
+        """A redis-py client of this server (the caller closes it)."""
+        import redis
+
+        options = {"socket_timeout": 1, **(self.tls.client_kwargs() if self.tls else {}), **options}
+        password = self.password or None
+        return redis.Redis(host="127.0.0.1", port=self.port, password=password, **options)
 
     def start(self) -> None:
         import subprocess
@@ -121,7 +189,10 @@ class RedisServer:
         check_server_allowed()
         import redis
 
-        args = ["--bind", "127.0.0.1", "--port", str(self.port), "--save", ""]
+        port = ["--port", str(self.port)]
+        if self.tls:
+            port = ["--port", "0", "--tls-port", str(self.port), *self.tls.server_args()]
+        args = ["--bind", "127.0.0.1", *port, "--save", ""]
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(
@@ -129,7 +200,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis.from_url(self.url, socket_timeout=0.5, password=self.password or None)
+        client = self.client(socket_timeout=0.5)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -182,22 +253,29 @@ class SentinelGroup:
 
     ``url`` is the proxy's ``redis+sentinel://`` store URL: ``password`` (the data
     nodes' requirepass) in its userinfo, ``sentinel_password`` (the sentinels' own)
-    as a query parameter.
+    as a query parameter; with ``tls`` set, ``rediss+sentinel://``, every process
+    listening with TLS only.
     """
 
     SERVICE = "cp-test"
 
     def __init__(
-        self, binary: str, workdir: Any, password: str = "", sentinel_password: str = ""
+        self,
+        binary: str,
+        workdir: Any,
+        password: str = "",
+        sentinel_password: str = "",
+        tls: TestCA | None = None,
     ) -> None:
         self.binary = binary
+        self.tls = tls
         self.workdir = workdir  # a pathlib.Path: the sentinels rewrite their config files
         self.password = password
         self.sentinel_password = sentinel_password
         # A replica syncs at once (the default waits 5 s for more replicas to join).
         args = ["--repl-diskless-sync-delay", "0"]
         args += ["--masterauth", password] if password else []
-        self.nodes = [RedisServer(binary, password, args) for _ in range(2)]
+        self.nodes = [RedisServer(binary, password, args, tls) for _ in range(2)]
         for node in self.nodes:  # a replica writes what it syncs to disk: not to the cwd
             node.args += ["--dir", str(workdir), "--dbfilename", f"node-{node.port}.rdb"]
         replica_of = ["--replicaof", "127.0.0.1", str(self.nodes[0].port)]
@@ -209,12 +287,21 @@ class SentinelGroup:
     def url(self) -> str:
         userinfo = f":{self.password}@" if self.password else ""
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
-        query = f"?sentinel_password={self.sentinel_password}" if self.sentinel_password else ""
-        return f"redis+sentinel://{userinfo}{hosts}/{self.SERVICE}/0{query}"
+        query = [f"sentinel_password={self.sentinel_password}"] if self.sentinel_password else []
+        query += [f"ssl_ca_certs={self.tls.ca}"] if self.tls else []
+        scheme = "rediss+sentinel" if self.tls else "redis+sentinel"
+        return (
+            f"{scheme}://{userinfo}{hosts}/{self.SERVICE}/0{'?' if query else ''}{'&'.join(query)}"
+        )
 
     def _config(self, port: int) -> str:
-        lines = [
-            f"port {port}",
+        lines = [f"port {port}"]
+        if self.tls:
+            lines = ["port 0", f"tls-port {port}", "tls-auth-clients no", "tls-replication yes"]
+            tls = self.tls
+            lines += [f"tls-cert-file {tls.cert}", f"tls-key-file {tls.key}"]
+            lines += [f"tls-ca-cert-file {tls.ca}"]
+        lines += [
             "bind 127.0.0.1",
             f"dir {self.workdir}",
             f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.nodes[0].port} 2",
@@ -252,7 +339,10 @@ class SentinelGroup:
 
         port = self.sentinel_ports[index]
         password = self.sentinel_password or None
-        return redis.Redis(port=port, password=password, socket_timeout=1, decode_responses=True)
+        tls = self.tls.client_kwargs() if self.tls else {}
+        return redis.Redis(
+            "127.0.0.1", port, password=password, socket_timeout=1, decode_responses=True, **tls
+        )
 
     def _ask_each(self, ask: Any) -> list[Any]:
         import redis
@@ -279,7 +369,6 @@ class SentinelGroup:
 
     def primary(self) -> RedisServer:
         """The node every sentinel names as the primary now, and which says so itself."""
-        import redis
 
         def port(client: Any) -> int | None:
             addr = client.sentinel_get_master_addr_by_name(self.SERVICE)
@@ -289,7 +378,7 @@ class SentinelGroup:
         for node in self.nodes:
             if ports != {node.port}:
                 continue
-            client = redis.Redis(port=node.port, password=self.password or None, socket_timeout=1)
+            client = node.client()
             try:
                 if client.info("replication")["role"] == "master":
                     return node
@@ -301,7 +390,6 @@ class SentinelGroup:
         """``SENTINEL FAILOVER``; returns the new primary once the sentinels agree on it
         and it answers as a primary, and (``settle``) the old one replicates from it: the
         sentinels reconfigure it 8-20 s later, until then it is a primary nobody names."""
-        import redis
 
         old = self.primary()
         client = self.sentinel(0)
@@ -315,7 +403,7 @@ class SentinelGroup:
                 new = self.primary()
             except LookupError:
                 return False
-            demoted = redis.Redis(port=old.port, password=self.password or None)
+            demoted = old.client()
             try:
                 info = demoted.info("replication")
             finally:
