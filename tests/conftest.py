@@ -203,10 +203,7 @@ def _sentinel_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Senti
 def sentinel_shared(_sentinel_module: SentinelGroup) -> SentinelGroup:
     """The module's primary, replica and sentinels, emptied: for tests that do not fail
     it over (starting five processes per test costs a third of a second)."""
-    import redis
-
-    primary = _sentinel_module.primary()
-    client = redis.Redis(port=primary.port, password=primary.password, socket_timeout=2)
+    client = _sentinel_module.primary().client()
     try:
         client.flushall()
     finally:
