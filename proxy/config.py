@@ -11,6 +11,7 @@ errors that name the key.
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -71,8 +72,7 @@ class ServerSettings(_Section):
     # refused; then requests in flight have shutdown_timeout_s to finish, the rest is ended.
     drain_delay_s: float = Field(0.0, ge=0)
     shutdown_timeout_s: float = Field(30.0, ge=0)
-    # Worker processes sharing the port. Each has its own memory:// store: beyond one,
-    # use Redis so every worker sees every session.
+    # Worker processes sharing the port. Each has its own memory:// store: beyond one, Redis.
     workers: int = Field(1, ge=1)
     # Request bodies this worker holds at once, until each request ends; one beyond gets
     # a 503 with Retry-After, unread. None: 4 x max_body_bytes, never below max_body_bytes.
@@ -111,12 +111,11 @@ class UpstreamSettings(_Section):
 
 
 class StoreSettings(_Section):
-    SCHEMES: ClassVar = ("memory", "redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+    SCHEMES: ClassVar = "memory, unix, redis[s], redis[s]+cluster, redis[s]+sentinel"
     url: str = Field("memory://", repr=False)  # may hold a password: show redact_url(url)
     ttl_s: int = Field(7 * 24 * 3600, gt=0)
     prefix: str = Field("cp", pattern="^[^{}]*$")  # to share one Redis; no {}: store/keys.py
-    # The embedded (memory://) store keeps at most this many sessions, least recently
-    # used dropped first; each holds one summary (a few KB).
+    # The embedded (memory://) store keeps at most this many sessions, oldest used out first.
     max_sessions: int = Field(100_000, gt=0)
     # ...and this many of one tenant's, its own oldest dropped first: none crowds others out.
     max_sessions_per_tenant: int = Field(10_000, gt=0)
@@ -143,8 +142,8 @@ class StoreSettings(_Section):
     @model_validator(mode="after")
     def _check_url(self) -> StoreSettings:
         url = redact_url(self.url)
-        if "://" not in self.url or self.url.partition("://")[0] not in self.SCHEMES:
-            raise ValueError(f"unsupported store url {url!r} ({'://, '.join(self.SCHEMES)}://)")
+        if not re.match(r"(memory|unix|rediss?(\+cluster|\+sentinel)?)://", self.url):
+            raise ValueError(f"unsupported store url {url!r} (schemes: {self.SCHEMES})")
         remote = not self.url.startswith("memory://")
         if self.require_encryption and remote and not self.encryption_keys:
             raise ValueError(f"require_encryption is set and {url} has no encryption_keys")

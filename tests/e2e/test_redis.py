@@ -11,7 +11,6 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
-import openai
 import orjson
 import pytest
 import redis
@@ -28,7 +27,8 @@ from proxy.store import Snapshot
 from proxy.store.redis import RedisOptions, RedisStore
 from tests.support.chat import FILLER, WINDOW, Chat, stats
 from tests.support.redis_relay import CountingRelay
-from tests.support.servers import OPEN_CLIENTS, RedisServer
+from tests.support.replicas import ReplicaChat, replica_config, session_info
+from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -36,38 +36,6 @@ pytestmark = pytest.mark.redis
 def key(name: str) -> SessionKey:
     """A session key whose Redis names are ``cp:{snap|lock}:tenant:h:{name}``."""
     return SessionKey("tenant", name, "header")
-
-
-def replica_config(sim: str, redis_url: str) -> dict[str, Any]:
-    return {
-        "upstream": {"base_url": f"{sim}/v1"},
-        "store": {"url": redis_url},
-        "models": [{"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": 256}],
-        "compaction": {"summary_max_tokens": 400, "precompact_ratio": None},
-    }
-
-
-class ReplicaChat(Chat):
-    """Alternates its turns between several proxy replicas."""
-
-    def __init__(self, urls: list[str], **kw: Any) -> None:
-        super().__init__(urls[0], **kw)
-        self.clients = [
-            openai.OpenAI(base_url=f"{u}/v1", api_key=self.key, max_retries=0) for u in urls
-        ]
-        OPEN_CLIENTS.extend(self.clients)
-        self.turn = 0
-
-    def send(self, **extra: Any) -> Any:
-        self.client = self.clients[self.turn % len(self.clients)]
-        self.turn += 1
-        return super().send(**extra)
-
-
-def session_info(url: str, session: str, key: str = "sk-tenant-a") -> dict[str, Any]:
-    r = httpx.get(f"{url}/sessions/{session}", headers={"Authorization": f"Bearer {key}"})
-    assert r.status_code == 200, r.text
-    return dict(r.json())
 
 
 def test_two_replicas_share_one_conversation(

