@@ -190,6 +190,7 @@ WRONG_VALUES: dict[str, tuple[dict[str, Any], str]] = {
         {"redis": {"bundled": {"enabled": True}, "external": {"url": "redis://r:6379/0"}}},
         "not both",
     ),
+    "external-url-not-redis": ({"redis": {"external": {"url": "http://r:6379"}}}, "url"),
     "store-url-and-redis": (
         {"redis": {"bundled": {"enabled": True}}, "config": {"store": {"url": "redis://x/0"}}},
         "config.store.url",
@@ -204,6 +205,24 @@ def test_wrong_values_fail_to_render(helm: Helm, tmp_path: Path, case: str) -> N
     done = helm.template(_write(tmp_path / "values.yaml", values))
     assert done.returncode != 0, done.stdout[:500]
     assert message in done.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+cluster://:pw@r-0:6379,r-1:6379,r-2:6379",
+        "rediss+cluster://r-0:6379",
+        "redis+sentinel://:pw@s-0:26379,s-1:26379/cp?sentinel_password=spw",
+        "rediss+sentinel://s-0:26379/cp/0",
+    ],
+)
+def test_cluster_and_sentinel_urls_are_external_stores(helm: Helm, url: str) -> None:
+    """The chart's schema takes every topology the proxy does (README "Many replicas"),
+    and the URL, password and all, goes to the Secret: the ConfigMap names it."""
+    docs = helm.render(sets={"redis.external.url": url})
+    config = yaml.safe_load(_config(docs))
+    assert config["store"]["url"] == "${COMPACTION_PROXY_STORE_URL}"
 
 
 @pytest.mark.e2e
