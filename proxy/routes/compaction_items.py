@@ -237,12 +237,16 @@ def _pinned(message: ChatMessage) -> bool:
 
 
 def user_messages(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The input's user messages, as ``/responses/compact`` lists them first."""
-    return [
-        item
-        for item in items
-        if item.get("type", "message") == "message" and item.get("role") == "user"
-    ]
+    """The input's user messages, as ``/responses/compact`` lists them first: message
+    items, their text as ``input_text`` parts."""
+    out = []
+    for item in items:
+        if item.get("type", "message") == "message" and item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, str):
+                content = [{"type": "input_text", "text": content}]
+            out.append({**item, "type": "message", "content": content})
+    return out
 
 
 def created_at() -> int:
