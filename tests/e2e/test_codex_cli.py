@@ -19,14 +19,13 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from proxy.core.wording import HANDOFF_INTRO
 from tests.support.chat import chat_requests, stats
 from tests.support.servers import proxy_settings
 
 VERSION = "0.169.0"
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / f"codex-{VERSION}"
+PACKAGE = f"@openai/codex@{VERSION}"
 _TIMEOUT_S = 120
 
 
@@ -39,8 +38,7 @@ def _codex() -> Path:
     found = sorted(vendor.glob("codex-*/vendor/*/bin/codex"))
     if not found:
         subprocess.run(
-            [npm, "install", "--prefix", str(CACHE), "--no-audit", "--no-fund"]
-            + [f"@openai/codex@{VERSION}"],
+            [npm, "install", "--prefix", str(CACHE), "--no-audit", "--no-fund", PACKAGE],
             check=True,
             timeout=300,
             capture_output=True,

@@ -89,20 +89,23 @@ def test_a_trigger_is_answered_by_the_proxy_and_the_item_expands_later(
         with api.responses.stream(model=MODEL, input=[*history(), TRIGGER]) as events:
             kinds = [event.type for event in events]
             response = events.get_final_response()
-        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        assert kinds[0] == "response.created"
+        assert kinds[-1] == "response.completed"
     else:
         response = api.responses.create(model=MODEL, input=[*history(), TRIGGER])
     assert [item.type for item in response.output] == ["compaction"]
     item = response.output[0].model_dump(exclude_none=True, warnings=False)
     assert item["encrypted_content"].startswith("cps1.")  # signed here, not the upstream's
     assert _upstream_inputs(sim_reset) == []  # no generation upstream: the proxy's answer
-    assert stats(sim_reset)["summaries"] >= 1 and stats(sim_reset)["compactions"] == 0
+    assert stats(sim_reset)["summaries"] >= 1
+    assert stats(sim_reset)["compactions"] == 0
 
     assert _recall(api, [item]) == "code=k7q2"
     (sent,) = _upstream_inputs(sim_reset)
     assert all(i.get("type") != "compaction" for i in sent)  # expanded for the upstream
     texts = " ".join(str(i.get("content")) for i in sent)
-    assert "FACT code=k7q2" in texts and "Turn 0:" not in texts  # from the summary
+    assert "FACT code=k7q2" in texts  # from the summary:
+    assert "Turn 0:" not in texts  # the turn that planted it is not sent
     assert len(sent) < 2 * TURNS  # the compacted view, not the history
     assert stats(sim_reset)["rejected_structure"] == 0
 
@@ -177,15 +180,22 @@ def test_passthrough_the_upstream_compacts_and_reads_its_own_item(
     passing: str, sim_reset: str
 ) -> None:
     api = client(passing)
-    response = api.responses.create(model=MODEL, input=[*history(), TRIGGER])
+    raw = api.responses.with_raw_response.create(model=MODEL, input=[*history(), TRIGGER])
+    assert raw.headers["x-compaction-status"] == "bypassed"  # never compacted here too
+    response = raw.parse()
     assert [item.type for item in response.output] == ["compaction"]
     item = response.output[0].model_dump(exclude_none=True, warnings=False)
     assert not item["encrypted_content"].startswith("cps1.")  # the upstream's
-    assert stats(sim_reset)["compactions"] == 1 and stats(sim_reset)["summaries"] == 0
+    assert stats(sim_reset)["compactions"] == 1
+    assert stats(sim_reset)["summaries"] == 0
     (sent,) = _upstream_inputs(sim_reset)
     assert sent[-1] == TRIGGER  # forwarded as it came
 
-    assert _recall(api, [item]) == "code=k7q2"  # the upstream expands its own item
+    carried = api.responses.with_raw_response.create(
+        model=MODEL, input=[item, {"role": "user", "content": "RECALL code"}]
+    )
+    assert carried.headers["x-compaction-status"] == "bypassed"
+    assert carried.parse().output_text == "code=k7q2"  # the upstream expands its own item
     assert _upstream_inputs(sim_reset)[-1][0]["type"] == "compaction"
 
     compacted = api.responses.compact(model=MODEL, input=history())
@@ -193,21 +203,8 @@ def test_passthrough_the_upstream_compacts_and_reads_its_own_item(
     assert stats(sim_reset)["compactions"] == 2
     with pytest.raises(openai.BadRequestError) as caught:  # the upstream's own 400
         api.responses.create(model=MODEL, input=[TRIGGER, {"role": "user", "content": "hi"}])
-    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "input[0]"
-
-
-def test_auto_passes_through_only_for_api_openai_com() -> None:
-    from proxy.config import Settings
-    from proxy.routes.compaction_items import passes_through
-
-    def mode(url: str, compaction: str = "auto") -> bool:
-        return passes_through(Settings(upstream={"base_url": url, "compaction": compaction}))
-
-    assert mode("https://api.openai.com/v1")
-    assert not mode("http://127.0.0.1:8000/v1")
-    assert not mode("https://api.openai.com.example.net/v1")
-    assert mode("http://vllm:8000/v1", "passthrough")
-    assert not mode("https://api.openai.com/v1", "proxy")
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["param"] == "input[0]"
 
 
 def test_the_simulator_refuses_an_item_it_did_not_write(sim_reset: str) -> None:
