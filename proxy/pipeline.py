@@ -83,7 +83,7 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     url = upstream_url(settings.upstream.base_url, api.path, b"")
     kept = OutputItems(services.items, tenant) if api.keeps_items else None
     route = Route(api, url, headers, body, data, items=kept)
-    if api.untouched(data, control) or deal.untouched:  # no session, no recovery
+    if deal.answer is None and (api.untouched(data, control) or deal.untouched):
         bypassed = Outcome.bypassed(body, window)
         return await forward(services, request, route, Attempt(body, bypassed), None)
     read = refs.Resolved(chat)  # items named by reference, read as the ones the proxy relayed

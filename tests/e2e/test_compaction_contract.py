@@ -110,6 +110,17 @@ def test_a_trigger_is_answered_by_the_proxy_and_the_item_expands_later(
     assert stats(sim_reset)["rejected_structure"] == 0
 
 
+def test_a_trigger_under_compaction_off_is_still_the_proxys_to_answer(
+    proxied: str, sim_reset: str
+) -> None:
+    """``X-Compaction: off`` bypasses compaction, but the upstream cannot answer a trigger:
+    the client asked for a compaction item, and gets one."""
+    api = client(proxied).with_options(default_headers={"X-Compaction": "off"})
+    response = api.responses.create(model=MODEL, input=[*history(), TRIGGER])
+    assert [item.type for item in response.output] == ["compaction"]
+    assert stats(sim_reset)["requests"] == stats(sim_reset)["summaries"]  # none but those
+
+
 def test_responses_compact_is_answered_by_the_proxy(proxied: str, sim_reset: str) -> None:
     api = client(proxied)
     compacted = api.responses.compact(model=MODEL, input=history())
