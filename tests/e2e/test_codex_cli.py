@@ -19,6 +19,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from proxy.core.wording import HANDOFF_INTRO
 from tests.support.chat import chat_requests, stats
 from tests.support.servers import proxy_settings
@@ -72,11 +74,15 @@ def _config(home: Path, proxy: str) -> None:
     )
 
 
+@pytest.mark.parametrize("mode", ["auto", "passthrough"])
 def test_codex_exec_compacts_remotely_through_the_proxy(
-    sim_reset: str, start_proxy: Callable[..., str], tmp_path: Path
+    sim_reset: str, start_proxy: Callable[..., str], tmp_path: Path, mode: str
 ) -> None:
+    """``auto`` (the simulator is no OpenAI): the proxy answers the trigger; with
+    ``passthrough`` the simulator does, as api.openai.com would."""
     codex = _codex()
-    settings = proxy_settings(sim_reset, compaction={"force_interval_s": 0})
+    upstream = {"compaction": mode}
+    settings = proxy_settings(sim_reset, upstream=upstream, compaction={"force_interval_s": 0})
     proxy = start_proxy(settings)
     home, work = tmp_path / "codex-home", tmp_path / "work"
     _config(home, proxy)
@@ -103,10 +109,17 @@ def test_codex_exec_compacts_remotely_through_the_proxy(
     assert "context compacted" in transcript
     assert answer.strip() == "code=k7q2"
     inputs = [r["body"]["input"] for r in chat_requests(sim_reset)]
+    after = inputs[-1]
+    assert stats(sim_reset)["rejected_structure"] == 0
+    if mode == "passthrough":  # the trigger went upstream; its item came back there
+        assert len(inputs) == 3
+        assert inputs[1][-1] == {"type": "compaction_trigger"}
+        assert stats(sim_reset)["compactions"] == 1
+        assert any(item.get("type") == "compaction" for item in after)
+        return
     assert len(inputs) == 2  # the two turns; the trigger was the proxy's to answer
     assert all(item.get("type") != "compaction_trigger" for items in inputs for item in items)
-    after = inputs[-1]
     assert all(item.get("type") != "compaction" for item in after)  # expanded
     assert any(HANDOFF_INTRO in str(item.get("content")) for item in after)
     assert stats(sim_reset)["summaries"] >= 1
-    assert stats(sim_reset)["rejected_structure"] == 0
+    assert stats(sim_reset)["compactions"] == 0
