@@ -32,7 +32,7 @@ log = logging.getLogger("proxy.app")
 
 # The APIs the proxy compacts (routes/: a module each), each served at /v1/ and its
 # path upstream: a new one is one more entry.
-APIS = (chat.CHAT, responses.RESPONSES)
+APIS = (chat.CHAT, responses.RESPONSES, responses.RESPONSES_COMPACT)
 # Routes whose every answer says what the upstream saw (X-Compaction-*), errors included.
 _COMPACTION_ROUTES = frozenset(api.name for api in APIS)
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

@@ -1,11 +1,10 @@
 """Settings: one YAML file, environment overrides, validated once at start-up.
 
-Precedence, highest first: values passed to ``Settings(...)`` (tests),
-environment variables (``PROXY_`` prefix, ``__`` between nested keys, e.g.
-``PROXY_STORE__URL``), the YAML file, then the defaults below. Strings in the
-YAML may reference the environment as ``${VAR}`` or ``${VAR:-default}`` so
-secrets stay out of the file (config_file.py reads it). Unknown keys are
-errors that name the key.
+Precedence, highest first: values passed to ``Settings(...)`` (tests), environment
+variables (``PROXY_`` prefix, ``__`` between nested keys, e.g. ``PROXY_STORE__URL``), the
+YAML file, then the defaults below. Strings in the YAML may reference the environment as
+``${VAR}`` or ``${VAR:-default}`` so secrets stay out of the file (config_file.py reads
+it). Unknown keys are errors that name the key.
 """
 
 from __future__ import annotations
@@ -98,6 +97,9 @@ class UpstreamSettings(_Section):
     # The API the summary calls use: "chat" (/chat/completions) or "responses"
     # (/responses), for an upstream that serves only the Responses API.
     summarizer_api: Literal["chat", "responses"] = "chat"
+    # OpenAI's compaction contract (compaction_trigger, /responses/compact): "passthrough"
+    # to the upstream, "proxy" compacts here; "auto": passthrough for api.openai.com only.
+    compaction: Literal["auto", "passthrough", "proxy"] = "auto"
     # With api_key set, the caller's own credential and origin headers (x-api-key,
     # api-key, OpenAI-Organization, OpenAI-Project, Forwarded, X-Forwarded-*, X-Real-IP)
     # stay here, off the proxy's key, except those named here (Authorization never goes).
@@ -287,10 +289,8 @@ class Settings(BaseSettings):
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
-    """Build Settings from an optional YAML file plus the environment.
-
-    Raises ConfigError with a message naming every bad key.
-    """
+    """Settings from an optional YAML file plus the environment; raises ConfigError with a
+    message naming every bad key."""
     data = {} if path is None else read_config_file(path)
     with yaml_values(data):
         try:

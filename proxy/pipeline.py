@@ -73,6 +73,8 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     else:
         data, chat = api.parse(body, *limits)
     tenant = tenant_from_headers(request.headers)
+    deal = api.contract(body, data, chat, tenant, settings)  # its own compaction contract
+    body, data, chat = deal.body, deal.data, deal.chat
     model = await effective_model(services, chat["model"], tenant)  # 2.
     window = model.context_window
     record.note_request(model.name, tenant, stream=bool(chat.get("stream")), window=window)
@@ -81,7 +83,7 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     url = upstream_url(settings.upstream.base_url, api.path, b"")
     kept = OutputItems(services.items, tenant) if api.keeps_items else None
     route = Route(api, url, headers, body, data, items=kept)
-    if api.untouched(data, control):  # no history in sight: no session, no recovery
+    if deal.answer is None and (api.untouched(data, control) or deal.untouched):
         bypassed = Outcome.bypassed(body, window)
         return await forward(services, request, route, Attempt(body, bypassed), None)
     read = refs.Resolved(chat)  # items named by reference, read as the ones the proxy relayed
@@ -100,13 +102,16 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         unresolved=read.unresolved,
     )
     record.note_turn(turn)
+    if deal.answer is not None:  # a compaction the client asked for: the proxy answers it
+        return await deal.answer(turn, (await compacted_view(services, turn, force=True))[0])
     follow_ups: tuple[FollowUp, ...] = ()  # to start once the answer is out, in order
     if control == "off":
         outcome = Outcome.bypassed(body, window)
     elif not settings.compaction.enabled or not chat["messages"]:
         outcome = Outcome.passthrough(body, window)
     else:  # 3-8, in the order 5, 3, 4, 6, 7-8: session_of (3) reads what 5 counted
-        outcome, later = await compacted_view(services, turn, force=control == "force")
+        forced = control == "force" or deal.force
+        outcome, later = await compacted_view(services, turn, force=forced)
         noted = services.sightings.note(turn, outcome)  # for GET /sessions/{id}, first
         follow_ups = later if noted is None else (noted, *later)
     # Nothing to compact harder without a message (a Responses call with an empty input).

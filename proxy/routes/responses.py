@@ -27,6 +27,8 @@ compacts harder against the learned window and retries once; a too-large
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
+from functools import partial
 from typing import Any, cast
 
 import orjson
@@ -34,13 +36,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy import pipeline
+from proxy.config import Settings
 from proxy.core.outcome import Outcome
 from proxy.errors import InvalidRequest
+from proxy.routes.compaction_answers import answer
+from proxy.routes.compaction_items import admit
 from proxy.routes.items import Item, references, to_items, to_messages
 from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request
 from proxy.services import Services
 from proxy.types import ChatRequest
-from proxy.upstream.api import Api
+from proxy.upstream.api import Api, Contract
 from proxy.upstream.calibrate import find_input_tokens
 from proxy.upstream.overflow import Overflow
 from proxy.upstream.stream_head import error_event
@@ -145,6 +150,33 @@ def _stream_error(error: dict[str, Any]) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
+def _contract(compact: bool) -> Any:
+    """OpenAI's compaction contract (compaction_items.py) for ``/responses``, or for
+    ``/responses/compact`` when ``compact``."""
+
+    def contract(
+        body: bytes, data: dict[str, Any], chat: ChatRequest, tenant: str, settings: Settings
+    ) -> Contract:
+        admitted = admit(data, tenant, settings, compact)
+        if not admitted.changed:
+            return Contract(body, data, chat, untouched=admitted.untouched)
+        new = admitted.data
+        if admitted.local is not None and any(new.get(key) for key in _CHAINED):
+            raise InvalidRequest(
+                "This proxy compacts only a conversation sent whole: not one chained with "
+                "'previous_response_id' or 'conversation' (upstream.compaction: proxy).",
+                param="previous_response_id",
+            )
+        if admitted.local is not None and not new.get("input"):
+            raise InvalidRequest("Invalid 'input': nothing to compact.", param="input")
+        # context_management's threshold, against the body's size (a rough token estimate)
+        force = admitted.threshold is not None and len(body) // 4 > admitted.threshold
+        reply = None if admitted.local is None else partial(answer, admitted.local, new, settings)
+        return Contract(orjson.dumps(new), new, chat_view(new), force=force, answer=reply)
+
+    return contract
+
+
 RESPONSES = Api(
     name="responses",
     path="responses",
@@ -158,4 +190,9 @@ RESPONSES = Api(
     references=lambda data: references(data.get("input")),
     resolved=chat_view,
     keeps_items=True,
+    contract=_contract(compact=False),
+)
+# POST /v1/responses/compact: the upstream's (passthrough), else the proxy's own answer.
+RESPONSES_COMPACT = replace(
+    RESPONSES, name="responses_compact", path="responses/compact", contract=_contract(True)
 )

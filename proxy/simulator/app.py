@@ -50,7 +50,7 @@ from proxy.simulator.non_chat import embeddings_body, legacy_completion_body, mo
 from proxy.simulator.overrides import Overrides, read_overrides
 from proxy.simulator.recorder import Counter, Recorder
 from proxy.simulator.replies import Ask, Voice, build_reply
-from proxy.simulator.responses import StoredResponses, responses_route
+from proxy.simulator.responses import StoredResponses, compact_route, responses_route
 from proxy.simulator.stream import once, sse_events, with_thinking
 from proxy.simulator.validate import (
     check_alternation,
@@ -333,6 +333,7 @@ def create_simulator_app(config: SimulatorConfig) -> Starlette:
     routes = [
         Route("/v1/chat/completions", _chat_route(sim), methods=["POST"]),
         Route("/v1/responses", responses_route(sim), methods=["POST"]),
+        Route("/v1/responses/compact", compact_route(sim), methods=["POST"]),
         *_non_chat_routes(sim),
         *_observability_routes(sim),
     ]

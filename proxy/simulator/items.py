@@ -38,7 +38,7 @@ def seal(text: str) -> str:
     return base64.b64encode(payload).decode() + "." + tag
 
 
-def _unsealed(content: str) -> str | None:
+def unsealed(content: str) -> str | None:
     payload, _, tag = content.rpartition(".")
     try:
         raw = base64.b64decode(payload, validate=True)
@@ -66,7 +66,7 @@ def check_items(items: list[Any]) -> list[dict[str, Any]]:
         if kind == "reasoning":
             reasoning = str(item.get("id", ""))
             content = item.get("encrypted_content")
-            if content is not None and (not isinstance(content, str) or not _unsealed(content)):
+            if content is not None and (not isinstance(content, str) or not unsealed(content)):
                 raise _structure(
                     f"The encrypted content for item {reasoning} could not be verified.",
                     code="invalid_encrypted_content",
@@ -165,5 +165,5 @@ def reasoning_tokens(items: list[dict[str, Any]], counter: PromptCounter) -> int
     total = 0
     for item in items:
         if item.get("type") == "reasoning" and isinstance(item.get("encrypted_content"), str):
-            total += counter.text(_unsealed(item["encrypted_content"]) or "")
+            total += counter.text(unsealed(item["encrypted_content"]) or "")
     return total

@@ -22,6 +22,7 @@ Counter = Literal[
     "streams_abandoned",
     "calls_abandoned",
     "slot_waits",  # requests that queued for a slot (config.slots)
+    "compactions",  # compaction items written (compaction_trigger, /responses/compact...)
 ]
 COUNTERS: tuple[Counter, ...] = get_args(Counter)
 

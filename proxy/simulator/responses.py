@@ -34,6 +34,14 @@ from cachetools import LRUCache
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from proxy.simulator.compaction import (
+    compact_threshold,
+    compaction_item,
+    expand,
+    take_trigger,
+    user_messages,
+)
+from proxy.simulator.completion import CREATED
 from proxy.simulator.errors import (
     ErrorInfo,
     SimError,
@@ -133,6 +141,57 @@ def responses_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:
     return responses
 
 
+def compact_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /v1/responses/compact``: the conversation (``input``, after a stored
+    response's items for ``previous_response_id``) as its user messages and one
+    ``compaction`` item carrying the simulator's summary (compaction.py)."""
+
+    async def compact(request: Request) -> Response:
+        sim.recorder.bump("requests")
+        try:
+            raw = await request.body()
+            body = parse_json_object(raw)
+            sim.recorder.record(request.headers, raw)
+            overrides = read_overrides(request.headers)
+            model = body.get("model")
+            if overrides.fail is not None:
+                raise simulated_failure(overrides.fail, str(model or ""))
+            if not isinstance(model, str) or not model:
+                raise missing_parameter("model")
+            items = check_items(expand(_conversation(sim, body)))
+            profile = overrides.apply(sim.profile(model))
+            counter = sim.counter(profile)
+            messages = chat_messages(body.get("instructions"), items)
+            total = counter.prompt({"messages": messages}, profile.tool_format).total
+            seed = hashlib.blake2b(orjson.dumps((model, items)), digest_size=16).digest()
+            voice = Voice(counter.encoder, sim.config.reply_tokens, profile.summary_style)
+            budget = max(profile.max_output_tokens, 1)
+            summary = build_reply({}, messages, Ask(seed, budget, True), voice)
+            sim.recorder.bump("compactions")
+            tag = seed.hex()[:24]
+            used = summary.completion_tokens
+            compacted = {
+                "id": f"resp_{tag}",
+                "object": "response.compaction",
+                "created_at": CREATED,
+                "output": [*user_messages(items, tag), compaction_item(tag, summary.content or "")],
+                "usage": {
+                    "input_tokens": total,
+                    "input_tokens_details": {"cached_tokens": 0},
+                    "output_tokens": used,
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": total + used,
+                },
+            }
+            return Response(orjson.dumps(compacted), media_type="application/json")
+        except SimError as err:
+            if err.kind in _COUNTED:
+                sim.recorder.bump(_COUNTED[err.kind])
+            return Response(err.body, err.status, headers=err.headers, media_type=err.content_type)
+
+    return compact
+
+
 def _in_stream(request: Request) -> bool:
     try:
         return bool(read_overrides(request.headers).errors_in_stream)
@@ -147,7 +206,9 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any]) -> Res
         raise simulated_failure(overrides.fail, str(model or ""))
     if not isinstance(model, str) or not model:
         raise missing_parameter("model")
-    items = check_items(_conversation(sim, body))
+    items, trigger = take_trigger(_conversation(sim, body))
+    threshold = compact_threshold(body)
+    items = check_items(expand(items))
     profile = overrides.apply(sim.profile(model))
     asked = _max_output(body)
     if asked is not None and asked > profile.max_output_tokens:
@@ -171,22 +232,37 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any]) -> Res
         )
     summarize = request.headers.get("x-compaction-purpose", "").lower() == "summarize"
     seed = hashlib.blake2b(
-        orjson.dumps((model, body.get("instructions"), items, tools, summarize)), digest_size=16
+        orjson.dumps((model, body.get("instructions"), items, tools, summarize, trigger)),
+        digest_size=16,
     ).digest()
-    reply = build_reply(
-        {"tools": [_chat_tool(t) for t in tools if isinstance(t, dict)]},
-        messages or [{"role": "user", "content": ""}],
-        Ask(seed, max(min(asked or profile.max_output_tokens, window - total), 0), summarize),
-        Voice(
-            counter.encoder, sim.config.reply_tokens, profile.summary_style, profile.summary_forgets
-        ),
+    voice = Voice(
+        counter.encoder, sim.config.reply_tokens, profile.summary_style, profile.summary_forgets
+    )
+    budget = max(min(asked or profile.max_output_tokens, window - total), 0)
+    shown = messages or [{"role": "user", "content": ""}]
+    # A compaction_trigger, or a prompt past context_management's threshold: a summary.
+    compacts = trigger or (threshold is not None and total > threshold)
+    summary = build_reply({}, shown, Ask(seed, budget, True), voice) if compacts else None
+    reply = (
+        summary
+        if trigger and summary is not None
+        else build_reply(
+            {"tools": [_chat_tool(t) for t in tools if isinstance(t, dict)]},
+            shown,
+            Ask(seed, budget, summarize),
+            voice,
+        )
     )
     if summarize:
         sim.recorder.bump("summaries")
-    thinks = isinstance(body.get("reasoning"), dict)
+    thinks = isinstance(body.get("reasoning"), dict) and not trigger
     reasoning = f"Thinking about {len(items)} items." if thinks else None
     answer = Answer(seed.hex()[:24], profile.name, reply, total, reasoning)
     response = response_object(answer, body)
+    if summary is not None:
+        sim.recorder.bump("compactions")
+        item = compaction_item(answer.tag, summary.content or "")
+        response["output"] = [item] if trigger else [item, *response["output"]]
     if body.get("store") is not False:
         sim.responses.put(response["id"], [*items, *response["output"]], response["output"])
     if body.get("stream") is True:

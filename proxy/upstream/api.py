@@ -14,11 +14,14 @@ routes/responses.py), served at ``/v1/`` and its path upstream from app.py's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proxy.core.outcome import FollowUp, Outcome
+from starlette.responses import Response
+
+from proxy.config import Settings
+from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.types import ChatRequest
 from proxy.upstream.overflow import Overflow
 
@@ -34,6 +37,22 @@ def no_references(data: dict[str, Any]) -> list[str]:
 def never(data: dict[str, Any], control: str) -> bool:
     """No request of the API goes upstream untouched (the chat completions default)."""
     return False
+
+
+@dataclass(frozen=True, slots=True)
+class Contract:
+    """A request as the steps take it under its API's own compaction contract (OpenAI's
+    compaction items: routes/compaction_items.py): its body, the object parsed from it
+    and its chat view (maybe rewritten), whether it goes upstream untouched, whether it
+    compacts as if forced, and the answer the proxy gives itself for the view it
+    compacted (None: the upstream answers)."""
+
+    body: bytes
+    data: dict[str, Any]
+    chat: ChatRequest
+    untouched: bool = False
+    force: bool = False
+    answer: Callable[[Turn, Outcome], Awaitable[Response]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +86,11 @@ class Api:
     # Whether its answers' output items are remembered for later references
     # (upstream/output_items.py).
     keeps_items: bool = False
+    # The request (its body, object, chat view), its tenant and the settings under the
+    # API's own compaction contract (the default: none, the request as it came).
+    contract: Callable[[bytes, dict[str, Any], ChatRequest, str, Settings], Contract] = (
+        lambda body, data, chat, tenant, settings: Contract(body, data, chat)
+    )
 
 
 @dataclass(frozen=True, slots=True)

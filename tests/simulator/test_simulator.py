@@ -747,6 +747,7 @@ def test_requests_are_recorded_with_relevant_headers_and_cleared(http: httpx.Cli
         "streams_abandoned": 0,
         "calls_abandoned": 0,
         "slot_waits": 0,
+        "compactions": 0,
     }
     http.delete("/_sim/requests")
     assert http.get("/_sim/requests").json() == []
