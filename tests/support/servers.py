@@ -455,14 +455,12 @@ class RedisCluster:
     ) -> None:
         from pathlib import Path
 
-        from tests.support.tls import make_certs
-
         self.binary = binary
         self.workdir = workdir
         # no: the nodes still up keep serving their slots while one is down.
         self.full_coverage = full_coverage
         self.password = password
-        self.certs = make_certs(Path(workdir)) if tls else None
+        self.certs = TestCA(Path(workdir)) if tls else None
         self.ports = [free_port() for _ in range(self.PRIMARIES)]
         # Each node's cluster bus: its own free port (the default, port + 10000, may be
         # past 65535 or taken).
