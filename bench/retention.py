@@ -126,38 +126,50 @@ def _wait_up(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
 
 @contextmanager
 def _servers(config: Config, workdir: Path) -> Iterator[str]:
-    sim_port, proxy_port = _free_port(), _free_port()
-    sim_yaml = workdir / f"{config.name}-sim.yaml"
-    sim_yaml.write_text(
+    sim = (
         "models:\n"
         f'  - {{match: "bench-*", context_window: {config.window}, '
         f"max_output_tokens: {config.window // 2}, summary_style: realistic, "
         f"summary_forgets: {config.forgets}}}\n"
     )
-    proxy_yaml = workdir / f"{config.name}-proxy.yaml"
-    proxy_yaml.write_text(
-        f'upstream: {{base_url: "http://127.0.0.1:{sim_port}/v1", api_key: "sk-bench"}}\n'
+    proxy = (
         "models:\n"
         f'  - {{match: "bench-*", context_window: {config.window}, '
         f"max_output_tokens: {config.reply_reserve}, "
         f"precompact: {str(config.precompact).lower()}}}\n"
     )
-    logs = workdir / f"{config.name}.log"
-    with logs.open("wb") as log:
+    with serve(workdir / config.name, sim, proxy) as (url, _):
+        yield url
+
+
+@contextmanager
+def serve(workdir: Path, sim_yaml: str, proxy_yaml: str) -> Iterator[tuple[str, int]]:
+    """The simulator and the proxy in front of it, as processes on loopback, configured
+    with these YAML texts (the proxy's upstream is added); the proxy's URL and PID.
+    Their configs and logs go to ``workdir``; both are stopped on the way out."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    sim_port, proxy_port = _free_port(), _free_port()
+    (workdir / "sim.yaml").write_text(sim_yaml)
+    (workdir / "proxy.yaml").write_text(
+        f'upstream: {{base_url: "http://127.0.0.1:{sim_port}/v1", api_key: "sk-bench"}}\n'
+        + proxy_yaml
+    )
+    with (workdir / "servers.log").open("wb") as log:
         sim = subprocess.Popen(
-            [_exe(), "simulate-upstream", "--config", str(sim_yaml), "--port", str(sim_port)],
+            [_exe(), "simulate-upstream", "--config", str(workdir / "sim.yaml"),
+             "--port", str(sim_port)],
             stdout=log,
             stderr=log,
-        )
+        )  # fmt: skip
         proxy = subprocess.Popen(
-            [_exe(), "serve", "--config", str(proxy_yaml), "--port", str(proxy_port)],
+            [_exe(), "serve", "--config", str(workdir / "proxy.yaml"), "--port", str(proxy_port)],
             stdout=log,
             stderr=log,
         )
         try:
             _wait_up(f"http://127.0.0.1:{sim_port}/v1/models", sim, "simulator")
             _wait_up(f"http://127.0.0.1:{proxy_port}/healthz", proxy, "proxy")
-            yield f"http://127.0.0.1:{proxy_port}"
+            yield f"http://127.0.0.1:{proxy_port}", proxy.pid
         finally:
             for proc in (proxy, sim):
                 proc.terminate()
