@@ -322,12 +322,12 @@ def test_only_the_proxy_reaches_the_bundled_store_even_without_network_policies(
 @pytest.mark.parametrize(
     ("sets", "limit"),
     [
-        ({}, f"{1 * (128 + 100 * 12) + 384}Mi"),  # max_sessions 100000, one worker
+        ({}, f"{1 * (128 + 100 * 16) + 384}Mi"),  # max_sessions 100000, one worker
         (
             {"config.store.max_sessions": 20000, "config.server.workers": 2, **BUNDLED},
-            f"{2 * (128 + 20 * 12) + 384}Mi",
+            f"{2 * (128 + 20 * 16) + 384}Mi",
         ),
-        ({"config.store.max_sessions": 1500}, f"{128 + 2 * 12 + 384}Mi"),  # thousands rounded up
+        ({"config.store.max_sessions": 1500}, f"{128 + 2 * 16 + 384}Mi"),  # thousands rounded up
         ({"memorySizing.perThousandSessionsMiB": 20}, f"{128 + 100 * 20 + 384}Mi"),
         ({"resources.limits.memory": "3Gi"}, "3Gi"),
     ],
