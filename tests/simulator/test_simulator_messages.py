@@ -44,15 +44,19 @@ def test_recall_create_and_stream(simulator: str) -> None:
         {"role": "user", "content": [{"type": "text", "text": "RECALL color"}]},
     ]
     answer = sdk.messages.create(model="sim", max_tokens=100, system="Be brief.", messages=messages)
-    assert answer.content[0].type == "text" and answer.content[0].text == "color=teal"
+    assert answer.content[0].type == "text"
+    assert answer.content[0].text == "color=teal"
     assert answer.stop_reason == "end_turn"
-    assert answer.usage.input_tokens > 0 and answer.usage.output_tokens > 0
+    assert answer.usage.input_tokens > 0
+    assert answer.usage.output_tokens > 0
     with sdk.messages.stream(model="sim", max_tokens=100, messages=messages) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
     assert final.content[0].text == "color=teal"  # type: ignore[union-attr]
-    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
-    assert "content_block_delta" in kinds and "message_delta" in kinds
+    assert kinds[0] == "message_start"
+    assert kinds[-1] == "message_stop"
+    assert "content_block_delta" in kinds
+    assert "message_delta" in kinds
 
 
 def test_tools_and_thinking_round_trip(simulator: str) -> None:
@@ -140,7 +144,8 @@ def test_overflow_answers(simulator: str) -> None:
     too_long = post(simulator, small, **{"X-Sim-Context-Window": "300"})
     assert too_long.status_code == 400
     message = too_long.json()["error"]["message"]
-    assert message.startswith("prompt is too long: ") and message.endswith(" tokens > 300 maximum")
+    assert message.startswith("prompt is too long: ")
+    assert message.endswith(" tokens > 300 maximum")
     budget = post(simulator, {**small, "max_tokens": 400}, **{"X-Sim-Context-Window": "700"})
     assert budget.status_code == 400
     text = budget.json()["error"]["message"]
@@ -171,4 +176,5 @@ def test_prompt_cache_usage(simulator: str) -> None:
         f"{simulator}/v1/messages/count_tokens",
         json={"model": "sim", "messages": [{"role": "user", "content": "one"}]},
     )
-    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+    assert counted.status_code == 200
+    assert counted.json()["input_tokens"] > 0
