@@ -15,8 +15,8 @@ The session: the session header, else Claude Code's session id in ``metadata.use
 Overflow recovery is the pipeline's step 10 with Anthropic's shapes: "prompt is too
 long: N tokens > M maximum" compacts against the learned window and retries once;
 "input length and `max_tokens` exceed context limit: P + R > W" with room for at least
-half the answer asked for lowers ``max_tokens`` to ``W - P`` instead; either as a 400 or as a stream's
-first ``error`` event. Usage (``input_tokens`` plus the cache's read and creation
+half the answer asked for lowers ``max_tokens`` to ``W - P`` instead; either as a 400
+or as a stream's first ``error`` event. Usage (``input_tokens`` plus the cache's read and creation
 tokens) calibrates the counts.
 
 A request with Anthropic's own ``context_management`` (server-side context editing)

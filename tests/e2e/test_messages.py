@@ -193,7 +193,7 @@ def test_max_tokens_over_the_context_is_lowered(
             claude.turns = 1
         assert claude.say("FACT a=1 RECALL a") == "a=1"
     bodies = [r["body"] for r in messages_requests(sim_reset)]
-    assert [b["max_tokens"] for b in bodies][0] == 4090
+    assert bodies[0]["max_tokens"] == 4090
     lowered = [b["max_tokens"] for b in bodies if b["max_tokens"] != 4090]
     assert len(lowered) == 2
     assert all(0 < n < 4096 for n in lowered)
