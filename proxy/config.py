@@ -95,9 +95,9 @@ class UpstreamSettings(_Section):
     # the upstream's own idle timeout (5 s in uvicorn, so vLLM and SGLang, and in
     # llama.cpp's server), or a request sent as the upstream closes it fails with a 502.
     keepalive_timeout_s: float = Field(4.0, gt=0)
-    # The API the summary calls use: "chat" (/chat/completions) or "responses"
-    # (/responses), for an upstream that serves only the Responses API.
-    summarizer_api: Literal["chat", "responses"] = "chat"
+    # The API the summary calls use: "chat" (/chat/completions), "responses" (/responses)
+    # or "messages" (Anthropic's /messages), for an upstream that serves only that API.
+    summarizer_api: Literal["chat", "responses", "messages"] = "chat"
     # With api_key set, the caller's own credential and origin headers (x-api-key,
     # api-key, OpenAI-Organization, OpenAI-Project, Forwarded, X-Forwarded-*, X-Real-IP)
     # stay here, off the proxy's key, except those named here (Authorization never goes).

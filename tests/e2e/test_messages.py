@@ -210,3 +210,28 @@ def test_context_management_goes_upstream_untouched(proxy4k: str, sim_reset: str
         extra_body={"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
     )
     assert raw.headers["x-compaction-status"] == "bypassed"
+
+
+def test_summaries_on_the_messages_api(sim_reset: str, start_proxy: Callable[..., str]) -> None:
+    """``upstream.summarizer_api: messages``: an upstream that serves only Anthropic's API
+    summarizes on it too, the caller's key and ``anthropic-version`` with each call."""
+    proxy = start_proxy(
+        small_window_settings(sim_reset).model_copy(
+            update={
+                "upstream": small_window_settings(sim_reset).upstream.model_copy(
+                    update={"summarizer_api": "messages"}
+                )
+            }
+        )
+    )
+    claude = Claude(proxy, session="summaries-on-messages")
+    planted_conversation(claude, 30)
+    assert claude.say("RECALL k0 RECALL k10 RECALL k20") == "k0=v0 k10=v70 k20=v140"
+    calls = [r for r in upstream_requests(sim_reset) if r["headers"].get("x-compaction-purpose")]
+    assert calls
+    for call in calls:
+        assert call["body"]["system"].startswith("You compact a conversation")
+        assert [m["role"] for m in call["body"]["messages"]] == ["user"]
+        assert call["headers"]["anthropic-version"]
+        assert call["headers"]["authorization"] == f"Bearer {claude.key}"
+    assert stats(sim_reset)["rejected_structure"] == 0
