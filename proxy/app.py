@@ -138,7 +138,9 @@ async def proxy_error(request: Request, exc: Exception) -> Response:
     headers = _compaction_headers(request)
     if isinstance(exc, Overloaded):
         headers = {**(headers or {}), "retry-after": str(exc.retry_after_s)}
-    return Response(exc.body(), exc.status, headers, media_type="application/json")
+    route = getattr(request.scope.get("route"), "name", None)
+    body = messages.error_body(exc) if route == messages.MESSAGES.name else exc.body()
+    return Response(body, exc.status, headers, media_type="application/json")
 
 
 def _compaction_headers(request: Request) -> dict[str, str] | None:

@@ -19,6 +19,8 @@ half the answer asked for lowers ``max_tokens`` to ``W - P`` instead; either as 
 or as a stream's first ``error`` event. Usage (``input_tokens`` plus the cache's read and creation
 tokens) calibrates the counts.
 
+The proxy's own errors on this route are in Anthropic's shape (``error_body``).
+
 A request with Anthropic's own ``context_management`` (server-side context editing)
 goes upstream untouched, ``X-Compaction-Status: bypassed``: the upstream edits it,
 and the proxy does not compact it twice.
@@ -36,7 +38,7 @@ from starlette.responses import Response
 
 from proxy import pipeline
 from proxy.core.outcome import Outcome
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, ProxyError
 from proxy.routes.messages_view import to_anthropic, to_chat
 from proxy.routes.parse import check_depth, load_request
 from proxy.services import Services
@@ -50,6 +52,12 @@ _USAGE = {
     for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 }
 _ROLES = ("user", "assistant")
+# The proxy's error types as Anthropic names them.
+_ERROR_TYPES = {
+    "server_error": "api_error",
+    "upstream_error": "api_error",
+    "requests": "overloaded_error",
+}
 
 
 async def handle_messages(request: Request, services: Services) -> Response:
@@ -155,8 +163,17 @@ def _stream_error(error: dict[str, Any]) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
+def error_body(error: ProxyError) -> bytes:
+    """The proxy's own error (a 400 it refuses, a 502 when the upstream is unreachable)
+    in Anthropic's shape, which the Anthropic SDKs and Claude Code read."""
+    kind = _ERROR_TYPES.get(error.type, error.type)
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": error.message}})
+
+
 def _untouched(data: dict[str, Any], control: str) -> bool:
-    """A request with Anthropic's own ``context_management``: the upstream edits it."""
+    """The proxy's own errors on this route are in Anthropic's shape (``error_body``).
+
+    A request with Anthropic's own ``context_management``: the upstream edits it."""
     return bool(data.get("context_management"))
 
 

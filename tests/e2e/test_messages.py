@@ -235,3 +235,21 @@ def test_summaries_on_the_messages_api(sim_reset: str, start_proxy: Callable[...
         assert call["headers"]["anthropic-version"]
         assert call["headers"]["authorization"] == f"Bearer {claude.key}"
     assert stats(sim_reset)["rejected_structure"] == 0
+
+
+def test_the_proxys_own_errors_are_in_anthropics_shape(proxy4k: str, sim_reset: str) -> None:
+    sdk = anthropic.Anthropic(base_url=proxy4k, api_key="sk-ant-x", max_retries=0)
+    OPEN_CLIENTS.append(sdk)
+    huge = "word " * 6000  # alone over the 4k window: the proxy refuses it
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        sdk.messages.create(
+            model="sim-4k",
+            max_tokens=100,
+            messages=[{"role": "user", "content": huge}],
+            extra_headers={"X-Sim-Context-Window": "4096"},
+        )
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert "newest message alone" in body["error"]["message"]
