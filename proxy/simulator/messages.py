@@ -13,7 +13,7 @@ A request goes through the chat handler's steps with Anthropic's shapes:
    tokens > M maximum", or "input length and `max_tokens` exceed context limit: P + R >
    W, ..." when the prompt fits but the output budget does not; with
    ``X-Sim-Errors-In-Stream`` a streamed request gets it as a 200 stream's ``error``
-   event;
+   event, after ``message_start`` and ``ping``;
 5. the reply rules of replies.py (FACT/RECALL, CALL n, summaries under
    ``X-Compaction-Purpose: summarize``), with a signed thinking block first when the
    request enables ``thinking``;
@@ -71,6 +71,7 @@ _ERROR_TYPES = {
 }
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _CACHE_LIMIT = 4096
+_NO_REPLY = Reply(content=None, tool_calls=(), finish_reason="stop", completion_tokens=0)
 
 
 class PromptCache:
@@ -145,8 +146,7 @@ def messages_routes(sim: Simulator) -> list[tuple[str, Callable[[Request], Await
             if err.kind in _COUNTED:
                 sim.recorder.bump(_COUNTED[err.kind])  # type: ignore[arg-type]
             if err.kind == "overflow" and body.get("stream") is True and _in_stream(request):
-                event = b"event: error\ndata: " + err.body + b"\n\n"
-                return Response(event, media_type="text/event-stream")
+                return Response(_error_stream(body, err), media_type="text/event-stream")
             return _error(err)
 
     async def count_tokens(request: Request) -> Response:
@@ -169,6 +169,18 @@ def _parse(raw: bytes) -> dict[str, Any]:
         raise invalid(
             "There was an issue with your request body: it is not a JSON object."
         ) from None
+
+
+def _error_stream(body: dict[str, Any], err: SimError) -> bytes:
+    """A stream that fails after it opened: ``message_start`` and ``ping``, then the
+    ``error`` event, as Anthropic sends an error that comes up mid-stream."""
+    usage = {"input_tokens": 0, "output_tokens": 0}
+    head = message_object("msg_failed", str(body.get("model")), _NO_REPLY, None, usage)
+    events = message_events(head, 1)[:2]
+    out = b"".join(
+        f"event: {e['type']}\n".encode() + b"data: " + orjson.dumps(e) + b"\n\n" for e in events
+    )
+    return out + b"event: error\ndata: " + err.body + b"\n\n"
 
 
 def _in_stream(request: Request) -> bool:

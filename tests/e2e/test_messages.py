@@ -157,7 +157,8 @@ def test_prompt_too_long_is_recovered_and_the_window_learned(
             compaction={"summary_max_tokens": 400},
         )
     )
-    claude = Claude(proxy, session=f"learned-{stream}")
+    # A small answer budget: the prompt grows past the window, never just the answer.
+    claude = Claude(proxy, session=f"learned-{stream}", max_tokens=32)
     claude.headers = {"X-Sim-Context-Window": str(REAL_WINDOW)}
     if stream:
         claude.headers["X-Sim-Errors-In-Stream"] = "1"
@@ -172,6 +173,8 @@ def test_prompt_too_long_is_recovered_and_the_window_learned(
     assert sim["overflows"] >= 1
     assert sim["rejected_structure"] == 0
     assert claude.statuses["compacted"] >= 1
+    # Recovered by compacting, not by a shorter answer.
+    assert {r["body"]["max_tokens"] for r in messages_requests(sim_reset)} == {32}
 
 
 def test_max_tokens_over_the_context_is_lowered(

@@ -157,7 +157,9 @@ def test_overflow_answers(simulator: str) -> None:
         **{"X-Sim-Context-Window": "300", "X-Sim-Errors-In-Stream": "1"},
     )
     assert streamed.status_code == 200
-    assert streamed.text.startswith("event: error\ndata: ")
+    assert streamed.text.startswith("event: message_start\n")
+    assert "event: ping\n" in streamed.text
+    assert "event: error\ndata: " in streamed.text
     assert "prompt is too long" in streamed.text
 
 
