@@ -16,9 +16,10 @@ a Messages request maps onto chat groups that keep what Anthropic requires toget
   summarized whole, and the newest group (the latest assistant turn of a tool loop
   and its results) is always kept.
 
-Each chat message carries the client's message under ``_message`` (which the digests
-hash, so a snapshot applies only while those exact messages come first; the counter,
-transcript and identifier check never read it). ``to_anthropic`` turns rebuilt
+Each chat message carries the client's message under ``_message`` (of a message's
+results only the first: the others name their block, ``_block``, of that message). The
+digests hash it, so a snapshot applies only while those exact messages come first; the
+counter, transcript and identifier check never read it. ``to_anthropic`` turns rebuilt
 messages back into the request's ``messages``: each client message verbatim, the same
 object, once (an elided result's ``tool_result`` content replaced by the placeholder
 in a copy), and the messages the proxy wrote (the handoff, an acknowledgement, a
@@ -80,9 +81,9 @@ def to_chat(system: object, messages: Sequence[Message]) -> list[ChatMessage]:
             parts = _parts(blocks_of(block.get("content")))
             if n == len(results) - 1:
                 parts += _parts(others)
-            result = BlockMessage(
-                role="tool", tool_call_id=call_id, content=parts, _message=message, _block=i
-            )
+            result = BlockMessage(role="tool", tool_call_id=call_id, content=parts, _block=i)
+            if n == 0:  # the later results of the message are its (hashed once, not each)
+                result["_message"] = message
             if call_id in names:  # the elision placeholder names the tool
                 result["name"] = names[call_id]
             out.append(result)
@@ -131,9 +132,13 @@ def to_anthropic(messages: Sequence[ChatMessage]) -> list[Message]:
     """The request's ``messages`` for rebuilt chat ``messages`` (see the module's doc)."""
     out: list[Message] = []
     sources: list[int | None] = []  # id() of the client message each entry is, if any
+    source: Message | None = None
     for chat in messages:
         message = cast(BlockMessage, chat)
         if message.get("_system"):
+            continue
+        if "_block" in message and "_message" not in message and source is not None:
+            _with_result(out, source, message)  # a later result of the same message
             continue
         source = message.get("_message")
         if source is None:  # the proxy's own: a handoff, an acknowledgement, a marker

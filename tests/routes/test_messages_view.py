@@ -80,6 +80,10 @@ def test_an_elided_result_changes_only_its_block() -> None:
     assert out[2]["content"][1:] == RESULTS[1:]
     assert messages[2]["content"] == RESULTS  # the client's message is not touched
     assert out[1] is messages[1]  # thinking and tool uses byte for byte
+    second = dict(chat[4])
+    second["content"] = "[elided]"
+    out = to_anthropic([*chat[:4], second, *chat[5:]])  # type: ignore[list-item]
+    assert out[2]["content"] == [RESULTS[0], {**RESULTS[1], "content": "[elided]"}, RESULTS[2]]
 
 
 def test_summary_turns_keep_alternation() -> None:
