@@ -21,9 +21,11 @@ tokens) calibrates the counts.
 
 The proxy's own errors on this route are in Anthropic's shape (``error_body``).
 
-A request with Anthropic's own ``context_management`` (server-side context editing)
-goes upstream untouched, ``X-Compaction-Status: bypassed``: the upstream edits it,
-and the proxy does not compact it twice.
+Anthropic's own ``context_management`` goes upstream as sent. Its clearing edits
+(``clear_thinking_*``, which Claude Code sends with every request, ``clear_tool_uses_*``)
+apply upstream to the view the proxy compacted; a request with a ``compact_*`` edit
+(the upstream compacts it itself) goes upstream untouched, ``X-Compaction-Status:
+bypassed``: it is not compacted twice.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ _USAGE = {
     key: re.compile(rb'"' + key.encode() + rb'"\s*:\s*(\d{1,9})')
     for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 }
-_ROLES = ("user", "assistant")
+_ROLES = ("user", "assistant", "system")  # system: between turns, a beta Claude Code uses
 # The proxy's error types as Anthropic names them.
 _ERROR_TYPES = {
     "server_error": "api_error",
@@ -171,10 +173,13 @@ def error_body(error: ProxyError) -> bytes:
 
 
 def _untouched(data: dict[str, Any], control: str) -> bool:
-    """The proxy's own errors on this route are in Anthropic's shape (``error_body``).
-
-    A request with Anthropic's own ``context_management``: the upstream edits it."""
-    return bool(data.get("context_management"))
+    """A request whose ``context_management`` asks the upstream to compact it
+    (``compact_*`` edits): compacted there, not twice."""
+    management = data.get("context_management")
+    edits = management.get("edits") if isinstance(management, dict) else None
+    if not isinstance(edits, list):
+        return False
+    return any(isinstance(e, dict) and str(e.get("type", "")).startswith("compact") for e in edits)
 
 
 MESSAGES = Api(

@@ -10,6 +10,8 @@ a Messages request maps onto chat groups that keep what Anthropic requires toget
   message per ``tool_result`` block, its other blocks (text, a system reminder)
   riding on the last of them: results never start a group, so a ``tool_use`` is
   never separated from its ``tool_result``;
+* a ``system`` message between turns (Claude Code's ``mid-conversation-system`` beta)
+  rides on the message before it (``_after``), kept or summarized with it;
 * an assistant message is one ``assistant`` message, its ``tool_use`` blocks as
   ``tool_calls`` and every other block (``thinking`` and ``redacted_thinking`` with
   their signatures, server tool blocks) counted as its JSON: a turn is kept whole or
@@ -46,6 +48,7 @@ class BlockMessage(ChatMessage, total=False):
     _message: Message
     _block: int
     _system: bool
+    _after: list[Message]  # system messages between turns that follow it
 
 
 def blocks_of(content: object) -> list[dict[str, Any]]:
@@ -67,6 +70,12 @@ def to_chat(system: object, messages: Sequence[Message]) -> list[ChatMessage]:
     names: dict[str, str] = {}
     for message in messages:
         blocks = blocks_of(message.get("content"))
+        if message.get("role") == "system" and out and not out[-1].get("_system"):
+            _follows(out[-1], message, blocks)
+            continue
+        if message.get("role") == "system":  # before any turn: pinned, as the field is
+            out.append(BlockMessage(role="system", content=_parts(blocks), _message=message))
+            continue
         if message.get("role") == "assistant":
             out.append(_assistant(message, blocks, names))
             continue
@@ -88,6 +97,16 @@ def to_chat(system: object, messages: Sequence[Message]) -> list[ChatMessage]:
                 result["name"] = names[call_id]
             out.append(result)
     return cast(list[ChatMessage], out)
+
+
+def _follows(before: BlockMessage, message: Message, blocks: list[dict[str, Any]]) -> None:
+    """A system message between turns (Claude Code's ``mid-conversation-system`` beta)
+    rides on the message before it: never a group of its own, so never a cut's first
+    message, and kept or summarized with the turn it comments on."""
+    before.setdefault("_after", []).append(message)
+    content = before.get("content")
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+    before["content"] = [*parts, *_parts(blocks)]
 
 
 def _assistant(
@@ -139,6 +158,9 @@ def to_anthropic(messages: Sequence[ChatMessage]) -> list[Message]:
             continue
         if "_block" in message and "_message" not in message and source is not None:
             _with_result(out, source, message)  # a later result of the same message
+            for after in message.get("_after", ()):
+                out.append(after)
+                sources.append(id(after))
             continue
         source = message.get("_message")
         if source is None:  # the proxy's own: a handoff, an acknowledgement, a marker
@@ -151,6 +173,9 @@ def to_anthropic(messages: Sequence[ChatMessage]) -> list[Message]:
             _append(out, sources, source, id(source))
         if message["role"] == "tool":
             _with_result(out, source, message)
+        for after in message.get("_after", ()):
+            out.append(after)
+            sources.append(id(after))
     return out
 
 

@@ -59,8 +59,10 @@ def blocks(content: object) -> list[dict[str, Any]]:
     return []
 
 
-def check_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's messages, checked as api.anthropic.com checks them."""
+def check_messages(body: dict[str, Any], system_turns: bool = False) -> list[dict[str, Any]]:
+    """The request's messages, checked as api.anthropic.com checks them. ``system_turns``
+    (the ``mid-conversation-system`` beta, which Claude Code asks for): ``system``
+    messages may come between the turns; the checks below read the turns around them."""
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise invalid("model: Field required")
     budget = body.get("max_tokens")
@@ -75,13 +77,16 @@ def check_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             if messages is None
             else "messages: at least one message is required"
         )
+    roles = ("user", "assistant", "system") if system_turns else ("user", "assistant")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        if not isinstance(message, dict) or message.get("role") not in roles:
             raise invalid(f"messages.{i}.role: Input should be 'user' or 'assistant'")
         content = message.get("content")
         if not isinstance(content, (str, list)):
             raise invalid(f"messages.{i}.content: Input should be a valid list")
-    if messages[0]["role"] != "user":
+    checked = messages
+    messages = [m for m in messages if m["role"] != "system"]
+    if not messages or messages[0]["role"] != "user":
         raise invalid('messages: first message must use the "user" role', structure=True)
     for i in range(1, len(messages)):
         if messages[i]["role"] == messages[i - 1]["role"]:
@@ -93,7 +98,7 @@ def check_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             )
     _check_pairing(messages)
     _check_thinking(body, messages)
-    return messages
+    return checked
 
 
 def _ids(message: dict[str, Any], kind: str, key: str) -> list[str]:
@@ -166,14 +171,21 @@ def system_text(system: object) -> str:
     return system if isinstance(system, str) else text_of(blocks(system))
 
 
-def chat_view(body: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The request as chat messages: what the reply rules and the counter read."""
+def chat_view(
+    body: dict[str, Any], messages: list[dict[str, Any]], turns_only: bool = False
+) -> list[dict[str, Any]]:
+    """The request as chat messages: what the counter reads, and (``turns_only``: without
+    the system messages between turns) what the reply rules read."""
     out: list[dict[str, Any]] = []
     system = system_text(body.get("system"))
     if system:
         out.append({"role": "system", "content": system})
     for message in messages:
         parts = blocks(message.get("content"))
+        if message["role"] == "system":
+            if not turns_only:
+                out.append({"role": "system", "content": system_text(message.get("content"))})
+            continue
         if message["role"] == "assistant":
             entry: dict[str, Any] = {"role": "assistant", "content": _texts(parts)}
             calls = [

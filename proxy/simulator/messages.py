@@ -7,6 +7,9 @@ A request goes through the chat handler's steps with Anthropic's shapes:
 2. check it as api.anthropic.com does (anthropic_check.py): ``max_tokens`` required,
    alternation, the first message the user's, tool_use/tool_result pairing, thinking
    signatures, a thinking block opening the last assistant turn of a tool loop;
+   ``system`` messages between turns only under the ``mid-conversation-system`` beta
+   (Claude Code's); ``context_management`` and ``output_config`` are accepted and
+   ignored;
 3. reject ``max_tokens`` above the model's output limit (Anthropic's words);
 4. count the prompt (system, the messages as chat messages, thinking passed back, tool
    definitions) and reject an overflow in Anthropic's words: "prompt is too long: N
@@ -153,7 +156,7 @@ def messages_routes(sim: Simulator) -> list[tuple[str, Callable[[Request], Await
         try:
             body = _parse(await request.body())
             body.setdefault("max_tokens", 1)
-            check_messages(body)
+            check_messages(body, _system_turns(request))
             profile = sim.profile(str(body["model"]))
             return _json({"input_tokens": _prompt_tokens(sim, profile, body)})
         except SimError as err:
@@ -181,6 +184,11 @@ def _error_stream(body: dict[str, Any], err: SimError) -> bytes:
         f"event: {e['type']}\n".encode() + b"data: " + orjson.dumps(e) + b"\n\n" for e in events
     )
     return out + b"event: error\ndata: " + err.body + b"\n\n"
+
+
+def _system_turns(request: Request) -> bool:
+    """Whether the request asks for Anthropic's mid-conversation system messages."""
+    return "mid-conversation-system" in request.headers.get("anthropic-beta", "")
 
 
 def _in_stream(request: Request) -> bool:
@@ -228,7 +236,7 @@ async def _answer(
     overrides = read_overrides(request.headers)
     if overrides.fail is not None:
         raise simulated_failure(overrides.fail, str(body.get("model", "")))
-    messages = check_messages(body)
+    messages = check_messages(body, _system_turns(request))
     profile = overrides.apply(sim.profile(body["model"]))
     asked = int(body["max_tokens"])
     if asked > profile.max_output_tokens:
@@ -241,7 +249,7 @@ async def _answer(
         raise overflow_error("anthropic", window=window, prompt=total, tools=0, requested=asked)
     summarize = request.headers.get("x-compaction-purpose", "").lower() == "summarize"
     tools = chat_tools(body.get("tools"))
-    chat = chat_view(body, messages)
+    chat = chat_view(body, messages, turns_only=True)
     seed = hashlib.blake2b(
         orjson.dumps((body["model"], body.get("system"), messages, body.get("tools"), summarize)),
         digest_size=16,

@@ -137,3 +137,25 @@ def test_chat_view_pins_the_system_and_sizes_the_answer() -> None:
     assert chat["max_tokens"] == 100
     assert chat["stream"] is True
     assert chat["tools"] == data["tools"]
+
+
+def test_a_system_message_between_turns_rides_on_the_turn_before() -> None:
+    """Claude Code's ``mid-conversation-system`` beta: never a cut's first message."""
+    note = {"role": "system", "content": "Available agent types: ..."}
+    messages = [conversation()[0], note, *conversation()[1:3], note, *conversation()[3:]]
+    chat = to_chat("rules", messages)
+    assert [m["role"] for m in chat] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "user",
+    ]
+    assert chat[1]["content"][-1] == {"type": "text", "text": "Available agent types: ..."}
+    out = to_anthropic(chat)
+    assert out == messages
+    handoff = _summary_messages("S", "system", "assistant", "user")
+    out = to_anthropic([chat[0], *handoff, *chat[5:]])
+    assert [m["role"] for m in out] == ["user", "assistant", "user"]
