@@ -16,8 +16,8 @@ Overflow recovery is the pipeline's step 10 with Anthropic's shapes: "prompt is 
 long: N tokens > M maximum" compacts against the learned window and retries once;
 "input length and `max_tokens` exceed context limit: P + R > W" with room for at least
 half the answer asked for lowers ``max_tokens`` to ``W - P`` instead; either as a 400
-or as a stream's first ``error`` event. Usage (``input_tokens`` plus the cache's read and creation
-tokens) calibrates the counts.
+or as a stream's first ``error`` event. Usage (``input_tokens`` plus the cache's read
+and creation tokens) calibrates the counts.
 
 The proxy's own errors on this route are in Anthropic's shape (``error_body``).
 
@@ -58,7 +58,7 @@ _ROLES = ("user", "assistant", "system")  # system: between turns, a beta Claude
 _ERROR_TYPES = {
     "server_error": "api_error",
     "upstream_error": "api_error",
-    "requests": "overloaded_error",
+    "requests": "rate_limit_error",
 }
 
 
@@ -168,7 +168,8 @@ def _stream_error(error: dict[str, Any]) -> bytes:
 def error_body(error: ProxyError) -> bytes:
     """The proxy's own error (a 400 it refuses, a 502 when the upstream is unreachable)
     in Anthropic's shape, which the Anthropic SDKs and Claude Code read."""
-    kind = _ERROR_TYPES.get(error.type, error.type)
+    overloaded = error.code == "server_overloaded"  # Anthropic's 529 word for a 503's
+    kind = "overloaded_error" if overloaded else _ERROR_TYPES.get(error.type, error.type)
     return orjson.dumps({"type": "error", "error": {"type": kind, "message": error.message}})
 
 
