@@ -9,6 +9,7 @@
 * every ``tool_use`` is answered by a ``tool_result`` (same id) in the next message,
   a user message, and every ``tool_result`` answers a ``tool_use`` of the message
   before it;
+* at most four ``cache_control`` breakpoints (tools, system and messages together);
 * every ``thinking`` block carries the signature the simulator gave it (``sign``): a
   block altered by a single byte is rejected; and when the request enables thinking
   and ends inside a tool loop (its last user message answers tool calls), the last
@@ -98,7 +99,25 @@ def check_messages(body: dict[str, Any], system_turns: bool = False) -> list[dic
             )
     _check_pairing(messages)
     _check_thinking(body, messages)
+    _check_breakpoints(body, checked)
     return checked
+
+
+_MAX_BREAKPOINTS = 4
+
+
+def _check_breakpoints(body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+    """At most four ``cache_control`` breakpoints in tools, system and messages."""
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    places = [*tools, *blocks(body.get("system"))]
+    places += [b for m in messages for b in blocks(m.get("content"))]
+    found = sum(1 for p in places if isinstance(p, dict) and "cache_control" in p)
+    if found > _MAX_BREAKPOINTS:
+        raise invalid(
+            f"A maximum of {_MAX_BREAKPOINTS} blocks with cache_control may be provided. "
+            f"Found {found}.",
+            structure=True,
+        )
 
 
 def _ids(message: dict[str, Any], kind: str, key: str) -> list[str]:

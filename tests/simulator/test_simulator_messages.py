@@ -138,6 +138,18 @@ def test_validation(simulator: str) -> None:
     )
 
 
+def test_at_most_four_cache_breakpoints(simulator: str) -> None:
+    marked = {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}
+    system = [marked, marked]
+    three = [{"role": "user", "content": [marked, marked, marked]}]
+    assert "A maximum of 4 blocks with cache_control" in rejected(
+        simulator, {"system": system, "messages": three}
+    )
+    two = [{"role": "user", "content": [marked, marked]}]
+    ok = post(simulator, {"model": "sim", "max_tokens": 10, "system": system, "messages": two})
+    assert ok.status_code == 200, ok.text
+
+
 def test_overflow_answers(simulator: str) -> None:
     big = {"role": "user", "content": "word " * 400}
     small = {"model": "sim", "messages": [big], "max_tokens": 100}
