@@ -31,6 +31,16 @@ TOOLS: list[dict[str, Any]] = [
 THINKING: dict[str, Any] = {"type": "enabled", "budget_tokens": 1024}
 
 
+def with_breakpoint(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``history`` with a ``cache_control`` breakpoint on its newest message's last block,
+    as Claude Code marks it (the history itself unchanged: older turns carry none)."""
+    last = history[-1]
+    content = last["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    blocks[-1] = {**blocks[-1], "cache_control": {"type": "ephemeral"}}
+    return [*history[:-1], {**last, "content": blocks}]
+
+
 @dataclass
 class Claude:
     """A client that keeps its full history, alternating ``create`` and ``stream``."""
@@ -44,6 +54,8 @@ class Claude:
     statuses: Counter[str] = field(default_factory=Counter)
     turns: int = 0
     max_tokens: int = 256
+    # Per request: (input_tokens, cache_read_input_tokens, cache_creation_input_tokens).
+    usage: list[tuple[int, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.client = anthropic.Anthropic(base_url=self.base, api_key=self.key, max_retries=0)
@@ -62,7 +74,7 @@ class Claude:
             "model": "sim-4k",
             "max_tokens": self.max_tokens,
             "system": SYSTEM,
-            "messages": self.history,
+            "messages": with_breakpoint(self.history),
             "tools": TOOLS,
             "thinking": THINKING,
             "extra_headers": headers,
@@ -78,6 +90,10 @@ class Claude:
                 status = stream.response.headers["x-compaction-status"]
                 self.statuses[status] += 1
                 message = stream.get_final_message()
+        u = message.usage
+        self.usage.append(
+            (u.input_tokens, u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0)
+        )
         return [block.model_dump(exclude_none=True) for block in message.content]
 
     def say(self, text: str) -> str:
