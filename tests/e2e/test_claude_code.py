@@ -1,7 +1,8 @@
 """Issue 25: Claude Code itself (npm ``@anthropic-ai/claude-code``, its native binary) in
 print mode with ``ANTHROPIC_BASE_URL`` at the proxy, the simulator's Messages API
-upstream: a session resumed turn after turn (``--resume``) goes through a compaction
-and every planted fact is recalled afterwards.
+upstream: a session resumed turn after turn (``--resume``), with tool loops under
+adaptive thinking, goes through a compaction and every planted fact is recalled
+afterwards.
 
 What Claude Code sends is what the proxy must keep valid: ``system`` blocks with
 ``cache_control``, 20-odd tool definitions, ``system`` messages between turns (the
@@ -96,8 +97,14 @@ def test_claude_code_session_through_compactions(
     turns = 10
     for turn in range(turns):
         resume = ("--session-id", SESSION) if turn == 0 else ("--resume", SESSION)
-        text = f"Turn {turn}: {FILLER * 20} FACT k{turn}=v{turn * 7}"
-        assert run_claude(binary, proxy, tmp_path, text, *resume).startswith("ok:")
+        # Every other turn a tool loop: the simulator calls Claude Code's first tool
+        # (with input it refuses: an error result, no side effect), adaptive thinking on.
+        call = " CALL 1" if turn % 2 else ""
+        text = f"Turn {turn}: {FILLER * 20} FACT k{turn}=v{turn * 7}{call}"
+        answer = run_claude(binary, proxy, tmp_path, text, *resume)
+        expected = "observed 1 tool results" if call else answer
+        assert answer == expected
+        assert call or answer.startswith("ok:")
     asked = " ".join(f"RECALL k{i}" for i in range(turns))
     answer = run_claude(binary, proxy, tmp_path, asked, "--resume", SESSION)
     assert answer == " ".join(f"k{i}=v{i * 7}" for i in range(turns))
@@ -107,7 +114,7 @@ def test_claude_code_session_through_compactions(
     assert sim["summaries"] >= 1
     forwarded = [r for r in upstream_requests(sim_reset) if "tools" in r["body"]]
     requests: list[dict[str, Any]] = [r["body"] for r in forwarded]
-    assert len(requests) == turns + 1
+    assert len(requests) == turns + turns // 2 + 1  # a tool loop is two requests
     # The system blocks and the tools, byte for byte in every request.
     assert len({json.dumps(b["system"]) for b in requests}) == 1
     assert len({json.dumps(b["tools"]) for b in requests}) == 1
