@@ -108,8 +108,8 @@ _MAX_BREAKPOINTS = 4
 
 def _check_breakpoints(body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
     """At most four ``cache_control`` breakpoints in tools, system and messages."""
-    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
-    places = [*tools, *blocks(body.get("system"))]
+    tools = body.get("tools")
+    places: list[Any] = [*(tools if isinstance(tools, list) else []), *blocks(body.get("system"))]
     places += [b for m in messages for b in blocks(m.get("content"))]
     found = sum(1 for p in places if isinstance(p, dict) and "cache_control" in p)
     if found > _MAX_BREAKPOINTS:
