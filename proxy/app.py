@@ -22,7 +22,7 @@ from proxy.errors import InvalidRequest, MissingCredential, NotFound, Overloaded
 from proxy.observe.metrics import CONTENT_TYPE_LATEST
 from proxy.observe.record import RecordRequests, record_of
 from proxy.observe.recorder import Recorder
-from proxy.routes import admin_api, chat, passthrough, responses, sessions_api
+from proxy.routes import admin_api, chat, messages, passthrough, responses, sessions_api
 from proxy.routes.endpoints import endpoint
 from proxy.serve.shutdown import Drain
 from proxy.services import Services, build_services
@@ -32,7 +32,7 @@ log = logging.getLogger("proxy.app")
 
 # The APIs the proxy compacts (routes/: a module each), each served at /v1/ and its
 # path upstream: a new one is one more entry.
-APIS = (chat.CHAT, responses.RESPONSES, responses.RESPONSES_COMPACT)
+APIS = (chat.CHAT, responses.RESPONSES, responses.RESPONSES_COMPACT, messages.MESSAGES)
 # Routes whose every answer says what the upstream saw (X-Compaction-*), errors included.
 _COMPACTION_ROUTES = frozenset(api.name for api in APIS)
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -138,7 +138,9 @@ async def proxy_error(request: Request, exc: Exception) -> Response:
     headers = _compaction_headers(request)
     if isinstance(exc, Overloaded):
         headers = {**(headers or {}), "retry-after": str(exc.retry_after_s)}
-    return Response(exc.body(), exc.status, headers, media_type="application/json")
+    route = getattr(request.scope.get("route"), "name", None)
+    body = messages.error_body(exc) if route == messages.MESSAGES.name else exc.body()
+    return Response(body, exc.status, headers, media_type="application/json")
 
 
 def _compaction_headers(request: Request) -> dict[str, str] | None:

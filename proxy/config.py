@@ -94,9 +94,9 @@ class UpstreamSettings(_Section):
     # the upstream's own idle timeout (5 s in uvicorn, so vLLM and SGLang, and in
     # llama.cpp's server), or a request sent as the upstream closes it fails with a 502.
     keepalive_timeout_s: float = Field(4.0, gt=0)
-    # The API the summary calls use: "chat" (/chat/completions) or "responses"
-    # (/responses), for an upstream that serves only the Responses API.
-    summarizer_api: Literal["chat", "responses"] = "chat"
+    # The API the summary calls use: "chat" (/chat/completions), "responses" (/responses)
+    # or "messages" (Anthropic's /messages), for an upstream that serves only that API.
+    summarizer_api: Literal["chat", "responses", "messages"] = "chat"
     # OpenAI's compaction contract (compaction_trigger, /responses/compact): "passthrough"
     # to the upstream, "proxy" compacts here; "auto": passthrough for api.openai.com only.
     compaction: Literal["auto", "passthrough", "proxy"] = "auto"

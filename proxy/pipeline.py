@@ -7,8 +7,7 @@ the usage watcher that calibrates our counts and, past the soft threshold, a
 background compaction once the answer is out (precompact.py). Each step is one
 call into the module named for it (DESIGN.md numbers them). What differs between
 APIs is an ``Api`` value (upstream/api.py) that each API's module under routes/
-hands in: ``POST /v1/chat/completions`` (routes/chat.py), ``POST /v1/responses``
-(routes/responses.py). Nothing here knows one API from another.
+hands in (chat.py, responses.py, messages.py). Nothing here knows one from another.
 """
 
 from __future__ import annotations
@@ -252,6 +251,7 @@ async def _second_attempt(
     same view with a lower output budget keeps ``first``'s follow-ups; a view compacted
     again has its own (no sighting: a turn that recovered leaves the next one due)."""
     current_record().upstream_done()  # the error is read: what follows is the proxy's own time
+    verdict = route.api.as_budget(verdict)
     if verdict.kind == "output_budget":
         lowered = route.api.lower_output(first.body, verdict)
         if lowered is None:  # nothing we can change: the retry would fail the same way

@@ -1,10 +1,12 @@
-"""The summary call in the upstream's API: chat completions or the Responses API.
+"""The summary call in the upstream's API: chat completions, the Responses API or
+Anthropic's Messages API.
 
 ``upstream.summarizer_api`` picks one per upstream (one that serves only
-``/v1/responses`` can still summarize). Either way the summarizer sees the same
-instructions and prompt, and an answer cut off by its token limit reads as
-``finish_reason: length``: chat says so itself, Responses says ``status:
-incomplete`` with ``incomplete_details.reason: max_output_tokens``.
+``/v1/responses`` or ``/v1/messages`` can still summarize). Either way the summarizer
+sees the same instructions and prompt, and an answer cut off by its token limit reads
+as ``finish_reason: length``: chat says so itself, Responses says ``status:
+incomplete`` with ``incomplete_details.reason: max_output_tokens``, Messages says
+``stop_reason: max_tokens``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ import orjson
 
 from proxy.errors import SummaryError
 
-SummarizerApi = Literal["chat", "responses"]
+SummarizerApi = Literal["chat", "responses", "messages"]
 
 # The path under upstream.base_url each API's summary call goes to.
-PATHS: dict[SummarizerApi, str] = {"chat": "chat/completions", "responses": "responses"}
+PATHS: dict[SummarizerApi, str] = {
+    "chat": "chat/completions",
+    "responses": "responses",
+    "messages": "messages",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +40,17 @@ def request_body(
     api: SummarizerApi, model: str, instructions: str, prompt: str, max_tokens: int
 ) -> bytes:
     """The summary request: unstreamed, temperature 0, at most ``max_tokens``."""
+    if api == "messages":
+        return orjson.dumps(
+            {
+                "model": model,
+                "system": instructions,
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": False,
+            }
+        )
     if api == "responses":
         return orjson.dumps(
             {
@@ -67,6 +84,8 @@ def read_answer(api: SummarizerApi, raw: bytes) -> Reading:
         data = orjson.loads(raw)
         if api == "responses":
             return _read_response(data)
+        if api == "messages":
+            return _read_message(data)
         choice = data["choices"][0]
         text = choice["message"]["content"]
         finish = choice.get("finish_reason")
@@ -100,3 +119,13 @@ def _read_response(data: Any) -> Reading:
     else:  # failed, cancelled, queued, in_progress: no summary to keep
         raise SummaryError(f"summarizer response status {status}")
     return Reading("".join(parts), finish)
+
+
+def _read_message(data: Any) -> Reading:
+    """A Messages ``message``: its text blocks, in order (thinking blocks carry none)."""
+    parts = [block["text"] for block in data["content"] if block.get("type") == "text"]
+    if not all(isinstance(p, str) for p in parts):
+        raise SummaryError("summarizer answer had no message content")
+    stop = data.get("stop_reason")
+    # Chat's word for a cut-off answer, so one check covers every API.
+    return Reading("".join(parts), "length" if stop == "max_tokens" else str(stop or "stop"))

@@ -14,15 +14,20 @@ still starts with (snapshots.py). A named session has slots too
 client that rewinds finds an older snapshot its history still starts with.
 
 Clients that cannot set headers name the session in the body instead:
-``prompt_cache_key`` (both APIs), and the fields ``session.body_fields`` lists.
+``prompt_cache_key`` (both OpenAI APIs), Claude Code's session id inside
+``metadata.user_id`` (``user_<hash>_account_<uuid>_session_<uuid>``, or since Claude Code
+2.1.78 a JSON string with a ``session_id``), and the fields ``session.body_fields`` lists.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Literal
+
+import orjson
 
 from proxy.config import SessionSettings
 from proxy.core.digest import legacy_digests
@@ -126,6 +131,10 @@ def session_name(
     if given:
         check_length(given, limit, settings.header)
         return given
+    claude = claude_code_session(body)
+    if claude is not None:
+        check_length(claude, limit, "metadata.user_id")
+        return claude
     for path in ("prompt_cache_key", *settings.body_fields):
         value: object = body
         for part in path.split("."):
@@ -134,6 +143,27 @@ def session_name(
             check_length(value, limit, path)
             return value
     return None
+
+
+_CLAUDE_USER_ID = re.compile(r"^user_[0-9a-f]*_account_[0-9a-f-]*_session_([0-9a-f-]+)$")
+
+
+def claude_code_session(body: Mapping[str, object]) -> str | None:
+    """The session id Claude Code puts in ``metadata.user_id``: after ``_session_`` in
+    its older form, under ``session_id`` in the JSON string of 2.1.78 and later."""
+    metadata = body.get("metadata")
+    user_id = metadata.get("user_id") if isinstance(metadata, Mapping) else None
+    if not isinstance(user_id, str):
+        return None
+    if user_id.startswith("{"):
+        try:
+            parsed = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            return None
+        found = parsed.get("session_id") if isinstance(parsed, dict) else None
+        return found if isinstance(found, str) and found else None
+    matched = _CLAUDE_USER_ID.match(user_id)
+    return None if matched is None else matched.group(1)
 
 
 def session_slots(key: SessionKey, count: int) -> list[SessionKey]:

@@ -13,7 +13,8 @@ A chat request goes through these steps, in order (``_answer_chat``):
    holding one of ``slots`` (when set: others queue, as on a single-slot server).
 
 ``/v1/responses`` follows the same steps with the Responses API's shapes
-(responses.py). Encoders load once, here; nothing on the request path reads files.
+(responses.py), ``/v1/messages`` with Anthropic's (messages.py). Encoders load once,
+here; nothing on the request path reads files.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from proxy.simulator.errors import (
     overflow_error,
     simulated_failure,
 )
+from proxy.simulator.messages import messages_routes
 from proxy.simulator.non_chat import embeddings_body, legacy_completion_body, models_body
 from proxy.simulator.overrides import Overrides, read_overrides
 from proxy.simulator.recorder import Counter, Recorder
@@ -334,6 +336,7 @@ def create_simulator_app(config: SimulatorConfig) -> Starlette:
         Route("/v1/chat/completions", _chat_route(sim), methods=["POST"]),
         Route("/v1/responses", responses_route(sim), methods=["POST"]),
         Route("/v1/responses/compact", compact_route(sim), methods=["POST"]),
+        *(Route(path, handler, methods=["POST"]) for path, handler in messages_routes(sim)),
         *_non_chat_routes(sim),
         *_observability_routes(sim),
     ]

@@ -42,11 +42,12 @@ class Recorder:
         if self._max_requests <= 0:
             return
         # authorization and every x-* header (x-session-id, x-compaction-purpose,
-        # x-sim-*): what tests assert on; the rest is transport noise.
+        # x-sim-*, x-api-key) and anthropic-* header (anthropic-version, anthropic-beta):
+        # what tests assert on; the rest is transport noise.
         kept = {
             key: value
             for key, value in headers.items()
-            if key == "authorization" or key.startswith("x-")
+            if key == "authorization" or key.startswith(("x-", "anthropic-"))
         }
         entry = b'{"headers":' + orjson.dumps(kept) + b',"body":' + raw_body + b"}"
         self._entries.append(entry)

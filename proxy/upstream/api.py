@@ -8,7 +8,7 @@ chat view (the messages the steps count, plan and rebuild), the body for a view,
 the output budget lowered, the prompt's tokens in an answer, a failure at the head of
 its stream, an error as its stream carries one, and which requests go upstream
 untouched. Each API is one module under ``routes/`` with its ``Api`` (routes/chat.py,
-routes/responses.py), served at ``/v1/`` and its path upstream from app.py's
+routes/responses.py, routes/messages.py), served at ``/v1/`` and its path upstream from app.py's
 ``APIS``: a new API is one more module and one more entry there.
 """
 
@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 def no_references(data: dict[str, Any]) -> list[str]:
     """No request of the API names items it does not carry (the chat completions default)."""
     return []
+
+
+def as_stated(verdict: Overflow) -> Overflow:
+    """An overflow answer read as its classifier read it (the default)."""
+    return verdict
 
 
 def never(data: dict[str, Any], control: str) -> bool:
@@ -91,6 +96,9 @@ class Api:
     contract: Callable[[bytes, dict[str, Any], ChatRequest, str, Settings], Contract] = (
         lambda body, data, chat, tenant, settings: Contract(body, data, chat)
     )
+    # An overflow answer as this API's recovery reads it: Messages reads Anthropic's
+    # "input length and `max_tokens` exceed context limit" as an output budget refusal.
+    as_budget: Callable[[Overflow], Overflow] = as_stated
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,9 +41,17 @@ CONTROL_HEADERS = frozenset({"x-compaction"})
 # The proxy's own header family (x-compaction-purpose marks its summarizer calls):
 # a client's copy must never reach the upstream looking like the proxy's.
 _CONTROL_PREFIX = "x-compaction-"
-# Headers the summarizer's own upstream calls carry: credentials and billing scope.
+# Headers the summarizer's own upstream calls carry: credentials and billing scope, and
+# the Messages API's version (Anthropic refuses a call without it).
 AUTH_HEADERS = frozenset(
-    {b"authorization", b"api-key", b"x-api-key", b"openai-organization", b"openai-project"}
+    {
+        b"authorization",
+        b"api-key",
+        b"x-api-key",
+        b"openai-organization",
+        b"openai-project",
+        b"anthropic-version",
+    }
 )
 
 

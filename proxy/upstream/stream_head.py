@@ -39,7 +39,15 @@ log = logging.getLogger("proxy.recover")
 
 # Past this much head without a first event, the stream is not one we can classify.
 MAX_HEAD_BYTES = 256 * 1024
-_PREAMBLE = (b"response.created", b"response.in_progress", b"response.queued")
+# Events that open a stream before any output: Responses' lifecycle, and a Messages
+# stream's message_start and ping (an error event may follow them).
+_PREAMBLE = (
+    b"response.created",
+    b"response.in_progress",
+    b"response.queued",
+    b"message_start",
+    b"ping",
+)
 _BLOCK_END = re.compile(rb"\r?\n\r?\n")
 
 Watch = Callable[[bytes], None]
@@ -70,8 +78,9 @@ class Recovery:
 
 
 def first_event(head: bytes) -> bytes | None:
-    """The stream's first complete event that is not only comments nor a Responses API
-    lifecycle event, or None if none is complete yet."""
+    """The stream's first complete event that is not only comments nor a stream's
+    preamble (Responses' lifecycle, Messages' ``message_start`` and ``ping``), or None if
+    none is complete yet."""
     events = head.replace(b"\r\n", b"\n").split(b"\n\n")
     for event in events[:-1]:  # the last piece has no blank line after it yet
         lines = [line for line in event.split(b"\n") if line and not line.startswith(b":")]
@@ -81,8 +90,9 @@ def first_event(head: bytes) -> bytes | None:
 
 
 def _is_preamble(lines: list[bytes]) -> bool:
-    """A Responses stream opens with ``response.created`` (and ``in_progress``), which
-    carry no output: an overflow comes after them, as ``response.failed``."""
+    """A Responses stream opens with ``response.created`` (and ``in_progress``), a
+    Messages stream with ``message_start`` and ``ping``, which carry no output: an
+    overflow comes after them, as ``response.failed`` or an ``error`` event."""
     for line in lines:
         if line.startswith(b"event:"):
             return line[6:].strip() in _PREAMBLE

@@ -264,3 +264,32 @@ async def test_a_derived_session_of_a_big_body_is_hashed_off_the_loop(
         turn = Turn({"model": "m", "messages": messages}, body, model, "t", None, [])
         assert await pipeline.session_of(turn, messages) == derived(messages)
         assert on_loop[-1] is expected
+
+
+CLAUDE_SESSION = "7f1c0a52-3b1e-4c4f-9d0e-2a4a3f6b8c11"
+
+
+@pytest.mark.parametrize(
+    "user_id",
+    [
+        f"user_{'ab' * 32}_account__session_{CLAUDE_SESSION}",
+        f"user_{'ab' * 32}_account_0b6d3c1e-8f2a-4e7b-a1c9-5d4e3f2a1b0c_session_{CLAUDE_SESSION}",
+        orjson.dumps({"device_id": "d", "account_uuid": "", "session_id": CLAUDE_SESSION}).decode(),
+    ],
+)
+def test_claude_codes_session_id_names_the_session(user_id: str) -> None:
+    """Claude Code names its session inside metadata.user_id: the older string form, and
+    the JSON string of 2.1.78 and later."""
+    body = {"metadata": {"user_id": user_id}, "user": "someone"}
+    settings = SessionSettings(body_fields=["user"])
+    assert session_name({}, body, settings) == CLAUDE_SESSION
+    # The session header still comes first.
+    assert session_name({settings.header: "h"}, body, settings) == "h"
+
+
+@pytest.mark.parametrize(
+    "user_id", ["someone", "user_x_session_", "{not json", '{"session_id": 3}', '["a"]', 5]
+)
+def test_other_user_ids_name_no_session(user_id: object) -> None:
+    body = {"metadata": {"user_id": user_id}}
+    assert session_name({}, body, SessionSettings()) is None
