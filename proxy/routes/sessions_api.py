@@ -3,7 +3,8 @@
 The caller's credential scopes every call exactly like chat requests, so
 another tenant asking for the same id gets a 404, never someone else's data.
 A session the proxy has served but not compacted yet answers version 0 and no
-summary, with its latest turn's figures (sightings.py).
+summary, with its latest turn's figures (sightings.py); ``ledger``: its net-savings
+totals as this process counted them (observe/ledger.py), when it served any.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ async def get_session(request: Request, services: Services) -> Response:
     (_, snapshot), seen = await asyncio.gather(
         _newest(services, key), services.store.load_seen(key)
     )
-    if snapshot is None and seen is None:
+    ledger = services.ledger.session_totals(key.storage_key)  # this process's (ledger.py)
+    if snapshot is None and seen is None and ledger is None:
         raise _not_found(key)
     body: dict[str, Any] = {"id": request.path_params["session_id"], "object": "compaction.session"}
     # Not compacted yet: version 0, no summary.
@@ -55,6 +57,8 @@ async def get_session(request: Request, services: Services) -> Response:
     if seen is not None:  # its latest turn, as noted after the answer went out
         body.update(messages=seen.messages, tokens=seen.tokens, last_seen_at=int(seen.seen_at))
         body["model"] = body.get("model") or seen.model
+    if ledger is not None:  # does compaction pay: the session's totals, as this process saw
+        body["ledger"] = {**ledger.as_dict(), "scope": "process"}
     return JSONResponse(body)
 
 
