@@ -3,9 +3,10 @@
 One request's ``Entry``, in the upstream's tokens (its usage is the truth):
 
 * ``would_send``: the input tokens the client's history, as it sent it, would have cost:
-  the proxy's count of that history calibrated by this very request's usage (the
-  upstream's count of the view sent over the proxy's count of it); the upstream's own
-  count when the history went as sent;
+  the upstream's own count when the history went as sent; else the proxy's count of that
+  history calibrated: times the upstream's tokens per one of the proxy's in this
+  tenant's earlier histories sent whole to the model (``learn_ratio``; a view's count
+  holds the summary's estimate, so views teach it nothing);
 * ``sent``: the input tokens the upstream counted (``prompt_tokens``/``input_tokens``);
 * ``cached``: of those, the ones it served from its prompt cache (``cached_tokens``);
 * ``would_cached``: of ``would_send``, the ones the history as sent would have had
@@ -33,6 +34,7 @@ from typing import Any
 CACHE_MIN_TOKENS = 1024
 CACHE_STEP_TOKENS = 128
 _ESTIMATE_BYTES_PER_TOKEN = 4
+_MIN_RATIO_TOKENS = 256  # below, fixed overheads dominate the ratio
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d{1,9})')
 _IN = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d{1,9})')
 _OUT = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d{1,9})')
@@ -54,6 +56,16 @@ def summarizer_usage(raw: bytes, sent: bytes) -> tuple[int, int, bool]:
     if found_in and found_out:
         return int(found_in.group(1)), int(found_out.group(1)), False
     return len(sent) // _ESTIMATE_BYTES_PER_TOKEN, len(raw) // _ESTIMATE_BYTES_PER_TOKEN, True
+
+
+def learn_ratio(old: float | None, ours: int, theirs: int) -> float | None:
+    """The calibration ratio after the upstream counted ``theirs`` tokens of a history the
+    proxy counted at ``ours``: a moving average, as upstream/calibrate.py's (None: none
+    learned; a history under 256 tokens teaches nothing)."""
+    if ours < _MIN_RATIO_TOKENS or theirs <= 0:
+        return old
+    ratio = min(max(theirs / ours, 0.5), 2.0)
+    return ratio if old is None else old + 0.2 * (ratio - old)
 
 
 def cacheable(tokens: int) -> int:
@@ -103,6 +115,7 @@ class Counted:
     view: int  # the proxy's count (or estimate) of the view sent
     as_sent: bool  # the view is the history as sent
     usage: tuple[int, int] | None  # the upstream's input tokens, and of them cached
+    ratio: float = 1.0  # the upstream's tokens per one of the proxy's (calibration)
 
 
 def entry_for(counted: Counted, previous_would_send: int) -> Entry:
@@ -110,13 +123,13 @@ def entry_for(counted: Counted, previous_would_send: int) -> Entry:
     session's previous request's, 0 for none."""
     history = counted.view if counted.history is None else counted.history
     if counted.usage is None:
-        would = history
+        would = round(history * counted.ratio)
         would_cached = 0 if counted.as_sent else cacheable(min(previous_would_send, would))
-        return Entry(would, counted.view, 0, would_cached, estimated=True)
+        return Entry(would, round(counted.view * counted.ratio), 0, would_cached, estimated=True)
     sent, cached = counted.usage
     if counted.as_sent:
         return Entry(sent, sent, cached, cached)
-    would = round(history * sent / counted.view) if counted.view > 0 else history
+    would = round(history * counted.ratio)
     return Entry(would, sent, cached, cacheable(min(previous_would_send, would)))
 
 

@@ -5,8 +5,9 @@ tenant, and counted in series of its own (metrics.py is full), on ``Metrics.regi
 summary that ends after its request's line (a background pre-compaction) reaches
 ``Ledger.late`` through its record. What is shared: the series, summed across workers by
 ``/metrics`` and across replicas by Prometheus. What is not: the per-session and
-per-tenant totals (``GET /sessions/{id}``, ``GET /admin/tenants``) are this process's
-since it started, bounded (least recently used dropped), one worker's or replica's view.
+per-tenant totals (``GET /sessions/{id}``, ``GET /admin/tenants``) and the calibration
+ratios are this process's since it started, bounded (least recently used dropped): one
+worker's or replica's view.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from proxy.core.ledger import (
     Entry,
     Price,
     entry_for,
+    learn_ratio,
     money_saved,
     price_for,
     with_summaries,
@@ -67,6 +69,8 @@ class Ledger:
         self._pricing = pricing
         self.sessions: LRUCache[str, Totals] = LRUCache(_SESSIONS_LIMIT)
         self.tenants: LRUCache[str, Totals] = LRUCache(_TENANTS_LIMIT)
+        # Upstream tokens per one of the proxy's, by tenant and model (core/ledger.py).
+        self._ratios: LRUCache[tuple[str, str], float] = LRUCache(_TENANTS_LIMIT)
         self.tokens = Counter(
             "compaction_proxy_tokens_saved",
             "The ledger's input tokens, by kind: would_send (the history as the client sent "
@@ -113,13 +117,14 @@ class Ledger:
         totals = self.sessions.get(session) if session else None
         entry = Entry()
         if counted and rec.outcome is not None:
-            facts = Counted(
-                rec.tokens_before,
-                rec.outcome.tokens,
-                rec.outcome.messages is None,
-                rec.usage,
-            )
+            as_sent, model = rec.outcome.messages is None, (rec.tenant, rec.model)
+            ratio = self._ratios.get(model)
+            facts = Counted(rec.tokens_before, rec.outcome.tokens, as_sent, rec.usage, ratio or 1.0)
             entry = entry_for(facts, totals.last_would_send if totals else 0)
+            if as_sent and rec.usage is not None and rec.tokens_before is not None:
+                learned = learn_ratio(ratio, rec.tokens_before, rec.usage[0])
+                if learned is not None:
+                    self._ratios[model] = learned
         entry = with_summaries(entry, rec.summarized)
         money = self._money(entry, rec.model, rec.summarizer_model)
         self._add(rec, session, (entry, money), counted)
