@@ -20,7 +20,8 @@ from proxy.core.encodings import load_encoders
 from proxy.observe.logs import ACCESS
 from proxy.simulator.counting import PromptCounter
 from tests.support.chat import FILLER, Chat, small_window_settings, upstream_requests
-from tests.support.metrics import metric
+from tests.support.metrics import metric, wait_for_idle
+from tests.support.responses import settings as responses_settings
 
 PRICE = {"match": "sim-*", "input": 2.0, "cached_input": 0.5, "output": 8.0}  # test figures
 ADMIN_KEY = "admin-secret"
@@ -188,3 +189,56 @@ def test_without_usage_the_entry_says_estimated(
     assert usage["estimated"] is False
     (_, with_usage) = (r["usage"] for r in upstream_requests(sim_reset))
     assert usage["sent"] == usage["would_send"] == with_usage["prompt_tokens"]
+
+
+def test_responses_cached_tokens_reach_the_ledger(
+    sim_reset: str, start_proxy: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Responses API's ``input_tokens_details.cached_tokens``, in the request's entry."""
+    url = start_proxy(responses_settings(sim_reset))
+    opening = [
+        {"role": "system", "content": "You are terse. " + "alpha beta gamma " * 230},
+        {"role": "user", "content": "Remember: " + "delta epsilon zeta " * 230},
+    ]
+    headers = {"Authorization": "Bearer sk-responses", "X-Session-Id": "r"}
+    with request_lines(caplog) as lines:
+        for last in ("one", "two"):
+            r = httpx.post(
+                f"{url}/v1/responses",
+                json={"model": "sim-8k", "input": [*opening, {"role": "user", "content": last}]},
+                headers=headers,
+            )
+            assert r.status_code == 200, r.text
+    usages = [call["usage"] for call in upstream_requests(sim_reset)]
+    assert usages[1]["input_tokens_details"]["cached_tokens"] > 0
+    for line, usage in zip(lines, usages, strict=True):
+        got = _ledger_fields(line)
+        sent, cached = usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
+        assert (got["sent"], got["cached"], got["would_send"]) == (sent, cached, sent)
+        assert (got["would_cached"], got["net"], got["estimated"]) == (cached, 0, False)
+
+
+def test_a_background_summarys_tokens_reach_its_session(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """Pre-compaction summarizes after the answer is out: its tokens still count, in the
+    session's totals and the series, as the simulator's usage for those calls says."""
+    url = start_proxy(small_window_settings(sim_reset, precompact_ratio=0.5))
+    chat = Chat(url, session="background")
+    for turn in range(24):
+        chat.say(f"Turn {turn}: {FILLER}")
+    wait_for_idle(url)
+    assert metric(url, "compaction_proxy_precompactions", outcome="compacted") >= 1
+    summaries = [
+        call["usage"]
+        for call in upstream_requests(sim_reset)
+        if call["headers"].get("x-compaction-purpose") == "summarize"
+    ]
+    assert summaries
+    totals = httpx.get(
+        f"{url}/sessions/background", headers={"Authorization": f"Bearer {chat.key}"}
+    ).json()["ledger"]
+    assert totals["summarizer_input"] == sum(u["prompt_tokens"] for u in summaries)
+    assert totals["summarizer_output"] == sum(u["completion_tokens"] for u in summaries)
+    given = metric(url, "compaction_proxy_summarizer_tokens", direction="input")
+    assert given == totals["summarizer_input"]
