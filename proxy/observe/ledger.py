@@ -104,9 +104,6 @@ class Ledger:
         for side in ("would_have_paid", "paid"):
             self.cost.labels(side=side)
 
-    def session_totals(self, key: str) -> Totals | None:
-        return self.sessions.get(key)
-
     def finish(self, rec: Record) -> tuple[Entry, float | None] | None:
         """The entry of ``rec`` (a chat request, finished) and its money saved, counted in
         the series and its session's and tenant's totals; None for other requests."""

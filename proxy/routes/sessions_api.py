@@ -4,7 +4,7 @@ The caller's credential scopes every call exactly like chat requests, so
 another tenant asking for the same id gets a 404, never someone else's data.
 A session the proxy has served but not compacted yet answers version 0 and no
 summary, with its latest turn's figures (sightings.py); ``ledger``: its net-savings
-totals as this process counted them (observe/ledger.py), when it served any.
+totals as this process counted them (observe/ledger.py).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ async def get_session(request: Request, services: Services) -> Response:
     (_, snapshot), seen = await asyncio.gather(
         _newest(services, key), services.store.load_seen(key)
     )
-    ledger = services.ledger.session_totals(key.storage_key)  # this process's (ledger.py)
-    if snapshot is None and seen is None and ledger is None:
+    if snapshot is None and seen is None:
         raise _not_found(key)
+    ledger = services.ledger.sessions.get(key.storage_key)  # this process's (ledger.py)
     body: dict[str, Any] = {"id": request.path_params["session_id"], "object": "compaction.session"}
     # Not compacted yet: version 0, no summary.
     body.update(_snapshot_fields(snapshot) if snapshot else {"version": 0, "summary": None})
@@ -81,6 +81,7 @@ def _snapshot_fields(snapshot: Snapshot) -> dict[str, Any]:
 async def delete_session(request: Request, services: Services) -> Response:
     key = _key(request)
     slots = session_slots(key, services.settings.session.explicit_slots)
+    services.ledger.sessions.pop(key.storage_key, None)  # this process's totals go too
     if not any(await asyncio.gather(*(services.store.delete(k) for k in slots))):
         raise _not_found(key)
     return JSONResponse({"id": request.path_params["session_id"], "deleted": True})
