@@ -102,6 +102,10 @@ async def list_sessions(request: Request) -> Response:
     return await admin_api.list_sessions(request, _scoped(request))
 
 
+async def list_tenants(request: Request) -> Response:
+    return await admin_api.list_tenants(request, _scoped(request))
+
+
 async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -178,6 +182,7 @@ ROUTES = [
         name="sessions",
     ),
     Route("/admin/sessions", endpoint(list_sessions), methods=["GET"], name="admin"),
+    Route("/admin/tenants", endpoint(list_tenants), methods=["GET"], name="admin"),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
@@ -197,7 +202,7 @@ def create_app(settings: Settings, drain: Drain | None = None) -> Starlette:
         services = await build_services(settings)
         drain.metrics = services.metrics
         try:
-            recorder = Recorder(services.metrics, settings)
+            recorder = Recorder(services.metrics, settings, services.ledger)
             yield {"services": services, "drain": drain, "recorder": recorder}
         finally:
             await services.aclose()

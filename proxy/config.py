@@ -100,10 +100,9 @@ class UpstreamSettings(_Section):
     # OpenAI's compaction contract (compaction_trigger, /responses/compact): "passthrough"
     # to the upstream, "proxy" compacts here; "auto": passthrough for api.openai.com only.
     compaction: Literal["auto", "passthrough", "proxy"] = "auto"
-    # With api_key set, the caller's own credential and origin headers (x-api-key,
-    # api-key, OpenAI-Organization, OpenAI-Project, Forwarded, X-Forwarded-*, X-Real-IP)
-    # stay here, off the proxy's key, except those named here (Authorization never goes).
-    forward_client_headers: list[str] = []
+    # With api_key set, the caller's credential and origin headers (x-api-key, api-key, OpenAI-
+    # Organization/-Project, Forwarded, X-Forwarded-*, X-Real-IP) stay here, but those named here
+    forward_client_headers: list[str] = []  # (Authorization never goes)
 
     @model_validator(mode="after")
     def _check_url(self) -> UpstreamSettings:
@@ -213,9 +212,8 @@ class CompactionSettings(_Section):
     # Overflow recovery is the last line of defence: on even with enabled: false.
     recover_overflow: bool = True
     learned_window_ttl_s: float = Field(24 * 3600, gt=0)
-    # A window learned from one caller's overflow error applies to that caller at once; every
-    # caller's once this many tenants report it. So no one caller shrinks everyone's window, a
-    # shared window is lowered at most once per learned_window_interval_s, by half at most.
+    # A window learned from one caller's overflow error is that caller's at once, everyone's
+    # once this many tenants report it, lowered once per learned_window_interval_s, by half at most.
     learned_window_quorum: int = Field(2, ge=1)
     learned_window_interval_s: float = Field(600.0, ge=0)
 
@@ -229,15 +227,17 @@ class CompactionSettings(_Section):
 
 
 class LoggingSettings(_Section):
-    # json: one JSON object per line (a request's line carries its fields as keys);
-    # text: one human-readable line, the same fields as key=value.
-    format: Literal["json", "text"] = "json"
-    # The proxy's own loggers; other libraries log warnings and above whatever this says
-    # (their debug output is not ours to vouch for). uvicorn's own: server.log_level.
+    format: Literal["json", "text"] = "json"  # json: an object per line; text: key=value
+    # The proxy's loggers; other libraries log warnings and up (uvicorn's: server.log_level).
     level: Literal["debug", "info", "warning", "error"] = "info"
-    # Debugging a client's sessions: request lines also carry the raw session header value.
-    # Content and credentials (API keys, the admin key) are never logged: no log call gets them.
-    include_sensitive: bool = False
+    include_sensitive: bool = False  # request lines carry the raw session header (not keys)
+
+
+class PriceRule(_Section):  # USD per million tokens (core/ledger.py); none shipped as facts
+    match: str = "*"  # a glob on the model name: a model's first matching rule prices it
+    input: float = Field(ge=0)
+    cached_input: float | None = Field(None, ge=0)  # None: priced as input
+    output: float = Field(ge=0)
 
 
 class ModelSpec(_Section):
@@ -268,6 +268,7 @@ class Settings(BaseSettings):
     logging: LoggingSettings = LoggingSettings()
     models: list[ModelSpec] = []
     default_model: DefaultModelSpec = DefaultModelSpec()
+    pricing: list[PriceRule] = []  # the ledger's money: none, tokens only
 
     @property
     def requires_client_key(self) -> bool:

@@ -29,6 +29,7 @@ from proxy.compaction.schedule import scheduled
 from proxy.compaction.snapshots import load_session
 from proxy.core.budget import Budget
 from proxy.core.digest import tenant_seed
+from proxy.core.ledger import find_cached_tokens
 from proxy.core.models import ResolvedModel
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
@@ -285,16 +286,18 @@ async def effective_model(services: Services, name: str, tenant: str) -> Resolve
 def _usage_watcher(
     services: Services, turn: Turn | None, route: Route, outcome: Outcome
 ) -> Callable[[bytes], None] | None:
-    """Feed the provider's prompt token count back into our estimates, and the answer's
-    bytes to the output items it keeps (``route.items``)."""
-    if turn is None or not outcome.counted:
-        return refs.watching_items(route, None)
+    """Feed the provider's prompt token count back into our estimates and, with its
+    cached tokens, to the request's ledger (observe/ledger.py), and the answer's bytes to
+    the output items it keeps (``route.items``)."""
     calibration, prompt_tokens = services.calibration, route.api.prompt_tokens
-    tenant, model = turn.tenant, turn.model.name
+    record, calibrate = current_record(), turn is not None and outcome.counted
+    tenant, model = (turn.tenant, turn.model.name) if turn is not None else ("", "")
 
     def watch(chunk: bytes) -> None:
         theirs = prompt_tokens(chunk)
         if theirs is not None:
-            calibration.observe(tenant, model, outcome.tokens, theirs)
+            record.used(theirs, find_cached_tokens(chunk))
+            if calibrate:
+                calibration.observe(tenant, model, outcome.tokens, theirs)
 
     return refs.watching_items(route, watch)

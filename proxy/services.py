@@ -22,6 +22,7 @@ from proxy.config import Settings
 from proxy.core.encodings import Encoder, load_encoders
 from proxy.core.models import ModelTable
 from proxy.core.tokens import TokenCounter
+from proxy.observe.ledger import Ledger
 from proxy.observe.metrics import Metrics
 from proxy.observe.references import ReferenceMetrics
 from proxy.store import ItemStore, Store, build_store, refuse_cluster_node
@@ -50,6 +51,7 @@ class Services:
     bodies: BodyBudget  # request bodies held by this process (server.max_inflight_body_bytes)
     items: ItemStore  # output items relayed, for Responses item_reference inputs
     references: ReferenceMetrics
+    ledger: Ledger  # does compaction pay: per session and tenant (this process), and series
 
     async def aclose(self) -> None:
         """Close what ``build_services`` opened: background compactions (they use both),
@@ -116,6 +118,7 @@ async def build_services(settings: Settings) -> Services:
             bodies=BodyBudget(settings.server),
             items=build_item_store(settings, store),
             references=ReferenceMetrics(metrics.registry),
+            ledger=Ledger(metrics.registry, settings.pricing),
         )
         opened.pop_all()  # built: from here on, closing is Services.aclose's
     return services

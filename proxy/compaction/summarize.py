@@ -39,6 +39,7 @@ from proxy.compaction.chunking import ChunkSize, cut
 from proxy.compaction.summary_api import PATHS, SummarizerApi, read_answer, request_body
 from proxy.config import Settings
 from proxy.core.budget import summary_limit
+from proxy.core.ledger import summarizer_usage
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Turn
 from proxy.core.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
@@ -262,4 +263,6 @@ async def _post(
             await response.aclose()
     except UpstreamError as exc:
         raise SummaryError(f"summarizer request failed: {type(exc).__name__}") from exc
+    if response.status_code == 200:  # the ledger's summarizer tokens (core/ledger.py)
+        current_record().summary_used(req.model, summarizer_usage(raw, body))
     return response.status_code, raw, dict(response.headers)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from proxy.core.history import History
     from proxy.core.outcome import Outcome, Turn
     from proxy.core.session import SessionKey
+    from proxy.observe.ledger import Ledger
     from proxy.observe.recorder import Recorder
 
 _UNRECORDED = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -75,6 +76,14 @@ class Record:
     event_stream: bool = False
     ttfb_s: float | None = None
     completed: bool = False
+    # The ledger's facts (observe/ledger.py): the upstream's usage of the view answered
+    # (input tokens, of them cached; None: the answer carried none), and the summarizer's
+    # (input, output, estimated) and model; once finished, a summary goes to ``ledger``.
+    usage: tuple[int, int] | None = None
+    summarized: tuple[int, int, bool] = (0, 0, False)
+    summarizer_model: str | None = None
+    ledger: Ledger | None = None
+    finished: bool = False
 
     @classmethod
     def detached(cls) -> Record:
@@ -114,6 +123,23 @@ class Record:
         if self.upstream_sent_at:
             self.upstream_s += perf_counter() - self.upstream_sent_at
             self.upstream_sent_at = 0.0
+
+    def used(self, input_tokens: int | None, cached: int | None) -> None:
+        """What the upstream's answer says the view cost: its input tokens, cached ones."""
+        if input_tokens is not None:
+            self.usage = (input_tokens, 0 if self.usage is None else self.usage[1])
+        if cached is not None and self.usage is not None:
+            self.usage = (self.usage[0], cached)
+
+    def summary_used(self, model: str, tokens: tuple[int, int, bool]) -> None:
+        """One summarizer call's input and output tokens (and whether estimated)."""
+        if self.finished:
+            if self.ledger is not None:
+                self.ledger.late(self, model, tokens)
+            return
+        given, written, estimated = self.summarized
+        self.summarized = (given + tokens[0], written + tokens[1], estimated or tokens[2])
+        self.summarizer_model = model
 
     def answered(self, upstream_status: int, outcome: Outcome | None = None) -> None:
         """The upstream answered (the view ``outcome``, after any recovery)."""
@@ -161,6 +187,7 @@ class RecordRequests:
             return
         request_id, scope["headers"] = request_id_from(scope["headers"])
         rec = Record(request_id, perf_counter(), scope["method"], scope["path"])
+        rec.ledger = recorder.ledger
         scope[_SCOPE_KEY] = rec
         own = (HEADER, request_id.encode("ascii"))
 

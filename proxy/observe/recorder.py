@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter, Histogram
 
 from proxy.core.session import session_from_header
+from proxy.observe.ledger import Ledger
 from proxy.observe.logs import ACCESS, write_request_line
 from proxy.observe.metrics import Metrics
 from proxy.observe.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
@@ -91,8 +92,9 @@ class _FastCounter:
 class Recorder:
     """Observes each finished request's metrics and writes its line; one per app."""
 
-    def __init__(self, metrics: Metrics, settings: Settings) -> None:
+    def __init__(self, metrics: Metrics, settings: Settings, ledger: Ledger | None = None) -> None:
         self.metrics = metrics
+        self.ledger = ledger or Ledger(metrics.registry, settings.pricing)
         self._include_sensitive = settings.logging.include_sensitive
         # Keyed by route (a route name) and status label: closed sets (proxy.observe.series).
         self._durations: dict[str, _FastHistogram] = {}
@@ -137,8 +139,16 @@ class Recorder:
             before = rec.tokens_before
             self._before.inc(outcome.tokens if before is None else before)
             self._after.inc(outcome.tokens)
+        ledgered = self.ledger.finish(rec)
+        rec.finished = True  # a summary from now on goes to the ledger alone
         if ACCESS.isEnabledFor(logging.INFO):
-            write_request_line(self._fields(rec, total))
+            fields = self._fields(rec, total)
+            if ledgered is not None:  # the ledger's entry, flat: ledger_net, ledger_sent...
+                entry, money = ledgered
+                fields.update((f"ledger_{k}", v) for k, v in entry.as_dict().items())
+                if money is not None:
+                    fields["ledger_money_saved_usd"] = round(money, 6)
+            write_request_line(fields)
 
     def _fields(self, rec: Record, total: float) -> dict[str, Any]:
         """The line's fields: hashed ids, never content, credentials or header values."""

@@ -1,4 +1,5 @@
-"""``GET /admin/sessions``: what the store holds, for operators.
+"""``GET /admin/sessions``: what the store holds, for operators; ``GET /admin/tenants``:
+each tenant's net-savings ledger, as this process counted it (observe/ledger.py).
 
 Enabled only when ``server.admin_key`` is set, and answered only to
 ``Authorization: Bearer <admin_key>``. It lists metadata (hashed ids, sizes,
@@ -58,3 +59,12 @@ async def list_sessions(request: Request, services: Services) -> Response:
         for key, snap in entries[:limit]
     ]
     return JSONResponse({"object": "list", "data": data, "has_more": len(entries) > limit})
+
+
+async def list_tenants(request: Request, services: Services) -> Response:
+    """Each tenant's ledger totals (hashed id), this process's since it started: with
+    several workers or replicas, one's share (the series are the sum)."""
+    _authorize(request, services)
+    tenants = list(services.ledger.tenants.items())[:_MAX_LIMIT]
+    data = [{"tenant": tenant[:12], **totals.as_dict()} for tenant, totals in tenants]
+    return JSONResponse({"object": "list", "data": data, "scope": "process"})

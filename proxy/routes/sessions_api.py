@@ -3,7 +3,8 @@
 The caller's credential scopes every call exactly like chat requests, so
 another tenant asking for the same id gets a 404, never someone else's data.
 A session the proxy has served but not compacted yet answers version 0 and no
-summary, with its latest turn's figures (sightings.py).
+summary, with its latest turn's figures (sightings.py); ``ledger``: its net-savings
+totals as this process counted them (observe/ledger.py).
 """
 
 from __future__ import annotations
@@ -49,12 +50,15 @@ async def get_session(request: Request, services: Services) -> Response:
     )
     if snapshot is None and seen is None:
         raise _not_found(key)
+    ledger = services.ledger.sessions.get(key.storage_key)  # this process's (ledger.py)
     body: dict[str, Any] = {"id": request.path_params["session_id"], "object": "compaction.session"}
     # Not compacted yet: version 0, no summary.
     body.update(_snapshot_fields(snapshot) if snapshot else {"version": 0, "summary": None})
     if seen is not None:  # its latest turn, as noted after the answer went out
         body.update(messages=seen.messages, tokens=seen.tokens, last_seen_at=int(seen.seen_at))
         body["model"] = body.get("model") or seen.model
+    if ledger is not None:  # does compaction pay: the session's totals, as this process saw
+        body["ledger"] = {**ledger.as_dict(), "scope": "process"}
     return JSONResponse(body)
 
 
@@ -77,6 +81,7 @@ def _snapshot_fields(snapshot: Snapshot) -> dict[str, Any]:
 async def delete_session(request: Request, services: Services) -> Response:
     key = _key(request)
     slots = session_slots(key, services.settings.session.explicit_slots)
+    services.ledger.sessions.pop(key.storage_key, None)  # this process's totals go too
     if not any(await asyncio.gather(*(services.store.delete(k) for k in slots))):
         raise _not_found(key)
     return JSONResponse({"id": request.path_params["session_id"], "deleted": True})

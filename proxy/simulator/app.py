@@ -7,7 +7,8 @@ A chat request goes through these steps, in order (``_answer_chat``):
 3. check model, messages, roles and tool-call pairing, then strict role
    alternation when the model (or ``X-Sim-Strict-Alternation``) asks for it;
 4. reject ``max_tokens`` above the model's output limit;
-5. count prompt tokens and reject an overflow in the model's error format;
+5. count prompt tokens and reject an overflow in the model's error format; the
+   prefix a recent request of the same API key repeated is cached (prompt_cache.py);
 6. build the deterministic reply (``replies.py``) and send it as JSON, after
    ``latency_ms`` (a summary: ``summary_latency_ms``), or as SSE with the stream delays,
    holding one of ``slots`` (when set: others queue, as on a single-slot server).
@@ -50,6 +51,7 @@ from proxy.simulator.errors import (
 from proxy.simulator.messages import messages_routes
 from proxy.simulator.non_chat import embeddings_body, legacy_completion_body, models_body
 from proxy.simulator.overrides import Overrides, read_overrides
+from proxy.simulator.prompt_cache import PromptCache, chat_blocks
 from proxy.simulator.recorder import Counter, Recorder
 from proxy.simulator.replies import Ask, Voice, build_reply
 from proxy.simulator.responses import StoredResponses, compact_route, responses_route
@@ -79,6 +81,10 @@ class Simulator:
         self.counters = {name: PromptCounter(enc) for name, enc in encoders.items()}
         self.recorder = Recorder(config.recording.max_requests, config.recording.max_bytes)
         self.responses = StoredResponses()  # for previous_response_id
+        cache = config.prompt_cache
+        self.prompt_cache = PromptCache(
+            ttl_s=cache.ttl_s, min_tokens=cache.min_tokens, increment=cache.increment
+        )
         # Bounded: clients may invent model names. Event loop only, so no lock.
         self._profiles: LRUCache[str, ModelProfile] = LRUCache(_PROFILE_CACHE_LIMIT)
         self._slots = asyncio.Semaphore(config.slots) if config.slots else None
@@ -103,6 +109,15 @@ class Simulator:
 
     def counter(self, profile: ModelProfile) -> PromptCounter:
         return self.counters[profile.tokenizer]
+
+    def cached(
+        self, request: Request, blocks: list[tuple[object, int]], total: int, scale: float
+    ) -> int:
+        """The cached tokens of a prompt of ``blocks`` (prompt_cache.py), ``total`` tokens
+        counted at ``scale``, sent with the request's API key."""
+        if scale != 1.0:
+            blocks = [(value, int(tokens * scale)) for value, tokens in blocks]
+        return self.prompt_cache.lookup(request.headers.get("authorization", ""), blocks, total)
 
 
 async def _abandoned_during(request: Request, delay_ms: float) -> bool:
@@ -138,7 +153,7 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
     raw = await request.body()
     body = parse_json_object(raw)
     request.state.streamed = body.get("stream") is True
-    sim.recorder.record(request.headers, raw)
+    number = sim.recorder.record(request.headers, raw)
     overrides = read_overrides(request.headers)
     if overrides.fail is not None:
         raise simulated_failure(overrides.fail, str(body.get("model", "")))
@@ -183,7 +198,14 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
     )
     if summarize:
         sim.recorder.bump("summaries")
-    completion = Completion(f"chatcmpl-{seed.hex()[:24]}", profile.name, reply, prompt.total)
+    blocks = chat_blocks(
+        counter, messages, prompt.tools, body.get("tools") or body.get("functions")
+    )
+    cached = sim.cached(request, blocks, prompt.total, profile.token_scale)
+    completion = Completion(
+        f"chatcmpl-{seed.hex()[:24]}", profile.name, reply, prompt.total, cached
+    )
+    sim.recorder.answered(number, completion.usage())
     if body.get("stream") is True:
         return _stream(sim, overrides, body, completion)
     latency = sim.config.latency_ms
@@ -310,6 +332,7 @@ def _observability_routes(sim: Simulator) -> list[Route]:
 
     async def clear_requests(request: Request) -> Response:
         sim.recorder.clear()
+        sim.prompt_cache.clear()  # each test starts cold
         return Response(status_code=204)
 
     async def stats(request: Request) -> Response:

@@ -14,12 +14,16 @@ from proxy.simulator.replies import Reply
 CREATED = 1700000000
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached: int | None = None) -> dict[str, Any]:
+    """A chat usage object; with ``cached``, its ``prompt_tokens_details`` as OpenAI's."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +34,10 @@ class Completion:
     model: str
     reply: Reply
     prompt_tokens: int
+    cached_tokens: int = 0  # of prompt_tokens, a prefix cached (prompt_cache.py)
+
+    def usage(self) -> dict[str, Any]:
+        return usage(self.prompt_tokens, self.reply.completion_tokens, self.cached_tokens)
 
 
 def completion_body(completion: Completion) -> dict[str, Any]:
@@ -57,7 +65,7 @@ def completion_body(completion: Completion) -> dict[str, Any]:
                 "finish_reason": reply.finish_reason,
             }
         ],
-        "usage": usage(completion.prompt_tokens, reply.completion_tokens),
+        "usage": completion.usage(),
     }
 
 
@@ -115,7 +123,7 @@ def completion_chunks(
                 "created": CREATED,
                 "model": model,
                 "choices": [],
-                "usage": usage(completion.prompt_tokens, reply.completion_tokens),
+                "usage": completion.usage(),
             }
         )
     return chunks

@@ -13,6 +13,7 @@ Every key is optional::
     summary_latency_ms: null # summaries (X-Compaction-Purpose: summarize); null: latency_ms
     slots: null              # chat completions served at once (llama.cpp -np); more queue
     recording: {max_requests: 10000, max_bytes: 134217728}   # for GET /_sim/requests
+    prompt_cache: {ttl_s: 600, min_tokens: 1024, increment: 128}  # ttl_s 0: off (prompt_cache.py)
 
 A model rule may override ``tokenizer``, ``error_format`` and ``strict_alternation``,
 say how it counts tool definitions (``tool_format``) and how the model summarizes:
@@ -81,6 +82,13 @@ class RecordingConfig(_Section):
     max_bytes: int = Field(default=128 * 1024 * 1024, ge=0)
 
 
+class PromptCacheConfig(_Section):
+    # OpenAI's rules (prompt_cache.py): prompts of 1024 tokens or more, hits in steps of 128.
+    ttl_s: float = Field(default=600, ge=0)  # how long a prefix stays cached; 0: never
+    min_tokens: int = Field(default=1024, gt=0)
+    increment: int = Field(default=128, gt=0)
+
+
 class SimulatorConfig(_Section):
     models: tuple[ModelRule, ...] = ()
     default: ModelDefaults = ModelDefaults()
@@ -95,6 +103,7 @@ class SimulatorConfig(_Section):
     # beyond them queues for a slot (counted: slot_waits). None: no limit.
     slots: int | None = Field(default=None, ge=1)
     recording: RecordingConfig = RecordingConfig()
+    prompt_cache: PromptCacheConfig = PromptCacheConfig()
 
     def tokenizers(self) -> list[str]:
         """Every tokenizer a request could need, so all load once at start-up."""

@@ -1,4 +1,5 @@
-"""What the simulator saw: recent chat requests and counters, for ``/_sim/``.
+"""What the simulator saw: recent chat requests, the usage it answered each with
+(``usage``, when it answered with one), and counters, for ``/_sim/``.
 
 Bodies are kept as the raw bytes that arrived (they already parsed as JSON),
 bounded by count and by total size: a benchmark sends thousands of long
@@ -33,14 +34,18 @@ class Recorder:
     def __init__(self, max_requests: int, max_bytes: int) -> None:
         self._max_requests = max_requests
         self._max_bytes = max_bytes
-        self._entries: deque[bytes] = deque()
+        self._entries: deque[tuple[int, bytes]] = deque()
+        self._usage: dict[int, bytes] = {}  # by entry number: the usage it was answered with
+        self._numbered = 0
         self._bytes = 0
         self._stats: dict[Counter, int] = dict.fromkeys(COUNTERS, 0)
 
-    def record(self, headers: Mapping[str, str], raw_body: bytes) -> None:
-        """Keep one request; ``raw_body`` must be valid JSON (it is spliced in as is)."""
+    def record(self, headers: Mapping[str, str], raw_body: bytes) -> int:
+        """Keep one request; ``raw_body`` must be valid JSON (it is spliced in as is).
+        Its number, for ``answered``."""
+        self._numbered += 1
         if self._max_requests <= 0:
-            return
+            return self._numbered
         # authorization and every x-* header (x-session-id, x-compaction-purpose,
         # x-sim-*, x-api-key) and anthropic-* header (anthropic-version, anthropic-beta):
         # what tests assert on; the rest is transport noise.
@@ -50,19 +55,31 @@ class Recorder:
             if key == "authorization" or key.startswith(("x-", "anthropic-"))
         }
         entry = b'{"headers":' + orjson.dumps(kept) + b',"body":' + raw_body + b"}"
-        self._entries.append(entry)
+        self._entries.append((self._numbered, entry))
         self._bytes += len(entry)
         while self._entries and (
             len(self._entries) > self._max_requests or self._bytes > self._max_bytes
         ):
-            self._bytes -= len(self._entries.popleft())
+            number, dropped = self._entries.popleft()
+            self._bytes -= len(dropped)
+            self._usage.pop(number, None)
+        return self._numbered
+
+    def answered(self, number: int, usage: Mapping[str, object]) -> None:
+        """The usage request ``number`` (``record``'s) was answered with."""
+        if self._entries and self._entries[0][0] <= number:
+            self._usage[number] = orjson.dumps(usage)
 
     def bump(self, counter: Counter) -> None:
         self._stats[counter] += 1
 
     def requests_json(self) -> bytes:
         """The recorded requests, oldest first, as one JSON array."""
-        return b"[" + b",".join(self._entries) + b"]"
+        return b"[" + b",".join(self._with_usage(n, e) for n, e in self._entries) + b"]"
+
+    def _with_usage(self, number: int, entry: bytes) -> bytes:
+        usage = self._usage.get(number)
+        return entry if usage is None else entry[:-1] + b',"usage":' + usage + b"}"
 
     def stats(self) -> dict[str, int]:
         return {str(name): count for name, count in self._stats.items()}
@@ -70,5 +87,6 @@ class Recorder:
     def clear(self) -> None:
         """Forget recorded requests and zero the counters."""
         self._entries.clear()
+        self._usage.clear()
         self._bytes = 0
         self._stats = dict.fromkeys(COUNTERS, 0)

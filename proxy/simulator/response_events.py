@@ -23,6 +23,7 @@ class Answer:
     reply: Reply
     input_tokens: int
     reasoning: str | None  # the reasoning to hand back (encrypted), when asked to reason
+    cached_tokens: int = 0  # of input_tokens, a prefix cached (prompt_cache.py)
 
 
 def output_items(answer: Answer) -> list[dict[str, Any]]:
@@ -96,7 +97,7 @@ def response_object(answer: Answer, body: dict[str, Any]) -> dict[str, Any]:
         "truncation": body.get("truncation", "disabled"),
         "usage": {
             "input_tokens": answer.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": answer.cached_tokens},
             "output_tokens": reply.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": answer.input_tokens + reply.completion_tokens,

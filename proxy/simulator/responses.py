@@ -9,7 +9,8 @@ A request goes through the chat handler's steps with Responses' shapes:
    checks items (items.py);
 3. reject ``max_output_tokens`` above the model's output limit;
 4. count the prompt (``instructions``, the items as chat messages, reasoning passed
-   back, tool definitions) and reject an overflow: OpenAI's Responses wording
+   back, tool definitions), its cached prefix (prompt_cache.py: the chat rule, over
+   those messages), and reject an overflow: OpenAI's Responses wording
    (``context_length_exceeded``, no limit stated) or the model's other error format;
    with ``X-Sim-Errors-In-Stream`` a streamed request gets it as ``response.failed``;
 5. the reply rules of replies.py (tools given in Responses' flat shape), with a
@@ -53,6 +54,7 @@ from proxy.simulator.errors import (
 )
 from proxy.simulator.items import chat_messages, check_items, reasoning_tokens
 from proxy.simulator.overrides import Overrides, read_overrides
+from proxy.simulator.prompt_cache import chat_blocks
 from proxy.simulator.recorder import Counter
 from proxy.simulator.replies import Ask, Voice, build_reply
 from proxy.simulator.response_events import (
@@ -128,8 +130,8 @@ def responses_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:
         try:
             raw = await request.body()
             body = parse_json_object(raw)
-            sim.recorder.record(request.headers, raw)
-            return await _answer(sim, request, body)
+            number = sim.recorder.record(request.headers, raw)
+            return await _answer(sim, request, body, number)
         except SimError as err:
             if err.kind in _COUNTED:
                 sim.recorder.bump(_COUNTED[err.kind])
@@ -199,7 +201,7 @@ def _in_stream(request: Request) -> bool:
         return False
 
 
-async def _answer(sim: Simulator, request: Request, body: dict[str, Any]) -> Response:
+async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number: int) -> Response:
     overrides = read_overrides(request.headers)
     model = body.get("model")
     if overrides.fail is not None:
@@ -257,12 +259,15 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any]) -> Res
         sim.recorder.bump("summaries")
     thinks = isinstance(body.get("reasoning"), dict) and not trigger
     reasoning = f"Thinking about {len(items)} items." if thinks else None
-    answer = Answer(seed.hex()[:24], profile.name, reply, total, reasoning)
+    blocks = chat_blocks(counter, messages, prompt.tools, tools)
+    cached = sim.cached(request, blocks, total, profile.token_scale)
+    answer = Answer(seed.hex()[:24], profile.name, reply, total, reasoning, cached)
     response = response_object(answer, body)
     if summary is not None:
         sim.recorder.bump("compactions")
         item = compaction_item(answer.tag, summary.content or "")
         response["output"] = [item] if trigger else [item, *response["output"]]
+    sim.recorder.answered(number, response["usage"])
     if body.get("store") is not False:
         sim.responses.put(response["id"], [*items, *response["output"]], response["output"])
     if body.get("stream") is True:

@@ -44,6 +44,7 @@ from proxy.core.models import ModelTable
 from proxy.core.outcome import Turn
 from proxy.core.tokens import TokenCounter
 from proxy.errors import UpstreamError
+from proxy.observe.ledger import Ledger
 from proxy.observe.metrics import Metrics
 from proxy.observe.references import ReferenceMetrics
 from proxy.pipeline import effective_model
@@ -329,6 +330,7 @@ def make_services(
         bodies=BodyBudget(settings.server),
         items=MemoryItems(settings.store.ttl_s, clock=clock),
         references=ReferenceMetrics(metrics.registry),
+        ledger=Ledger(metrics.registry, settings.pricing),
     )
 
 

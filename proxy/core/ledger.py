@@ -1,0 +1,174 @@
+"""Does compaction pay? The ledger's arithmetic, pure: one request's entry, its sums, money.
+
+One request's ``Entry``, in the upstream's tokens (its usage is the truth):
+
+* ``would_send``: the input tokens the client's history, as it sent it, would have cost:
+  the upstream's own count when the history went as sent; else the proxy's count of that
+  history calibrated: times the upstream's tokens per one of the proxy's in this
+  tenant's earlier histories sent whole to the model (``learn_ratio``; a view's count
+  holds the summary's estimate, so views teach it nothing);
+* ``sent``: the input tokens the upstream counted (``prompt_tokens``/``input_tokens``);
+* ``cached``: of those, the ones it served from its prompt cache (``cached_tokens``);
+* ``would_cached``: of ``would_send``, the ones the history as sent would have had
+  cached: ``cached`` itself when the history went as sent, else an estimate, the
+  session's previous ``would_send`` under OpenAI's caching rule (``cacheable``);
+* ``summarizer_input``, ``summarizer_output``: the summarizer's usage, every call;
+* ``estimated``: some figure is the proxy's own count, not the upstream's: no usage in
+  the answer (a stream without ``include_usage``, an error), or a summarizer's answer
+  without usage (its input then sized at 4 bytes a token, its output likewise).
+
+``net`` = would_send - sent - summarizer_input - summarizer_output. With a price
+(USD per million tokens) the money saved is what ``would_send`` would have cost
+(``would_cached`` at the cached price) less what was paid: ``sent`` (``cached`` at the
+cached price) and the summarizer's input and output at its model's price.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields, replace
+from fnmatch import fnmatchcase
+from typing import Any
+
+# OpenAI's prompt caching: prompts of 1024 tokens or more, hits in steps of 128 tokens.
+CACHE_MIN_TOKENS = 1024
+CACHE_STEP_TOKENS = 128
+_ESTIMATE_BYTES_PER_TOKEN = 4
+_MIN_RATIO_TOKENS = 256  # below, fixed overheads dominate the ratio
+_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d{1,9})')
+_IN = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d{1,9})')
+_OUT = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d{1,9})')
+
+
+def find_cached_tokens(chunk: bytes) -> int | None:
+    """``cached_tokens`` in an answer's bytes (chat's ``prompt_tokens_details`` or the
+    Responses API's ``input_tokens_details``), by a byte scan as calibrate.py's."""
+    if b"cached_tokens" not in chunk:
+        return None
+    m = _CACHED.search(chunk)
+    return int(m.group(1)) if m else None
+
+
+def summarizer_usage(raw: bytes, sent: bytes) -> tuple[int, int, bool]:
+    """A summarizer answer's input and output tokens (either API's usage), and whether
+    they are estimated (no usage: the request ``sent`` and the answer sized by bytes)."""
+    found_in, found_out = _IN.search(raw), _OUT.search(raw)
+    if found_in and found_out:
+        return int(found_in.group(1)), int(found_out.group(1)), False
+    return len(sent) // _ESTIMATE_BYTES_PER_TOKEN, len(raw) // _ESTIMATE_BYTES_PER_TOKEN, True
+
+
+def learn_ratio(old: float | None, ours: int, theirs: int) -> float | None:
+    """The calibration ratio after the upstream counted ``theirs`` tokens of a history the
+    proxy counted at ``ours``: a moving average, as upstream/calibrate.py's (None: none
+    learned; a history under 256 tokens teaches nothing)."""
+    if ours < _MIN_RATIO_TOKENS or theirs <= 0:
+        return old
+    ratio = min(max(theirs / ours, 0.5), 2.0)
+    return ratio if old is None else old + 0.2 * (ratio - old)
+
+
+def cacheable(tokens: int) -> int:
+    """What OpenAI would cache of a ``tokens``-token repeated prefix."""
+    return 0 if tokens < CACHE_MIN_TOKENS else tokens - tokens % CACHE_STEP_TOKENS
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One request's figures, or the sum of many (a session's, a tenant's)."""
+
+    would_send: int = 0
+    sent: int = 0
+    cached: int = 0
+    would_cached: int = 0
+    summarizer_input: int = 0
+    summarizer_output: int = 0
+    estimated: bool = False
+
+    @property
+    def net(self) -> int:
+        return self.would_send - self.sent - self.summarizer_input - self.summarizer_output
+
+    def plus(self, other: Entry) -> Entry:
+        return Entry(
+            self.would_send + other.would_send,
+            self.sent + other.sent,
+            self.cached + other.cached,
+            self.would_cached + other.would_cached,
+            self.summarizer_input + other.summarizer_input,
+            self.summarizer_output + other.summarizer_output,
+            self.estimated or other.estimated,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(Entry)}
+        out["net"] = self.net
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """What the proxy knows of one request: its counts (None: not counted), and the
+    upstream's usage for it (None: the answer carried none)."""
+
+    history: int | None  # the proxy's count of the history as the client sent it
+    view: int  # the proxy's count (or estimate) of the view sent
+    as_sent: bool  # the view is the history as sent
+    usage: tuple[int, int] | None  # the upstream's input tokens, and of them cached
+    ratio: float = 1.0  # the upstream's tokens per one of the proxy's (calibration)
+
+
+def entry_for(counted: Counted, previous_would_send: int) -> Entry:
+    """The request's entry (summarizer tokens apart); ``previous_would_send``: the
+    session's previous request's, 0 for none."""
+    history = counted.view if counted.history is None else counted.history
+    if counted.usage is None:
+        would = round(history * counted.ratio)
+        would_cached = 0 if counted.as_sent else cacheable(min(previous_would_send, would))
+        return Entry(would, round(counted.view * counted.ratio), 0, would_cached, estimated=True)
+    sent, cached = counted.usage
+    if counted.as_sent:
+        return Entry(sent, sent, cached, cached)
+    would = round(history * counted.ratio)
+    return Entry(would, sent, cached, cacheable(min(previous_would_send, would)))
+
+
+def with_summaries(entry: Entry, summarized: tuple[int, int, bool]) -> Entry:
+    """``entry`` with the summarizer tokens (input, output, estimated) added."""
+    given, written, estimated = summarized
+    return replace(
+        entry,
+        summarizer_input=entry.summarizer_input + given,
+        summarizer_output=entry.summarizer_output + written,
+        estimated=entry.estimated or estimated,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """USD per million tokens: input, cached input, output."""
+
+    input: float
+    cached_input: float
+    output: float
+
+
+def price_for(table: list[Any], model: str) -> Price | None:
+    """The first rule of ``table`` (``match``: a glob, input, cached_input, output)
+    matching ``model``; a rule without cached_input prices cached input as input."""
+    for rule in table:
+        if fnmatchcase(model, rule.match):
+            cached = rule.input if rule.cached_input is None else rule.cached_input
+            return Price(rule.input, cached, rule.output)
+    return None
+
+
+def money_saved(entry: Entry, price: Price, summarizer: Price | None) -> float:
+    """USD ``entry`` saved at ``price`` (the request's model), its summarizer tokens at
+    ``summarizer`` (the summarizer model's; None: ``price``)."""
+    s = summarizer or price
+    would = (entry.would_send - entry.would_cached) * price.input
+    would += entry.would_cached * price.cached_input
+    paid = (entry.sent - entry.cached) * price.input + entry.cached * price.cached_input
+    paid += entry.summarizer_input * s.input + entry.summarizer_output * s.output
+    return (would - paid) / 1_000_000

@@ -1,0 +1,244 @@
+"""Issue 26 item 1 end to end: does compaction pay? The ledger's arithmetic, per request
+and per session, priced and unpriced, checked against what the simulator recorded: its
+usage for every call (cached_tokens for a repeated prefix, the summaries' own usage) and
+its own count of each history the client sent. The expected figures are computed here,
+from those records, never read back from the proxy's answers."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.config import Settings
+from proxy.core.encodings import load_encoders
+from proxy.observe.logs import ACCESS
+from proxy.simulator.counting import PromptCounter
+from tests.support.chat import FILLER, Chat, small_window_settings, upstream_requests
+from tests.support.metrics import metric, wait_for_idle
+from tests.support.responses import settings as responses_settings
+
+PRICE = {"match": "sim-*", "input": 2.0, "cached_input": 0.5, "output": 8.0}  # test figures
+ADMIN_KEY = "admin-secret"
+TURNS = 32
+
+
+@contextmanager
+def request_lines(caplog: pytest.LogCaptureFixture) -> Iterator[list[dict[str, Any]]]:
+    """The proxy's request lines (their fields), as it writes them."""
+    lines: list[dict[str, Any]] = []
+    with caplog.at_level(logging.INFO, logger=ACCESS.name):
+        yield lines
+        lines += [r.__dict__["fields"] for r in caplog.records if r.name == ACCESS.name]
+
+
+def _simulator_count(messages: list[dict[str, Any]]) -> int:
+    """The simulator's own count of a history (cl100k_base, its framing)."""
+    counter = PromptCounter(load_encoders(["cl100k_base"])["cl100k_base"])
+    return counter.prompt({"messages": messages}).total
+
+
+def _cacheable(tokens: int) -> int:
+    return 0 if tokens < 1024 else tokens - tokens % 128
+
+
+def _expected(sim: str, histories: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each client request's entry, from the simulator's records: its usage, the summary
+    calls made for it (recorded just before it), and the history the client sent."""
+    entries: list[dict[str, Any]] = []
+    summarized = [0, 0]
+    previous_would = 0
+    chats = iter(histories)
+    for call in upstream_requests(sim):
+        usage = call["usage"]
+        if call["headers"].get("x-compaction-purpose") == "summarize":
+            summarized[0] += usage["prompt_tokens"]
+            summarized[1] += usage["completion_tokens"]
+            continue
+        history = next(chats)
+        sent, cached = usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+        as_sent = call["body"]["messages"] == history
+        would = _simulator_count(history)
+        if as_sent:
+            assert would == sent
+        would_cached = cached if as_sent else _cacheable(min(previous_would, would))
+        entries.append(
+            {
+                "would_send": would,
+                "sent": sent,
+                "cached": cached,
+                "would_cached": would_cached,
+                "summarizer_input": summarized[0],
+                "summarizer_output": summarized[1],
+                "estimated": False,
+                "net": would - sent - summarized[0] - summarized[1],
+            }
+        )
+        summarized = [0, 0]
+        previous_would = would
+    assert next(chats, None) is None
+    return entries
+
+
+def _money(entry: dict[str, Any]) -> float:
+    p_in, p_cached, p_out = PRICE["input"], PRICE["cached_input"], PRICE["output"]
+    would = (entry["would_send"] - entry["would_cached"]) * p_in + entry["would_cached"] * p_cached
+    paid = (entry["sent"] - entry["cached"]) * p_in + entry["cached"] * p_cached
+    paid += entry["summarizer_input"] * p_in + entry["summarizer_output"] * p_out
+    return float((would - paid) / 1_000_000)
+
+
+def _converse(url: str, caplog: pytest.LogCaptureFixture) -> tuple[Chat, list[Any], list[Any]]:
+    chat = Chat(url, session="ledger")
+    histories = []
+    with request_lines(caplog) as lines:
+        for turn in range(TURNS):
+            chat.history.append({"role": "user", "content": f"Turn {turn}: {FILLER}"})
+            histories.append([dict(m) for m in chat.history])
+            message = chat.send()
+            chat.history.append({"role": "assistant", "content": message.content})
+    return chat, histories, lines
+
+
+def _ledger_fields(line: dict[str, Any]) -> dict[str, Any]:
+    return {k.removeprefix("ledger_"): v for k, v in line.items() if k.startswith("ledger_")}
+
+
+@pytest.mark.parametrize("priced", [False, True], ids=["unpriced", "priced"])
+def test_the_ledger_adds_up_per_request_and_per_session(
+    priced: bool,
+    sim_reset: str,
+    start_proxy: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = small_window_settings(sim_reset).model_dump()
+    settings["pricing"] = [PRICE] if priced else []
+    settings["server"]["admin_key"] = ADMIN_KEY
+    url = start_proxy(Settings(**settings))
+    chat, histories, lines = _converse(url, caplog)
+    assert chat.statuses["compacted"] >= 1  # a summary, then views that are not the history
+    expected = _expected(sim_reset, histories)
+    assert any(e["cached"] for e in expected)  # the simulator cached a repeated prefix
+    assert any(e["summarizer_input"] for e in expected)
+    assert len(lines) == len(expected) == TURNS
+    for line, want in zip(lines, expected, strict=True):
+        got = _ledger_fields(line)
+        money = got.pop("money_saved_usd", None)
+        assert got == want
+        if priced:
+            assert money == pytest.approx(_money(want), abs=1e-6)
+        else:
+            assert money is None
+    # The session's totals: the sum of its requests'.
+    session = httpx.get(f"{url}/sessions/ledger", headers={"Authorization": f"Bearer {chat.key}"})
+    assert session.status_code == 200
+    totals = session.json()["ledger"]
+    for kind in ("would_send", "sent", "cached", "would_cached", "net"):
+        assert totals[kind] == sum(e[kind] for e in expected), kind
+    assert totals["summarizer_input"] == sum(e["summarizer_input"] for e in expected)
+    assert totals["summarizer_output"] == sum(e["summarizer_output"] for e in expected)
+    assert totals["requests"] == TURNS
+    assert totals["estimated"] is False
+    if priced:
+        want_money = sum(_money(e) for e in expected)
+        assert totals["money_saved_usd"] == pytest.approx(want_money, abs=1e-5)
+    else:
+        assert "money_saved_usd" not in totals
+    # The tenant's (one session here) in the admin API, and the series.
+    admin = httpx.get(f"{url}/admin/tenants", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert admin.status_code == 200
+    (tenant,) = admin.json()["data"]
+    assert {**tenant, "scope": "process"} == {**totals, "tenant": tenant["tenant"]}
+    for kind in ("would_send", "sent", "cached", "would_cached"):
+        want = sum(e[kind] for e in expected)
+        assert metric(url, "compaction_proxy_tokens_saved", kind=kind) == want, kind
+    for direction in ("input", "output"):
+        want = sum(e[f"summarizer_{direction}"] for e in expected)
+        assert metric(url, "compaction_proxy_summarizer_tokens", direction=direction) == want
+    saved = metric(url, "compaction_proxy_cost_usd", side="would_have_paid") - metric(
+        url, "compaction_proxy_cost_usd", side="paid"
+    )
+    assert saved == pytest.approx(sum(_money(e) for e in expected) if priced else 0.0, abs=1e-5)
+
+
+def test_without_usage_the_entry_says_estimated(
+    sim_reset: str, start_proxy: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream without include_usage carries no usage: the proxy's own counts, said so."""
+    url = start_proxy(small_window_settings(sim_reset))
+    chat = Chat(url, session="streamed")
+    chat.history.append({"role": "user", "content": f"Turn 0: {FILLER}"})
+    with request_lines(caplog) as lines:
+        for options in (None, {"include_usage": True}):
+            extra = {"stream_options": options} if options else {}
+            for _ in chat.client.chat.completions.create(
+                model="sim-4k", messages=chat.history, stream=True, **extra
+            ):
+                pass
+        deadline = time.monotonic() + 5  # a stream's line is written once it has ended
+        while len([r for r in caplog.records if r.name == ACCESS.name]) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    (bare, usage) = (_ledger_fields(line) for line in lines)
+    assert bare["estimated"] is True
+    assert usage["estimated"] is False
+    (_, with_usage) = (r["usage"] for r in upstream_requests(sim_reset))
+    assert usage["sent"] == usage["would_send"] == with_usage["prompt_tokens"]
+
+
+def test_responses_cached_tokens_reach_the_ledger(
+    sim_reset: str, start_proxy: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Responses API's ``input_tokens_details.cached_tokens``, in the request's entry."""
+    url = start_proxy(responses_settings(sim_reset))
+    opening = [
+        {"role": "system", "content": "You are terse. " + "alpha beta gamma " * 230},
+        {"role": "user", "content": "Remember: " + "delta epsilon zeta " * 230},
+    ]
+    headers = {"Authorization": "Bearer sk-responses", "X-Session-Id": "r"}
+    with request_lines(caplog) as lines:
+        for last in ("one", "two"):
+            r = httpx.post(
+                f"{url}/v1/responses",
+                json={"model": "sim-8k", "input": [*opening, {"role": "user", "content": last}]},
+                headers=headers,
+            )
+            assert r.status_code == 200, r.text
+    usages = [call["usage"] for call in upstream_requests(sim_reset)]
+    assert usages[1]["input_tokens_details"]["cached_tokens"] > 0
+    for line, usage in zip(lines, usages, strict=True):
+        got = _ledger_fields(line)
+        sent, cached = usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
+        assert (got["sent"], got["cached"], got["would_send"]) == (sent, cached, sent)
+        assert (got["would_cached"], got["net"], got["estimated"]) == (cached, 0, False)
+
+
+def test_a_background_summarys_tokens_reach_its_session(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """Pre-compaction summarizes after the answer is out: its tokens still count, in the
+    session's totals and the series, as the simulator's usage for those calls says."""
+    url = start_proxy(small_window_settings(sim_reset, precompact_ratio=0.5))
+    chat = Chat(url, session="background")
+    for turn in range(24):
+        chat.say(f"Turn {turn}: {FILLER}")
+    wait_for_idle(url)
+    assert metric(url, "compaction_proxy_precompactions", outcome="compacted") >= 1
+    summaries = [
+        call["usage"]
+        for call in upstream_requests(sim_reset)
+        if call["headers"].get("x-compaction-purpose") == "summarize"
+    ]
+    assert summaries
+    totals = httpx.get(
+        f"{url}/sessions/background", headers={"Authorization": f"Bearer {chat.key}"}
+    ).json()["ledger"]
+    assert totals["summarizer_input"] == sum(u["prompt_tokens"] for u in summaries)
+    assert totals["summarizer_output"] == sum(u["completion_tokens"] for u in summaries)
+    given = metric(url, "compaction_proxy_summarizer_tokens", direction="input")
+    assert given == totals["summarizer_input"]
