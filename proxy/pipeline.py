@@ -1,13 +1,11 @@
 """The request's path through the proxy, top to bottom.
 
-``handle`` is the table of contents for every API the proxy compacts: read and
-parse, model, ``compacted_view`` (count, session, snapshot, plan, summarize
-under the session's lock, rebuild), then ``forward``: send, ``recover_overflow``,
-the usage watcher that calibrates our counts and, past the soft threshold, a
-background compaction once the answer is out (precompact.py). Each step is one
-call into the module named for it (DESIGN.md numbers them). What differs between
-APIs is an ``Api`` value (upstream/api.py) that each API's module under routes/
-hands in (chat.py, responses.py, messages.py). Nothing here knows one from another.
+``handle`` is the table of contents for every API the proxy compacts: read and parse,
+model, ``compacted_view`` (count, session, snapshot, plan, summarize under the session's
+lock, rebuild), then ``forward``: send, ``recover_overflow``, the usage watcher and, past
+the soft threshold, a background compaction once the answer is out (precompact.py). Each
+step is one call into the module named for it (DESIGN.md numbers them). What differs
+between APIs is an ``Api`` value (upstream/api.py) from each API's module under routes/.
 """
 
 from __future__ import annotations
@@ -286,9 +284,8 @@ async def effective_model(services: Services, name: str, tenant: str) -> Resolve
 def _usage_watcher(
     services: Services, turn: Turn | None, route: Route, outcome: Outcome
 ) -> Callable[[bytes], None] | None:
-    """Feed the provider's prompt token count back into our estimates and, with its
-    cached tokens, to the request's ledger (observe/ledger.py), and the answer's bytes to
-    the output items it keeps (``route.items``)."""
+    """The provider's prompt and cached token counts to our estimates and the request's
+    ledger (observe/ledger.py), the answer's bytes to its output items (``route.items``)."""
     calibration, prompt_tokens = services.calibration, route.api.prompt_tokens
     record, calibrate = current_record(), turn is not None and outcome.counted
     tenant, model = (turn.tenant, turn.model.name) if turn is not None else ("", "")
