@@ -365,10 +365,9 @@ def _vercel_ai() -> Path:
 
 def test_vercel_ai_sdk_on_responses(proxy4k: str, sim_reset: str) -> None:
     """``openai(model)``: the Responses provider, the session named by
-    ``providerOptions.openai.promptCacheKey``, tools run by the SDK (``stopWhen``).
-    The script sets ``store: false``: with the default (true) the SDK sends its earlier
-    answers as ``item_reference`` items, which the proxy does not expand yet (issue 24
-    item 2); drop it from the script once it does."""
+    ``providerOptions.openai.promptCacheKey``, tools run by the SDK (``stopWhen``), and
+    ``store`` at its default (true): earlier answers come back as ``item_reference``
+    items, which the proxy reads as the output items it relayed (none unresolved)."""
     folder = _vercel_ai()
     script = Path(__file__).parent / "clients" / "vercel_ai.mjs"
     runner = folder / script.name  # beside its node_modules, as for openai-node
@@ -387,6 +386,16 @@ def test_vercel_ai_sdk_on_responses(proxy4k: str, sim_reset: str) -> None:
     assert requests
     assert all(r["body"]["prompt_cache_key"] == "vercel" for r in requests)
     assert all("input" in r["body"] for r in requests)  # the Responses API, not chat
+    references = [
+        item
+        for r in requests
+        for item in r["body"]["input"]
+        if isinstance(item, dict) and item.get("type") == "item_reference"
+    ]
+    assert references, "the SDK sent no item_reference: store is not at its default"
+    metrics = httpx.get(f"{proxy4k}/metrics").text
+    assert 'compaction_proxy_item_references_total{outcome="unresolved"} 0.0' in metrics
+    assert 'compaction_proxy_item_references_total{outcome="resolved"} 0.0' not in metrics
     check_upstream(sim_reset)
 
 

@@ -2,8 +2,8 @@
 // the Responses API. A long conversation with a planted fact, a tool the SDK runs itself
 // and streamed turns; the session named in the body (providerOptions.openai.promptCacheKey
 // is `prompt_cache_key`). Prints one JSON line for tests/e2e/test_clients.py.
-// store: false: with store true (the default) the SDK sends its earlier answers back as
-// `item_reference` items, which this test does not exercise (issue 24 item 2).
+// store left at its default (true): the SDK sends its earlier answers back as
+// `item_reference` items, which the proxy reads as the output items it relayed.
 // Usage: node vercel_ai.mjs <proxy base URL> <filler text>
 import { createOpenAI } from "@ai-sdk/openai";
 import { generateText, jsonSchema, stepCountIs, streamText, tool } from "ai";
@@ -15,7 +15,7 @@ const openai = createOpenAI({
   headers: { "X-Sim-Context-Window": "4096" },
 });
 const model = openai("sim-4k");
-const providerOptions = { openai: { store: false, promptCacheKey: "vercel" } };
+const providerOptions = { openai: { promptCacheKey: "vercel" } };
 const toolArgs = [];
 const tools = {
   read_file: tool({
