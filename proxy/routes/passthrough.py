@@ -10,7 +10,8 @@ view count, routes/messages_count.py), while the upstream answers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -21,7 +22,8 @@ from proxy.services import Services
 from proxy.upstream.relay import relay
 from proxy.upstream.urls import passthrough_url
 
-Extra = Callable[[bytes], Awaitable[list[tuple[bytes, bytes]]]]
+Headers = list[tuple[bytes, bytes]]
+Extra = Callable[[bytes], Coroutine[Any, Any, Headers]]
 
 
 async def handle_passthrough(
@@ -47,7 +49,7 @@ async def handle_passthrough(
             # Unknown or large (file uploads): stream the body through unbuffered.
             content = request.stream()
         record.sending()
-        worked_out = None
+        worked_out: asyncio.Task[Headers] | None = None
         if extra is not None and isinstance(content, bytes):
             worked_out = asyncio.create_task(extra(content))
         try:
