@@ -98,7 +98,7 @@ async def relay_other(request: Request) -> Response:
 async def count_messages(request: Request) -> Response:
     """``POST /v1/messages/count_tokens``: relayed, with the compacted view's count."""
     services = _scoped(request)
-    extra = partial(messages_count.view_headers, request, services)
+    extra = partial(messages_count.view_headers, messages.MESSAGES, request, services)
     return await passthrough.handle_passthrough(request, services, extra)
 
 

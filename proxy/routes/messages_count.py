@@ -41,19 +41,19 @@ from proxy.core.session import session_name, slot_count, tenant_from_headers
 from proxy.core.snapshot import view_of
 from proxy.core.tokens import output_reserve
 from proxy.errors import ProxyError
-from proxy.routes.messages import MESSAGES
 from proxy.services import Services
+from proxy.upstream.api import Api
 
 log = logging.getLogger("proxy.routes")
 
 Headers = list[tuple[bytes, bytes]]
 
 
-async def view_headers(request: Request, services: Services, body: bytes) -> Headers:
-    """The headers that size the next request's view (the module's doc); none when it
-    cannot be worked out."""
+async def view_headers(api: Api, request: Request, services: Services, body: bytes) -> Headers:
+    """The headers that size the view of ``api``'s next request (``MESSAGES``, given by
+    app.py; the module's doc); none when it cannot be worked out."""
     try:
-        tokens, version, status = await _view(request, services, body)
+        tokens, version, status = await _view(api, request, services, body)
     except ProxyError as error:  # a body the proxy would refuse: the upstream says why
         log.info("count_tokens: no view count (%s)", error.code)
         return []
@@ -67,11 +67,13 @@ async def view_headers(request: Request, services: Services, body: bytes) -> Hea
     ]
 
 
-async def _view(request: Request, services: Services, body: bytes) -> tuple[int, int, str]:
+async def _view(
+    api: Api, request: Request, services: Services, body: bytes
+) -> tuple[int, int, str]:
     """The view's tokens, its snapshot's version and its status."""
     settings, c = services.settings, services.settings.compaction
     server = settings.server
-    data, chat = MESSAGES.parse(body, server.max_messages, server.max_model_bytes)
+    data, chat = api.parse(body, server.max_messages, server.max_model_bytes)
     tenant = tenant_from_headers(request.headers)
     model = await pipeline.effective_model(services, chat["model"], tenant)
     control = request.headers.get("x-compaction", "").strip().lower()
@@ -87,7 +89,7 @@ async def _view(request: Request, services: Services, body: bytes) -> tuple[int,
     history = await count_history(counter, turn, c, tenant_seed(tenant))  # 5.
     reserve = output_reserve(chat, model.max_output_tokens)
     budget = Budget.for_model(model, c, reserve, history.fixed)
-    if control == "off" or MESSAGES.untouched(data, control) or not c.enabled:
+    if control == "off" or api.untouched(data, control) or not c.enabled:
         whole = rebuild_outcome(history, view_of(None, history.pinned), Handoff(None, 0), budget)
         return whole.tokens, 0, "bypassed"
     key = await pipeline.session_of(turn, history.messages)  # 3.

@@ -82,7 +82,7 @@ def as_dict(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
 async def test_a_due_compaction_is_said_not_run() -> None:
     store = CountingStore(ttl_s=3600, clock=FakeClock())
     services, upstream = services_with(store)
-    got = as_dict(await view_headers(request_for(), services, messages_body(16)))
+    got = as_dict(await view_headers(MESSAGES, request_for(), services, messages_body(16)))
     assert got["x-compaction-view-status"] == "due"
     assert got["x-compaction-view-version"] == "0"
     assert int(got["x-compaction-view-tokens"]) > 3000  # the history as sent, counted
@@ -99,7 +99,7 @@ async def test_the_view_counted_is_the_next_requests() -> None:
     assert compacted.status == "compacted"
     saves = store.saves
     nxt = messages_body(16, "We covered the notes.", "And then?")  # the conversation went on
-    got = as_dict(await view_headers(request_for(), services, nxt))
+    got = as_dict(await view_headers(MESSAGES, request_for(), services, nxt))
     assert store.saves == saves
     outcome, _ = await pipeline.compacted_view(services, await turn_for(services, nxt))
     assert outcome.status == got["x-compaction-view-status"] == "snapshot"
@@ -114,8 +114,8 @@ async def test_a_failure_costs_the_headers_and_one_log_line(
     store.failing = True
     services, _ = services_with(store)
     with caplog.at_level(logging.INFO, logger="proxy.routes"):
-        assert await view_headers(request_for(), services, messages_body(16)) == []
-        assert await view_headers(request_for(), services, b'{"model": "m"}') == []
+        assert await view_headers(MESSAGES, request_for(), services, messages_body(16)) == []
+        assert await view_headers(MESSAGES, request_for(), services, b'{"model": "m"}') == []
     lines: list[Any] = [r for r in caplog.records if r.name == "proxy.routes"]
     assert [r.levelname for r in lines] == ["WARNING", "INFO"]
     assert "ConnectionError" in lines[0].getMessage()
