@@ -1,7 +1,7 @@
 """messages_count.py: the view a ``count_tokens`` answer sizes, worked out read-only:
 never a summary call, never a store write, and a failure costs the headers only.
 
-End to end with the ``anthropic`` SDK: tests/e2e/test_messages_count.py."""
+End to end with the ``anthropic`` SDK: tests/e2e/test_messages_count_e2e.py."""
 
 from __future__ import annotations
 
