@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import TypedDict
 
 from starlette.applications import Starlette
@@ -22,7 +23,15 @@ from proxy.errors import InvalidRequest, MissingCredential, NotFound, Overloaded
 from proxy.observe.metrics import CONTENT_TYPE_LATEST
 from proxy.observe.record import RecordRequests, record_of
 from proxy.observe.recorder import Recorder
-from proxy.routes import admin_api, chat, messages, passthrough, responses, sessions_api
+from proxy.routes import (
+    admin_api,
+    chat,
+    messages,
+    messages_count,
+    passthrough,
+    responses,
+    sessions_api,
+)
 from proxy.routes.endpoints import endpoint
 from proxy.serve.shutdown import Drain
 from proxy.services import Services, build_services
@@ -84,6 +93,13 @@ def _compacting(api: Api) -> Route:
 
 async def relay_other(request: Request) -> Response:
     return await passthrough.handle_passthrough(request, _scoped(request))
+
+
+async def count_messages(request: Request) -> Response:
+    """``POST /v1/messages/count_tokens``: relayed, with the compacted view's count."""
+    services = _scoped(request)
+    extra = partial(messages_count.view_headers, messages.MESSAGES, request, services)
+    return await passthrough.handle_passthrough(request, services, extra)
 
 
 async def get_session(request: Request) -> Response:
@@ -172,6 +188,13 @@ async def http_error(request: Request, exc: Exception) -> Response:
 # Names are the ``route`` of metrics and request lines.
 ROUTES = [
     *(_compacting(api) for api in APIS),
+    # A relayed path: named as the others for metrics and request lines.
+    Route(
+        "/v1/messages/count_tokens",
+        endpoint(count_messages),
+        methods=["POST"],
+        name="passthrough",
+    ),
     Route("/v1/{path:path}", endpoint(relay_other), methods=_ALL_METHODS, name="passthrough"),
     Route("/sessions/{session_id}", endpoint(get_session), methods=["GET"], name="sessions"),
     Route("/sessions/{session_id}", endpoint(delete_session), methods=["DELETE"], name="sessions"),

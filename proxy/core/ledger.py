@@ -7,8 +7,11 @@ One request's ``Entry``, in the upstream's tokens (its usage is the truth):
   history calibrated: times the upstream's tokens per one of the proxy's in this
   tenant's earlier histories sent whole to the model (``learn_ratio``; a view's count
   holds the summary's estimate, so views teach it nothing);
-* ``sent``: the input tokens the upstream counted (``prompt_tokens``/``input_tokens``);
-* ``cached``: of those, the ones it served from its prompt cache (``cached_tokens``);
+* ``sent``: the input tokens the upstream counted (``prompt_tokens``/``input_tokens``;
+  Anthropic's Messages ``input_tokens`` + ``cache_read_input_tokens`` +
+  ``cache_creation_input_tokens``, which it counts apart);
+* ``cached``: of those, the ones it served from its prompt cache (``cached_tokens``,
+  Anthropic's ``cache_read_input_tokens``);
 * ``would_cached``: of ``would_send``, the ones the history as sent would have had
   cached: ``cached`` itself when the history went as sent, else an estimate, the
   session's previous ``would_send`` under OpenAI's caching rule (``cacheable``);
@@ -35,26 +38,34 @@ CACHE_MIN_TOKENS = 1024
 CACHE_STEP_TOKENS = 128
 _ESTIMATE_BYTES_PER_TOKEN = 4
 _MIN_RATIO_TOKENS = 256  # below, fixed overheads dominate the ratio
-_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d{1,9})')
+_CACHED = re.compile(rb'"(?:cached_tokens|cache_read_input_tokens)"\s*:\s*(\d{1,9})')
+# Anthropic's prompt tokens besides ``input_tokens``: what its cache read and wrote.
+_CACHE_IN = [
+    re.compile(rb'"cache_' + k + rb'_input_tokens"\s*:\s*(\d{1,9})') for k in (b"read", b"creation")
+]
 _IN = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d{1,9})')
 _OUT = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d{1,9})')
 
 
 def find_cached_tokens(chunk: bytes) -> int | None:
-    """``cached_tokens`` in an answer's bytes (chat's ``prompt_tokens_details`` or the
-    Responses API's ``input_tokens_details``), by a byte scan as calibrate.py's."""
-    if b"cached_tokens" not in chunk:
+    """The cached prompt tokens in an answer's bytes (``cached_tokens`` of chat's
+    ``prompt_tokens_details`` or the Responses API's ``input_tokens_details``; the
+    Messages API's ``cache_read_input_tokens``), by a byte scan as calibrate.py's."""
+    if b"cached_tokens" not in chunk and b"cache_read_input_tokens" not in chunk:
         return None
     m = _CACHED.search(chunk)
     return int(m.group(1)) if m else None
 
 
 def summarizer_usage(raw: bytes, sent: bytes) -> tuple[int, int, bool]:
-    """A summarizer answer's input and output tokens (either API's usage), and whether
-    they are estimated (no usage: the request ``sent`` and the answer sized by bytes)."""
+    """A summarizer answer's input and output tokens (any API's usage: the Messages API's
+    input with what its cache read and wrote), and whether they are estimated (no
+    usage: the request ``sent`` and the answer sized by bytes)."""
     found_in, found_out = _IN.search(raw), _OUT.search(raw)
     if found_in and found_out:
-        return int(found_in.group(1)), int(found_out.group(1)), False
+        cache = (pattern.search(raw) for pattern in _CACHE_IN)
+        given = int(found_in.group(1)) + sum(int(m.group(1)) for m in cache if m)
+        return given, int(found_out.group(1)), False
     return len(sent) // _ESTIMATE_BYTES_PER_TOKEN, len(raw) // _ESTIMATE_BYTES_PER_TOKEN, True
 
 

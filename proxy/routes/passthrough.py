@@ -3,11 +3,15 @@
 Its body is read whole when it declares a length up to ``server.max_body_bytes``
 (taken from the process's body budget, compaction/inflight.py), streamed through
 unbuffered when larger or of unknown length, and absent when it has none.
+``extra``: headers worked out from a body read whole (``POST /v1/messages/count_tokens``'s
+view count, routes/messages_count.py), while the upstream answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -18,8 +22,13 @@ from proxy.services import Services
 from proxy.upstream.relay import relay
 from proxy.upstream.urls import passthrough_url
 
+Headers = list[tuple[bytes, bytes]]
+Extra = Callable[[bytes], Coroutine[Any, Any, Headers]]
 
-async def handle_passthrough(request: Request, services: Services) -> Response:
+
+async def handle_passthrough(
+    request: Request, services: Services, extra: Extra | None = None
+) -> Response:
     settings = services.settings
     record = record_of(request)
     scope = request.scope
@@ -40,8 +49,16 @@ async def handle_passthrough(request: Request, services: Services) -> Response:
             # Unknown or large (file uploads): stream the body through unbuffered.
             content = request.stream()
         record.sending()
-        response = await services.client.send(request.method, url, headers, content)
+        worked_out: asyncio.Task[Headers] | None = None
+        if extra is not None and isinstance(content, bytes):
+            worked_out = asyncio.create_task(extra(content))
+        try:
+            response = await services.client.send(request.method, url, headers, content)
+        except BaseException:
+            if worked_out is not None:
+                worked_out.cancel()
+            raise
         record.answered(response.status_code)
     except ClientDisconnect:  # gone mid-body (or cut for stalling): nobody to answer
         raise ClientDisconnected("The client closed the connection.") from None
-    return await relay(response)
+    return await relay(response, await worked_out if worked_out is not None else ())

@@ -143,8 +143,8 @@ def messages_routes(sim: Simulator) -> list[tuple[str, Callable[[Request], Await
         try:
             raw = await request.body()
             body = _parse(raw)
-            sim.recorder.record(request.headers, raw)
-            return await _answer(sim, cache, request, body)
+            number = sim.recorder.record(request.headers, raw)
+            return await _answer(sim, cache, request, body, number)
         except SimError as err:
             if err.kind in _COUNTED:
                 sim.recorder.bump(_COUNTED[err.kind])  # type: ignore[arg-type]
@@ -231,8 +231,9 @@ def _prompt_tokens(sim: Simulator, profile: Any, body: dict[str, Any]) -> int:
 
 
 async def _answer(
-    sim: Simulator, cache: PromptCache, request: Request, body: dict[str, Any]
+    sim: Simulator, cache: PromptCache, request: Request, body: dict[str, Any], number: int
 ) -> Response:
+    """The answer to the request recorded as ``number``, its usage recorded with it."""
     overrides = read_overrides(request.headers)
     if overrides.fail is not None:
         raise simulated_failure(overrides.fail, str(body.get("model", "")))
@@ -270,6 +271,7 @@ async def _answer(
     thought = f"Thinking about {len(messages)} messages." if thinks else None
     usage = cache.usage(body, total)
     message = message_object(f"msg_{seed.hex()[:24]}", profile.name, reply, thought, usage)
+    sim.recorder.answered(number, message["usage"])
     if body.get("stream") is True:
         events = message_events(message, sim.config.stream.chunk_chars)
         settings = sim.config.stream

@@ -87,6 +87,24 @@ def test_usage_is_read_from_either_api() -> None:
     assert summarizer_usage(b'{"choices":[]}' + b" " * 86, b"x" * 400) == (100, 25, True)
 
 
+def test_messages_usage_counts_the_cache_in_the_prompt() -> None:
+    """Anthropic counts the prompt in three parts: the input is their sum, the cached
+    part what the cache read (as the route's calibration counts it)."""
+    usage = {
+        "input_tokens": 30,
+        "cache_creation_input_tokens": 200,
+        "cache_read_input_tokens": 1500,
+        "cache_creation": {"ephemeral_5m_input_tokens": 200},
+        "output_tokens": 9,
+    }
+    message = orjson.dumps({"type": "message", "content": [], "usage": usage})
+    assert find_cached_tokens(message) == 1500
+    assert summarizer_usage(message, b"") == (1730, 9, False)
+    start = orjson.dumps({"type": "message_start", "message": {"usage": usage}})
+    assert find_cached_tokens(start) == 1500
+    assert find_cached_tokens(b'{"usage":{"input_tokens":5,"output_tokens":1}}') is None
+
+
 def test_the_ratio_is_learned_from_long_histories_only() -> None:
     assert learn_ratio(None, 100, 150) is None
     assert learn_ratio(None, 1000, 1100) == pytest.approx(1.1)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import anthropic
 import httpx
 import pytest
 
@@ -20,8 +21,10 @@ from proxy.core.encodings import load_encoders
 from proxy.observe.logs import ACCESS
 from proxy.simulator.counting import PromptCounter
 from tests.support.chat import FILLER, Chat, small_window_settings, upstream_requests
+from tests.support.messages import SYSTEM, with_breakpoint
 from tests.support.metrics import metric, wait_for_idle
 from tests.support.responses import settings as responses_settings
+from tests.support.servers import OPEN_CLIENTS
 
 PRICE = {"match": "sim-*", "input": 2.0, "cached_input": 0.5, "output": 8.0}  # test figures
 ADMIN_KEY = "admin-secret"
@@ -242,3 +245,87 @@ def test_a_background_summarys_tokens_reach_its_session(
     assert totals["summarizer_output"] == sum(u["completion_tokens"] for u in summaries)
     given = metric(url, "compaction_proxy_summarizer_tokens", direction="input")
     assert given == totals["summarizer_input"]
+
+
+def _messages_expected(sim: str, histories: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """As ``_expected``, on the Messages API: the prompt is ``input_tokens`` plus what
+    the cache read and wrote, ``cached`` what it read, and the history as the client
+    sent it is counted by the simulator's own ``count_tokens``."""
+    entries: list[dict[str, Any]] = []
+    summarized = [0, 0]
+    previous_would = 0
+    chats = iter(histories)
+    for call in upstream_requests(sim):
+        usage = call["usage"]
+        if call["headers"].get("x-compaction-purpose") == "summarize":
+            summarized[0] += usage["prompt_tokens"]  # summaries on chat (the default)
+            summarized[1] += usage["completion_tokens"]
+            continue
+        history = next(chats)
+        cached = usage["cache_read_input_tokens"]
+        sent = usage["input_tokens"] + cached + usage["cache_creation_input_tokens"]
+        as_sent = call["body"]["messages"] == history
+        asked = {**call["body"], "messages": history}
+        del asked["max_tokens"]
+        would = httpx.post(f"{sim}/v1/messages/count_tokens", json=asked).json()["input_tokens"]
+        if as_sent:
+            assert would == sent
+        would_cached = cached if as_sent else _cacheable(min(previous_would, would))
+        entries.append(
+            {
+                "would_send": would,
+                "sent": sent,
+                "cached": cached,
+                "would_cached": would_cached,
+                "summarizer_input": summarized[0],
+                "summarizer_output": summarized[1],
+                "estimated": False,
+                "net": would - sent - summarized[0] - summarized[1],
+            }
+        )
+        summarized = [0, 0]
+        previous_would = would
+    assert next(chats, None) is None
+    return entries
+
+
+def test_messages_usage_reaches_the_ledger(
+    sim_reset: str, start_proxy: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anthropic's Messages usage: ``cache_read_input_tokens`` is the entry's cached, and
+    the prompt the three input counts together, in each request's entry and the session's."""
+    url = start_proxy(small_window_settings(sim_reset))
+    client = anthropic.Anthropic(base_url=url, api_key="sk-ant-ledger", max_retries=0)
+    OPEN_CLIENTS.append(client)
+    headers = {"X-Session-Id": "ledger-messages", "X-Sim-Context-Window": "4096"}
+    history: list[dict[str, Any]] = []
+    histories, statuses = [], []
+    with request_lines(caplog) as lines:
+        for turn in range(TURNS):
+            history.append({"role": "user", "content": f"Turn {turn}: {FILLER}"})
+            histories.append(with_breakpoint(history))
+            raw = client.messages.with_raw_response.create(
+                model="sim-4k",
+                max_tokens=256,
+                system=SYSTEM,  # type: ignore[arg-type]
+                messages=histories[-1],  # type: ignore[arg-type]
+                extra_headers=headers,
+            )
+            statuses.append(raw.headers["x-compaction-status"])
+            text = raw.parse().content[0].text  # type: ignore[union-attr]
+            history.append({"role": "assistant", "content": text})
+    assert "compacted" in statuses
+    expected = _messages_expected(sim_reset, histories)
+    assert any(e["cached"] for e in expected)  # the simulator's cache read a prefix
+    assert any(e["summarizer_input"] for e in expected)
+    assert len(lines) == len(expected) == TURNS
+    for line, want in zip(lines, expected, strict=True):
+        got = _ledger_fields(line)
+        got.pop("money_saved_usd", None)
+        assert got == want
+    session = httpx.get(
+        f"{url}/sessions/ledger-messages", headers={"Authorization": "Bearer sk-ant-ledger"}
+    )
+    totals = session.json()["ledger"]
+    for kind in ("would_send", "sent", "cached", "would_cached", "net"):
+        assert totals[kind] == sum(e[kind] for e in expected), kind
