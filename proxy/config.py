@@ -166,7 +166,11 @@ class SessionSettings(_Section):
 
 
 class CompactionSettings(_Section):
-    enabled: bool = True
+    enabled: bool = True  # false: mode off (README "Shadow mode")
+    # on: compact; shadow: plan every compaction, forward the request untouched, report
+    # what it would have sent (compaction/shadow.py); off. None: on, or off if not enabled.
+    mode: Literal["on", "shadow", "off"] | None = None
+    shadow_summarize: bool = False  # in shadow, also run the summaries (kept apart)
     trigger_ratio: float = Field(0.8, gt=0, le=1)
     target_ratio: float = Field(0.5, gt=0, le=1)
     summarizer_model: str | None = None
@@ -217,8 +221,16 @@ class CompactionSettings(_Section):
     learned_window_quorum: int = Field(2, ge=1)
     learned_window_interval_s: float = Field(600.0, ge=0)
 
+    @property
+    def effective_mode(self) -> Literal["on", "shadow", "off"]:
+        if self.mode is not None:
+            return self.mode
+        return "on" if self.enabled else "off"
+
     @model_validator(mode="after")
     def _check_ratios(self) -> CompactionSettings:
+        if not self.enabled and self.mode not in (None, "off"):
+            raise ValueError(f"enabled: false contradicts mode: {self.mode} (set mode alone)")
         if self.target_ratio >= self.trigger_ratio:
             raise ValueError("target_ratio must be below trigger_ratio (hysteresis)")
         if self.precompact_ratio and self.precompact_ratio >= self.trigger_ratio:
