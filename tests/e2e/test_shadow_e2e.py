@@ -102,7 +102,8 @@ def test_shadow_forwards_untouched_and_reports_what_it_would_have_sent(
     assert shadow.count("snapshot") >= 10  # a compaction's snapshot applies until the next
     assert shadow[0] == "passthrough"
     versions = [int(h["x-compaction-shadow-version"]) for h in seen]
-    assert versions == sorted(versions) and versions[-1] == compacted
+    assert versions == sorted(versions)
+    assert versions[-1] == compacted
     for h in seen:  # what it would have sent, against what it sent (X-Context-Tokens)
         tokens, history = int(h["x-compaction-shadow-tokens"]), int(h["x-context-tokens"])
         if h["x-compaction-shadow-status"] == "passthrough":
@@ -133,7 +134,8 @@ def test_shadow_forwards_untouched_and_reports_what_it_would_have_sent(
     session = httpx.get(
         f"{url}/sessions/shadowed", headers={"Authorization": f"Bearer {chat.key}"}
     ).json()
-    assert session["version"] == 0 and session["summary"] is None
+    assert session["version"] == 0
+    assert session["summary"] is None
     assert session["shadow"]["version"] == compacted
     assert session["shadow"]["summary"] is None
     assert session["shadow"]["covered_messages"] > 1
@@ -147,15 +149,18 @@ def test_shadow_summaries_are_kept_apart_and_never_applied(
     seen = _converse(chat)
     _assert_forwarded_as_sent(sim_reset, sent)
     shadow = [h["x-compaction-shadow-status"] for h in seen]
-    assert shadow.count("compacted") >= 3 and "failed" not in shadow
+    assert shadow.count("compacted") >= 3
+    assert "failed" not in shadow
     calls = upstream_requests(sim_reset)
     summaries = [c for c in calls if c["headers"].get("x-compaction-purpose") == "summarize"]
     assert len(summaries) >= shadow.count("compacted")  # each one asked for, at its cost
     auth = {"Authorization": f"Bearer {chat.key}"}
     session = httpx.get(f"{url}/sessions/summarized", headers=auth).json()
-    assert session["version"] == 0 and session["summary"] is None  # no live snapshot
+    assert session["version"] == 0
+    assert session["summary"] is None
     kept = session["shadow"]["summary"]
-    assert isinstance(kept, str) and len(kept) > 100
+    assert isinstance(kept, str)
+    assert len(kept) > 100
     assert session["shadow"]["version"] == shadow.count("compacted")
     # Never applied: no request the proxy sent for the client carries it.
     forwarded = [c["body"] for c in calls if c not in summaries]
