@@ -104,8 +104,8 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     elif mode == "off" or not chat["messages"]:
         outcome = Outcome.passthrough(body, window)
     elif mode == "shadow" or control == "shadow":  # planned, sent as it came (shadow.py)
-        forced = control == "force" or deal.force
-        outcome = await shadow_outcome(services.compactor, turn, force=forced)
+        may_force = services.schedule.may_force if control == "force" or deal.force else None
+        outcome = await shadow_outcome(services.compactor, turn, may_force)
         noted = services.sightings.note(turn, outcome)
         follow_ups = () if noted is None else (noted,)
     else:  # 3-8, in the order 5, 3, 4, 6, 7-8: session_of (3) reads what 5 counted

@@ -16,7 +16,7 @@ summary saves nothing (``failed``); no back-off, no background pre-compaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from proxy.compaction.compact import CompactionStore, Compactor
@@ -60,10 +60,13 @@ class ShadowStore:
         return []  # shadow snapshots are read per session, never listed
 
 
-async def shadow_outcome(compactor: Compactor, turn: Turn, *, force: bool = False) -> Outcome:
+async def shadow_outcome(
+    compactor: Compactor, turn: Turn, force: Callable[[SessionKey], bool] | None = None
+) -> Outcome:
     """``turn`` forwarded as the client sent it (status ``shadow``), with what steps 3-8
     would have sent instead (``Outcome.shadow``); a compaction they would make is
-    planned, and with ``shadow_summarize`` summarized, into the shadow snapshot."""
+    planned, and with ``shadow_summarize`` summarized, into the shadow snapshot.
+    ``force``: ``X-Compaction: force``'s rate limit (``Schedule.may_force``), when asked."""
     settings, model = compactor.settings, turn.model
     c = settings.compaction
     reserve = output_reserve(turn.chat, model.max_output_tokens)
@@ -75,8 +78,9 @@ async def shadow_outcome(compactor: Compactor, turn: Turn, *, force: bool = Fals
     key, loaded = await load_session(store, key, history, slots)
     current_record().counted(key, history)
     budget = Budget.for_model(model, c, reserve, history.fixed)
-    plan = plan_compaction(history, loaded.view(history.pinned), budget, force=force)
-    job = Job(turn, key, history, budget, "forced" if force else "threshold")
+    forced = force is not None and force(key)  # a client buys summaries at most so often
+    plan = plan_compaction(history, loaded.view(history.pinned), budget, force=forced)
+    job = Job(turn, key, history, budget, "forced" if forced else "threshold")
     before = sum(history.counts) + history.fixed
     shadow = Shadow("passthrough", loaded.version, before, (0, 0), before)
     if plan.action == "compact" and not plan.nothing_to_save:

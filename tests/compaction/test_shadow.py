@@ -65,3 +65,19 @@ async def test_shadow_plans_into_its_own_snapshot_and_sends_the_history(mode: st
     shadow = await ShadowStore(services.store).load(key)
     assert shadow is not None
     assert (shadow.version, shadow.summary) == (1, "")
+
+
+async def test_force_in_shadow_is_rate_limited_as_a_live_one() -> None:
+    """``X-Compaction: force`` plans a shadow compaction below the trigger, at most once
+    per ``force_interval_s`` per session: summary work a client can buy stays bounded."""
+    upstream = FakeUpstream()
+    services = make_services(fake_settings(mode="shadow"), upstream, FakeClock())
+    short = conversation(8)
+    headers = {"x-compaction": "force", "x-session-id": "forced"}
+    statuses = []
+    for history in (short, [*short, {"role": "assistant", "content": "ok"}]):
+        response = await send_chat(services, history, headers)
+        statuses.append(header(response, "x-compaction-shadow-status"))
+    assert statuses == ["compacted", "snapshot"]
+    plain = await send_chat(services, short, {"x-session-id": "unforced"})
+    assert header(plain, "x-compaction-shadow-status") == "passthrough"
