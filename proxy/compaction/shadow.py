@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from proxy.compaction.compact import CompactionStore, Compactor
 from proxy.compaction.count import count_history, session_of
@@ -26,7 +27,7 @@ from proxy.compaction.job import Job
 from proxy.compaction.snapshots import load_session, next_snapshot
 from proxy.core.budget import Budget
 from proxy.core.digest import tenant_seed
-from proxy.core.outcome import Outcome, Shadow, Turn
+from proxy.core.outcome import Outcome, Shadow, ShadowStatus, Turn
 from proxy.core.plan import Plan, plan_compaction
 from proxy.core.session import SessionKey, slot_count
 from proxy.core.snapshot import Loaded, Snapshot
@@ -87,8 +88,10 @@ async def shadow_outcome(
         shadow = await _compact(compactor, job, loaded, plan, replace(shadow, status="compacted"))
     if shadow.status != "compacted":  # the view as the shadow snapshot leaves it
         tokens, trimmed = _kept(compactor, job, loaded)
-        status = shadow.status if loaded.valid is None else "snapshot"
-        shadow = replace(shadow, status="trimmed" if trimmed else status, tokens=tokens)
+        kept: ShadowStatus = "snapshot" if loaded.valid else "passthrough"
+        kept = "trimmed" if trimmed else kept
+        shadow = replace(shadow, status="failed" if shadow.status == "failed" else kept)
+        shadow = replace(shadow, tokens=tokens)
     return replace(Outcome.unchanged(before, budget.window), status="shadow", shadow=shadow)
 
 
@@ -114,30 +117,31 @@ async def _compact(
     start, end = plan.summarize
     # The summarizer reads the span and the summary it extends, writes the new one.
     given = sum(h.counts[start:end]) + loaded.view(h.pinned).summary_tokens
-    spent, summary = (given, plan.view.summary_tokens) if start != end else (0, 0), ""
-    if start == end:
-        summary = loaded.summary or ""  # elision alone: the summary it has, kept
+    spent, summary = (given, plan.view.summary_tokens), ""
+    if start == end:  # elision alone: no summarizer call, the summary it has kept
+        spent, summary = (0, 0), loaded.summary or ""
     elif compactor.settings.compaction.shadow_summarize:
         folded = await _summarize(compactor, job, loaded, plan)
-        if folded is None:
+        if folded is None:  # another request is summarizing it: the view as it is
+            return replace(shadow, status="passthrough")
+        if isinstance(folded, str):
             return replace(shadow, status="failed", summarizer=spent)
         summary, tokens = folded
         plan = replace(plan, view=replace(plan.view, summary_tokens=tokens))
         spent = (spent[0], tokens)
     # else planned, not summarized: where it would cut, and the summary's planned size
     new = next_snapshot(loaded, summary, plan, job)
-    await ShadowStore(compactor.store).save(
-        job.key, new
-    )  # a lost race: another request's is as good
+    # A lost race (False): another request's snapshot is as good.
+    await ShadowStore(compactor.store).save(job.key, new)
     tokens = view_tokens(h, plan.view, budget) - budget.reserve
     return replace(shadow, version=new.version, tokens=tokens, summarizer=spent)
 
 
 async def _summarize(
     compactor: Compactor, job: Job, loaded: Loaded, plan: Plan
-) -> tuple[str, int] | None:
-    """The summary of ``plan.summarize`` folded into ``loaded``'s, and its tokens; None
-    when it failed, or another request holds the shadow lock."""
+) -> tuple[str, int] | Literal["failed"] | None:
+    """The summary of ``plan.summarize`` folded into ``loaded``'s, and its tokens;
+    ``failed``; None when another request holds the session's shadow lock."""
     shadow_key = replace(job.key, shadow=True)
     token = await compactor.store.acquire(
         shadow_key, compactor.settings.compaction.summary_timeout_s
@@ -157,7 +161,7 @@ async def _summarize(
         folded = await folder.fold(job.turn, job.key, loaded.summary, span, background=False)
     except SummaryError as exc:
         log.warning("session=%s shadow summary failed (%s)", job.key.log_id, exc)
-        return None
+        return "failed"
     finally:
         await compactor.store.release(shadow_key, token)
-    return None if folded is None else (folded.summary, folded.tokens)
+    return "failed" if folded is None else (folded.summary, folded.tokens)

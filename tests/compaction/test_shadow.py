@@ -10,7 +10,14 @@ from pydantic import ValidationError
 
 from proxy.compaction.shadow import ShadowStore
 from proxy.core.session import session_from_header, tenant_from_headers
-from tests.support.fakes import FakeClock, FakeUpstream, conversation, fake_settings, make_services
+from tests.support.fakes import (
+    FakeClock,
+    FakeUpstream,
+    conversation,
+    error_reply,
+    fake_settings,
+    make_services,
+)
 from tests.test_chat_pipeline import KEY, header, send_chat
 
 LONG = conversation(16)  # past the 4k window's trigger: the proxy would compact it
@@ -81,3 +88,25 @@ async def test_force_in_shadow_is_rate_limited_as_a_live_one() -> None:
     assert statuses == ["compacted", "snapshot"]
     plain = await send_chat(services, short, {"x-session-id": "unforced"})
     assert header(plain, "x-compaction-shadow-status") == "passthrough"
+
+
+async def test_a_failed_shadow_summary_saves_nothing_and_says_failed() -> None:
+    upstream = FakeUpstream()
+    settings = fake_settings(mode="shadow", shadow_summarize=True, summary_backoff_s=0)
+    services = make_services(settings, upstream, FakeClock())
+    upstream.script(summaries=[error_reply(500, "summarizer down")] * 8)
+    response = await send_chat(services, LONG, {"x-session-id": "down"})
+    assert header(response, "x-compaction-shadow-status") == "failed"
+    assert header(response, "x-compaction-shadow-version") == "0"
+    assert upstream.summary_calls  # asked for, and failed
+    assert [c.messages for c in upstream.chat_calls] == [LONG]  # the request went all the same
+    key = session_from_header(tenant_from_headers({"authorization": f"Bearer {KEY}"}), "down")
+    assert await ShadowStore(services.store).load(key) is None
+    # The summarizer back: the next turn's shadow summary is kept, and never live.
+    upstream.summaries.clear()
+    response = await send_chat(services, LONG, {"x-session-id": "down"})
+    assert header(response, "x-compaction-shadow-status") == "compacted"
+    shadow = await ShadowStore(services.store).load(key)
+    assert shadow is not None
+    assert shadow.summary
+    assert await services.store.load(key) is None
