@@ -19,7 +19,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import redis
 
+from proxy.config import StoreSettings
 from proxy.observe.logs import ACCESS
 from tests.support.chat import FILLER, Chat, small_window_settings, upstream_requests
 from tests.support.metrics import metric
@@ -141,10 +143,15 @@ def test_shadow_forwards_untouched_and_reports_what_it_would_have_sent(
     assert session["shadow"]["covered_messages"] > 1
 
 
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def test_shadow_summaries_are_kept_apart_and_never_applied(
-    sim_reset: str, start_proxy: Callable[..., str]
+    store: str, sim_reset: str, start_proxy: Callable[..., str], request: pytest.FixtureRequest
 ) -> None:
-    url = start_proxy(small_window_settings(sim_reset, mode="shadow", shadow_summarize=True))
+    settings = small_window_settings(sim_reset, mode="shadow", shadow_summarize=True)
+    redis_url = request.getfixturevalue("redis_server").url if store == "redis" else None
+    if redis_url is not None:
+        settings = settings.model_copy(update={"store": StoreSettings(url=redis_url)})
+    url = start_proxy(settings)
     chat, sent = _recording_chat(url, "summarized", {})
     seen = _converse(chat)
     _assert_forwarded_as_sent(sim_reset, sent)
@@ -168,6 +175,11 @@ def test_shadow_summaries_are_kept_apart_and_never_applied(
     # The summarizer's usage is paid for real: the ledger counts it.
     ledger = session["ledger"]
     assert ledger["summarizer_input"] == sum(c["usage"]["prompt_tokens"] for c in summaries)
+    if redis_url is not None:  # filed apart: cp:shadow-snap:..., no live snapshot key
+        raw = redis.Redis.from_url(redis_url)
+        assert raw.keys("cp:snap:*") == []
+        assert len(raw.keys("cp:shadow-snap:*")) == 1
+        raw.close()
     # Forgetting the session forgets its shadow snapshots too.
     assert httpx.delete(f"{url}/sessions/summarized", headers=auth).status_code == 200
     assert httpx.get(f"{url}/sessions/summarized", headers=auth).status_code == 404
