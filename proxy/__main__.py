@@ -32,7 +32,7 @@ def _check_config(settings: Settings) -> None:
     print(f"store:    {redact_url(settings.store.url)}")
     c = settings.compaction
     print(
-        f"compaction: {'on' if c.enabled else 'off'}, trigger {c.trigger_ratio:.0%}, "
+        f"compaction: {c.effective_mode}, trigger {c.trigger_ratio:.0%}, "
         f"target {c.target_ratio:.0%}"
     )
     print(f"{'match':<28} {'window':>9} {'max out':>8}  tokenizer")

@@ -9,22 +9,22 @@ it). Unknown keys are errors that name the key.
 
 from __future__ import annotations
 
-import base64
 import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     SecretStr,
     ValidationError,
-    field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from proxy import config_file
 from proxy.config_file import YamlSource, describe_invalid, read_config_file, yaml_values
 from proxy.errors import ConfigError
 from proxy.redact import redact_url
@@ -122,23 +122,9 @@ class StoreSettings(_Section):
     max_sessions_per_tenant: int = Field(10_000, gt=0)
     # Fernet keys (`Fernet.generate_key()`); snapshots in Redis are encrypted with the first
     # and readable with any (rotation). Needs the `encryption` extra. Empty: plain JSON.
-    encryption_keys: list[SecretStr] = []
+    encryption_keys: Annotated[list[SecretStr], AfterValidator(config_file.fernet_keys)] = []
     # true: no snapshot read or written in plaintext; a remote store needs encryption_keys.
     require_encryption: bool = False
-
-    @field_validator("encryption_keys")
-    @classmethod
-    def _check_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
-        # "${OLD_KEY:-}" for an optional rotation key interpolates to "".
-        keys = [k for k in keys if k.get_secret_value()]
-        for i, key in enumerate(keys):
-            try:
-                raw = base64.urlsafe_b64decode(key.get_secret_value().encode())
-            except ValueError:
-                raw = b""
-            if len(raw) != 32:
-                raise ValueError(f"encryption_keys[{i}] is not a Fernet key (32 base64url bytes)")
-        return keys
 
     @model_validator(mode="after")
     def _check_url(self) -> StoreSettings:
@@ -166,7 +152,10 @@ class SessionSettings(_Section):
 
 
 class CompactionSettings(_Section):
-    enabled: bool = True
+    enabled: bool = True  # false: mode off
+    # shadow: plan, forward untouched, report (README "Shadow mode"). None: on, or enabled's
+    mode: Literal["on", "shadow", "off"] | None = None
+    shadow_summarize: bool = False  # in shadow, also run the summaries (kept apart)
     trigger_ratio: float = Field(0.8, gt=0, le=1)
     target_ratio: float = Field(0.5, gt=0, le=1)
     summarizer_model: str | None = None
@@ -217,8 +206,16 @@ class CompactionSettings(_Section):
     learned_window_quorum: int = Field(2, ge=1)
     learned_window_interval_s: float = Field(600.0, ge=0)
 
+    @property
+    def effective_mode(self) -> Literal["on", "shadow", "off"]:
+        if self.mode is not None:
+            return self.mode
+        return "on" if self.enabled else "off"
+
     @model_validator(mode="after")
     def _check_ratios(self) -> CompactionSettings:
+        if not self.enabled and self.mode not in (None, "off"):
+            raise ValueError(f"enabled: false contradicts mode: {self.mode} (set mode alone)")
         if self.target_ratio >= self.trigger_ratio:
             raise ValueError("target_ratio must be below trigger_ratio (hysteresis)")
         if self.precompact_ratio and self.precompact_ratio >= self.trigger_ratio:

@@ -5,6 +5,7 @@ named by their dotted key. The simulator's config file is read the same way.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import PydanticBaseSettingsSource
 
@@ -93,3 +94,17 @@ def describe_invalid(exc: ValidationError) -> str:
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         lines.append(f"  {key}: {msg}")
     return "invalid configuration:\n" + "\n".join(lines)
+
+
+def fernet_keys(keys: list[SecretStr]) -> list[SecretStr]:
+    """``store.encryption_keys`` as set: the empty ones dropped (``${OLD_KEY:-}`` for an
+    optional rotation key interpolates to ""), each of the rest a Fernet key."""
+    keys = [k for k in keys if k.get_secret_value()]
+    for i, key in enumerate(keys):
+        try:
+            raw = base64.urlsafe_b64decode(key.get_secret_value().encode())
+        except ValueError:
+            raw = b""
+        if len(raw) != 32:
+            raise ValueError(f"encryption_keys[{i}] is not a Fernet key (32 base64url bytes)")
+    return keys

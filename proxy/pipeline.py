@@ -11,7 +11,7 @@ between APIs is an ``Api`` value (upstream/api.py) from each API's module under 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 
@@ -19,11 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.compaction import references as refs
-from proxy.compaction.count import count_history
+from proxy.compaction.count import PARSE_INLINE_BYTES, count_history, session_of
 from proxy.compaction.inflight import read_body
 from proxy.compaction.job import Job, trigger_for
 from proxy.compaction.precompact import run_after
 from proxy.compaction.schedule import scheduled
+from proxy.compaction.shadow import shadow_outcome
 from proxy.compaction.snapshots import load_session
 from proxy.core.budget import Budget
 from proxy.core.digest import tenant_seed
@@ -33,8 +34,6 @@ from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
 from proxy.core.session import (
-    SessionKey,
-    session_key,
     session_name,
     slot_count,
     tenant_from_headers,
@@ -43,7 +42,6 @@ from proxy.core.tokens import bounded_by, output_reserve
 from proxy.errors import ClientDisconnected
 from proxy.observe.record import current_record, record_of
 from proxy.services import Services
-from proxy.types import ChatMessage
 from proxy.upstream import client as upstream
 from proxy.upstream import recover as recovery
 from proxy.upstream.api import Api, Attempt, Route
@@ -54,9 +52,6 @@ from proxy.upstream.recover import RECOVERABLE, diagnose
 from proxy.upstream.relay import relay
 from proxy.upstream.stream_head import Held, Recovery, respond
 from proxy.upstream.urls import upstream_url
-
-# Bodies above this are parsed in a worker thread, so the loop keeps serving others.
-PARSE_INLINE_BYTES = 1024 * 1024
 
 
 async def handle(request: Request, services: Services, api: Api) -> Response:
@@ -85,7 +80,8 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         bypassed = Outcome.bypassed(body, window)
         return await forward(services, request, route, Attempt(body, bypassed), None)
     read = refs.Resolved(chat)  # items named by reference, read as the ones the proxy relayed
-    if control != "off" and settings.compaction.enabled:
+    mode = settings.compaction.effective_mode  # on, shadow or off (shadow.py)
+    if control != "off" and mode != "off":
         read = await refs.resolve_references(services.items, api, tenant, data, chat)
         services.references.observe(read.references, read.unresolved)
     chat = read.chat
@@ -105,8 +101,13 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     follow_ups: tuple[FollowUp, ...] = ()  # to start once the answer is out, in order
     if control == "off":
         outcome = Outcome.bypassed(body, window)
-    elif not settings.compaction.enabled or not chat["messages"]:
+    elif mode == "off" or not chat["messages"]:
         outcome = Outcome.passthrough(body, window)
+    elif mode == "shadow" or control == "shadow":  # planned, sent as it came (shadow.py)
+        may_force = services.schedule.may_force if control == "force" or deal.force else None
+        outcome = await shadow_outcome(services.compactor, turn, may_force)
+        noted = services.sightings.note(turn, outcome)
+        follow_ups = () if noted is None else (noted,)
     else:  # 3-8, in the order 5, 3, 4, 6, 7-8: session_of (3) reads what 5 counted
         forced = control == "force" or deal.force
         outcome, later = await compacted_view(services, turn, force=forced)
@@ -165,14 +166,6 @@ async def compacted_view(
         return outcome, (() if after is None else (after,))
     # Nothing worth summarizing, yet over the window: trim what we can (sticky.py).
     return services.compactor.trims.outcome(key, history, loaded, budget, reuse=not recover), ()
-
-
-async def session_of(turn: Turn, messages: Sequence[ChatMessage]) -> SessionKey:
-    """The session ``turn`` names, else the one its history derives: a hash of the
-    opening messages, which can be most of a big body, so worked out off the loop."""
-    if turn.session_header is None and len(turn.body) > PARSE_INLINE_BYTES:
-        return await asyncio.to_thread(session_key, turn.tenant, None, messages)
-    return session_key(turn.tenant, turn.session_header, messages)
 
 
 async def forward(

@@ -9,13 +9,15 @@ everyone.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from proxy.config import CompactionSettings
 from proxy.core.digest import digests_and_sizes
 from proxy.core.history import History, count_pinned, result_flags
 from proxy.core.outcome import Turn
+from proxy.core.session import SessionKey, session_key
 from proxy.core.tokens import TokenCounter
-from proxy.types import ChatRequest
+from proxy.types import ChatMessage, ChatRequest
 
 # CPU on the event loop stalls every request, /healthz included; a hop to a worker
 # thread costs more than a usual turn's counting (a few dozen cached messages). Up to
@@ -26,6 +28,8 @@ INLINE_COUNT_BYTES = 32 * 1024
 # what a cache lacks adds to it.
 _INLINE_DIGEST_BYTES = 1024 * 1024
 _INLINE_MESSAGES = 2_000
+# Bodies above this are parsed in a worker thread, so the loop keeps serving others.
+PARSE_INLINE_BYTES = 1024 * 1024
 
 
 async def count_history(
@@ -53,6 +57,14 @@ async def count_history(
             counts, fixed = _count(counter, chat, digests, seed, templated)
     pinned = count_pinned(messages, pins.pin_first_user, pins.pin_user_prefixes)
     return History(messages, digests, counts, pinned, fixed, results)
+
+
+async def session_of(turn: Turn, messages: Sequence[ChatMessage]) -> SessionKey:
+    """Step 3: the session ``turn`` names, else the one its history derives: a hash of the
+    opening messages, which can be most of a big body, so worked out off the loop."""
+    if turn.session_header is None and len(turn.body) > PARSE_INLINE_BYTES:
+        return await asyncio.to_thread(session_key, turn.tenant, None, messages)
+    return session_key(turn.tenant, turn.session_header, messages)
 
 
 async def count_text(counter: TokenCounter, text: str) -> int:

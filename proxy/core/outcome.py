@@ -15,7 +15,9 @@ from typing import Literal
 from proxy.core.models import ResolvedModel
 from proxy.types import ChatMessage, ChatRequest
 
-Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed"]
+Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed", "shadow"]
+# What a shadow turn's view would have been (compaction/shadow.py): a closed set, a label.
+ShadowStatus = Literal["passthrough", "snapshot", "compacted", "trimmed", "failed"]
 # Why a turn that was due a summary was served without one (its status still says what
 # the upstream saw): its own summary failed, or the one it waited for (another request's)
 # ended without a snapshot, after the time that took; the one it waited for was still
@@ -47,6 +49,22 @@ class Turn:
 
 
 @dataclass(frozen=True, slots=True)
+class Shadow:
+    """What shadow mode would have sent instead of the body it forwarded untouched."""
+
+    status: ShadowStatus
+    version: int  # of the shadow snapshot it would have applied
+    tokens: int  # the input tokens it would have sent, the proxy's count
+    summarizer: tuple[int, int]  # the summary it would have asked for: input, output (est.)
+    history: int  # the input tokens of the history as sent, the proxy's count
+
+    @property
+    def saved(self) -> int:
+        """The ledger's net (core/ledger.py), estimated in the proxy's counts."""
+        return self.history - self.tokens - sum(self.summarizer)
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """The API view for one request; ``messages`` None means send the body as is."""
 
@@ -60,6 +78,7 @@ class Outcome:
     # Identifiers the new summary had lost and the proxy put back (identifiers.py).
     restored: int = 0
     degraded: Degraded | None = None
+    shadow: Shadow | None = None  # status "shadow": what it would have sent instead
 
     @classmethod
     def bypassed(cls, body: bytes, window: int) -> Outcome:
@@ -96,6 +115,12 @@ class Outcome:
         ]
         if self.degraded is not None:
             headers.append((b"x-compaction-degraded", self.degraded.encode()))
+        if self.shadow is not None:
+            s = self.shadow
+            headers.append((b"x-compaction-shadow-status", s.status.encode()))
+            headers.append((b"x-compaction-shadow-version", str(s.version).encode()))
+            headers.append((b"x-compaction-shadow-tokens", str(s.tokens).encode()))
+            headers.append((b"x-compaction-shadow-saved", str(s.saved).encode()))
         return headers
 
 

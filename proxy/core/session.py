@@ -50,6 +50,8 @@ class SessionKey:
     tenant: str
     session: str
     source: Literal["header", "derived"]
+    # Shadow mode's snapshots (compaction/shadow.py), filed apart: never the live path's.
+    shadow: bool = False
 
     @property
     def storage_key(self) -> str:

@@ -29,6 +29,7 @@ from proxy.core.ledger import (
     with_summaries,
 )
 from proxy.core.session import session_from_header
+from proxy.observe.shadow_series import ShadowSeries
 
 if TYPE_CHECKING:
     from proxy.observe.record import Record
@@ -97,6 +98,7 @@ class Ledger:
             ["side"],
             registry=registry,
         )
+        self.shadow = ShadowSeries(registry)  # what shadow mode would have sent
         for kind in KINDS:
             self.tokens.labels(kind=kind)
         for direction in ("input", "output"):
@@ -109,6 +111,8 @@ class Ledger:
         the series and its session's and tenant's totals; None for other requests."""
         if rec.model is None or (rec.outcome is None and not rec.summarized[0]):
             return None
+        if rec.outcome is not None and rec.outcome.shadow is not None:
+            self.shadow.observe(rec.outcome.shadow)
         counted = rec.upstream_status == 200 and rec.outcome is not None
         session = _session_key(rec)
         totals = self.sessions.get(session) if session else None

@@ -199,6 +199,10 @@ class Recorder:
             fields["tokens_before"] = outcome.tokens if before is None else before
             fields["tokens_after"] = outcome.tokens
             fields["counted"] = outcome.counted
+            if outcome.shadow is not None:  # what shadow mode would have sent instead
+                shadow = outcome.shadow
+                fields.update(shadow_status=shadow.status, shadow_version=shadow.version)
+                fields.update(shadow_tokens=shadow.tokens, shadow_saved=shadow.saved)
         if rec.trigger is not None:
             fields["trigger"] = rec.trigger
         if rec.summary_s is not None:

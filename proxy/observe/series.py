@@ -62,7 +62,7 @@ STORE_FAILURE_KINDS = (
     "other",
 )
 TRIGGERS = ("threshold", "forced", "overflow_recovery", "scheduled", "precompact")
-CHAT_STATUSES = ("passthrough", "snapshot", "compacted", "trimmed", "bypassed")
+CHAT_STATUSES = ("passthrough", "snapshot", "compacted", "trimmed", "bypassed", "shadow")
 DEGRADED_REASONS = ("summary_failed", "summary_late", "backoff")  # outcome.Degraded
 PRECOMPACTION_OUTCOMES = (
     "compacted",

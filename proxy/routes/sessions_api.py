@@ -4,7 +4,9 @@ The caller's credential scopes every call exactly like chat requests, so
 another tenant asking for the same id gets a 404, never someone else's data.
 A session the proxy has served but not compacted yet answers version 0 and no
 summary, with its latest turn's figures (sightings.py); ``ledger``: its net-savings
-totals as this process counted them (observe/ledger.py).
+totals as this process counted them (observe/ledger.py); ``shadow``: the newest shadow
+snapshot (compaction/shadow.py: planned, or summarized with shadow_summarize; never
+applied).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from proxy.compaction.shadow import ShadowStore
 from proxy.core.session import SessionKey, session_from_header, session_slots, tenant_from_headers
 from proxy.errors import NotFound, RateLimited
 from proxy.services import Services
-from proxy.store import Snapshot
+from proxy.store import Snapshot, Snapshots
 
 
 def _key(request: Request) -> SessionKey:
@@ -27,11 +30,14 @@ def _key(request: Request) -> SessionKey:
     return session_from_header(tenant, request.path_params["session_id"])
 
 
-async def _newest(services: Services, key: SessionKey) -> tuple[SessionKey, Snapshot | None]:
+async def _newest(
+    services: Services, key: SessionKey, store: Snapshots | None = None
+) -> tuple[SessionKey, Snapshot | None]:
     """The slot of ``key``'s session (session.explicit_slots) its newest snapshot is in:
-    the conversation under this name that compacted last; ``key`` when it has none."""
+    the conversation under this name that compacted last; ``key`` when it has none.
+    ``store``: where to look (the shadow snapshots), if not the live ones."""
     slots = session_slots(key, services.settings.session.explicit_slots)
-    stored = await services.store.load_many(slots)
+    stored = await (store or services.store).load_many(slots)
     found = [(s.updated_at, i) for i, s in enumerate(stored) if s is not None]
     if not found:
         return key, None
@@ -45,10 +51,12 @@ def _not_found(key: SessionKey) -> NotFound:
 
 async def get_session(request: Request, services: Services) -> Response:
     key = _key(request)
-    (_, snapshot), seen = await asyncio.gather(
-        _newest(services, key), services.store.load_seen(key)
+    (_, snapshot), (_, shadow), seen = await asyncio.gather(
+        _newest(services, key),
+        _newest(services, key, ShadowStore(services.store)),
+        services.store.load_seen(key),
     )
-    if snapshot is None and seen is None:
+    if snapshot is None and seen is None and shadow is None:
         raise _not_found(key)
     ledger = services.ledger.sessions.get(key.storage_key)  # this process's (ledger.py)
     body: dict[str, Any] = {"id": request.path_params["session_id"], "object": "compaction.session"}
@@ -57,6 +65,8 @@ async def get_session(request: Request, services: Services) -> Response:
     if seen is not None:  # its latest turn, as noted after the answer went out
         body.update(messages=seen.messages, tokens=seen.tokens, last_seen_at=int(seen.seen_at))
         body["model"] = body.get("model") or seen.model
+    if shadow is not None:  # shadow mode's newest (shadow.py): never applied
+        body["shadow"] = {**_snapshot_fields(shadow), "summary": shadow.summary or None}
     if ledger is not None:  # does compaction pay: the session's totals, as this process saw
         body["ledger"] = {**ledger.as_dict(), "scope": "process"}
     return JSONResponse(body)
@@ -82,7 +92,9 @@ async def delete_session(request: Request, services: Services) -> Response:
     key = _key(request)
     slots = session_slots(key, services.settings.session.explicit_slots)
     services.ledger.sessions.pop(key.storage_key, None)  # this process's totals go too
-    if not any(await asyncio.gather(*(services.store.delete(k) for k in slots))):
+    shadow = ShadowStore(services.store)  # shadow mode's snapshots go too
+    deletes = [*(services.store.delete(k) for k in slots), *(shadow.delete(k) for k in slots)]
+    if not any(await asyncio.gather(*deletes)):
         raise _not_found(key)
     return JSONResponse({"id": request.path_params["session_id"], "deleted": True})
 

@@ -10,6 +10,8 @@ one server (redis://)             a cluster (redis+cluster://)
 {prefix}:snap:{key}               {prefix}:snap:{{key}}    hash   v, d (snapshot)
 {prefix}:lock:{key}               {prefix}:lock:{{key}}    string owner token, PX lock ttl
 {prefix}:seen:{key}               {prefix}:seen:{{key}}    string latest Sighting, PX ttl
+{prefix}:shadow-snap:{key}        {prefix}:shadow-snap:{{key}}   shadow mode's snapshot
+{prefix}:shadow-lock:{key}        {prefix}:shadow-lock:{{key}}   its summarization lock
 {prefix}:win:{key}                {prefix}:win:{key}       string learned window, PX ttl
 {prefix}:health:probe             (the same)               string "1", PX 10 s (/readyz)
 ```
@@ -39,8 +41,9 @@ class KeyLayout:
     tagged: bool = False  # a cluster's: session keys hash-tagged
 
     def session(self, kind: str, key: SessionKey) -> str:
-        """A session's ``snap``, ``lock`` or ``seen`` key."""
-        name = key.storage_key
+        """A session's ``snap``, ``lock`` or ``seen`` key; a shadow key's (``key.shadow``)
+        are ``shadow-snap``..., which no scan of snapshots (``snapshots``) lists."""
+        name, kind = key.storage_key, f"shadow-{kind}" if key.shadow else kind
         return f"{self.prefix}:{kind}:{{{name}}}" if self.tagged else f"{self.prefix}:{kind}:{name}"
 
     def window(self, key: str) -> str:

@@ -219,7 +219,8 @@ class MemoryStore:
 
     async def list_sessions(self, limit: int) -> list[tuple[SessionKey, Snapshot]]:
         now = self._clock()
-        live = ((k, snap) for k, (expires, snap) in self._data.items() if expires >= now)
+        data = self._data.items()
+        live = ((k, snap) for k, (expires, snap) in data if expires >= now and not k.shadow)
         return [entry for _, entry in zip(range(limit), live, strict=False)]
 
     async def ping(self) -> bool:

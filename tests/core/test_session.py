@@ -245,24 +245,24 @@ async def test_a_derived_session_of_a_big_body_is_hashed_off_the_loop(
     big body: that work must not stall the event loop."""
     import threading
 
-    from proxy import pipeline
+    from proxy.compaction import count
     from proxy.core.models import ResolvedModel
     from proxy.core.outcome import Turn
 
     on_loop: list[bool] = []
-    real = pipeline.session_key
+    real = count.session_key
 
     def spy(*args: Any) -> SessionKey:
         on_loop.append(threading.current_thread() is threading.main_thread())
         return real(*args)
 
-    monkeypatch.setattr(pipeline, "session_key", spy)
+    monkeypatch.setattr(count, "session_key", spy)
     model = ResolvedModel("m", 1_000_000, 256, "cl100k_base", "m")
     for size, expected in ((2_000_000, False), (2_000, True)):
         messages: list[ChatMessage] = [SYSTEM, {"role": "user", "content": "x" * size}]
         body = orjson.dumps({"model": "m", "messages": messages})
         turn = Turn({"model": "m", "messages": messages}, body, model, "t", None, [])
-        assert await pipeline.session_of(turn, messages) == derived(messages)
+        assert await count.session_of(turn, messages) == derived(messages)
         assert on_loop[-1] is expected
 
 

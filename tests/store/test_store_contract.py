@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -179,6 +179,21 @@ async def test_keys_are_independent(store: Store) -> None:
     b = await store.load(b_key)
     assert b is not None
     assert (b.version, b.summary) == (1, "b")
+
+
+async def test_shadow_snapshots_and_locks_are_kept_apart_and_never_listed(store: Store) -> None:
+    """Shadow mode's snapshots (compaction/shadow.py) under a session's shadow key: never
+    the live one's, nor listed with the sessions (``cp:shadow-snap:`` in Redis)."""
+    shadow = replace(KEY, shadow=True)
+    assert await store.save(shadow, snap(1, "shadow"))
+    assert await store.load(KEY) is None
+    assert await store.save(KEY, snap(1, "live"))
+    assert [s and s.summary for s in await store.load_many([KEY, shadow])] == ["live", "shadow"]
+    assert [k for k, _ in await store.list_sessions(10)] == [KEY]
+    assert await store.acquire(shadow, LONG_TTL) is not None
+    assert await store.acquire(KEY, LONG_TTL) is not None, "locks apart too"
+    assert await store.delete(shadow) is True
+    assert (await store.load(KEY) or snap(0)).summary == "live"
 
 
 async def test_load_many_loads_each_key_in_order(store: Store) -> None:
