@@ -29,7 +29,7 @@ import logging
 from starlette.requests import Request
 
 from proxy import pipeline
-from proxy.compaction.count import count_history
+from proxy.compaction.count import count_history, session_of
 from proxy.compaction.schedule import scheduled
 from proxy.compaction.snapshots import load_session
 from proxy.core.budget import Budget
@@ -92,7 +92,7 @@ async def _view(
     if control == "off" or api.untouched(data, control) or not c.enabled:
         whole = rebuild_outcome(history, view_of(None, history.pinned), Handoff(None, 0), budget)
         return whole.tokens, 0, "bypassed"
-    key = await pipeline.session_of(turn, history.messages)  # 3.
+    key = await session_of(turn, history.messages)  # 3.
     slots = slot_count(key, settings.session)
     _, loaded = await load_session(services.store, key, history, slots)  # 4.
     view = loaded.view(history.pinned)
