@@ -20,9 +20,10 @@ them the old way, so sessions survive an upgrade without a second summary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from hashlib import blake2b
+from typing import Any, cast
 
 import orjson
 from cachetools import LRUCache
@@ -60,7 +61,7 @@ def digests_and_sizes(
     sizes: list[int] = []
     try:
         for m in messages:
-            raw = dumps(m, option=sort)
+            raw = dumps(neutral(m), option=sort)
             digests.append(xxh3_128_digest(raw, seed))
             sizes.append(len(raw))
     except TypeError as exc:
@@ -69,6 +70,31 @@ def digests_and_sizes(
             "A message is nested too deeply to be processed.", param="messages"
         ) from exc
     return digests, sizes
+
+
+def neutral(message: ChatMessage) -> Mapping[str, Any]:
+    """What a digest reads of ``message``: one turn reads the same in every API's chat
+    view, so a snapshot made on one API applies on another (README "One snapshot
+    across APIs"). A view's own keys (``_``-prefixed: the client's Messages message or
+    Responses items it stands for) are left out, as they differ by API for the same
+    turn; a content of one text part reads as its text (chat sends a string, the other
+    APIs text blocks or parts); a tool result's ``name`` (a view's hint for the elision
+    placeholder) is left out. What identifies a turn in a view stays: its text, calls,
+    results, and every other part as the client's JSON (thinking, reasoning, images by
+    their source), so a snapshot still applies only to exactly the turns it covers."""
+    content = message.get("content")
+    single = isinstance(content, list) and len(content) == 1
+    if not single and message.get("role") != "tool" and not any(k[:1] == "_" for k in message):
+        return message  # a chat message as most clients send it: read as it is
+    out = {k: v for k, v in message.items() if k[:1] != "_"}
+    if single:
+        part = cast(list[Any], content)[0]
+        if isinstance(part, dict) and len(part) == 2 and part.get("type") == "text":
+            text = part.get("text")
+            out["content"] = text if isinstance(text, str) else content
+    if out.get("role") == "tool":
+        out.pop("name", None)
+    return out
 
 
 def legacy_digests(messages: Sequence[ChatMessage]) -> list[bytes]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import pairwise
 
 import anthropic
 import httpx
@@ -118,9 +118,7 @@ LEGS = ("chat", "messages", "responses", "chat")
 TURNS_PER_LEG = 12
 
 
-def test_chat_messages_responses_chat_share_one_summary_chain(
-    proxy4k: str, sim_reset: str
-) -> None:
+def test_chat_messages_responses_chat_share_one_summary_chain(proxy4k: str, sim_reset: str) -> None:
     client = Client(proxy4k)
     for leg, api in enumerate(LEGS):
         for i in range(TURNS_PER_LEG):
@@ -137,7 +135,7 @@ def test_chat_messages_responses_chat_share_one_summary_chain(
         part = log[leg * TURNS_PER_LEG : (leg + 1) * TURNS_PER_LEG]
         assert any(t.status == "compacted" for t in part), (api, part)
     # One chain: a summary adds one to the version, anything else keeps it.
-    for before, now in zip(log, log[1:], strict=False):
+    for before, now in pairwise(log):
         step = 1 if now.status == "compacted" else 0
         assert now.version == before.version + step, (before, now)
     # A switch uses the snapshot the other API made: no summary from scratch.
