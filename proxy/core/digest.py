@@ -61,7 +61,11 @@ def digests_and_sizes(
     sizes: list[int] = []
     try:
         for m in messages:
-            raw = dumps(neutral(m), option=sort)
+            # A chat message as most clients send it (string content, every key
+            # lowercase: no view key) is its own neutral form: told inline, as every
+            # message of every history is digested every turn.
+            plain = type(m.get("content")) is str and min(m) >= "a" and m.get("role") != "tool"
+            raw = dumps(m if plain else neutral(m), option=sort)
             digests.append(xxh3_128_digest(raw, seed))
             sizes.append(len(raw))
     except TypeError as exc:
@@ -84,8 +88,6 @@ def neutral(message: ChatMessage) -> Mapping[str, Any]:
     their source), so a snapshot still applies only to exactly the turns it covers."""
     content = message.get("content")
     single = isinstance(content, list) and len(content) == 1
-    if not single and message.get("role") != "tool" and not any(k[:1] == "_" for k in message):
-        return message  # a chat message as most clients send it: read as it is
     out = {k: v for k, v in message.items() if k[:1] != "_"}
     if single:
         part = cast(list[Any], content)[0]
