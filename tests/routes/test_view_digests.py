@@ -3,9 +3,15 @@ snapshot made on one API applies on another; turns that differ still digest apar
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from proxy.core.digest import message_digests
+import orjson
+from xxhash import xxh3_128_digest
+
+from proxy.core.digest import message_digests, prefix_hash
+from proxy.core.history import History
+from proxy.core.snapshot import Snapshot, valid_snapshot
 from proxy.routes.items import to_messages
 from proxy.routes.messages_view import to_chat
 
@@ -77,3 +83,81 @@ def test_turns_that_differ_still_digest_apart() -> None:
         for f in ("file-a", "file-b")
     ]
     assert message_digests(images[0]) != message_digests(images[1])
+
+
+def test_a_tool_loop_digests_alike_on_chat_messages_and_responses() -> None:
+    """A call (the model's arguments string on chat, an object on Messages) and its
+    result, after a turn of text."""
+    arguments = '{"step": 1, "path": "a.py"}'  # as a model writes it: spaced, its order
+    chat = [
+        {"role": "user", "content": "read it"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "contents"},
+    ]
+    use = {"type": "tool_use", "id": "call_1", "name": "read_file"}
+    blocks = [
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "content": [{**use, "input": {"path": "a.py", "step": 1}}]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "contents"}],
+        },
+    ]
+    items = [
+        {"role": "user", "content": "read it"},
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "read_file",
+            "arguments": arguments,
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "contents"},
+    ]
+    ours = message_digests(chat, 7)
+    assert message_digests(to_chat(None, blocks), 7) == ours
+    assert message_digests(to_messages(None, items), 7) == ours
+    other = {**use, "input": {"path": "b.py", "step": 1}}
+    blocks[1] = {"role": "assistant", "content": [other]}
+    assert message_digests(to_chat(None, blocks), 7)[1] != ours[1]
+
+
+def test_an_anchor_an_earlier_release_made_still_applies() -> None:
+    """Before digests read the neutral form, an anchor chained digests of each view as
+    sent (the client's message under ``_message`` included): such a snapshot still
+    applies to the history it covers, and still not to an edited one."""
+    seed = 7
+    view = messages()
+    as_sent = [xxh3_128_digest(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), seed) for m in view]
+    assert message_digests(view, seed) != as_sent  # the neutral form is another encoding
+    snap = Snapshot(
+        version=3,
+        summary="S",
+        pinned=1,
+        covered=3,
+        elide_before=1,
+        anchor_hash=prefix_hash(as_sent, 3),
+        summary_tokens=10,
+        tokens_before=0,
+        tokens_after=0,
+        created_at=0.0,
+        updated_at=0.0,
+    )
+
+    def history(view: list[Any]) -> History:
+        n = len(view)
+        return History(view, message_digests(view, seed), [1] * n, 1, 0, bytes(n), seed)
+
+    for _ in range(2):  # the second from the verdict kept
+        assert valid_snapshot(snap, history(view)) is snap
+    assert valid_snapshot(snap, history(messages(content="Turn 0: edited"))) is None
+    assert valid_snapshot(replace(snap, anchor_hash=prefix_hash(as_sent, 2)), history(view)) is None
