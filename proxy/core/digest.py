@@ -63,10 +63,12 @@ def digests_and_sizes(
     sizes: list[int] = []
     try:
         for m in messages:
-            # A chat message as most clients send it (string content, every key
-            # lowercase: no view key) is its own neutral form: told inline, as every
-            # message of every history is digested every turn.
-            plain = type(m.get("content")) is str and min(m) >= "a" and m.get("role") != "tool"
+            # A chat message as most clients send it (text content, every key lowercase:
+            # no view key; no calls; a result without a name) is its own neutral form:
+            # told inline, as every message of every history is digested each turn.
+            content = m.get("content")
+            plain = type(content) is str and content != "" and min(m) >= "a"
+            plain = plain and "tool_calls" not in m and ("name" not in m or m["role"] != "tool")
             raw = dumps(m if plain else neutral(m), option=sort)
             digests.append(xxh3_128_digest(raw, seed))
             sizes.append(len(raw))

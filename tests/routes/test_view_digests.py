@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from xxhash import xxh3_128_digest
 
-from proxy.core.digest import message_digests, prefix_hash
+from proxy.core.digest import message_digests, neutral, prefix_hash
 from proxy.core.history import History
 from proxy.core.snapshot import Snapshot, valid_snapshot
 from proxy.routes.items import to_messages
@@ -161,3 +161,20 @@ def test_an_anchor_an_earlier_release_made_still_applies() -> None:
         assert valid_snapshot(snap, history(view)) is snap
     assert valid_snapshot(snap, history(messages(content="Turn 0: edited"))) is None
     assert valid_snapshot(replace(snap, anchor_hash=prefix_hash(as_sent, 2)), history(view)) is None
+
+
+def test_the_inline_path_digests_as_the_neutral_form() -> None:
+    """Chat messages digested as they are (the common case, told inline) digest as their
+    neutral form would: text with calls, an empty text, a named result."""
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    shapes: list[Any] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "let me look", "tool_calls": [call]},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "name": "f", "content": "out"},
+        {"role": "tool", "tool_call_id": "c", "content": "out"},
+    ]
+    for message in shapes:
+        neutral_form = dict(neutral(message))
+        assert message_digests([message], 7) == message_digests([neutral_form], 7), message
+        assert dict(neutral(neutral_form)) == neutral_form
