@@ -117,11 +117,19 @@ def _call(call: object) -> object:
     arguments = function.get("arguments")
     if not isinstance(arguments, str):
         return call
-    try:
-        canonical = orjson.dumps(orjson.loads(arguments), option=orjson.OPT_SORT_KEYS).decode()
-    except (orjson.JSONDecodeError, TypeError):  # free text, or nested past what orjson writes
+    canonical = _canonical(arguments)
+    if canonical is None or canonical == arguments:
         return call
     return {**call, "function": {**function, "arguments": canonical}}
+
+
+def _canonical(arguments: str) -> str | None:
+    """``arguments`` as compact JSON, keys sorted; None if not JSON (a custom tool's
+    free text) or nested past what orjson writes."""
+    try:
+        return orjson.dumps(orjson.loads(arguments), option=orjson.OPT_SORT_KEYS).decode()
+    except (orjson.JSONDecodeError, TypeError):
+        return None
 
 
 def legacy_digests(messages: Sequence[ChatMessage]) -> list[bytes]:
