@@ -56,7 +56,7 @@ async def count_history(
         else:
             counts, fixed = _count(counter, chat, digests, seed, templated)
     pinned = count_pinned(messages, pins.pin_first_user, pins.pin_user_prefixes)
-    return History(messages, digests, counts, pinned, fixed, results)
+    return History(messages, digests, counts, pinned, fixed, results, seed)
 
 
 async def session_of(turn: Turn, messages: Sequence[ChatMessage]) -> SessionKey:

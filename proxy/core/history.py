@@ -30,6 +30,9 @@ class History:
     pinned: int
     fixed: int
     results: bytes
+    seed: int = (
+        0  # the digests' (digest.tenant_seed): an earlier release's anchor is checked with it
+    )
 
 
 def count_pinned(

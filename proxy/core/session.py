@@ -88,11 +88,19 @@ _EMPTY = frozenset({"", "bearer"})
 
 
 def _credentials(headers: Mapping[str, str]) -> list[str]:
-    return [
-        f"{name}:{value}"
-        for name in CREDENTIAL_HEADERS
-        if (value := headers.get(name)) and value.strip().lower() not in _EMPTY
-    ]
+    """The keys ``headers`` carry, each as the ``Authorization`` header that would carry
+    it: one key is one tenant whichever header names it (an OpenAI SDK's Bearer token,
+    Claude Code's ``x-api-key``, Azure's ``api-key``), so a session crosses APIs; a
+    Bearer token hashes as it always did, so those tenants stay where they were."""
+    found: list[str] = []
+    for name in CREDENTIAL_HEADERS:
+        value = headers.get(name)
+        if not value or value.strip().lower() in _EMPTY:
+            continue
+        entry = f"authorization:{value if name == 'authorization' else f'Bearer {value}'}"
+        if entry not in found:
+            found.append(entry)
+    return found
 
 
 def has_credential(headers: Mapping[str, str]) -> bool:

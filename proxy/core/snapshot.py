@@ -68,7 +68,9 @@ def valid_snapshot(snapshot: Snapshot | None, history: History) -> Snapshot | No
     valid = (
         snapshot.pinned == history.pinned
         and anchor < len(history.messages)  # the newest message is never covered
-        and anchor_matches(snapshot.anchor_hash, history.messages, history.digests, anchor)
+        and anchor_matches(
+            snapshot.anchor_hash, history.messages, history.digests, anchor, history.seed
+        )
     )
     return snapshot if valid else None
 

@@ -13,8 +13,10 @@ Responses request's ``input`` items map onto them group for group:
 * any other ``*_output`` item joins the message before it.
 
 Each message carries the items it stands for under ``_items`` (a key the counter,
-the summarizer and the identifier check never read, and that the digests hash, so a
-snapshot applies only while those exact items come first). ``to_items`` turns the
+the summarizer, the identifier check and the digests never read: digests read the
+chat message, so a turn digests as it would on chat or Messages and a snapshot crosses
+APIs, while the items chat has no word for ride in it as their JSON and an image with
+its source, so a snapshot applies only while those exact turns come first). ``to_items`` turns the
 rebuilt messages back into input: the client's items verbatim (the same objects,
 encrypted reasoning included, never altered), the handoff summary as input
 messages, and an elided output as its item with the placeholder for ``output``.
@@ -186,7 +188,9 @@ def _content(content: object) -> str | list[dict[str, Any]]:
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             parts.append({"type": "refusal", "refusal": part["refusal"]})
         elif kind == "input_image":
-            parts.append({"type": "image_url", "image_url": {"detail": part.get("detail", "auto")}})
+            image = {"detail": part.get("detail", "auto")}
+            source = {k: part.get(k) for k in ("image_url", "file_id")}  # told apart by digests
+            parts.append({"type": "image_url", "image_url": image, "source": source})
         else:
             parts.append(_opaque(part))
     return parts

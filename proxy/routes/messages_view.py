@@ -19,9 +19,11 @@ a Messages request maps onto chat groups that keep what Anthropic requires toget
   and its results) is always kept.
 
 Each chat message carries the client's message under ``_message`` (of a message's
-results only the first: the others name their block, ``_block``, of that message). The
-digests hash it, so a snapshot applies only while those exact messages come first; the
-counter, transcript and identifier check never read it. ``to_anthropic`` turns rebuilt
+results only the first: the others name their block, ``_block``, of that message); the
+counter, transcript and identifier check never read it, nor do the digests (digest.py's
+``neutral``): they read the chat message, so a turn digests as it would on chat and a
+snapshot crosses APIs; the blocks chat has no word for ride in it as their JSON, and an
+image with its ``source``, so the digests still tell turns apart. ``to_anthropic`` turns rebuilt
 messages back into the request's ``messages``: each client message verbatim, the same
 object, once (an elided result's ``tool_result`` content replaced by the placeholder
 in a copy), and the messages the proxy wrote (the handoff, an acknowledgement, a
@@ -140,8 +142,9 @@ def _parts(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kind = block.get("type")
         if kind == "text" and isinstance(block.get("text"), str):
             parts.append({"type": "text", "text": block["text"]})
-        elif kind == "image":
-            parts.append({"type": "image_url", "image_url": {"detail": "auto"}})
+        elif kind == "image":  # its source: the digests tell two images apart
+            image = {"detail": "auto"}
+            parts.append({"type": "image_url", "image_url": image, "source": block.get("source")})
         else:
             parts.append({"type": "item", "item": block})
     return parts

@@ -14,6 +14,7 @@ from proxy.core.session import (
     session_from_header,
     session_from_history,
     session_name,
+    tenant_from_headers,
     tenant_of,
 )
 from proxy.errors import InvalidRequest
@@ -52,6 +53,19 @@ def test_same_credential_same_tenant() -> None:
 )
 def test_different_credentials_different_tenants(other: str | None) -> None:
     assert tenant_of(f"Bearer {RAW_KEY}") != tenant_of(other)
+
+
+@pytest.mark.parametrize("header", ["x-api-key", "api-key"])
+def test_one_key_is_one_tenant_whichever_header_carries_it(header: str) -> None:
+    """Claude Code's ``x-api-key`` and an OpenAI SDK's Bearer token with the same key are
+    one tenant, so a session crosses APIs; a Bearer token hashes as it always did."""
+    bearer = tenant_from_headers({"authorization": f"Bearer {RAW_KEY}"})
+    assert bearer == tenant_of(f"authorization:Bearer {RAW_KEY}")  # stored tenants stay
+    assert tenant_from_headers({header: RAW_KEY}) == bearer
+    both = {"authorization": f"Bearer {RAW_KEY}", header: RAW_KEY}
+    assert tenant_from_headers(both) == bearer
+    assert tenant_from_headers({header: f"{RAW_KEY}x"}) != bearer
+    assert tenant_from_headers({**both, header: "sk-another"}) != bearer
 
 
 def test_storage_keys_never_hold_the_raw_credential() -> None:
