@@ -70,22 +70,27 @@ def _expected(sim: str, histories: list[list[dict[str, Any]]]) -> list[dict[str,
         if as_sent:
             assert would == sent
         would_cached = cached if as_sent else _cacheable(min(previous_would, would))
-        entries.append(
-            {
-                "would_send": would,
-                "sent": sent,
-                "cached": cached,
-                "would_cached": would_cached,
-                "summarizer_input": summarized[0],
-                "summarizer_output": summarized[1],
-                "estimated": False,
-                "net": would - sent - summarized[0] - summarized[1],
-            }
-        )
+        entries.append(_entry(would, sent, cached, would_cached, summarized))
         summarized = [0, 0]
         previous_would = would
     assert next(chats, None) is None
     return entries
+
+
+def _entry(
+    would: int, sent: int, cached: int, would_cached: int, summarized: list[int]
+) -> dict[str, Any]:
+    """One request's ledger entry as the simulator's records make it."""
+    return {
+        "would_send": would,
+        "sent": sent,
+        "cached": cached,
+        "would_cached": would_cached,
+        "summarizer_input": summarized[0],
+        "summarizer_output": summarized[1],
+        "estimated": False,
+        "net": would - sent - summarized[0] - summarized[1],
+    }
 
 
 def _money(entry: dict[str, Any]) -> float:
@@ -271,18 +276,7 @@ def _messages_expected(sim: str, histories: list[list[dict[str, Any]]]) -> list[
         if as_sent:
             assert would == sent
         would_cached = cached if as_sent else _cacheable(min(previous_would, would))
-        entries.append(
-            {
-                "would_send": would,
-                "sent": sent,
-                "cached": cached,
-                "would_cached": would_cached,
-                "summarizer_input": summarized[0],
-                "summarizer_output": summarized[1],
-                "estimated": False,
-                "net": would - sent - summarized[0] - summarized[1],
-            }
-        )
+        entries.append(_entry(would, sent, cached, would_cached, summarized))
         summarized = [0, 0]
         previous_would = would
     assert next(chats, None) is None

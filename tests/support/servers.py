@@ -187,8 +187,6 @@ class RedisServer:
         import subprocess
 
         check_server_allowed()
-        import redis
-
         port = ["--port", str(self.port)]
         if self.tls:
             port = ["--port", "0", "--tls-port", str(self.port), *self.tls.server_args()]
@@ -200,18 +198,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = self.client(socket_timeout=0.5)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-            finally:
-                client.close()
+        _wait_for_ping(self.client(socket_timeout=0.5), time.monotonic() + 10)
 
     def stop(self) -> None:
         if self.process is not None:
@@ -486,6 +473,8 @@ class RedisCluster:
         import shutil
         import subprocess
 
+        import redis
+
         for port, bus in zip(self.ports, self.bus_ports, strict=True):
             args = ["--bind", "127.0.0.1", "--save", "", *self._listen(port)]
             args += ["--appendonly", "no", "--protected-mode", "yes", "--dir", str(self.workdir)]
@@ -498,7 +487,7 @@ class RedisCluster:
                 )
             )
         for url in self.node_urls:
-            _wait_for_ping(url, deadline)
+            _wait_for_ping(redis.Redis.from_url(url, socket_timeout=0.5), deadline)
         cli = [shutil.which("redis-cli") or "redis-cli"]
         if self.certs:
             cli += ["--tls", "--cacert", str(self.certs.ca)]
@@ -567,10 +556,10 @@ class RedisCluster:
         self.processes = []
 
 
-def _wait_for_ping(url: str, deadline: float) -> None:
+def _wait_for_ping(client: Any, deadline: float) -> None:
+    """Until ``client``'s server answers a PING (then closed), or RuntimeError at ``deadline``."""
     import redis
 
-    client = redis.Redis.from_url(url, socket_timeout=0.5)
     try:
         while True:
             try:
