@@ -63,6 +63,7 @@ class Config:
     precompact: bool = True
     cache_aware: bool = False  # compaction.cache_aware (proxy/core/cache_cuts.py)
     price: str = ""  # "input,cached_input,output" USD per million tokens: the ledger's money
+    target_ratio: float = 0.5  # compaction.target_ratio
 
 
 CONFIGS = (
@@ -151,7 +152,8 @@ def _servers(config: Config, workdir: Path) -> Iterator[str]:
         f'  - {{match: "bench-*", context_window: {config.window}, '
         f"max_output_tokens: {config.reply_reserve}, "
         f"precompact: {str(config.precompact).lower()}}}\n"
-        f"compaction: {{cache_aware: {str(config.cache_aware).lower()}}}\n"
+        f"compaction: {{cache_aware: {str(config.cache_aware).lower()}, "
+        f"target_ratio: {config.target_ratio}}}\n"
     )
     if config.price:
         given, cached, output = config.price.split(",")
@@ -208,6 +210,19 @@ def _metric(text: str, name: str, labels: str = "") -> int:
 def _sample_sum(text: str, name: str, labels: str = "") -> float:
     pattern = re.compile(rf"^{re.escape(name)}({{[^}}]*}})? (\S+)$", re.MULTILINE)
     return sum(float(v) for found, v in pattern.findall(text) if labels in found)
+
+
+def _settled(url: str) -> None:
+    """Until no background compaction runs (at most 60 s): a client's think time, so that
+    runs of one configuration compare turn for turn, whatever the machine's load."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        running = _metric(
+            httpx.get(f"{url}/metrics").text, "compaction_proxy_precompactions_running"
+        )
+        if not running:
+            return
+        time.sleep(0.05)
 
 
 def _first_calls(text: str) -> int:
@@ -315,6 +330,7 @@ def run_config(config: Config, min_compactions: int, max_turns: int, workdir: Pa
         for turn in range(max_turns):
             chat.turn(turn)
             chat.row.played = turn + 1
+            _settled(url)
             if not chat.row.first_calls:
                 chat.row.first_calls = _first_calls(httpx.get(f"{url}/metrics").text)
             if min_compactions and turn % 5 == 4:
@@ -390,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="compaction.cache_aware: both (default) plays each configuration off, then on "
         "for as many turns",
     )
+    parser.add_argument("--target-ratio", type=float, default=0.5, help="compaction.target_ratio")
     parser.add_argument(
         "--price",
         default="",
@@ -397,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(an illustration, not any provider's price); default: tokens only",
     )
     args = parser.parse_args(argv)
-    configs = [replace(c, price=args.price) for c in CONFIGS]
+    configs = [replace(c, price=args.price, target_ratio=args.target_ratio) for c in CONFIGS]
     if args.quick:
         args.compactions = 3
         configs = [c for c in configs if c.window <= 8192]
