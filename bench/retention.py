@@ -1,22 +1,32 @@
-"""Does a long conversation keep what matters? One command, simulator upstream, no network.
+"""Does a long conversation keep what matters, and does compaction pay? One command,
+simulator upstream, no network.
 
-    python bench/retention.py [--quick] [--configs chat-4k,agent-8k]
+    python bench/retention.py [--quick] [--configs chat-4k,agent-8k] [--cache-aware both]
+        [--price 1,0.1,4] [--target-ratio 0.5]
 
 For each configuration it starts the simulator (`compaction-proxy simulate-upstream`) and
 the proxy (`compaction-proxy serve`) as processes on loopback, then plays one long
 conversation through the proxy: a chat, or an agent loop of tool calls whose outputs carry
 the facts. A fact (``FACT key=value``, the simulator recalls it only if it is still in the
 request) is planted every few turns, until the proxy has compacted at least
-``--compactions`` times; then every fact is recalled. The simulator's summarizer writes like
+``--compactions`` times (0: for ``--max-turns`` turns); then every fact is recalled. After
+each turn it waits for the proxy's background compactions (a client's think time), so two
+runs of a configuration compare turn for turn. The simulator's summarizer writes like
 a real model (prose first, critical values last, cut off at ``max_tokens``) and, where the
 configuration says so, forgets every third fact, so the proxy's length retries and its
 identifier check are what keep the facts.
 
-Prints one row per configuration: facts planted and recalled, summaries made, summarizer
-calls per summary (on average, and the first compaction's: each call is seconds to tens of
-seconds with a real model), summaries retried for length, identifiers restored by the
-check, the share of prompt tokens saved, and failed turns (any answer but 200). Exits 1
-unless every configuration recalled 100% with 0 failed turns.
+Prints one row per configuration and ``compaction.cache_aware`` setting (``both``, the
+default: off, then on for as many turns): facts planted and recalled, summaries made,
+summarizer calls per summary (on average, and the first compaction's: each call is seconds
+to tens of seconds with a real model), summaries retried for length, identifiers restored
+by the check, the share of prompt tokens saved, the ledger's net tokens saved (would-send
+- sent - summarizer input and output, from /metrics), the cache hit rate (the simulator's
+cached input tokens / input tokens sent, from each answer's usage: its prompt cache is
+OpenAI's rule), the input the cache did not serve, prefix misses (turns whose cached prefix
+fell under half the previous prompt: a moved cut), with ``--price`` the ledger's USD saved,
+and failed turns (any answer but 200). Exits 1 unless every run recalled 100% with 0
+failed turns.
 """
 
 from __future__ import annotations
