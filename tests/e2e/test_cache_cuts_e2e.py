@@ -7,7 +7,7 @@ is always ready by the next turn: what the upstream sees then is the proxy's cho
 
 Without the rule the pre-compacted snapshot is served as soon as it lands, at 0.6 of the
 window; with it, the view served last is held while it fits under the trigger (0.8) and
-the cut then moves once, to about ``target_ratio``: fewer moves, each later, and between
+the cut then moves once, to ``target_ratio`` at most: fewer moves, each later, and between
 two moves every request repeats the previous one byte for byte before its new turn, the
 simulator answering it from its cache."""
 
@@ -66,8 +66,9 @@ def test_cache_aware_cuts_hold_the_cached_prefix_until_the_trigger(
     assert any(_prompt(plain[i - 1]) < 0.7 * WINDOW for i in plain_moves), plain_moves
     for i in held_moves:
         assert _prompt(held[i - 1]) > 0.7 * WINDOW, (i, _prompt(held[i - 1]))
-        # ...down to about target_ratio (0.5): the next move many turns away.
-        assert _prompt(held[i]) < 0.6 * WINDOW, (i, _prompt(held[i]))
+        # ...to target_ratio at most (0.5; less when the summary is shorter than planned):
+        # the next move many turns away.
+        assert _prompt(held[i]) < 0.5 * WINDOW, (i, _prompt(held[i]))
     assert len(held_moves) < len(plain_moves), (held_moves, plain_moves)
     assert all(b - a >= 10 for a, b in pairwise(held_moves)), held_moves
     # Between moves, every request is the previous one and its new turn: the simulator
