@@ -184,6 +184,7 @@ class CompactionSettings(_Section):
     # trigger_ratio) a session is compacted after the answer, so the turn that crosses the
     # trigger finds a snapshot ready; down to target_ratio * precompact_ratio / trigger_ratio.
     precompact_ratio: float | None = Field(0.6, ge=0, lt=1)  # None or 0: off
+    cache_aware: bool = False  # hold a cached view until the trigger (compaction/held.py)
     # At most this many background summaries at once per process; more are skipped.
     precompact_concurrency: int = Field(2, ge=1)
     # ...of which one tenant keeps at most this many while another tenant wants one (it

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from proxy.compaction.compact import Compactor
+from proxy.compaction.held import HeldCuts
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
 from proxy.compaction.schedule import Schedule
@@ -52,6 +53,7 @@ class Services:
     items: ItemStore  # output items relayed, for Responses item_reference inputs
     references: ReferenceMetrics
     ledger: Ledger  # does compaction pay: per session and tenant (this process), and series
+    held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
 
     async def aclose(self) -> None:
         """Close what ``build_services`` opened: background compactions (they use both),

@@ -44,10 +44,12 @@ from starlette.background import BackgroundTasks
 from starlette.responses import Response
 
 from proxy.compaction.busy import BusyModels
+from proxy.compaction.held import upstream_caches
 from proxy.compaction.job import Job
 from proxy.compaction.snapshots import load_snapshot
 from proxy.config import CompactionSettings
 from proxy.core.budget import Budget
+from proxy.core.cache_cuts import landing_ratio
 from proxy.core.history import History
 from proxy.core.outcome import FollowUp, Turn
 from proxy.core.plan import plan_compaction
@@ -62,16 +64,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("proxy.compaction")
 
 
-def background_budget(budget: Budget, settings: CompactionSettings) -> Budget:
+def background_budget(
+    budget: Budget, settings: CompactionSettings, *, held: bool = False
+) -> Budget:
     """``budget`` as pre-compaction plans with it: the trigger at ``precompact_ratio``
-    of the window and the target scaled by the same factor."""
+    of the window and the target scaled by the same factor; ``held`` (cache_aware, the
+    upstream caching): its snapshot waits for the trigger (held.py), so the target is
+    core/cache_cuts.py's ``landing_ratio``, where the view lands at ``target_ratio`` then."""
     ratio = settings.precompact_ratio or settings.trigger_ratio
-    scale = ratio / settings.trigger_ratio
-    return replace(
-        budget,
-        trigger=int(budget.window * ratio),
-        target=round(budget.window * settings.target_ratio * scale),
-    )
+    target = settings.target_ratio * ratio / settings.trigger_ratio
+    if held:
+        target = landing_ratio(settings.trigger_ratio, settings.target_ratio, ratio)
+    return replace(budget, trigger=int(budget.window * ratio), target=round(budget.window * target))
 
 
 def wants_precompaction(tokens: int, window: int, settings: CompactionSettings) -> bool:
@@ -126,7 +130,8 @@ class Precompactor:
             tokens, budget.window, self.settings
         ):
             return None
-        early = background_budget(budget, self.settings)
+        held = self.settings.cache_aware and upstream_caches()
+        early = background_budget(budget, self.settings, held=held)
         job = Job(turn, key, history, early, "precompact", background=True)
         return partial(self.start, job)
 

@@ -131,6 +131,12 @@ class Ledger:
         self._add(rec, session, (entry, money), counted)
         return entry, money
 
+    def caches(self, rec: Record) -> bool:
+        """Whether the upstream reported cached tokens for ``rec``'s session so far."""
+        session = _session_key(rec)
+        totals = self.sessions.get(session) if session else None
+        return totals is not None and totals.entry.cached > 0
+
     def late(self, rec: Record, model: str, summarized: tuple[int, int, bool]) -> None:
         """A summary's tokens spent after ``rec``'s line was written (in the background)."""
         entry = with_summaries(Entry(), summarized)

@@ -182,3 +182,13 @@ async def test_aclose_cancels_and_awaits_what_runs_and_starts_nothing_more() -> 
 
 
 # End to end.
+
+
+def test_a_held_background_plan_folds_in_to_land_at_the_target_at_the_trigger() -> None:
+    settings = CompactionSettings(trigger_ratio=0.8, target_ratio=0.5, precompact_ratio=0.6)
+    budget = Budget(
+        window=10_000, reserve=256, fixed=0, trigger=8000, target=5000, summary_allowance=460
+    )
+    early = background_budget(budget, settings, held=True)
+    # Started at 0.6, held until 0.8: the 0.2 grown meanwhile on top of 0.3 lands at 0.5.
+    assert (early.trigger, early.target) == (6000, 3000)

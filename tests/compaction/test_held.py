@@ -1,0 +1,109 @@
+"""compaction/held.py: the view served last is held over a newer snapshot while the
+upstream caches the session's prompts and it fits under the trigger."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from proxy.compaction import held as held_module
+from proxy.compaction.held import HeldCuts, upstream_caches
+from proxy.core.budget import Budget
+from proxy.core.digest import digests_and_sizes, prefix_hash
+from proxy.core.history import History, result_flags
+from proxy.core.ledger import Entry
+from proxy.core.session import session_from_header
+from proxy.core.snapshot import Loaded, Snapshot
+from proxy.observe.ledger import Ledger, Totals
+from proxy.observe.record import Record, recording
+from tests.support.conversations import convo
+
+KEY = session_from_header("tenant", "held")
+# 100 tokens a message; the summary 50.
+BUDGET = Budget(window=2000, reserve=0, fixed=0, trigger=1600, target=1000, summary_allowance=200)
+
+
+def history(turns: int) -> History:
+    messages = convo("s " + "u a " * turns + "u")
+    digests, _ = digests_and_sizes(messages)
+    counts = [100] * len(messages)
+    return History(messages, digests, counts, 1, 0, result_flags(messages))
+
+
+def snapshot(h: History, covered: int, version: int) -> Snapshot:
+    return Snapshot(
+        version, f"summary {version}", 1, covered, covered, prefix_hash(h.digests, covered),
+        50, 0, 0, 0.0, 0.0,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def caching(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether the upstream caches, as the ledger would say: set by each test."""
+    said = [True]
+    monkeypatch.setattr(held_module, "upstream_caches", lambda: said[0])
+    return said
+
+
+def test_a_newer_snapshot_waits_while_the_view_served_last_fits(caching: list[bool]) -> None:
+    cuts = HeldCuts()
+    h = history(6)  # 14 messages
+    old = snapshot(h, 3, version=1)
+    assert cuts.choose(KEY, h, Loaded(old, old), BUDGET).valid is old  # served: remembered
+    grown = history(7)  # 16 messages: 100 + 50 + 13 * 100 = 1450 under v1, under 1600
+    new = snapshot(grown, 11, version=2)
+    chosen = cuts.choose(KEY, grown, Loaded(new, new), BUDGET)
+    assert chosen == Loaded(old, old)
+    caching[0] = False  # an upstream that reports no cached tokens: nothing to hold for
+    assert cuts.choose(KEY, grown, Loaded(new, new), BUDGET).valid is new
+
+
+def test_past_the_trigger_the_newer_snapshot_is_served_and_then_held(
+    caching: list[bool],
+) -> None:
+    cuts = HeldCuts()
+    h = history(6)
+    old = snapshot(h, 3, version=1)
+    cuts.choose(KEY, h, Loaded(old, old), BUDGET)
+    grown = history(9)  # 20 messages: 100 + 50 + 17 * 100 = 1850 under v1, past 1600
+    new = snapshot(grown, 13, version=2)
+    assert cuts.choose(KEY, grown, Loaded(new, new), BUDGET).valid is new
+    newer = snapshot(grown, 15, version=3)
+    assert cuts.choose(KEY, history(10), Loaded(newer, newer), BUDGET).valid is new
+
+
+def test_the_history_as_sent_is_held_too(caching: list[bool]) -> None:
+    cuts = HeldCuts()
+    h = history(5)  # 12 messages, 1200 tokens: sent whole, no snapshot yet
+    cuts.choose(KEY, h, Loaded(None, None), BUDGET)
+    grown = history(6)  # 1400: still under the trigger
+    first = snapshot(grown, 9, version=1)
+    chosen = cuts.choose(KEY, grown, Loaded(first, first), BUDGET)
+    assert chosen == Loaded(None, None)
+
+
+def test_a_rewound_history_is_not_held(caching: list[bool]) -> None:
+    cuts = HeldCuts()
+    h = history(6)
+    old = snapshot(h, 3, version=1)
+    cuts.choose(KEY, h, Loaded(old, old), BUDGET)
+    edited = history(7)
+    edited.messages[1] = {"role": "user", "content": "edited"}  # inside what v1 covers
+    edited = History(
+        edited.messages, digests_and_sizes(edited.messages)[0], edited.counts, 1, 0,
+        result_flags(edited.messages),
+    )  # fmt: skip
+    new = snapshot(edited, 11, version=2)
+    assert cuts.choose(KEY, edited, Loaded(new, new), BUDGET).valid is new
+
+
+def test_the_ledger_says_whether_the_upstream_caches_the_session() -> None:
+    ledger = Ledger(CollectorRegistry(), [])
+    rec = Record("r", 0.0, tenant="tenant", session_header="held")
+    rec.ledger = ledger
+    with recording(rec):
+        assert upstream_caches() is False  # nothing known of the session
+        ledger.sessions[KEY.storage_key] = Totals(Entry(would_send=2000, sent=2000))
+        assert upstream_caches() is False  # answers without cached tokens
+        ledger.sessions[KEY.storage_key] = Totals(Entry(sent=2000, cached=1024))
+        assert upstream_caches() is True
