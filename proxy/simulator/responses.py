@@ -53,7 +53,7 @@ from proxy.simulator.errors import (
     simulated_failure,
 )
 from proxy.simulator.items import chat_messages, check_items, reasoning_tokens
-from proxy.simulator.overrides import errors_in_stream, read_overrides
+from proxy.simulator.overrides import Overrides, errors_in_stream, read_overrides
 from proxy.simulator.prompt_cache import chat_blocks
 from proxy.simulator.recorder import Counter
 from proxy.simulator.replies import Ask, Voice, build_reply
@@ -159,11 +159,7 @@ def compact_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:
             body = parse_json_object(raw)
             sim.recorder.record(request.headers, raw)
             overrides = read_overrides(request.headers)
-            model = body.get("model")
-            if overrides.fail is not None:
-                raise simulated_failure(overrides.fail, str(model or ""))
-            if not isinstance(model, str) or not model:
-                raise missing_parameter("model")
+            model = _model(body, overrides)
             items = check_items(expand(_conversation(sim, body)))
             profile = overrides.apply(sim.profile(model))
             counter = sim.counter(profile)
@@ -200,11 +196,7 @@ def compact_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:
 
 async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number: int) -> Response:
     overrides = read_overrides(request.headers)
-    model = body.get("model")
-    if overrides.fail is not None:
-        raise simulated_failure(overrides.fail, str(model or ""))
-    if not isinstance(model, str) or not model:
-        raise missing_parameter("model")
+    model = _model(body, overrides)
     items, trigger = take_trigger(_conversation(sim, body))
     threshold = compact_threshold(body)
     items = check_items(expand(items))
@@ -295,6 +287,17 @@ def _conversation(sim: Simulator, body: dict[str, Any]) -> list[Any]:
             code="empty_array",
         )
     return items
+
+
+def _model(body: dict[str, Any], overrides: Overrides) -> str:
+    """The request's model, once an ``X-Sim-Fail`` failure (which comes first) is not
+    asked for."""
+    model = body.get("model")
+    if overrides.fail is not None:
+        raise simulated_failure(overrides.fail, str(model or ""))
+    if not isinstance(model, str) or not model:
+        raise missing_parameter("model")
+    return model
 
 
 def _dereferenced(sim: Simulator, item: Any) -> Any:
