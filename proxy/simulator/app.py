@@ -50,7 +50,7 @@ from proxy.simulator.errors import (
 )
 from proxy.simulator.messages import messages_routes
 from proxy.simulator.non_chat import embeddings_body, legacy_completion_body, models_body
-from proxy.simulator.overrides import Overrides, read_overrides
+from proxy.simulator.overrides import Overrides, errors_in_stream, read_overrides
 from proxy.simulator.prompt_cache import PromptCache, chat_blocks
 from proxy.simulator.recorder import Counter, Recorder
 from proxy.simulator.replies import Ask, Voice, build_reply
@@ -273,12 +273,8 @@ def _chat_route(sim: Simulator) -> Handler:
 
 
 def _errors_in_stream(request: Request) -> bool:
-    try:
-        wanted = read_overrides(request.headers).errors_in_stream
-    except SimError:
-        return False
     # Only for streamed requests (known once the body parsed, before any overflow).
-    return bool(wanted) and getattr(request.state, "streamed", False)
+    return errors_in_stream(request.headers) and getattr(request.state, "streamed", False)
 
 
 def _error_event_stream(err: SimError, overrides: Overrides) -> Response:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from cachetools import LRUCache
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from proxy.simulator.anthropic_check import (
     anthropic_error,
@@ -54,9 +54,9 @@ from proxy.simulator.anthropic_check import (
     thinking_text,
 )
 from proxy.simulator.errors import SimError, max_tokens_error, overflow_error, simulated_failure
-from proxy.simulator.overrides import read_overrides
+from proxy.simulator.overrides import errors_in_stream, read_overrides
 from proxy.simulator.replies import Ask, Reply, Voice, build_reply
-from proxy.simulator.stream import sse_events, with_thinking
+from proxy.simulator.stream import named_stream
 from proxy.simulator.validate import parse_json_object
 
 if TYPE_CHECKING:
@@ -148,7 +148,11 @@ def messages_routes(sim: Simulator) -> list[tuple[str, Callable[[Request], Await
         except SimError as err:
             if err.kind in _COUNTED:
                 sim.recorder.bump(_COUNTED[err.kind])  # type: ignore[arg-type]
-            if err.kind == "overflow" and body.get("stream") is True and _in_stream(request):
+            if (
+                err.kind == "overflow"
+                and body.get("stream") is True
+                and errors_in_stream(request.headers)
+            ):
                 return Response(_error_stream(body, err), media_type="text/event-stream")
             return _error(err)
 
@@ -189,13 +193,6 @@ def _error_stream(body: dict[str, Any], err: SimError) -> bytes:
 def _system_turns(request: Request) -> bool:
     """Whether the request asks for Anthropic's mid-conversation system messages."""
     return "mid-conversation-system" in request.headers.get("anthropic-beta", "")
-
-
-def _in_stream(request: Request) -> bool:
-    try:
-        return bool(read_overrides(request.headers).errors_in_stream)
-    except SimError:
-        return False
 
 
 def _json(payload: object) -> Response:
@@ -273,20 +270,7 @@ async def _answer(
     message = message_object(f"msg_{seed.hex()[:24]}", profile.name, reply, thought, usage)
     sim.recorder.answered(number, message["usage"])
     if body.get("stream") is True:
-        events = message_events(message, sim.config.stream.chunk_chars)
-        settings = sim.config.stream
-        chunks = sse_events(
-            events,
-            first_byte_delay_s=settings.first_byte_delay_ms / 1000,
-            delay_s=settings.delay_ms / 1000,
-            on_abandoned=lambda: sim.recorder.bump("streams_abandoned"),
-            named=True,
-        )
-        return StreamingResponse(
-            with_thinking(chunks, overrides),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
+        return named_stream(message_events(message, sim.config.stream.chunk_chars), sim, overrides)
     return _json(message)
 
 

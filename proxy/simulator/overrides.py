@@ -139,3 +139,12 @@ def read_overrides(headers: Mapping[str, str]) -> Overrides:
         thinking_ms=_optional(headers, "X-Sim-Thinking-Ms", _millis),
         comment_interval_ms=_optional(headers, "X-Sim-Comment-Interval-Ms", _millis),
     )
+
+
+def errors_in_stream(headers: Mapping[str, str]) -> bool:
+    """Whether ``X-Sim-Errors-In-Stream`` asks for an overflow as an event stream (a
+    malformed header answers no: the request's own 400 comes first)."""
+    try:
+        return bool(read_overrides(headers).errors_in_stream)
+    except SimError:
+        return False

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from cachetools import LRUCache
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from proxy.simulator.compaction import (
     compact_threshold,
@@ -53,7 +53,7 @@ from proxy.simulator.errors import (
     simulated_failure,
 )
 from proxy.simulator.items import chat_messages, check_items, reasoning_tokens
-from proxy.simulator.overrides import Overrides, read_overrides
+from proxy.simulator.overrides import Overrides, errors_in_stream, read_overrides
 from proxy.simulator.prompt_cache import chat_blocks
 from proxy.simulator.recorder import Counter
 from proxy.simulator.replies import Ask, Voice, build_reply
@@ -63,7 +63,7 @@ from proxy.simulator.response_events import (
     response_events,
     response_object,
 )
-from proxy.simulator.stream import sse_events, with_thinking
+from proxy.simulator.stream import named_stream
 from proxy.simulator.validate import parse_json_object
 
 if TYPE_CHECKING:
@@ -135,9 +135,13 @@ def responses_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:
         except SimError as err:
             if err.kind in _COUNTED:
                 sim.recorder.bump(_COUNTED[err.kind])
-            if err.kind == "overflow" and body.get("stream") is True and _in_stream(request):
+            if (
+                err.kind == "overflow"
+                and body.get("stream") is True
+                and errors_in_stream(request.headers)
+            ):
                 events = failed_events(body, "context_length_exceeded", CONTEXT_EXCEEDED)
-                return _stream(events, sim, read_overrides(request.headers))
+                return named_stream(events, sim, read_overrides(request.headers))
             return Response(err.body, err.status, headers=err.headers, media_type=err.content_type)
 
     return responses
@@ -155,11 +159,7 @@ def compact_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:
             body = parse_json_object(raw)
             sim.recorder.record(request.headers, raw)
             overrides = read_overrides(request.headers)
-            model = body.get("model")
-            if overrides.fail is not None:
-                raise simulated_failure(overrides.fail, str(model or ""))
-            if not isinstance(model, str) or not model:
-                raise missing_parameter("model")
+            model = _model(body, overrides)
             items = check_items(expand(_conversation(sim, body)))
             profile = overrides.apply(sim.profile(model))
             counter = sim.counter(profile)
@@ -194,20 +194,9 @@ def compact_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:
     return compact
 
 
-def _in_stream(request: Request) -> bool:
-    try:
-        return bool(read_overrides(request.headers).errors_in_stream)
-    except SimError:
-        return False
-
-
 async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number: int) -> Response:
     overrides = read_overrides(request.headers)
-    model = body.get("model")
-    if overrides.fail is not None:
-        raise simulated_failure(overrides.fail, str(model or ""))
-    if not isinstance(model, str) or not model:
-        raise missing_parameter("model")
+    model = _model(body, overrides)
     items, trigger = take_trigger(_conversation(sim, body))
     threshold = compact_threshold(body)
     items = check_items(expand(items))
@@ -272,7 +261,7 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number
         sim.responses.put(response["id"], [*items, *response["output"]], response["output"])
     if body.get("stream") is True:
         events = response_events(response, sim.config.stream.chunk_chars)
-        return _stream(events, sim, overrides)
+        return named_stream(events, sim, overrides)
     return Response(orjson.dumps(response), media_type="application/json")
 
 
@@ -298,6 +287,17 @@ def _conversation(sim: Simulator, body: dict[str, Any]) -> list[Any]:
             code="empty_array",
         )
     return items
+
+
+def _model(body: dict[str, Any], overrides: Overrides) -> str:
+    """The request's model, once an ``X-Sim-Fail`` failure (which comes first) is not
+    asked for."""
+    model = body.get("model")
+    if overrides.fail is not None:
+        raise simulated_failure(overrides.fail, str(model or ""))
+    if not isinstance(model, str) or not model:
+        raise missing_parameter("model")
+    return model
 
 
 def _dereferenced(sim: Simulator, item: Any) -> Any:
@@ -335,19 +335,3 @@ def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
     if tool.get("type") == "function" and "function" not in tool:
         return {"type": "function", "function": {"name": tool.get("name")}}
     return tool
-
-
-def _stream(events: list[dict[str, Any]], sim: Simulator, overrides: Overrides) -> Response:
-    settings = sim.config.stream
-    chunks = sse_events(
-        events,
-        first_byte_delay_s=settings.first_byte_delay_ms / 1000,
-        delay_s=settings.delay_ms / 1000,
-        on_abandoned=lambda: sim.recorder.bump("streams_abandoned"),
-        named=True,
-    )
-    return StreamingResponse(
-        with_thinking(chunks, overrides),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache"},
-    )

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from starlette.responses import StreamingResponse
 
 from proxy.simulator.overrides import Overrides
+
+if TYPE_CHECKING:
+    from proxy.simulator.app import Simulator
 
 DONE = b"data: [DONE]\n\n"
 COMMENT = b": PROCESSING\n\n"
@@ -29,6 +33,26 @@ def with_thinking(
         for_s=overrides.thinking_ms / 1000,
         every_s=(1000 if every is None else every) / 1000,
         on_abandoned=on_abandoned,
+    )
+
+
+def named_stream(
+    events: list[dict[str, Any]], sim: Simulator, overrides: Overrides
+) -> StreamingResponse:
+    """``events`` as a named event stream (the Responses and Messages APIs), paced by
+    the simulator's stream settings and opened by thinking comments when asked."""
+    settings = sim.config.stream
+    chunks = sse_events(
+        events,
+        first_byte_delay_s=settings.first_byte_delay_ms / 1000,
+        delay_s=settings.delay_ms / 1000,
+        on_abandoned=lambda: sim.recorder.bump("streams_abandoned"),
+        named=True,
+    )
+    return StreamingResponse(
+        with_thinking(chunks, overrides),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
     )
 
 

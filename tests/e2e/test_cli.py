@@ -10,34 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.support.chat import FILLER, WINDOW, Chat
+from tests.support.processes import cli, write_config
 from tests.support.servers import RedisServer
 
 # Every test here runs the CLI as a process of its own.
 pytestmark = pytest.mark.e2e
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
-
-
-def write(tmp_path: Path, config: dict[str, Any]) -> str:
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
-
-
 def test_check_config_prints_the_resolved_model_table(tmp_path: Path) -> None:
-    path = write(
+    path = write_config(
         tmp_path,
         {
             "upstream": {"base_url": "${TEST_UPSTREAM:-http://fallback.invalid/v1}"},
@@ -69,7 +52,7 @@ def test_check_config_prints_the_resolved_model_table(tmp_path: Path) -> None:
 def test_bad_config_is_refused_naming_the_key(
     tmp_path: Path, config: dict[str, Any], message: str
 ) -> None:
-    path = write(tmp_path, config)
+    path = write_config(tmp_path, config)
     for command in (["check-config", path], ["serve", "--config", path]):
         out = cli(*command)
         assert out.returncode == 2
@@ -78,7 +61,7 @@ def test_bad_config_is_refused_naming_the_key(
 
 
 def test_environment_overrides_the_file(tmp_path: Path) -> None:
-    path = write(tmp_path, {"store": {"url": "memory://"}})
+    path = write_config(tmp_path, {"store": {"url": "memory://"}})
     out = cli("check-config", path, env={"PROXY_UPSTREAM__BASE_URL": "http://127.0.0.1:7/v1"})
     assert out.returncode == 0, out.stderr
     assert "http://127.0.0.1:7/v1" in out.stdout
@@ -103,7 +86,7 @@ def test_learned_windows_show_in_check_config(
     chat.headers = {"X-Sim-Context-Window": str(WINDOW)}
     for turn in range(40):
         chat.say(f"Turn {turn}: {FILLER}")
-    out = cli("check-config", write(tmp_path, config))
+    out = cli("check-config", write_config(tmp_path, config))
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("  sim-4k")]
     own = [int(line.split()[1]) for line in lines if "one tenant" in line]
@@ -115,7 +98,7 @@ def test_learned_windows_show_in_check_config(
 
 
 def test_a_malformed_encryption_key_is_refused_at_start(tmp_path: Path) -> None:
-    path = write(
+    path = write_config(
         tmp_path, {"store": {"url": "redis://127.0.0.1:1/0", "encryption_keys": ["short"]}}
     )
     out = cli("check-config", path)
@@ -127,7 +110,7 @@ def test_a_malformed_encryption_key_is_refused_at_start(tmp_path: Path) -> None:
 def test_an_unset_optional_rotation_key_is_ignored(tmp_path: Path) -> None:
     key = "Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFyYmE="  # 32 url-safe base64 bytes
     config = {"store": {"url": "memory://", "encryption_keys": [key, "${UNSET_OLD_KEY_X:-}"]}}
-    out = cli("check-config", write(tmp_path, config))
+    out = cli("check-config", write_config(tmp_path, config))
     assert out.returncode == 0, out.stderr
 
 

@@ -263,14 +263,19 @@ def _openai_node() -> Path:
 
 
 def test_openai_node(proxy4k: str, sim_reset: str) -> None:
-    modules = _openai_node()
-    script = Path(__file__).parent / "clients" / "openai_node.mjs"
-    # Node resolves an .mjs import from the script's folders upwards; NODE_PATH is for
-    # CommonJS only, so the script runs from a copy beside the installed package.
-    runner = modules.parent / script.name
-    shutil.copyfile(script, runner)
+    run_node_client(_openai_node().parent, "openai_node.mjs", proxy4k)
+    check_upstream(sim_reset)
+
+
+def run_node_client(folder: Path, name: str, proxy: str) -> None:
+    """Run the client script clients/``name`` with node against ``proxy`` and check the
+    result it reports. Node resolves an .mjs import from the script's folders upwards;
+    NODE_PATH is for CommonJS only, so the script runs from a copy in ``folder``, beside
+    the installed packages' node_modules."""
+    runner = folder / name
+    shutil.copyfile(Path(__file__).parent / "clients" / name, runner)
     done = subprocess.run(
-        ["node", str(runner), proxy4k, FILLER.strip()],
+        ["node", str(runner), proxy, FILLER.strip()],
         capture_output=True,
         text=True,
         timeout=120,
@@ -278,7 +283,6 @@ def test_openai_node(proxy4k: str, sim_reset: str) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     check_script_result(done.stdout)
-    check_upstream(sim_reset)
 
 
 def check_script_result(stdout: str) -> None:
@@ -368,19 +372,7 @@ def test_vercel_ai_sdk_on_responses(proxy4k: str, sim_reset: str) -> None:
     ``providerOptions.openai.promptCacheKey``, tools run by the SDK (``stopWhen``), and
     ``store`` at its default (true): earlier answers come back as ``item_reference``
     items, which the proxy reads as the output items it relayed (none unresolved)."""
-    folder = _vercel_ai()
-    script = Path(__file__).parent / "clients" / "vercel_ai.mjs"
-    runner = folder / script.name  # beside its node_modules, as for openai-node
-    shutil.copyfile(script, runner)
-    done = subprocess.run(
-        ["node", str(runner), proxy4k, FILLER.strip()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    check_script_result(done.stdout)
+    run_node_client(_vercel_ai(), "vercel_ai.mjs", proxy4k)
     assert compacted_versions(proxy4k, "vercel", "sk-vercel") >= 2
     requests = chat_requests(sim_reset)
     assert requests

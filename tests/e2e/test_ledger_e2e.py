@@ -6,10 +6,8 @@ from those records, never read back from the proxy's answers."""
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
@@ -21,6 +19,7 @@ from proxy.core.encodings import load_encoders
 from proxy.observe.logs import ACCESS
 from proxy.simulator.counting import PromptCounter
 from tests.support.chat import FILLER, Chat, small_window_settings, upstream_requests
+from tests.support.logs import request_lines
 from tests.support.messages import SYSTEM, with_breakpoint
 from tests.support.metrics import metric, wait_for_idle
 from tests.support.responses import settings as responses_settings
@@ -29,15 +28,6 @@ from tests.support.servers import OPEN_CLIENTS
 PRICE = {"match": "sim-*", "input": 2.0, "cached_input": 0.5, "output": 8.0}  # test figures
 ADMIN_KEY = "admin-secret"
 TURNS = 32
-
-
-@contextmanager
-def request_lines(caplog: pytest.LogCaptureFixture) -> Iterator[list[dict[str, Any]]]:
-    """The proxy's request lines (their fields), as it writes them."""
-    lines: list[dict[str, Any]] = []
-    with caplog.at_level(logging.INFO, logger=ACCESS.name):
-        yield lines
-        lines += [r.__dict__["fields"] for r in caplog.records if r.name == ACCESS.name]
 
 
 def _simulator_count(messages: list[dict[str, Any]]) -> int:
@@ -50,9 +40,25 @@ def _cacheable(tokens: int) -> int:
     return 0 if tokens < 1024 else tokens - tokens % 128
 
 
-def _expected(sim: str, histories: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+# What one forwarded call measures: (would_send, sent, cached), from the simulator's
+# record of the call and the history the client sent for it.
+Measure = Callable[[str, dict[str, Any], list[dict[str, Any]]], tuple[int, int, int]]
+
+
+def _chat_measure(
+    sim: str, call: dict[str, Any], history: list[dict[str, Any]]
+) -> tuple[int, int, int]:
+    usage = call["usage"]
+    sent, cached = usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+    return _simulator_count(history), sent, cached
+
+
+def _expected(
+    sim: str, histories: list[list[dict[str, Any]]], measure: Measure = _chat_measure
+) -> list[dict[str, Any]]:
     """Each client request's entry, from the simulator's records: its usage, the summary
-    calls made for it (recorded just before it), and the history the client sent."""
+    calls made for it (recorded just before it; on chat, the default), and the history
+    the client sent."""
     entries: list[dict[str, Any]] = []
     summarized = [0, 0]
     previous_would = 0
@@ -64,9 +70,8 @@ def _expected(sim: str, histories: list[list[dict[str, Any]]]) -> list[dict[str,
             summarized[1] += usage["completion_tokens"]
             continue
         history = next(chats)
-        sent, cached = usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+        would, sent, cached = measure(sim, call, history)
         as_sent = call["body"]["messages"] == history
-        would = _simulator_count(history)
         if as_sent:
             assert would == sent
         would_cached = cached if as_sent else _cacheable(min(previous_would, would))
@@ -252,35 +257,19 @@ def test_a_background_summarys_tokens_reach_its_session(
     assert given == totals["summarizer_input"]
 
 
-def _messages_expected(sim: str, histories: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """As ``_expected``, on the Messages API: the prompt is ``input_tokens`` plus what
-    the cache read and wrote, ``cached`` what it read, and the history as the client
-    sent it is counted by the simulator's own ``count_tokens``."""
-    entries: list[dict[str, Any]] = []
-    summarized = [0, 0]
-    previous_would = 0
-    chats = iter(histories)
-    for call in upstream_requests(sim):
-        usage = call["usage"]
-        if call["headers"].get("x-compaction-purpose") == "summarize":
-            summarized[0] += usage["prompt_tokens"]  # summaries on chat (the default)
-            summarized[1] += usage["completion_tokens"]
-            continue
-        history = next(chats)
-        cached = usage["cache_read_input_tokens"]
-        sent = usage["input_tokens"] + cached + usage["cache_creation_input_tokens"]
-        as_sent = call["body"]["messages"] == history
-        asked = {**call["body"], "messages": history}
-        del asked["max_tokens"]
-        would = httpx.post(f"{sim}/v1/messages/count_tokens", json=asked).json()["input_tokens"]
-        if as_sent:
-            assert would == sent
-        would_cached = cached if as_sent else _cacheable(min(previous_would, would))
-        entries.append(_entry(would, sent, cached, would_cached, summarized))
-        summarized = [0, 0]
-        previous_would = would
-    assert next(chats, None) is None
-    return entries
+def _messages_measure(
+    sim: str, call: dict[str, Any], history: list[dict[str, Any]]
+) -> tuple[int, int, int]:
+    """On the Messages API: the prompt is ``input_tokens`` plus what the cache read and
+    wrote, ``cached`` what it read, and the history as the client sent it is counted by
+    the simulator's own ``count_tokens``."""
+    usage = call["usage"]
+    cached = usage["cache_read_input_tokens"]
+    sent = usage["input_tokens"] + cached + usage["cache_creation_input_tokens"]
+    asked = {**call["body"], "messages": history}
+    del asked["max_tokens"]
+    would = httpx.post(f"{sim}/v1/messages/count_tokens", json=asked).json()["input_tokens"]
+    return would, sent, cached
 
 
 def test_messages_usage_reaches_the_ledger(
@@ -309,7 +298,7 @@ def test_messages_usage_reaches_the_ledger(
             text = raw.parse().content[0].text  # type: ignore[union-attr]
             history.append({"role": "assistant", "content": text})
     assert "compacted" in statuses
-    expected = _messages_expected(sim_reset, histories)
+    expected = _expected(sim_reset, histories, _messages_measure)
     assert any(e["cached"] for e in expected)  # the simulator's cache read a prefix
     assert any(e["summarizer_input"] for e in expected)
     assert len(lines) == len(expected) == TURNS

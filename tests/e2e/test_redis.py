@@ -35,6 +35,7 @@ from tests.support.replicas import (
     stored_version,
 )
 from tests.support.servers import RedisServer
+from tests.support.snapshots import snap
 
 pytestmark = pytest.mark.redis
 
@@ -149,32 +150,15 @@ def test_redis_outage_degrades_then_compaction_resumes(
     assert chat.say("RECALL pet") == "pet=otter"
 
 
-def _snapshot(version: int, summary: str) -> Snapshot:
-    return Snapshot(
-        version=version,
-        summary=summary,
-        pinned=1,
-        covered=5,
-        elide_before=1,
-        anchor_hash="abc",
-        summary_tokens=10,
-        tokens_before=100,
-        tokens_after=50,
-        created_at=1.0,
-        updated_at=2.0,
-        model="m",
-    )
-
-
-async def test_a_stale_writer_never_overwrites_a_newer_snapshot(
+async def test_a_stale_writer_never_overwrites_a_newersnap(
     redis_server: RedisServer,
 ) -> None:
     store = RedisStore(redis_server.url, ttl_s=60)
     try:
-        assert await store.save(key("s"), _snapshot(1, "one"))
-        assert await store.save(key("s"), _snapshot(2, "two"))
-        assert not await store.save(key("s"), _snapshot(2, "two again"))  # lost the race
-        assert not await store.save(key("s"), _snapshot(1, "stale"))
+        assert await store.save(key("s"), snap(1, "one"))
+        assert await store.save(key("s"), snap(2, "two"))
+        assert not await store.save(key("s"), snap(2, "two again"))  # lost the race
+        assert not await store.save(key("s"), snap(1, "stale"))
         loaded = await store.load(key("s"))
         assert loaded is not None
         assert (loaded.version, loaded.summary) == (2, "two")
@@ -187,7 +171,7 @@ async def test_snapshots_written_under_the_existing_key_layout_are_still_found(
 ) -> None:
     """``{prefix}:snap:{tenant}:{h|d}:{session}``, byte for byte, as earlier releases wrote it."""
     tenant = "0123456789abcdef0123456789abcdef"
-    written = _snapshot(2, "written by an earlier release")
+    written = snap(2, "written by an earlier release")
     fields = {name: getattr(written, name) for name in Snapshot.__dataclass_fields__}
     raw = redis.Redis.from_url(redis_server.url)
     raw.hset(f"pre:snap:{tenant}:h:abc", mapping={"v": 2, "d": orjson.dumps({**fields, "fv": 1})})
@@ -200,7 +184,7 @@ async def test_snapshots_written_under_the_existing_key_layout_are_still_found(
         assert await store.load(header) == as_read
         assert await store.load(derived) == as_read
         assert sorted(k.source for k, _ in await store.list_sessions(10)) == ["derived", "header"]
-        assert await store.save(header, _snapshot(3, "next"))
+        assert await store.save(header, snap(3, "next"))
         assert raw.hget(f"pre:snap:{tenant}:h:abc", "v") == b"3"
         token = await store.acquire(derived, 60)
         assert token is not None
@@ -284,7 +268,7 @@ async def test_snapshots_of_an_older_format_version_are_ignored_and_replaced(
     try:
         assert await store.load(key("old")) is None
         # Its version 3 must not block the new version 1 for ever.
-        assert await store.save(key("old"), _snapshot(1, "new"))
+        assert await store.save(key("old"), snap(1, "new"))
     finally:
         await store.aclose()
 
@@ -293,7 +277,7 @@ async def test_ttl_is_refreshed_on_use_and_lock_expires(redis_server: RedisServe
     store = RedisStore(redis_server.url, ttl_s=60)
     raw = redis.Redis.from_url(redis_server.url)
     try:
-        await store.save(key("t"), _snapshot(1, "x"))
+        await store.save(key("t"), snap(1, "x"))
         raw.pexpire("cp:snap:tenant:h:t", 1000)
         await store.load(key("t"))
         assert raw.pttl("cp:snap:tenant:h:t") > 50_000
@@ -323,7 +307,7 @@ async def test_encrypted_snapshots_are_unreadable_in_redis_and_keys_rotate(
     stranger = RedisStore(redis_server.url, ttl_s=60, options=RedisOptions(encryption_keys=[new]))
     plain = RedisStore(redis_server.url, ttl_s=60)
     try:
-        assert await writer.save(key("e"), _snapshot(1, "FACT secret=swordfish"))
+        assert await writer.save(key("e"), snap(1, "FACT secret=swordfish"))
         stored = raw.hget("cp:snap:tenant:h:e", "d")
         assert stored is not None
         assert b"swordfish" not in stored
@@ -332,12 +316,12 @@ async def test_encrypted_snapshots_are_unreadable_in_redis_and_keys_rotate(
         assert loaded.summary == "FACT secret=swordfish"
         # A replica without the key reads nothing, and its next version 1 replaces it.
         assert await stranger.load(key("e")) is None
-        assert await stranger.save(key("e"), _snapshot(1, "rewritten"))
+        assert await stranger.save(key("e"), snap(1, "rewritten"))
         again = await stranger.load(key("e"))
         assert again is not None
         assert again.summary == "rewritten"
         # Snapshots written before encryption was turned on stay readable.
-        assert await plain.save(key("p"), _snapshot(1, "plain"))
+        assert await plain.save(key("p"), snap(1, "plain"))
         before = await rotated.load(key("p"))
         assert before is not None
         assert before.summary == "plain"

@@ -22,9 +22,9 @@ from proxy.store import Sighting
 from proxy.store.connect import refuse_cluster_node
 from proxy.store.redis import RedisOptions, RedisStore
 from proxy.upstream.windows import window_key
-from tests.e2e.test_cli import cli, write
 from tests.e2e.test_redis import ReplicaChat, replica_config, session_info
 from tests.support.chat import FILLER, stats
+from tests.support.processes import cli, write_config
 from tests.support.servers import RedisCluster, redis_binary
 from tests.support.snapshots import snap
 
@@ -128,7 +128,7 @@ async def test_check_config_reads_learned_windows_from_every_primary(
     finally:
         await store.aclose()
     assert sum(1 for keys in keys_by_node(redis_cluster, "cp:win:*") if keys) >= 2
-    out = cli("check-config", write(tmp_path, {"store": {"url": redis_cluster.url}}))
+    out = cli("check-config", write_config(tmp_path, {"store": {"url": redis_cluster.url}}))
     assert out.returncode == 0, out.stderr
     assert "learned windows: 12" in out.stdout, out.stdout
     for i in range(12):
@@ -220,7 +220,7 @@ async def test_a_tls_cluster_with_a_password_serves_the_store(tmp_path: Path) ->
 def test_a_plain_redis_url_to_a_cluster_node_refuses_to_start(
     tmp_path: Path, redis_cluster: RedisCluster
 ) -> None:
-    path = write(tmp_path, {"store": {"url": redis_cluster.node_urls[0]}})
+    path = write_config(tmp_path, {"store": {"url": redis_cluster.node_urls[0]}})
     served = cli("serve", "--config", path, "--host", "127.0.0.1", "--port", "0")
     assert served.returncode == 2, served.stderr
     assert "redis+cluster://" in served.stderr
@@ -246,5 +246,5 @@ async def build_and_close(settings: Settings) -> None:
 
 
 def test_a_standalone_server_is_not_refused(tmp_path: Path, redis_server: Any) -> None:
-    out = cli("check-config", write(tmp_path, {"store": {"url": redis_server.url}}))
+    out = cli("check-config", write_config(tmp_path, {"store": {"url": redis_server.url}}))
     assert out.returncode == 0, out.stderr

