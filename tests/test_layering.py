@@ -55,6 +55,7 @@ _TOP = {
     "services": "services",
     "config": "config",
     "config_file": "config",
+    "tenants": "config",
     "redact": "config",
     "errors": "base",
     "types": "base",
