@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
 
 from proxy.compaction.caps import TenantCapped, TenantCaps
 from proxy.config import Settings, load_settings
@@ -34,7 +35,7 @@ def settings(*tenants: dict[str, Any], **compaction: Any) -> Settings:
 
 
 def invalid(*tenants: dict[str, Any], **compaction: Any) -> str:
-    with pytest.raises(ValueError) as caught:
+    with pytest.raises(ValidationError) as caught:
         settings(*tenants, **compaction)
     return str(caught.value)
 
@@ -46,8 +47,10 @@ def test_an_entry_matches_by_the_id_the_admin_api_shows_or_the_whole_id() -> Non
     table = settings({"id": A[:12], "mode": "off"}, {"id": B, "mode": "shadow"}).tenants
     policies = PolicyTable.build(table, Settings().compaction)
     a, b = policies.policy_for(A), policies.policy_for(B)
-    assert a is not None and a.compaction.effective_mode == "off"
-    assert b is not None and b.compaction.effective_mode == "shadow"
+    assert a is not None
+    assert a.compaction.effective_mode == "off"
+    assert b is not None
+    assert b.compaction.effective_mode == "shadow"
     assert policies.policy_for(C) is None  # no entry: the default
     # A whole id matches that tenant only, even one sharing its first 12 digits.
     assert policies.policy_for(B[:12] + "0" * 20) is None
@@ -59,10 +62,12 @@ def test_a_label_names_a_group_of_ids_and_anonymous_is_an_id() -> None:
     policies = PolicyTable.build(s.tenants, s.compaction)
     for tenant in (A, B):
         found = policies.policy_for(tenant)
-        assert found is not None and found.name == "batch-agents"
+        assert found is not None
+        assert found.name == "batch-agents"
         assert found.compaction.trigger_ratio == 0.6
     anonymous = policies.policy_for("anonymous")
-    assert anonymous is not None and anonymous.compaction.effective_mode == "off"
+    assert anonymous is not None
+    assert anonymous.compaction.effective_mode == "off"
     assert policies.policy_for(C) is None
 
 
@@ -113,7 +118,8 @@ def test_an_entry_overrides_what_it_sets_and_follows_compaction_for_the_rest() -
     s = settings(entry, {"id": B, "summarizer_model": "small", "precompact": False}, **base)
     policies = PolicyTable.build(s.tenants, s.compaction)
     a, b = policies.policy_for(A), policies.policy_for(B)
-    assert a is not None and b is not None
+    assert a is not None
+    assert b is not None
     assert (a.compaction.trigger_ratio, a.compaction.target_ratio) == (0.4, 0.2)
     assert (a.compaction.summary_max_tokens, a.compaction.summarizer_model) == (300, "big")
     assert a.compaction.precompact_ratio == pytest.approx(0.3)  # 0.6 of 0.8, so of 0.4
@@ -234,6 +240,9 @@ async def test_a_reload_applies_tenants_and_a_bad_one_keeps_the_old_policy(
     assert (await reloader.reload("test"), mode()) == ("applied", "off")
     assert [reloads.labels(outcome=o)._value.get() for o in ("applied", "invalid")] == [2, 2]
     text = caplog.text
-    assert "rejected" in text and "line" in text and "tenants[0]" in text
+    assert "rejected" in text
+    assert "line" in text
+    assert "tenants[0]" in text
     assert "only tenants applied" in text  # the api_key change waits for a restart
-    assert "sk-secret-value" not in text and "sk-not-logged" not in text
+    assert "sk-secret-value" not in text
+    assert "sk-not-logged" not in text
