@@ -13,8 +13,8 @@ import promql_parser
 import pytest
 
 from proxy.observe.ledger import Ledger
-from proxy.observe.tenant_series import TenantSeries
 from proxy.observe.metrics import Metrics
+from proxy.observe.tenant_series import TenantSeries
 from tests.support.dashboard import (
     dashboard,
     expressions,
