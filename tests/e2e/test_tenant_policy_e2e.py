@@ -2,7 +2,7 @@
 behave per their ``tenants:`` entries (the ``openai`` SDK, over HTTP, in front of the
 simulator); a rewrite of the config file, or SIGHUP, changes the policy of every worker
 of a 2-worker proxy without a restart, and a bad one keeps the policy in force.
-Matching, validation and the caps' counts: tests/test_tenants.py.
+Matching, validation and the caps' counts: tests/test_tenant_policy.py.
 """
 
 from __future__ import annotations
