@@ -19,11 +19,14 @@ from proxy.compaction.caps import TenantCapped, TenantCaps
 from proxy.config import Settings, load_settings
 from proxy.core.session import tenant_from_headers
 from proxy.errors import ConfigError, StoreError
+from proxy.observe.metrics import Metrics
 from proxy.observe.tenant_series import TenantSeries
 from proxy.serve.reload import Reloader
-from proxy.store.quota import MemoryQuota
+from proxy.store import build_store
+from proxy.store.quota import MemoryQuota, RedisQuota, build_quota
 from proxy.tenants import PolicyTable
 from tests.support.fakes import FakeClock, FakeUpstream, fake_settings, make_services, turn_of
+from tests.support.servers import RedisServer, proxy_settings
 
 A = tenant_from_headers({"authorization": "Bearer sk-a"})
 B = tenant_from_headers({"authorization": "Bearer sk-b"})
@@ -246,3 +249,33 @@ async def test_a_reload_applies_tenants_and_a_bad_one_keeps_the_old_policy(
     assert "only tenants applied" in text  # the api_key change waits for a restart
     assert "sk-secret-value" not in text
     assert "sk-not-logged" not in text
+
+
+@pytest.mark.redis
+async def test_redis_counts_a_tenants_caps_once_for_every_replica(
+    redis_server: RedisServer,
+) -> None:
+    """Two replicas (two stores on one Redis) count against one total; a store that goes
+    away is counted and caps nothing."""
+    tenants = [{"id": A, "summaries_per_hour": 2, "summarizer_tokens_per_day": 100}]
+    s = proxy_settings("http://127.0.0.1:1", store={"url": redis_server.url}, tenants=tenants)
+    stores = [build_store(s, Metrics.create()) for _ in range(2)]
+    try:
+        quotas = [build_quota(s, store) for store in stores]
+        assert all(isinstance(q, RedisQuota) for q in quotas)
+        series = TenantSeries(CollectorRegistry())
+        one, two = (TenantCaps(q, series) for q in quotas)
+        services = make_services(s, FakeUpstream(), FakeClock())
+        turn = await turn_of(services, [{"role": "user", "content": "hi"}])
+        turn = replace(turn, tenant=A, policy=services.policies.policy_for(A))
+        assert await one.admit(turn) is None
+        assert await two.admit(turn) is None
+        assert await one.admit(turn) == "summaries_per_hour"  # the third, on either
+        await two.spend(turn, 100)
+        assert await two.admit(turn) == "summarizer_tokens_per_day"  # checked first
+        redis_server.stop()
+        assert await one.admit(turn) is None
+        assert series.cap_errors._value.get() == 1
+    finally:
+        for store in stores:
+            await store.aclose()
