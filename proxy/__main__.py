@@ -1,4 +1,4 @@
-"""Command line: ``compaction-proxy serve | check-config | simulate-upstream``."""
+"""Command line: ``compaction-proxy serve | check-config | tenant-id | simulate-upstream``."""
 
 from __future__ import annotations
 
@@ -154,6 +154,20 @@ def _warn_unencrypted(settings: Settings) -> None:
         )
 
 
+def _tenant_id() -> int:
+    """The id ``GET /admin/tenants`` shows for the key on stdin (kept out of argv: a
+    command line is visible to every user of the machine, and kept in shell history)."""
+    from proxy.core.session import tenant_from_headers
+    from proxy.tenants import SHOWN
+
+    key = sys.stdin.readline().strip()
+    if not key:
+        print("compaction-proxy: no API key on stdin", file=sys.stderr)
+        return 2
+    print(tenant_from_headers({"authorization": f"Bearer {key}"})[:SHOWN])
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="compaction-proxy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument(
         "--store", action="store_true", help="connect to the store and write to it (exit 1 if not)"
     )
+    sub.add_parser(
+        "tenant-id", help="print the tenant id (for `tenants:`) of the API key read from stdin"
+    )
     sim = sub.add_parser("simulate-upstream", help="run the local OpenAI-compatible simulator")
     sim.add_argument("--config", help="simulator YAML config")
     sim.add_argument("--host", default="127.0.0.1")
@@ -173,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         _exit_on_sigterm()
+    if args.command == "tenant-id":
+        return _tenant_id()
     from proxy.config import LoggingSettings, load_settings
     from proxy.errors import ConfigError
 

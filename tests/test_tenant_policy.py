@@ -5,6 +5,7 @@ under uvicorn: tests/e2e/test_tenant_policy_e2e.py."""
 
 from __future__ import annotations
 
+import io
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from proxy.__main__ import main
 from proxy.compaction.caps import TenantCapped, TenantCaps
 from proxy.config import Settings, load_settings
 from proxy.core.session import tenant_from_headers
@@ -279,3 +281,13 @@ async def test_redis_counts_a_tenants_caps_once_for_every_replica(
     finally:
         for store in stores:
             await store.aclose()
+
+
+def test_the_cli_prints_a_keys_tenant_id_from_stdin(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("sk-a\n"))
+    assert main(["tenant-id"]) == 0
+    assert capsys.readouterr().out == f"{A[:12]}\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(["tenant-id"]) == 2

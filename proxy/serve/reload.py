@@ -60,8 +60,9 @@ class Reloader:
         self._task = asyncio.create_task(self._watch())
 
     async def aclose(self) -> None:
-        if self._signal:
+        if self._signal:  # ignored from now on: SIGHUP's default would end the process
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
