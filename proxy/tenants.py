@@ -81,12 +81,11 @@ class TenantPolicy(BaseModel):
         if early and self.trigger_ratio is not None:  # the same share of the trigger
             early = round(early * self.trigger_ratio / base.trigger_ratio, 6)
         if self.precompact is not None:
-            early = (early or _DEFAULT_PRECOMPACT) if self.precompact else None
+            fields = type(base).model_fields  # else the defaults' share of its trigger
+            share = fields["precompact_ratio"].default / fields["trigger_ratio"].default
+            early = (early or round(share * data["trigger_ratio"], 6)) if self.precompact else None
         data["precompact_ratio"] = early
         return type(base).model_validate(data)
-
-
-_DEFAULT_PRECOMPACT = 0.6  # CompactionSettings.precompact_ratio's default
 
 
 @dataclass(frozen=True, slots=True)

@@ -291,3 +291,20 @@ def test_the_cli_prints_a_keys_tenant_id_from_stdin(
     assert capsys.readouterr().out == f"{A[:12]}\n"
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     assert main(["tenant-id"]) == 2
+
+
+def test_precompact_true_turns_it_on_where_compaction_has_it_off() -> None:
+    entry = {
+        "label": "x",
+        "ids": [B],
+        "precompact": True,
+        "trigger_ratio": 0.4,
+        "target_ratio": 0.2,
+    }
+    s = settings({"id": A, "precompact": True}, entry, precompact_ratio=None)
+    table = PolicyTable.build(s.tenants, s.compaction)
+    a, b = table.policy_for(A), table.policy_for(B)
+    assert a is not None
+    assert b is not None
+    assert a.compaction.precompact_ratio == 0.6  # the defaults': 0.6 of a trigger of 0.8
+    assert b.compaction.precompact_ratio == 0.3  # the same share of its own trigger
