@@ -35,6 +35,7 @@ def _check_config(settings: Settings) -> None:
         f"compaction: {c.effective_mode}, trigger {c.trigger_ratio:.0%}, "
         f"target {c.target_ratio:.0%}"
     )
+    _print_tenants(settings)
     print(f"{'match':<28} {'window':>9} {'max out':>8}  tokenizer")
     rules = [(s.match, s.context_window, s.max_output_tokens) for s in settings.models]
     rules.append(("(default)", settings.default_model.context_window, 0))
@@ -45,6 +46,25 @@ def _check_config(settings: Settings) -> None:
         max_out = max_out or resolved.max_output_tokens
         print(f"{match:<28} {window:>9} {max_out:>8}  {resolved.tokenizer} ({quality})")
     _print_learned_windows(settings)
+
+
+def _print_tenants(settings: Settings) -> None:
+    """Each ``tenants:`` entry as it resolves (README "Per-tenant policy")."""
+    from proxy.tenants import PolicyTable
+
+    print(f"tenants: {len(settings.tenants) or 'none'}")
+    table = PolicyTable.build(settings.tenants, settings.compaction)
+    for entry in settings.tenants:
+        policy = table.policy_for(entry.id or entry.ids[0])
+        assert policy is not None
+        c, ids = policy.compaction, 1 if entry.id else len(entry.ids)
+        hourly, daily = policy.summaries_per_hour, policy.summarizer_tokens_per_day
+        caps = [f"{hourly} summaries/h"] * (hourly is not None)
+        caps += [f"{daily} summarizer tokens/day"] * (daily is not None)
+        print(
+            f"  {entry.name}: {ids} id(s), {c.effective_mode}, trigger {c.trigger_ratio:.0%}, "
+            f"target {c.target_ratio:.0%}, caps: {', '.join(caps) or 'none'}"
+        )
 
 
 def _check_store(settings: Settings) -> int:

@@ -63,6 +63,7 @@ def test_check_config_prints_the_resolved_model_table(tmp_path: Path) -> None:
         ({"compaction": {"trigger_ratio": 0.4, "target_ratio": 0.5}}, "target_ratio"),
         ({"models": [{"match": "x"}]}, "models.0.context_window"),
         ({"upstream": {"base_url": "ftp://x"}}, "base_url"),
+        ({"tenants": [{"id": "sk-a-raw-key"}]}, "tenants.0.id"),
         ({"upstream": {"api_key": "${SURELY_UNSET_VAR_123}"}}, "SURELY_UNSET_VAR_123"),
     ],
 )
