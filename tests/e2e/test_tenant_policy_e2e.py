@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import yaml
 
@@ -32,6 +33,7 @@ from tests.support.processes import CHAT, Served, chats_by_worker, serve_process
 
 SIM_WINDOW = 65536  # the simulator's: histories sent whole never overflow it
 OFF_KEY, CAPPED_KEY, RELOAD_KEY = "sk-tenant-off", "sk-tenant-capped", "sk-tenant-reload"
+ADMIN_KEY = "admin-key-for-tests"
 TURNS = 50  # the capped view passes the 4k window from turn 47
 
 
@@ -66,8 +68,9 @@ def test_two_tenants_on_one_proxy_each_get_their_policy(
             "summaries_per_hour": 1,
         },
     ]
-    base = small_window_settings(sim_reset)
-    url = start_proxy(Settings.model_validate({**base.model_dump(), "tenants": tenants}))
+    base = small_window_settings(sim_reset).model_dump()
+    base["server"]["admin_key"] = ADMIN_KEY
+    url = start_proxy(Settings.model_validate({**base, "tenants": tenants}))
     off, sent = recording_chat(url, "off", {}, SIM_WINDOW, key=OFF_KEY)
     capped = Chat(url, key=CAPPED_KEY, session="capped", window=SIM_WINDOW)
     seen, whole = [], []  # the capped tenant's headers; the off one's history sizes
@@ -104,6 +107,13 @@ def test_two_tenants_on_one_proxy_each_get_their_policy(
     reason = {"reason": "summaries_per_hour"}
     assert metric(url, "compaction_proxy_tenant_capped", **reason) == len(capped_turns)
     assert metric(url, "compaction_proxy_degraded_requests", **reason) == len(capped_turns)
+    # The admin API names each tenant's entry.
+    admin = httpx.get(f"{url}/admin/tenants", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    policies = {t["tenant"]: t.get("policy") for t in admin.json()["data"]}
+    assert policies == {
+        tenant_id(OFF_KEY): tenant_id(OFF_KEY),
+        tenant_id(CAPPED_KEY): "capped-agents",
+    }
 
 
 # -- reload on a 2-worker proxy -------------------------------------------------------
