@@ -78,8 +78,8 @@ class ServerSettings(_Section):
     # a 503 with Retry-After, unread. None: 4 x max_body_bytes, never below max_body_bytes.
     max_inflight_body_bytes: int | None = Field(None, gt=0)
     max_client_connections: int = Field(2048, gt=0)  # per worker; one beyond: a 503, closed
-    # Each process re-reads the config file's `tenants` when it changes (checked this often;
-    reload_poll_s: float = Field(2.0, ge=0)  # 0: on SIGHUP only): README "Per-tenant policy"
+    # Each process re-reads the config file's `tenants` on SIGHUP and, checked this often,
+    reload_poll_s: float = Field(2.0, ge=0)  # when it changes (0: never): README "Per-tenant"
 
 
 class UpstreamSettings(_Section):
@@ -174,7 +174,7 @@ class CompactionSettings(_Section):
     summary_role: Literal["user", "system"] = "user"
     # Most values restored into a summary or quoted in a trimmed view's digest, with role.
     restored_identifiers_max: int = Field(64, ge=0, le=1000)
-    # Kept verbatim after the leading system messages (README "Pinned user messages").
+    # Verbatim after the leading system/developer messages: README "Pinned user messages".
     pin_first_user: bool = False
     pin_user_prefixes: list[Annotated[str, Field(min_length=1)]] = []
     min_tail_messages: int = Field(4, ge=1)
