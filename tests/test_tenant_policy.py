@@ -308,16 +308,3 @@ def test_precompact_true_turns_it_on_where_compaction_has_it_off() -> None:
     assert b is not None
     assert a.compaction.precompact_ratio == 0.6  # the defaults': 0.6 of a trigger of 0.8
     assert b.compaction.precompact_ratio == 0.3  # the same share of its own trigger
-
-
-def test_check_config_shows_each_entry_as_it_resolves(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = tmp_path / "config.yaml"
-    entry = {"label": "batch", "ids": [A, B], "trigger_ratio": 0.6, "summaries_per_hour": 5}
-    _write(path, [{"id": C[:12], "enabled": False}, entry])
-    assert main(["check-config", str(path)]) == 0
-    out = capsys.readouterr().out
-    assert "tenants: 2\n" in out
-    assert f"  {C[:12]}: 1 id(s), off, trigger 80%" in out
-    assert "  batch: 2 id(s), on, trigger 60%, target 50%, caps: 5 summaries/h\n" in out
