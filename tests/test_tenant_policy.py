@@ -23,11 +23,20 @@ from proxy.core.session import tenant_from_headers
 from proxy.errors import ConfigError, StoreError
 from proxy.observe.metrics import Metrics
 from proxy.observe.tenant_series import TenantSeries
+from proxy.pipeline import compacted_view
 from proxy.serve.reload import Reloader
 from proxy.store import build_store
 from proxy.store.quota import MemoryQuota, RedisQuota, build_quota
 from proxy.tenants import PolicyTable
-from tests.support.fakes import FakeClock, FakeUpstream, fake_settings, make_services, turn_of
+from tests.support.fakes import (
+    WINDOW,
+    FakeClock,
+    FakeUpstream,
+    conversation,
+    fake_settings,
+    make_services,
+    turn_of,
+)
 from tests.support.servers import RedisServer, proxy_settings
 
 A = tenant_from_headers({"authorization": "Bearer sk-a"})
@@ -308,3 +317,27 @@ def test_precompact_true_turns_it_on_where_compaction_has_it_off() -> None:
     assert b is not None
     assert a.compaction.precompact_ratio == 0.6  # the defaults': 0.6 of a trigger of 0.8
     assert b.compaction.precompact_ratio == 0.3  # the same share of its own trigger
+
+
+async def test_over_a_cap_the_view_is_trimmed_to_the_trigger_not_summarized() -> None:
+    """Trimmed as a summary would have compacted it: to fit the trigger; to fit the
+    window when the newest message alone is past the trigger (never a 400)."""
+    s = fake_settings()
+    s = Settings(**{**s.model_dump(), "tenants": [{"id": A, "summaries_per_hour": 0}]})
+    upstream = FakeUpstream()
+    services = make_services(s, upstream, FakeClock())
+
+    async def view(messages: list[Any]) -> Any:
+        turn = await turn_of(services, messages)
+        turn = replace(turn, tenant=A, policy=services.policies.policy_for(A))
+        return (await compacted_view(services, turn))[0]
+
+    outcome = await view(conversation(30))
+    assert (outcome.status, outcome.degraded) == ("trimmed", "summaries_per_hour")
+    assert outcome.tokens + 256 <= int(WINDOW * 0.8)  # the trigger, not the window
+    assert outcome.window == WINDOW
+    big = [*conversation(10), {"role": "user", "content": "x " * 5600}]
+    outcome = await view(big)
+    assert (outcome.status, outcome.degraded) == ("trimmed", "summaries_per_hour")
+    assert int(WINDOW * 0.8) < outcome.tokens + 256 <= WINDOW
+    assert upstream.summary_calls == []

@@ -3,11 +3,12 @@ hour) and ``summarizer_tokens_per_day`` (input + output, per UTC day).
 
 ``admit`` runs just before a summary is asked for, under the session's lock: it reads the
 tenant's tokens for the day and counts the summary in its hour, and names the cap it is
-over, if any; the caller then trims instead (a turn: ``X-Compaction-Degraded`` names the
-cap) or skips (a background run). ``spend`` adds what the summary's calls cost once they
-are done, failed ones included. Counted in the store's ``Quota`` (Redis: shared by every
-replica and worker; ``memory://``: this process's). A store that fails is counted
-(``tenant_cap_errors_total``) and the summary goes ahead: a cap never fails a request.
+over, if any; the caller then trims instead (a turn: ``trimmed_at_trigger``, with
+``X-Compaction-Degraded`` naming the cap) or skips (a background run). ``spend`` adds
+what the summary's calls cost once they are done, failed ones included. Counted in the
+store's ``Quota`` (Redis: shared by every replica and worker; ``memory://``: this
+process's). A store that fails is counted (``tenant_cap_errors_total``) and the summary
+goes ahead: a cap never fails a request.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
-from proxy.core.outcome import Turn
-from proxy.errors import StoreError, SummaryError
+from proxy.compaction.job import Job
+from proxy.compaction.sticky import TrimCuts
+from proxy.core.outcome import Outcome, Turn
+from proxy.core.snapshot import Loaded
+from proxy.errors import ContextTooLarge, StoreError, SummaryError
 from proxy.observe.record import current_record
 from proxy.observe.tenant_series import TenantSeries
 from proxy.store.quota import Quota
@@ -92,6 +96,20 @@ class TenantCaps:
     def _failed(self, exc: StoreError) -> None:
         self.series.cap_errors.inc()
         log.warning("tenant cap not counted (%s): the summary goes ahead", exc.message)
+
+
+def trimmed_at_trigger(trims: TrimCuts, job: Job, loaded: Loaded) -> Outcome:
+    """``job``'s view, over a cap, compacted without a summarizer: trimmed to fit the
+    trigger (down to the target, the cut kept while it fits: sticky.py), as a summary
+    would have; trimmed to fit the window when the newest message alone is past the
+    trigger."""
+    budget = job.budget
+    early = replace(budget, window=budget.trigger)
+    try:
+        outcome = trims.outcome(job.key, job.history, loaded, early, reuse=True)
+    except ContextTooLarge:
+        return trims.for_job(job, loaded)
+    return replace(outcome, window=budget.window)
 
 
 def _hour(turn: Turn, now: float) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from proxy.compaction.backoff import SummaryBackoff
-from proxy.compaction.caps import TenantCaps
+from proxy.compaction.caps import TenantCaps, trimmed_at_trigger
 from proxy.compaction.fold import Folder
 from proxy.compaction.job import Job
 from proxy.compaction.snapshots import keep_rewind_point, load_snapshot, next_snapshot
@@ -206,7 +206,7 @@ class Compactor:
         start, end = plan.summarize
         span = h.messages[start:end]
         if self.caps is not None and (over := await self.caps.admit(job.turn, job.background)):
-            return replace(self.trims.for_job(job, loaded), degraded=over)  # over a cap: trim
+            return replace(trimmed_at_trigger(self.trims, job, loaded), degraded=over)
         started = self.clock()
         fold = self._folder.fold(job.turn, job.key, loaded.summary, span, background=job.background)
         try:

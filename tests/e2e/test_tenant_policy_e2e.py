@@ -34,7 +34,7 @@ from tests.support.processes import CHAT, Served, chats_by_worker, serve_process
 SIM_WINDOW = 65536  # the simulator's: histories sent whole never overflow it
 OFF_KEY, CAPPED_KEY, RELOAD_KEY = "sk-tenant-off", "sk-tenant-capped", "sk-tenant-reload"
 ADMIN_KEY = "admin-key-for-tests"
-TURNS = 50  # the capped view passes the 4k window from turn 47
+TURNS = 36
 
 
 def tenant_id(key: str) -> str:
@@ -56,8 +56,7 @@ def test_two_tenants_on_one_proxy_each_get_their_policy(
 ) -> None:
     """One tenant's compaction is off: every request forwarded as the client sent it, no
     summary. The other's trigger is low and it may have one summary an hour: its first
-    crossing is summarized; at the later ones none is asked for (trimmed once the view
-    no longer fits), said and counted."""
+    crossing is summarized, the later ones trimmed instead, said and counted."""
     tenants = [
         {"id": tenant_id(OFF_KEY), "enabled": False},
         {
@@ -99,10 +98,11 @@ def test_two_tenants_on_one_proxy_each_get_their_policy(
     capped_turns = [i for i, d in enumerate(degraded) if d == "summaries_per_hour"]
     assert len(capped_turns) >= 3
     assert min(capped_turns) > first
-    # Served as a back-off serves it: the view as it is while it fits, else trimmed.
-    assert {statuses[i] for i in capped_turns} == {"snapshot", "trimmed"}
-    assert capped_turns[-1] == TURNS - 1
-    assert statuses[-1] == "trimmed"
+    # Trimmed instead, to the trigger: every turn from the first past it (on one cut
+    # while that fits: sticky.py), never past the trigger.
+    assert capped_turns == list(range(capped_turns[0], TURNS))
+    assert {statuses[i] for i in capped_turns} == {"trimmed"}
+    assert all(int(seen[i]["x-context-tokens"]) + 256 <= 0.5 * 4096 for i in capped_turns)
     assert _summaries_for(sim_reset, CAPPED_KEY) == summaries_after_first  # none since
     reason = {"reason": "summaries_per_hour"}
     assert metric(url, "compaction_proxy_tenant_capped", **reason) == len(capped_turns)
