@@ -17,16 +17,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
-from proxy.compaction.job import Job
-from proxy.compaction.sticky import TrimCuts
-from proxy.core.outcome import Outcome, Turn
-from proxy.core.snapshot import Loaded
 from proxy.errors import ContextTooLarge, StoreError, SummaryError
 from proxy.observe.record import current_record
-from proxy.observe.tenant_series import TenantSeries
-from proxy.store.quota import Quota
+
+if TYPE_CHECKING:  # annotations only: compact.py imports this module
+    from proxy.compaction.job import Job
+    from proxy.compaction.sticky import TrimCuts
+    from proxy.core.outcome import Outcome, Turn
+    from proxy.core.snapshot import Loaded
+    from proxy.observe.tenant_series import TenantSeries
+    from proxy.store.quota import Quota
 
 log = logging.getLogger("proxy.compaction")
 
