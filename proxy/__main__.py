@@ -1,4 +1,4 @@
-"""Command line: ``compaction-proxy serve | check-config | simulate-upstream``."""
+"""Command line: ``compaction-proxy serve | check-config | tenant-id | simulate-upstream``."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ def _check_config(settings: Settings) -> None:
         f"compaction: {c.effective_mode}, trigger {c.trigger_ratio:.0%}, "
         f"target {c.target_ratio:.0%}"
     )
+    _print_tenants(settings)
     print(f"{'match':<28} {'window':>9} {'max out':>8}  tokenizer")
     rules = [(s.match, s.context_window, s.max_output_tokens) for s in settings.models]
     rules.append(("(default)", settings.default_model.context_window, 0))
@@ -45,6 +46,25 @@ def _check_config(settings: Settings) -> None:
         max_out = max_out or resolved.max_output_tokens
         print(f"{match:<28} {window:>9} {max_out:>8}  {resolved.tokenizer} ({quality})")
     _print_learned_windows(settings)
+
+
+def _print_tenants(settings: Settings) -> None:
+    """Each ``tenants:`` entry as it resolves (README "Per-tenant policy")."""
+    from proxy.tenants import PolicyTable
+
+    print(f"tenants: {len(settings.tenants) or 'none'}")
+    table = PolicyTable.build(settings.tenants, settings.compaction)
+    for entry in settings.tenants:
+        policy = table.policy_for(entry.id or entry.ids[0])
+        assert policy is not None
+        c, ids = policy.compaction, 1 if entry.id else len(entry.ids)
+        hourly, daily = policy.summaries_per_hour, policy.summarizer_tokens_per_day
+        caps = [f"{hourly} summaries/h"] * (hourly is not None)
+        caps += [f"{daily} summarizer tokens/day"] * (daily is not None)
+        print(
+            f"  {entry.name}: {ids} id(s), {c.effective_mode}, trigger {c.trigger_ratio:.0%}, "
+            f"target {c.target_ratio:.0%}, caps: {', '.join(caps) or 'none'}"
+        )
 
 
 def _check_store(settings: Settings) -> int:
@@ -154,6 +174,20 @@ def _warn_unencrypted(settings: Settings) -> None:
         )
 
 
+def _tenant_id() -> int:
+    """The id ``GET /admin/tenants`` shows for the key on stdin (kept out of argv: a
+    command line is visible to every user of the machine, and kept in shell history)."""
+    from proxy.core.session import tenant_from_headers
+    from proxy.tenants import SHOWN
+
+    key = sys.stdin.readline().strip()
+    if not key:
+        print("compaction-proxy: no API key on stdin", file=sys.stderr)
+        return 2
+    print(tenant_from_headers({"authorization": f"Bearer {key}"})[:SHOWN])
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="compaction-proxy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,6 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument(
         "--store", action="store_true", help="connect to the store and write to it (exit 1 if not)"
     )
+    sub.add_parser(
+        "tenant-id", help="print the tenant id (for `tenants:`) of the API key read from stdin"
+    )
     sim = sub.add_parser("simulate-upstream", help="run the local OpenAI-compatible simulator")
     sim.add_argument("--config", help="simulator YAML config")
     sim.add_argument("--host", default="127.0.0.1")
@@ -173,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         _exit_on_sigterm()
+    if args.command == "tenant-id":
+        return _tenant_id()
     from proxy.config import LoggingSettings, load_settings
     from proxy.errors import ConfigError
 

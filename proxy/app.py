@@ -33,6 +33,7 @@ from proxy.routes import (
     sessions_api,
 )
 from proxy.routes.endpoints import endpoint
+from proxy.serve.reload import Reloader
 from proxy.serve.shutdown import Drain
 from proxy.services import Services, build_services
 from proxy.upstream.api import Api
@@ -224,11 +225,20 @@ def create_app(settings: Settings, drain: Drain | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
         services = await build_services(settings)
         drain.metrics = services.metrics
+        # Settings from a file: its tenants policy reloaded when it changes, or on SIGHUP.
+        source = settings._source
+        reloader = None if source is None else Reloader(services, source)
         try:
+            if reloader is not None:
+                reloader.start()
             recorder = Recorder(services.metrics, settings, services.ledger)
             yield {"services": services, "drain": drain, "recorder": recorder}
         finally:
-            await services.aclose()
+            try:
+                if reloader is not None:
+                    await reloader.aclose()
+            finally:
+                await services.aclose()
 
     handlers = {ProxyError: proxy_error, HTTPException: http_error}
     return Starlette(

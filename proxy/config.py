@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     model_validator,
@@ -28,6 +29,7 @@ from proxy import config_file
 from proxy.config_file import YamlSource, describe_invalid, read_config_file, yaml_values
 from proxy.errors import ConfigError
 from proxy.redact import redact_url
+from proxy.tenants import MAX_TENANTS, TenantPolicy, check_tenants
 
 
 class _Section(BaseModel):
@@ -71,13 +73,13 @@ class ServerSettings(_Section):
     # refused; then requests in flight have shutdown_timeout_s to finish, the rest is ended.
     drain_delay_s: float = Field(0.0, ge=0)
     shutdown_timeout_s: float = Field(30.0, ge=0)
-    # Worker processes sharing the port. Each has its own memory:// store: beyond one, Redis.
-    workers: int = Field(1, ge=1)
+    workers: int = Field(1, ge=1)  # processes on the port; each its own memory:// store
     # Request bodies this worker holds at once, until each request ends; one beyond gets
     # a 503 with Retry-After, unread. None: 4 x max_body_bytes, never below max_body_bytes.
     max_inflight_body_bytes: int | None = Field(None, gt=0)
-    # Open client connections per worker process: one beyond it gets a 503, closed.
-    max_client_connections: int = Field(2048, gt=0)
+    max_client_connections: int = Field(2048, gt=0)  # per worker; one beyond: a 503, closed
+    # Each process re-reads the config file's `tenants` on SIGHUP and, checked this often,
+    reload_poll_s: float = Field(2.0, ge=0)  # when it changes (0: never): README "Per-tenant"
 
 
 class UpstreamSettings(_Section):
@@ -116,8 +118,7 @@ class StoreSettings(_Section):
     url: str = Field("memory://", repr=False)  # may hold a password: show redact_url(url)
     ttl_s: int = Field(7 * 24 * 3600, gt=0)
     prefix: str = Field("cp", pattern="^[^{}]*$")  # to share one Redis; no {}: store/keys.py
-    # The embedded (memory://) store keeps at most this many sessions, oldest used out first.
-    max_sessions: int = Field(100_000, gt=0)
+    max_sessions: int = Field(100_000, gt=0)  # in memory://, least recently used out first
     # ...and this many of one tenant's, its own oldest dropped first: none crowds others out.
     max_sessions_per_tenant: int = Field(10_000, gt=0)
     # Fernet keys (`Fernet.generate_key()`); snapshots in Redis are encrypted with the first
@@ -146,8 +147,7 @@ class SessionSettings(_Section):
     # per named one (several conversations under one name; a rewind reuses an older one).
     derived_slots: int = Field(4, ge=1, le=32)
     explicit_slots: int = Field(4, ge=1, le=32)
-    # A session name (header, prompt_cache_key, body field) longer than this (UTF-8
-    # bytes) gets a 400: far above a UUID or an agent's id.
+    # A longer session name (header, prompt_cache_key, body field; UTF-8 bytes) gets a 400.
     max_name_bytes: int = Field(1024, ge=64)
 
 
@@ -185,22 +185,19 @@ class CompactionSettings(_Section):
     # trigger finds a snapshot ready; down to target_ratio * precompact_ratio / trigger_ratio.
     precompact_ratio: float | None = Field(0.6, ge=0, lt=1)  # None or 0: off
     cache_aware: bool = False  # hold a cached view until the trigger (compaction/held.py)
-    # At most this many background summaries at once per process; more are skipped.
-    precompact_concurrency: int = Field(2, ge=1)
+    precompact_concurrency: int = Field(2, ge=1)  # background summaries at once, per process
     # ...of which one tenant keeps at most this many while another tenant wants one (it
     # may fill free slots, but its newest run over this share is cancelled to make room
     # for a tenant under it). None: half of precompact_concurrency, rounded up.
     precompact_per_tenant: int | None = Field(None, ge=1)
-    # A session whose background run failed or found nothing to do is not tried again
-    # in the background for this long (its turns still compact inline at the trigger).
+    # A session whose background run failed or did nothing waits this long for the next one.
     precompact_retry_s: float = Field(60.0, ge=0)
     force_interval_s: float = Field(30.0, ge=0)
     # After a failed or cut-off summary, none for the session for summary_backoff_s (its
     # turns trimmed), doubling per failure in a row up to summary_backoff_max_s. 0: off.
     summary_backoff_s: float = Field(30.0, ge=0)
     summary_backoff_max_s: float = Field(900.0, ge=0)
-    # Overflow recovery is the last line of defence: on even with enabled: false.
-    recover_overflow: bool = True
+    recover_overflow: bool = True  # the last line of defence: on even with enabled: false
     learned_window_ttl_s: float = Field(24 * 3600, gt=0)
     # A window learned from one caller's overflow error is that caller's at once, everyone's
     # once this many tenants report it, lowered once per learned_window_interval_s, by half at most.
@@ -267,6 +264,9 @@ class Settings(BaseSettings):
     models: list[ModelSpec] = []
     default_model: DefaultModelSpec = DefaultModelSpec()
     pricing: list[PriceRule] = []  # the ledger's money: none, tokens only
+    tenants: list[TenantPolicy] = Field([], max_length=MAX_TENANTS)  # tenants.py
+    _source: Path | None = PrivateAttr(None)  # the file read, which a reload reads again
+    _tenants = model_validator(mode="after")(check_tenants)
 
     @property
     def requires_client_key(self) -> bool:
@@ -293,6 +293,8 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     data = {} if path is None else read_config_file(path)
     with yaml_values(data):
         try:
-            return Settings(**overrides)
+            settings = Settings(**overrides)
         except ValidationError as exc:
             raise ConfigError(describe_invalid(exc)) from exc
+    settings._source = None if path is None else Path(path)
+    return settings

@@ -80,7 +80,8 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         bypassed = Outcome.bypassed(body, window)
         return await forward(services, request, route, Attempt(body, bypassed), None)
     read = refs.Resolved(chat)  # items named by reference, read as the ones the proxy relayed
-    mode = settings.compaction.effective_mode  # on, shadow or off (shadow.py)
+    policy = services.policies.policy_for(tenant)  # its entry in `tenants:` (tenants.py)
+    mode = (settings.compaction if policy is None else policy.compaction).effective_mode
     if control != "off" and mode != "off":
         read = await refs.resolve_references(services.items, api, tenant, data, chat)
         services.references.observe(read.references, read.unresolved)
@@ -94,6 +95,7 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         auth_headers=services.headers.auth_only(headers),
         references=read.references,
         unresolved=read.unresolved,
+        policy=policy,
     )
     record.note_turn(turn)
     if deal.answer is not None:  # a compaction the client asked for: the proxy answers it
@@ -127,7 +129,7 @@ async def compacted_view(
     is out (a background pre-compaction). ``recover``: the upstream just rejected a larger
     view, so compact now (no rate limit) against ``turn.model``'s window.
     """
-    c = services.settings.compaction
+    c = turn.compaction(services.settings.compaction)
     chat, model = turn.chat, turn.model
     window = model.context_window
     reserve = output_reserve(chat, model.max_output_tokens)

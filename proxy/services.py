@@ -13,6 +13,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import partial
 
+from proxy.compaction.caps import TenantCaps
 from proxy.compaction.compact import Compactor
 from proxy.compaction.held import HeldCuts
 from proxy.compaction.inflight import BodyBudget
@@ -26,8 +27,11 @@ from proxy.core.tokens import TokenCounter
 from proxy.observe.ledger import Ledger
 from proxy.observe.metrics import Metrics
 from proxy.observe.references import ReferenceMetrics
+from proxy.observe.tenant_series import TenantSeries
 from proxy.store import ItemStore, Store, build_store, refuse_cluster_node
 from proxy.store.items import build_item_store
+from proxy.store.quota import build_quota
+from proxy.tenants import TenantPolicies
 from proxy.upstream.calibrate import Calibration
 from proxy.upstream.client import Upstream, UpstreamClient
 from proxy.upstream.headers import HeaderPolicy
@@ -53,6 +57,8 @@ class Services:
     items: ItemStore  # output items relayed, for Responses item_reference inputs
     references: ReferenceMetrics
     ledger: Ledger  # does compaction pay: per session and tenant (this process), and series
+    policies: TenantPolicies  # `tenants:` in force, swapped by a reload (serve/reload.py)
+    tenant_series: TenantSeries  # caps hit, config reloads
     held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
 
     async def aclose(self) -> None:
@@ -95,6 +101,7 @@ async def build_services(settings: Settings) -> Services:
         store = build_store(settings, metrics)
         opened.push_async_callback(store.aclose)
         await refuse_cluster_node(settings.store.url)  # an app served without serve()
+        tenant_series = TenantSeries(metrics.registry)
         compactor = Compactor(
             settings=settings,
             store=store,
@@ -102,6 +109,7 @@ async def build_services(settings: Settings) -> Services:
             client=client,
             models=models,
             metrics=metrics,
+            caps=TenantCaps(build_quota(settings, store), tenant_series),
         )
         services = Services(
             settings=settings,
@@ -121,6 +129,8 @@ async def build_services(settings: Settings) -> Services:
             items=build_item_store(settings, store),
             references=ReferenceMetrics(metrics.registry),
             ledger=Ledger(metrics.registry, settings.pricing),
+            policies=TenantPolicies(settings),
+            tenant_series=tenant_series,
         )
         opened.pop_all()  # built: from here on, closing is Services.aclose's
     return services

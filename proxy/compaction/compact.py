@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from proxy.compaction.backoff import SummaryBackoff
+from proxy.compaction.caps import TenantCaps, trimmed_at_trigger
 from proxy.compaction.fold import Folder
 from proxy.compaction.job import Job
 from proxy.compaction.snapshots import keep_rewind_point, load_snapshot, next_snapshot
@@ -66,6 +67,7 @@ class Compactor:
     # Waiting runs on these: tests pass a fake clock and let time pass without sleeping.
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    caps: TenantCaps | None = None  # tenants' caps on summaries (caps.py); None: none
     backoff: SummaryBackoff = field(init=False)  # sessions whose summaries keep failing
     idle: SummaryBackoff = field(init=False)  # sessions whose plans keep saving nothing
     trims: TrimCuts = field(init=False)  # sessions' last trimmed cuts, reused (sticky.py)
@@ -203,11 +205,12 @@ class Compactor:
         h = job.history
         start, end = plan.summarize
         span = h.messages[start:end]
+        if self.caps is not None and (over := await self.caps.admit(job.turn, job.background)):
+            return replace(trimmed_at_trigger(self.trims, job, loaded), degraded=over)
         started = self.clock()
+        fold = self._folder.fold(job.turn, job.key, loaded.summary, span, background=job.background)
         try:
-            folded = await self._folder.fold(
-                job.turn, job.key, loaded.summary, span, background=job.background
-            )
+            folded = await (fold if self.caps is None else self.caps.spending(job.turn, fold))
         except SummaryError as exc:
             self.backoff.failed(job.key)
             if job.background:

@@ -101,7 +101,7 @@ class Folder:
             )
         if made.length_retries:
             self.metrics.summary_length_retries.inc(made.length_retries)
-        limit = summary_limit(turn.model, self.settings.compaction)
+        limit = summary_limit(turn.model, turn.compaction(self.settings.compaction))
         most = self.settings.compaction.restored_identifiers_max
         kept = await _restore(made.text, previous, span, limit, most)
         if kept.restored:

@@ -44,6 +44,7 @@ from starlette.background import BackgroundTasks
 from starlette.responses import Response
 
 from proxy.compaction.busy import BusyModels
+from proxy.compaction.caps import TenantCapped
 from proxy.compaction.held import upstream_caches
 from proxy.compaction.job import Job
 from proxy.compaction.snapshots import load_snapshot
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
     from proxy.compaction.compact import Compactor
 
 log = logging.getLogger("proxy.compaction")
+# Runs after which the session is not offered again for precompact_retry_s.
+_BACKED_OFF = ("failed", "unchanged", "skipped_tenant_cap")
 
 
 def background_budget(
@@ -126,12 +129,11 @@ class Precompactor:
     ) -> FollowUp | None:
         """What to start once ``turn``'s answer is out, when its view (``tokens`` under
         ``budget``) is past the soft threshold; None otherwise. O(1) on the request path."""
-        if not turn.model.precompact or not wants_precompaction(
-            tokens, budget.window, self.settings
-        ):
+        c = turn.compaction(self.settings)  # its tenant's policy's
+        if not turn.model.precompact or not wants_precompaction(tokens, budget.window, c):
             return None
-        held = self.settings.cache_aware and upstream_caches()
-        early = background_budget(budget, self.settings, held=held)
+        held = c.cache_aware and upstream_caches()
+        early = background_budget(budget, c, held=held)
         job = Job(turn, key, history, early, "precompact", background=True)
         return partial(self.start, job)
 
@@ -197,14 +199,17 @@ class Precompactor:
             self.preempted.discard(key)
             outcome = "preempted"  # not the session's failure: no back-off
         self.metrics.precompactions.labels(outcome=outcome).inc()
-        if outcome in ("failed", "unchanged") and self.settings.precompact_retry_s > 0:
+        if outcome in _BACKED_OFF and self.settings.precompact_retry_s > 0:
             self.backoff[key] = True
 
     async def _run(self, job: Job) -> str:
         """The run's outcome; raises nothing but ``CancelledError``."""
         try:
-            with self.busy.summarizing(self.settings.summarizer_model or job.turn.chat["model"]):
+            c = job.turn.compaction(self.settings)
+            with self.busy.summarizing(c.summarizer_model or job.turn.chat["model"]):
                 return await self._compact(job)
+        except TenantCapped:
+            return "skipped_tenant_cap"  # counted by its cap too (caps.py)
         except SummaryError as exc:  # its message names the failure, never content
             log.warning("session=%s background summary failed (%s)", job.key.log_id, exc)
             return "failed"

@@ -69,7 +69,7 @@ async def shadow_outcome(
     planned, and with ``shadow_summarize`` summarized, into the shadow snapshot.
     ``force``: ``X-Compaction: force``'s rate limit (``Schedule.may_force``), when asked."""
     settings, model = compactor.settings, turn.model
-    c = settings.compaction
+    c = turn.compaction(settings.compaction)
     reserve = output_reserve(turn.chat, model.max_output_tokens)
     counter = compactor.counters[model.tokenizer]
     history = await count_history(counter, turn, c, tenant_seed(turn.tenant))

@@ -94,7 +94,7 @@ class SummaryRequest:
     ) -> SummaryRequest:
         """The summary call for ``turn``'s session, sized for the summarizer's window in
         its tokens (``counters``: by tokenizer name)."""
-        c = settings.compaction
+        c = turn.compaction(settings.compaction)  # its tenant's policy's
         summarizer = models.resolve(c.summarizer_model) if c.summarizer_model else turn.model
         window = c.summarizer_context_window or summarizer.context_window
         # The proxy's own summary budget, not the chat model's reply reserve

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from proxy.core.models import ResolvedModel
 from proxy.types import ChatMessage, ChatRequest
+
+if TYPE_CHECKING:  # annotations only: a turn's policy comes resolved (pipeline.py)
+    from proxy.config import CompactionSettings
+    from proxy.tenants import Policy
 
 Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed", "shadow"]
 # What a shadow turn's view would have been (compaction/shadow.py): a closed set, a label.
@@ -22,8 +26,11 @@ ShadowStatus = Literal["passthrough", "snapshot", "compacted", "trimmed", "faile
 # the upstream saw): its own summary failed, or the one it waited for (another request's)
 # ended without a snapshot, after the time that took; the one it waited for was still
 # running when compaction.wait_for_summary_s ran out (late); or the session's back-off
-# after failures skipped it (backoff.py). A closed set: a metric label.
-Degraded = Literal["summary_failed", "summary_late", "backoff"]
+# after failures skipped it (backoff.py); or its tenant is over that cap of its policy
+# (tenants.py: trimmed instead). A closed set: a metric label.
+Degraded = Literal[
+    "summary_failed", "summary_late", "backoff", "summaries_per_hour", "summarizer_tokens_per_day"
+]
 # Work to start once a turn's model answer has gone out (a stream: once it has ended):
 # the write of its session's sighting (sightings.py), a background pre-compaction
 # (precompact.py). Returned beside the view it follows, run in order (pipeline.forward).
@@ -46,6 +53,11 @@ class Turn:
     # those the proxy could not read (each priced at tokens.UNSEEN_ITEM_TOKENS).
     references: int = 0
     unresolved: int = 0
+    policy: Policy | None = None  # its tenant's entry in `tenants:`; None: the default
+
+    def compaction(self, default: CompactionSettings) -> CompactionSettings:
+        """The compaction settings this turn compacts with: its tenant's, or ``default``."""
+        return default if self.policy is None else self.policy.compaction
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,10 @@ STORE_FAILURE_KINDS = (
 )
 TRIGGERS = ("threshold", "forced", "overflow_recovery", "scheduled", "precompact")
 CHAT_STATUSES = ("passthrough", "snapshot", "compacted", "trimmed", "bypassed", "shadow")
-DEGRADED_REASONS = ("summary_failed", "summary_late", "backoff")  # outcome.Degraded
+DEGRADED_REASONS = (  # outcome.Degraded
+    *("summary_failed", "summary_late", "backoff"),
+    *("summaries_per_hour", "summarizer_tokens_per_day"),
+)
 PRECOMPACTION_OUTCOMES = (
     "compacted",
     "covered",
@@ -74,6 +77,7 @@ PRECOMPACTION_OUTCOMES = (
     "skipped_backoff",
     "skipped_cap",
     "skipped_locked",
+    "skipped_tenant_cap",
     "preempted",
 )
 

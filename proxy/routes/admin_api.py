@@ -1,5 +1,6 @@
 """``GET /admin/sessions``: what the store holds, for operators; ``GET /admin/tenants``:
-each tenant's net-savings ledger, as this process counted it (observe/ledger.py).
+each tenant's net-savings ledger, as this process counted it (observe/ledger.py), and
+the ``tenants:`` entry it falls under (``policy``: its label or id), if any.
 
 Enabled only when ``server.admin_key`` is set, and answered only to
 ``Authorization: Bearer <admin_key>``. It lists metadata (hashed ids, sizes,
@@ -61,10 +62,19 @@ async def list_sessions(request: Request, services: Services) -> Response:
     return JSONResponse({"object": "list", "data": data, "has_more": len(entries) > limit})
 
 
+def _policy(services: Services, tenant: str) -> dict[str, str]:
+    """The ``tenants:`` entry naming ``tenant`` (its label, or id), if one does."""
+    policy = services.policies.policy_for(tenant)
+    return {} if policy is None else {"policy": policy.name}
+
+
 async def list_tenants(request: Request, services: Services) -> Response:
     """Each tenant's ledger totals (hashed id), this process's since it started: with
     several workers or replicas, one's share (the series are the sum)."""
     _authorize(request, services)
     tenants = list(services.ledger.tenants.items())[:_MAX_LIMIT]
-    data = [{"tenant": tenant[:12], **totals.as_dict()} for tenant, totals in tenants]
+    data = [
+        {"tenant": tenant[:12], **_policy(services, tenant), **totals.as_dict()}
+        for tenant, totals in tenants
+    ]
     return JSONResponse({"object": "list", "data": data, "scope": "process"})

@@ -71,7 +71,7 @@ async def _view(
     api: Api, request: Request, services: Services, body: bytes
 ) -> tuple[int, int, str]:
     """The view's tokens, its snapshot's version and its status."""
-    settings, c = services.settings, services.settings.compaction
+    settings = services.settings
     server = settings.server
     data, chat = api.parse(body, server.max_messages, server.max_model_bytes)
     tenant = tenant_from_headers(request.headers)
@@ -84,12 +84,14 @@ async def _view(
         tenant=tenant,
         session_header=session_name(request.headers, data, settings.session),
         auth_headers=[],
+        policy=services.policies.policy_for(tenant),
     )
+    c = turn.compaction(settings.compaction)  # its tenant's policy's
     counter = services.counters[model.tokenizer]
     history = await count_history(counter, turn, c, tenant_seed(tenant))  # 5.
     reserve = output_reserve(chat, model.max_output_tokens)
     budget = Budget.for_model(model, c, reserve, history.fixed)
-    if control == "off" or api.untouched(data, control) or not c.enabled:
+    if control == "off" or api.untouched(data, control) or c.effective_mode == "off":
         whole = rebuild_outcome(history, view_of(None, history.pinned), Handoff(None, 0), budget)
         return whole.tokens, 0, "bypassed"
     key = await session_of(turn, history.messages)  # 3.

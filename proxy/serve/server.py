@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
+import threading
 from typing import Any
 
 import uvicorn
@@ -101,6 +103,8 @@ def serve_process(
     from proxy.app import create_app
 
     drain = Drain()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the app reloads on it (reload.py)
     config = uvicorn_config(settings, create_app(settings, drain))
     # What start-up built (modules, settings, tables) lives as long as the process:
     # out of the collector's sight, a full collection no longer walks it all (a pause

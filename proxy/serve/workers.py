@@ -12,6 +12,8 @@ single process does. The supervisor:
   ``compaction_proxy_worker_restarts_total``, in the same files), and stops
   everything if a worker fails to start (uvicorn's exit status 3, which the
   supervisor exits with too: the app's start-up failed, and would again);
+- passes SIGHUP on to every worker, which re-reads the config file's tenants policy
+  (proxy.serve.reload; each also watches the file itself);
 - on SIGTERM or SIGINT closes its copy of the socket and sends SIGTERM to every
   worker, which drain as proxy.serve.shutdown describes (the socket closes, refusing
   connections, once the last worker stops accepting); it waits for them for
@@ -93,6 +95,7 @@ class _Supervisor:
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _SIGNALS}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hangup)
         previous_wakeup = signal.set_wakeup_fd(wake_write)
         try:
             self.workers = [self._start() for _ in range(self.settings.server.workers)]
@@ -118,6 +121,12 @@ class _Supervisor:
                 if worker.pid is not None and worker.exitcode is None:
                     os.kill(worker.pid, sig)
         self.stopping = True
+
+    def _on_hangup(self, sig: int, frame: FrameType | None) -> None:
+        # Every worker re-reads the config file's tenants policy (serve/reload.py).
+        for worker in self.workers:
+            if worker.pid is not None and worker.exitcode is None:
+                os.kill(worker.pid, signal.SIGHUP)
 
     def _start(self) -> BaseProcess:
         args = (self.settings, self.listener, self.directory, os.getpid())
@@ -178,6 +187,7 @@ def _work(settings: Settings, listener: socket.socket, directory: str, parent_pi
     for sig in _SIGNALS:  # the supervisor's handlers were inherited; the server installs its own
         signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until its app watches for it (reload.py)
     enable_multiprocess(directory)
     from proxy.serve.server import serve_process
 

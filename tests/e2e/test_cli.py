@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from proxy.core.session import tenant_from_headers
 from tests.support.chat import FILLER, WINDOW, Chat
 from tests.support.processes import cli, write_config
 from tests.support.servers import RedisServer
@@ -46,6 +47,7 @@ def test_check_config_prints_the_resolved_model_table(tmp_path: Path) -> None:
         ({"compaction": {"trigger_ratio": 0.4, "target_ratio": 0.5}}, "target_ratio"),
         ({"models": [{"match": "x"}]}, "models.0.context_window"),
         ({"upstream": {"base_url": "ftp://x"}}, "base_url"),
+        ({"tenants": [{"id": "sk-a-raw-key"}]}, "tenants.0.id"),
         ({"upstream": {"api_key": "${SURELY_UNSET_VAR_123}"}}, "SURELY_UNSET_VAR_123"),
     ],
 )
@@ -169,3 +171,16 @@ def test_serve_applies_the_client_limits_from_the_config(
     large = httpx.get(f"{url}/healthz", headers={"x-pad": "a" * 4000})
     assert large.status_code == 431
     assert large.json()["error"]["code"] == "request_header_fields_too_large"
+
+
+def test_check_config_shows_each_tenants_entry_as_it_resolves(tmp_path: Path) -> None:
+    off = tenant_from_headers({"authorization": "Bearer sk-a"})[:12]
+    ids = [tenant_from_headers({"authorization": f"Bearer sk-{n}"}) for n in ("b", "c")]
+    entry = {"label": "batch", "ids": ids, "trigger_ratio": 0.6, "summaries_per_hour": 5}
+    out = cli(
+        "check-config", write_config(tmp_path, {"tenants": [{"id": off, "enabled": False}, entry]})
+    )
+    assert out.returncode == 0, out.stderr
+    assert "tenants: 2\n" in out.stdout
+    assert f"  {off}: 1 id(s), off, trigger 80%" in out.stdout
+    assert "  batch: 2 id(s), on, trigger 60%, target 50%, caps: 5 summaries/h\n" in out.stdout

@@ -255,6 +255,21 @@ def test_changing_one_model_window_changes_configmap_and_pod_checksum(
     assert _pod_annotations(after)["checksum/config"] != checksum
 
 
+@pytest.mark.e2e
+def test_a_tenants_policy_reaches_the_config_without_rolling_the_pods(
+    helm: Helm, tmp_path: Path
+) -> None:
+    """``config.tenants`` is rendered into the config file, which every process reloads
+    by itself: checksum/config leaves it out, so changing it alone rolls no pod."""
+    tenants = [{"id": "3f2a9c1b7d4e", "enabled": False}]
+    override = _write(tmp_path / "tenants.yaml", {"config": {"tenants": tenants}})
+    before, after = helm.render(FULL), helm.render(FULL, override)
+    assert yaml.safe_load(_config(before))["tenants"] == []
+    assert yaml.safe_load(_config(after))["tenants"] == tenants
+    checksum = _pod_annotations(before)["checksum/config"]
+    assert _pod_annotations(after)["checksum/config"] == checksum
+
+
 PLANTED = {
     "secrets.upstreamApiKey": "sk-planted-upstream-0123456789",
     "secrets.adminKey": "planted-admin-key-9876",

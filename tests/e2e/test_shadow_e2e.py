@@ -14,34 +14,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import httpx
-import openai
 import pytest
 import redis
 
 from proxy.config import StoreSettings
-from tests.support.chat import FILLER, Chat, small_window_settings, upstream_requests
+from tests.support.chat import (
+    FILLER,
+    Chat,
+    assert_forwarded_as_sent,
+    recording_chat,
+    small_window_settings,
+    upstream_requests,
+)
 from tests.support.logs import request_lines
 from tests.support.metrics import metric
-from tests.support.servers import OPEN_CLIENTS
 
 TURNS = 60
 SIM_WINDOW = 65536
-
-
-def _recording_chat(url: str, session: str, headers: dict[str, str]) -> tuple[Chat, list[bytes]]:
-    """A ``Chat`` whose SDK client keeps the bytes of every request body it sends."""
-    sent: list[bytes] = []
-
-    def keep(request: httpx.Request) -> None:
-        sent.append(request.read())
-
-    chat = Chat(url, session=session, headers=headers, window=SIM_WINDOW)
-    http = httpx.Client(event_hooks={"request": [keep]})
-    chat.client = openai.OpenAI(
-        base_url=f"{url}/v1", api_key=chat.key, max_retries=0, http_client=http
-    )
-    OPEN_CLIENTS.append(chat.client)
-    return chat, sent
 
 
 def _converse(chat: Chat) -> list[httpx.Headers]:
@@ -54,16 +43,7 @@ def _converse(chat: Chat) -> list[httpx.Headers]:
 
 
 def _assert_forwarded_as_sent(sim: str, sent: list[bytes]) -> None:
-    """Each body the client sent reached the simulator byte for byte, in order: the
-    simulator's record splices the raw body it received after ``"body":`` (then its
-    usage, or the entry's end)."""
-    raw = httpx.get(f"{sim}/_sim/requests").content
-    at = 0
-    for body in sent:
-        found = raw.find(b'"body":' + body, at)
-        assert found >= 0, "a request was not forwarded as the client sent it"
-        at = found + len(b'"body":' + body)
-        assert raw[at : at + 1] in (b"}", b",")  # the whole body, not a prefix of another
+    assert_forwarded_as_sent(sim, sent)
     chats = [
         r for r in upstream_requests(sim) if r["headers"].get("x-compaction-purpose") != "summarize"
     ]
@@ -82,7 +62,7 @@ def test_shadow_forwards_untouched_and_reports_what_it_would_have_sent(
     compaction = {"mode": "shadow"} if how == "mode" else {}
     url = start_proxy(small_window_settings(sim_reset, **compaction))
     headers = {"X-Compaction": "shadow"} if how == "header" else {}
-    chat, sent = _recording_chat(url, "shadowed", headers)
+    chat, sent = recording_chat(url, "shadowed", headers, SIM_WINDOW)
     with request_lines(caplog) as lines:
         seen = _converse(chat)
     _assert_forwarded_as_sent(sim_reset, sent)
@@ -141,7 +121,7 @@ def test_shadow_summaries_are_kept_apart_and_never_applied(
     if redis_url is not None:
         settings = settings.model_copy(update={"store": StoreSettings(url=redis_url)})
     url = start_proxy(settings)
-    chat, sent = _recording_chat(url, "summarized", {})
+    chat, sent = recording_chat(url, "summarized", {}, SIM_WINDOW)
     seen = _converse(chat)
     _assert_forwarded_as_sent(sim_reset, sent)
     shadow = [h["x-compaction-shadow-status"] for h in seen]

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.processes import CHAT, Served, SlowStream, serve_process
+from tests.support.processes import CHAT, SlowStream, chats_by_worker, serve_process
 
 _CHATS = "compaction_proxy_chat_requests"
 
@@ -57,21 +56,6 @@ def _settled(read: Callable[[], float], expected: float) -> float:
     return value
 
 
-def _chats_by_worker(served: Served) -> dict[int, float]:
-    """Each worker's own count, read from its file in the supervisor's metrics directory."""
-    counts = {}
-    for path in served.tmp.glob("compaction-proxy-metrics-*/counter_*.db"):
-        pid = int(path.stem.removeprefix("counter_"))
-        counts[pid] = sum(
-            sample.value
-            for family in MultiProcessCollector.merge([str(path)])
-            if family.name == _CHATS
-            for sample in family.samples
-            if sample.name == f"{_CHATS}_total"
-        )
-    return counts
-
-
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -90,12 +74,12 @@ def test_metrics_from_any_worker_sum_the_requests_of_all(simulator: str, tmp_pat
         while sent < 400:
             _send(served.url, 20)
             sent += 20
-            by_worker = _chats_by_worker(served)
+            by_worker = chats_by_worker(served)
             if sorted(by_worker) == sorted(workers) and all(by_worker.values()):
                 break
         assert all(by_worker.values()), by_worker
-        assert _settled(lambda: sum(_chats_by_worker(served).values()), sent) == sent
-        by_worker = _chats_by_worker(served)
+        assert _settled(lambda: sum(chats_by_worker(served).values()), sent) == sent
+        by_worker = chats_by_worker(served)
         assert max(by_worker.values()) < sent
         # Each scrape (a fresh connection: either worker) shows the total.
         assert _settled(lambda: _scraped_chats(served.url), sent) == sent

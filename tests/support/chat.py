@@ -110,3 +110,34 @@ def broken_summarizer() -> Iterator[str]:
 
 
 HELLO = [{"role": "user", "content": "hello"}]
+
+
+def recording_chat(
+    url: str, session: str, headers: dict[str, str], window: int, key: str = "sk-tenant-a"
+) -> tuple[Chat, list[bytes]]:
+    """A ``Chat`` whose SDK client keeps the bytes of every request body it sends."""
+    sent: list[bytes] = []
+
+    def keep(request: httpx.Request) -> None:
+        sent.append(request.read())
+
+    chat = Chat(url, key=key, session=session, headers=headers, window=window)
+    http = httpx.Client(event_hooks={"request": [keep]})
+    chat.client = openai.OpenAI(
+        base_url=f"{url}/v1", api_key=chat.key, max_retries=0, http_client=http
+    )
+    OPEN_CLIENTS.append(chat.client)
+    return chat, sent
+
+
+def assert_forwarded_as_sent(sim: str, sent: list[bytes]) -> None:
+    """Each body the client sent reached the simulator byte for byte, in order: the
+    simulator's record splices the raw body it received after ``"body":`` (then its
+    usage, or the entry's end)."""
+    raw = httpx.get(f"{sim}/_sim/requests").content
+    at = 0
+    for body in sent:
+        found = raw.find(b'"body":' + body, at)
+        assert found >= 0, "a request was not forwarded as the client sent it"
+        at = found + len(b'"body":' + body)
+        assert raw[at : at + 1] in (b"}", b",")  # the whole body, not a prefix of another

@@ -32,6 +32,7 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from proxy.compaction.caps import TenantCaps
 from proxy.compaction.compact import Compactor
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
@@ -47,11 +48,14 @@ from proxy.errors import UpstreamError
 from proxy.observe.ledger import Ledger
 from proxy.observe.metrics import Metrics
 from proxy.observe.references import ReferenceMetrics
+from proxy.observe.tenant_series import TenantSeries
 from proxy.pipeline import effective_model
 from proxy.services import Services
 from proxy.store import Store
 from proxy.store.items import MemoryItems
 from proxy.store.memory import MemoryStore
+from proxy.store.quota import MemoryQuota
+from proxy.tenants import TenantPolicies
 from proxy.types import ChatMessage
 from proxy.upstream.calibrate import Calibration
 from proxy.upstream.client import UpstreamResponse
@@ -303,6 +307,7 @@ def make_services(
     store = store or MemoryStore(ttl_s=settings.store.ttl_s, clock=clock)
     models = ModelTable(settings)
     counters = {name: TokenCounter(EstimateEncoder(name)) for name in models.tokenizers()}
+    series = TenantSeries(metrics.registry)
     compactor = Compactor(
         settings=settings,
         store=store,
@@ -312,6 +317,7 @@ def make_services(
         metrics=metrics,
         clock=clock,
         sleep=clock.sleep,
+        caps=TenantCaps(MemoryQuota(clock), series, clock),
     )
     return Services(
         settings=settings,
@@ -331,6 +337,8 @@ def make_services(
         items=MemoryItems(settings.store.ttl_s, clock=clock),
         references=ReferenceMetrics(metrics.registry),
         ledger=Ledger(metrics.registry, settings.pricing),
+        policies=TenantPolicies(settings),
+        tenant_series=series,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import yaml
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.support.servers import free_port
 
@@ -33,6 +34,7 @@ class Served:
     process: subprocess.Popen[bytes]
     log_path: Path
     tmp: Path  # the process's TMPDIR (where a supervisor makes its metrics directory)
+    config_path: Path  # the YAML it was started with (rewrite it to reload its tenants)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -85,7 +87,7 @@ def serve_process(tmp_path: Path, config: dict[str, Any]) -> Iterator[Served]:
             stderr=log,
             env={**os.environ, "TMPDIR": str(tmp), "TIKTOKEN_CACHE_DIR": _TIKTOKEN_CACHE},
         )
-    served = Served(f"http://127.0.0.1:{port}", process, log_path, tmp)
+    served = Served(f"http://127.0.0.1:{port}", process, log_path, tmp, config_path)
     try:
         _wait_healthy(served)
         yield served
@@ -172,3 +174,21 @@ def wait_until_refused(url: str, timeout: float) -> float:
         assert time.monotonic() - start < timeout, "the proxy still accepts connections"
         time.sleep(0.05)
     return time.monotonic() - start
+
+
+CHATS = "compaction_proxy_chat_requests"
+
+
+def chats_by_worker(served: Served) -> dict[int, float]:
+    """Each worker's own count, read from its file in the supervisor's metrics directory."""
+    counts = {}
+    for path in served.tmp.glob("compaction-proxy-metrics-*/counter_*.db"):
+        pid = int(path.stem.removeprefix("counter_"))
+        counts[pid] = sum(
+            sample.value
+            for family in MultiProcessCollector.merge([str(path)])
+            if family.name == CHATS
+            for sample in family.samples
+            if sample.name == f"{CHATS}_total"
+        )
+    return counts

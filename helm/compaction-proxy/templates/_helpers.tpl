@@ -220,6 +220,11 @@ the environment, or ${COMPACTION_PROXY_STORE_URL} (from a Secret) with the CA fi
 {{- toYaml $cfg }}
 {{- end }}
 
+{{/* The config but its tenants: what rolls the pods when it changes (checksum/config). */}}
+{{- define "compaction-proxy.rolledConfig" -}}
+{{- toYaml (omit (fromYaml (include "compaction-proxy.config" .)) "tenants") }}
+{{- end }}
+
 {{/* terminationGracePeriodSeconds: preStop sleep + the proxy's drain delay and drain time (rounded up) + a margin. */}}
 {{- define "compaction-proxy.terminationGracePeriodSeconds" -}}
 {{- $drain := 30 }}{{/* the proxy's default when the key is left out */}}
