@@ -99,8 +99,8 @@ class Ledger:
             registry=registry,
         )
         self.shadow = ShadowSeries(registry)  # what shadow mode would have sent
-        for kind in KINDS:
-            self.tokens.labels(kind=kind)
+        # Each kind's child, looked up once: ``labels()`` costs a lock and checks per call.
+        self._kinds = tuple((kind, self.tokens.labels(kind=kind)) for kind in KINDS)
         for direction in ("input", "output"):
             self.summarizer.labels(direction=direction)
         for side in ("would_have_paid", "paid"):
@@ -155,10 +155,10 @@ class Ledger:
         self, rec: Record, session: str | None, priced: tuple[Entry, float | None], counted: bool
     ) -> None:
         entry, money = priced
-        for kind in KINDS:
+        for kind, child in self._kinds:
             amount = getattr(entry, kind)
             if amount > 0:
-                self.tokens.labels(kind=kind).inc(amount)
+                child.inc(amount)
         if entry.summarizer_input:
             self.summarizer.labels(direction="input").inc(entry.summarizer_input)
         if entry.summarizer_output:
