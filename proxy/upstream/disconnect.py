@@ -7,41 +7,66 @@ whose headers have not come yet), nothing reads from the client, so nothing
 would notice: the upstream would go on generating, and billing, for no one.
 ``cancelled_on_disconnect`` watches the client for that span and cancels the
 work, which closes the upstream connection and so stops the upstream.
+
+Given when the request started, the watcher starts ``WATCH_AFTER_S`` into the
+request, not at once: a request sent upstream that soon (no summary first) whose
+answer is in by then (every one at saturation on loopback, bench/README.md "Where
+the time goes") costs one timer, not a task started and cancelled. A request that
+took longer to get there (a summary first: its client may have left meanwhile) is
+watched at once, and a client gone before the watcher starts is noticed when it
+does (its first ``receive`` says so at once).
 """
 
 from __future__ import annotations
 
 import asyncio
+from time import perf_counter
 from types import TracebackType
 
 from starlette.types import Receive
 
 from proxy.errors import ClientDisconnected
 
+# Into the request, when the watcher starts: far below any model's answer time, far above
+# a loopback upstream's at saturation.
+WATCH_AFTER_S = 0.01
+
 
 class cancelled_on_disconnect:  # lower case: used where a function was, like one
     """``async with cancelled_on_disconnect(receive):`` runs the body; if the client
     disconnects meanwhile, cancels it and raises ``ClientDisconnected``. Use only after
     the request body has been read whole: the watcher consumes what ``receive`` returns.
+    ``since``: when the request started (``perf_counter``); None watches at once.
 
     A class, not an ``asynccontextmanager``: its generator machinery cost more than the
     rest of entering and leaving, once per request.
     """
 
-    __slots__ = ("_gone", "_receive", "_task", "_watcher")
+    __slots__ = ("_gone", "_receive", "_since", "_task", "_timer", "_watcher")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, since: float | None = None) -> None:
         self._receive = receive
+        self._since = since
         self._gone = False
+        self._timer: asyncio.TimerHandle | None = None
         self._watcher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._task = task
-        # At once: a client gone even a few ms into the call must stop what follows
-        # (an overflow's recovery may summarize, then call the upstream again).
-        self._watcher = task.get_loop().create_task(self._watch())
+        # Soon, not at once, yet well before what follows a slow call (an overflow's
+        # recovery may summarize, then call the upstream again) could run unwatched.
+        since = self._since
+        wait = 0.0 if since is None else WATCH_AFTER_S - (perf_counter() - since)
+        if wait > 0:
+            self._timer = task.get_loop().call_later(wait, self._start)
+        else:
+            self._start()
+
+    def _start(self) -> None:
+        self._timer = None
+        self._watcher = self._task.get_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
@@ -55,6 +80,9 @@ class cancelled_on_disconnect:  # lower case: used where a function was, like on
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:  # never swallows what the body raised
+        if self._timer is not None:  # done before the watcher started: nothing to stop
+            self._timer.cancel()
+            self._timer = None  # the timer's callback holds us: no cycle left behind
         if self._watcher is not None:
             self._watcher.cancel()
             # The watcher's CancelledError will hold its frame, which holds us: without
