@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from time import perf_counter
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -60,6 +61,7 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     settings = services.settings
     record = record_of(request)  # what the request's line and metrics report, at its end
     body = await read_body(request, settings.server.max_body_bytes, services.bodies)  # 1. parse
+    record.read_at = perf_counter()  # from here to the upstream call: the proxy's own work
     limits = (settings.server.max_messages, settings.server.max_model_bytes)
     if len(body) > PARSE_INLINE_BYTES:  # tens of ms (seconds, if hostile) of orjson
         data, chat = await asyncio.to_thread(api.parse, body, *limits)
@@ -181,7 +183,7 @@ async def forward(
     sent = first  # the attempt whose answer goes back: the first, or a recovery's retry
     try:
         # Until the answer's bytes flow, only this notices a client that gave up.
-        async with cancelled_on_disconnect(request.receive, record.started):
+        async with cancelled_on_disconnect(request.receive, record.read_at or None):
             record.sending(first.outcome)
             services.precompactor.note_sent(turn)  # queued behind a background summary?
             response = await services.client.send("POST", route.url, route.headers, first.body)

@@ -49,6 +49,7 @@ class Record:
 
     request_id: str
     started: float
+    read_at: float = 0.0  # when its body was in (a compacting API's; 0: not read so)
     method: str = ""
     path: str = ""
     route: str = "other"

@@ -8,8 +8,8 @@ would notice: the upstream would go on generating, and billing, for no one.
 ``cancelled_on_disconnect`` watches the client for that span and cancels the
 work, which closes the upstream connection and so stops the upstream.
 
-Given when the request started, the watcher starts ``WATCH_AFTER_S`` into the
-request, not at once: a request sent upstream that soon (no summary first) whose
+Given when the request's body was in, the watcher starts ``WATCH_AFTER_S`` after
+that, not at once: a request sent upstream that soon (no summary first) whose
 answer is in by then (every one at saturation on loopback, bench/README.md "Where
 the time goes") costs one timer, not a task started and cancelled. A request that
 took longer to get there (a summary first: its client may have left meanwhile) is
@@ -27,8 +27,8 @@ from starlette.types import Receive
 
 from proxy.errors import ClientDisconnected
 
-# Into the request, when the watcher starts: far below any model's answer time, far above
-# a loopback upstream's at saturation.
+# After the body, when the watcher starts: far below any model's answer time, far above a
+# loopback upstream's at saturation.
 WATCH_AFTER_S = 0.01
 
 
@@ -36,7 +36,7 @@ class cancelled_on_disconnect:  # lower case: used where a function was, like on
     """``async with cancelled_on_disconnect(receive):`` runs the body; if the client
     disconnects meanwhile, cancels it and raises ``ClientDisconnected``. Use only after
     the request body has been read whole: the watcher consumes what ``receive`` returns.
-    ``since``: when the request started (``perf_counter``); None watches at once.
+    ``since``: when the request's body was in (``perf_counter``); None watches at once.
 
     A class, not an ``asynccontextmanager``: its generator machinery cost more than the
     rest of entering and leaving, once per request.
