@@ -70,6 +70,10 @@ async def test_a_quick_answer_starts_no_watcher() -> None:
     async with cancelled_on_disconnect(receive, time.perf_counter() - WATCH_AFTER_S):
         await asyncio.sleep(0)
     assert reads == 2
+    async with cancelled_on_disconnect(receive, time.perf_counter()) as watch:
+        watch.now()  # so is one about to recover from an overflow
+        await asyncio.sleep(0)
+    assert reads == 3
 
 
 async def test_a_client_gone_from_the_start_is_noticed_once_watched() -> None:
