@@ -183,7 +183,7 @@ async def forward(
     sent = first  # the attempt whose answer goes back: the first, or a recovery's retry
     try:
         # Until the answer's bytes flow, only this notices a client that gave up.
-        async with cancelled_on_disconnect(request.receive, record.read_at or None) as watch:
+        async with cancelled_on_disconnect(request.receive, record.read_at or None) as client:
             record.sending(first.outcome)
             services.precompactor.note_sent(turn)  # queued behind a background summary?
             response = await services.client.send("POST", route.url, route.headers, first.body)
@@ -192,7 +192,7 @@ async def forward(
             # 10. overflow: an error answer, or a stream that opens with one: retry once
             streamed = status == 200 and turn is not None and turn.chat.get("stream")
             if route.recover and turn is not None and (status in RECOVERABLE or streamed):
-                watch.now()  # a recovery may summarize: a client gone meanwhile stops it
+                client.now()  # a recovery may summarize: a client gone meanwhile stops it
                 answer, sent = await recover_overflow(services, turn, route, first, response)
             record.answered(answer.status_code, sent.outcome)
             if isinstance(answer, upstream.UpstreamResponse):
