@@ -99,8 +99,9 @@ class Ledger:
             registry=registry,
         )
         self.shadow = ShadowSeries(registry)  # what shadow mode would have sent
-        # Each kind's child, looked up once: ``labels()`` costs a lock and checks per call.
-        self._kinds = tuple((kind, self.tokens.labels(kind=kind)) for kind in KINDS)
+        # Each kind's child's value, looked up once: ``labels()`` costs a lock and checks
+        # per call, and ``inc`` checks what ``_add`` does (amounts > 0), as recorder.py's.
+        self._kinds = tuple((kind, self.tokens.labels(kind=kind)._value) for kind in KINDS)
         for direction in ("input", "output"):
             self.summarizer.labels(direction=direction)
         for side in ("would_have_paid", "paid"):

@@ -210,15 +210,15 @@ class RecordRequests:
             await send(message)
 
         token, current = REQUEST_ID.set(request_id), _CURRENT.set(rec)
-        in_flight = recorder.metrics.process.in_flight
-        in_flight.inc()
+        in_flight = recorder.in_flight
+        in_flight.inc(1)
         try:
             await self.app(scope, receive, send_recorded)
         except Exception:
             rec.status = rec.status or 500
             raise
         finally:
-            in_flight.dec()
+            in_flight.inc(-1)
             if rec.event_stream:
                 recorder.metrics.active_streams.dec()
             route = scope.get("route")

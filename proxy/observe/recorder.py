@@ -107,6 +107,8 @@ class Recorder:
         self._degraded = {
             r: _FastCounter(metrics.degraded_requests.labels(reason=r)) for r in DEGRADED_REASONS
         }
+        # The in-flight gauge's value, moved by RecordRequests without Gauge's checks.
+        self.in_flight = metrics.process.in_flight._value
         self._before = _FastCounter(metrics.input_tokens.labels(stage="before"))
         self._after = _FastCounter(metrics.input_tokens.labels(stage="after"))
 
