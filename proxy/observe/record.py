@@ -49,10 +49,10 @@ class Record:
 
     request_id: str
     started: float
-    read_at: float = 0.0  # when its body was in (a compacting API's; 0: not read so)
     method: str = ""
     path: str = ""
     route: str = "other"
+    read_at: float = 0.0  # when its body was in (a compacting API's; 0: not read so)
     status: int = 0  # the HTTP status sent; 0 until the response starts
     error: str | None = None  # the proxy's error code, when it answered with one
     # Chat requests, from the pipeline.
