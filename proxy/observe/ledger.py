@@ -117,7 +117,7 @@ class Ledger:
         counted = rec.upstream_status == 200 and rec.outcome is not None
         session = _session_key(rec)
         totals = self.sessions.get(session) if session else None
-        entry = Entry()
+        entry = _NOTHING
         if counted and rec.outcome is not None:
             as_sent, model = rec.outcome.messages is None, (rec.tenant, rec.model)
             ratio = self._ratios.get(model)
@@ -173,6 +173,9 @@ class Ledger:
                 if totals is None:
                     totals = table[key] = Totals(Entry())
                 totals.add(entry, money, counted)
+
+
+_NOTHING = Entry()  # frozen: one for every request that counted nothing
 
 
 def _session_key(rec: Record) -> str | None:
