@@ -86,8 +86,9 @@ def _compacting(api: Api) -> Route:
     """``POST /v1/{api.path}``, through the pipeline, named for ``api`` in metrics and
     request lines."""
 
-    async def handle(request: Request) -> Response:
-        return await pipeline.handle(request, _scoped(request), api)
+    def handle(request: Request) -> Awaitable[Response]:
+        # Not a coroutine of its own: one frame less for every resumption of the request.
+        return pipeline.handle(request, _scoped(request), api)
 
     return Route(f"/v1/{api.path}", endpoint(handle), methods=["POST"], name=api.name)
 

@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from time import perf_counter
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -60,6 +61,7 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     settings = services.settings
     record = record_of(request)  # what the request's line and metrics report, at its end
     body = await read_body(request, settings.server.max_body_bytes, services.bodies)  # 1. parse
+    record.read_at = perf_counter()  # from here to the upstream call: the proxy's own work
     limits = (settings.server.max_messages, settings.server.max_model_bytes)
     if len(body) > PARSE_INLINE_BYTES:  # tens of ms (seconds, if hostile) of orjson
         data, chat = await asyncio.to_thread(api.parse, body, *limits)
@@ -118,7 +120,8 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     # Nothing to compact harder without a message (a Responses call with an empty input).
     recover = control != "off" and settings.compaction.recover_overflow and bool(chat["messages"])
     first = Attempt(route.body_for(outcome), outcome, follow_ups)
-    return await forward(services, request, replace(route, recover=recover), first, turn)  # 9-10.
+    route = Route(api, url, headers, body, data, recover, kept)  # not replace(): 5x its cost
+    return await forward(services, request, route, first, turn)  # 9-10.
 
 
 async def compacted_view(
@@ -184,7 +187,7 @@ async def forward(
     sent = first  # the attempt whose answer goes back: the first, or a recovery's retry
     try:
         # Until the answer's bytes flow, only this notices a client that gave up.
-        async with cancelled_on_disconnect(request.receive):
+        async with cancelled_on_disconnect(request.receive, record.read_at or None) as client:
             record.sending(first.outcome)
             services.precompactor.note_sent(turn)  # queued behind a background summary?
             response = await services.client.send("POST", route.url, route.headers, first.body)
@@ -193,6 +196,7 @@ async def forward(
             # 10. overflow: an error answer, or a stream that opens with one: retry once
             streamed = status == 200 and turn is not None and turn.chat.get("stream")
             if route.recover and turn is not None and (status in RECOVERABLE or streamed):
+                client.now()  # a recovery may summarize: a client gone meanwhile stops it
                 answer, sent = await recover_overflow(services, turn, route, first, response)
             record.answered(answer.status_code, sent.outcome)
             if isinstance(answer, upstream.UpstreamResponse):

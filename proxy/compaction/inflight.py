@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 
 from proxy.config import ServerSettings
 from proxy.errors import ClientDisconnected, Overloaded, PayloadTooLarge, UnsupportedEncoding
@@ -96,17 +96,27 @@ async def read_body(request: Request, limit: int, budget: BodyBudget | None = No
         budget.take(scope, length)
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.stream():
+    # ``receive`` itself, as ``Request.stream()`` reads it, without that async generator
+    # (its creation, finalizer hooks and one step per chunk: once a request).
+    receive, more = request.receive, True
+    while more:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.disconnect":
+            # The client left or was dropped for stalling (server.body_timeout_s).
+            raise ClientDisconnected("The client disconnected while sending its body.")
+        if kind != "http.request":
+            continue
+        more = message.get("more_body", False)
+        chunk = message.get("body", b"")
+        if chunk:
             size += len(chunk)
             if size > limit:
                 raise _too_large(limit)
             if per_chunk is not None:
                 per_chunk.take(scope, len(chunk))
             chunks.append(chunk)
-    except ClientDisconnect:
-        # The client left or was dropped for stalling (server.body_timeout_s).
-        raise ClientDisconnected("The client disconnected while sending its body.") from None
+    request._stream_consumed = True  # as stream() leaves it: a second read is an error
     return b"".join(chunks)
 
 

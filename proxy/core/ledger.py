@@ -112,9 +112,13 @@ class Entry:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(Entry)}
+        out: dict[str, Any] = {name: getattr(self, name) for name in _ENTRY_FIELDS}
         out["net"] = self.net
         return out
+
+
+# Entry's field names, in order: ``fields()`` walks the class on every call (once a request).
+_ENTRY_FIELDS = tuple(f.name for f in fields(Entry))
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +151,8 @@ def entry_for(counted: Counted, previous_would_send: int) -> Entry:
 def with_summaries(entry: Entry, summarized: tuple[int, int, bool]) -> Entry:
     """``entry`` with the summarizer tokens (input, output, estimated) added."""
     given, written, estimated = summarized
+    if not (given or written or estimated):  # most requests: no summary, the same entry
+        return entry
     return replace(
         entry,
         summarizer_input=entry.summarizer_input + given,

@@ -99,8 +99,9 @@ class Ledger:
             registry=registry,
         )
         self.shadow = ShadowSeries(registry)  # what shadow mode would have sent
-        for kind in KINDS:
-            self.tokens.labels(kind=kind)
+        # Each kind's child's value, looked up once: ``labels()`` costs a lock and checks
+        # per call, and ``inc`` checks what ``_add`` does (amounts > 0), as recorder.py's.
+        self._kinds = tuple((kind, self.tokens.labels(kind=kind)._value) for kind in KINDS)
         for direction in ("input", "output"):
             self.summarizer.labels(direction=direction)
         for side in ("would_have_paid", "paid"):
@@ -116,7 +117,7 @@ class Ledger:
         counted = rec.upstream_status == 200 and rec.outcome is not None
         session = _session_key(rec)
         totals = self.sessions.get(session) if session else None
-        entry = Entry()
+        entry = _NOTHING
         if counted and rec.outcome is not None:
             as_sent, model = rec.outcome.messages is None, (rec.tenant, rec.model)
             ratio = self._ratios.get(model)
@@ -161,10 +162,10 @@ class Ledger:
         self, rec: Record, session: str | None, priced: tuple[Entry, float | None], counted: bool
     ) -> None:
         entry, money = priced
-        for kind in KINDS:
+        for kind, child in self._kinds:
             amount = getattr(entry, kind)
             if amount > 0:
-                self.tokens.labels(kind=kind).inc(amount)
+                child.inc(amount)
         if entry.summarizer_input:
             self.summarizer.labels(direction="input").inc(entry.summarizer_input)
         if entry.summarizer_output:
@@ -178,6 +179,9 @@ class Ledger:
                 if totals is None:
                     totals = table[key] = Totals(Entry())
                 totals.add(entry, money, counted)
+
+
+_NOTHING = Entry()  # frozen: one for every request that counted nothing
 
 
 def _session_key(rec: Record) -> str | None:

@@ -52,6 +52,7 @@ class Record:
     method: str = ""
     path: str = ""
     route: str = "other"
+    read_at: float = 0.0  # when its body was in (a compacting API's; 0: not read so)
     status: int = 0  # the HTTP status sent; 0 until the response starts
     error: str | None = None  # the proxy's error code, when it answered with one
     # Chat requests, from the pipeline.
@@ -209,15 +210,15 @@ class RecordRequests:
             await send(message)
 
         token, current = REQUEST_ID.set(request_id), _CURRENT.set(rec)
-        in_flight = recorder.metrics.process.in_flight
-        in_flight.inc()
+        in_flight = recorder.in_flight
+        in_flight.inc(1)
         try:
             await self.app(scope, receive, send_recorded)
         except Exception:
             rec.status = rec.status or 500
             raise
         finally:
-            in_flight.dec()
+            in_flight.inc(-1)
             if rec.event_stream:
                 recorder.metrics.active_streams.dec()
             route = scope.get("route")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
 
+from proxy.core.ledger import Entry
 from proxy.core.session import session_from_header
 from proxy.observe.ledger import Ledger
 from proxy.observe.logs import ACCESS, write_request_line
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from proxy.config import Settings
     from proxy.observe.record import Record
 
+# The line's name of each ledger figure (Entry.as_dict's keys).
+_LEDGER_FIELDS = {k: f"ledger_{k}" for k in Entry().as_dict()}
 # Answered with no response at all (the client left, or shutdown cut it): nginx's code.
 NO_RESPONSE = 499
 
@@ -107,6 +110,8 @@ class Recorder:
         self._degraded = {
             r: _FastCounter(metrics.degraded_requests.labels(reason=r)) for r in DEGRADED_REASONS
         }
+        # The in-flight gauge's value, moved by RecordRequests without Gauge's checks.
+        self.in_flight = metrics.process.in_flight._value
         self._before = _FastCounter(metrics.input_tokens.labels(stage="before"))
         self._after = _FastCounter(metrics.input_tokens.labels(stage="after"))
 
@@ -145,7 +150,7 @@ class Recorder:
             fields = self._fields(rec, total)
             if ledgered is not None:  # the ledger's entry, flat: ledger_net, ledger_sent...
                 entry, money = ledgered
-                fields.update((f"ledger_{k}", v) for k, v in entry.as_dict().items())
+                fields.update({_LEDGER_FIELDS[k]: v for k, v in entry.as_dict().items()})
                 if money is not None:
                     fields["ledger_money_saved_usd"] = round(money, 6)
             write_request_line(fields)

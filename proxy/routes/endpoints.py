@@ -38,17 +38,18 @@ class FastHeaders(Headers):
         return first
 
     def __getitem__(self, key: str) -> str:
-        value = self._index().get(key.lower().encode("latin-1"))
+        value = (self._first or self._index()).get(key.lower().encode("latin-1"))
         if value is None:
             raise KeyError(key)
         return value.decode("latin-1")
 
     def get(self, key: str, default: Any = None) -> Any:
-        value = self._index().get(key.lower().encode("latin-1"))
+        # ``self._first or``: the index built, no call (about ten lookups a request).
+        value = (self._first or self._index()).get(key.lower().encode("latin-1"))
         return default if value is None else value.decode("latin-1")
 
     def __contains__(self, key: Any) -> bool:
-        return key.lower().encode("latin-1") in self._index()
+        return key.lower().encode("latin-1") in (self._first or self._index())
 
 
 class ProxyRequest(Request):

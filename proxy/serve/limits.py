@@ -165,19 +165,18 @@ class _LimitsMixin:
             self._head_too_large()
         super().on_url(url)  # type: ignore[misc]
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_size += len(name) + len(value) + 4  # ": " and CRLF
-        # Checked before uvicorn keeps it: many small headers in one read add up too.
-        if self._head_size > self.max_head:
-            self._head_too_large()
-        super().on_header(name, value)  # type: ignore[misc]
-
     def _head_too_large(self) -> None:
         self._reject_head()
         raise _Refused  # stops the parser: nothing of this request reaches the app
 
     def on_headers_complete(self) -> None:
         me: Any = self
+        # The headers, counted once they are all in (not in an on_header of ours: a call
+        # per header). What one read holds is all uvicorn kept meanwhile; a head longer
+        # than a read is refused as it grows (data_received).
+        self._head_size += sum(len(name) + len(value) + 4 for name, value in me.headers)
+        if self._head_size > self.max_head:  # ": " and CRLF a header
+            self._head_too_large()
         upgrade = me.parser.should_upgrade()
         if upgrade and any(
             name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0")

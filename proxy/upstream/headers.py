@@ -121,11 +121,11 @@ class HeaderPolicy:
         """Headers for the upstream. ``inspect``: the proxy reads the answer (overflow
         errors, usage), so it is asked for uncompressed bytes."""
         which = 0 if inspect else 1
-        verdict = self._verdict
+        verdicts, verdict = self._verdicts, self._verdict
         out = []
         options = None
         for k, v in headers:
-            if verdict(k)[which]:
+            if (verdicts.get(k) or verdict(k))[which]:  # the name seen before: no call
                 out.append((k, v))
             elif len(k) == 10 and k.lower() == b"connection":
                 options = v if options is None else options + b"," + v

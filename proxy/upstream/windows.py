@@ -37,6 +37,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from cachetools import LRUCache, TTLCache
 
@@ -115,6 +116,38 @@ class WindowPolicy:
         )
 
 
+_MISSING = object()  # not read lately
+
+
+class _Recent:
+    """What the store said of each key (a window, or None: nothing learned) in the last
+    ``_LOCAL_S``, for at most ``_LOCAL_LIMIT`` keys: a dict and a deadline per key, read
+    on every request (cachetools' TTLCache cost several calls a read)."""
+
+    __slots__ = ("_clock", "_entries")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._entries: dict[str, tuple[int | None, float]] = {}
+
+    def get(self, key: str) -> Any:
+        """The value kept for ``key``, or ``_MISSING`` (never kept, or expired)."""
+        entry = self._entries.get(key)
+        if entry is None or entry[1] <= self._clock():
+            return _MISSING
+        return entry[0]
+
+    def put(self, key: str, value: int | None) -> None:
+        entries, now = self._entries, self._clock()
+        entries.pop(key, None)  # to the end: the oldest entries come first
+        if len(entries) >= _LOCAL_LIMIT:
+            for old in [k for k, (_, until) in entries.items() if until <= now]:
+                del entries[old]
+            while len(entries) >= _LOCAL_LIMIT:  # all fresh: the oldest go
+                del entries[next(iter(entries))]
+        entries[key] = (value, now + _LOCAL_S)
+
+
 class LearnedWindows:
     def __init__(
         self,
@@ -132,26 +165,33 @@ class LearnedWindows:
         self._interval = policy.interval_s
         self._clock = clock
         # Used only on the event loop: no lock, although LRU hits reorder the caches.
-        self._local: TTLCache[str, int | None] = TTLCache(_LOCAL_LIMIT, _LOCAL_S, timer=clock)
+        self._local = _Recent(clock)
+        self._keys: dict[tuple[str, str | None], str] = {}  # (model, tenant) -> window_key
         # model -> tenant -> limit: this replica's view of the quorum. A report
         # expires after _VOTE_S; a tenant reporting again starts its clock anew.
         self._votes: LRUCache[str, TTLCache[str, int]] = LRUCache(_VOTED_MODELS)
 
     def _key(self, model: str, tenant: str | None) -> str:
-        return window_key(self._upstream, model, tenant or None)
+        key = self._keys.get((model, tenant or None))
+        if key is None:
+            if len(self._keys) >= _LOCAL_LIMIT:
+                self._keys.clear()
+            tenant = tenant or None
+            key = self._keys[model, tenant] = window_key(self._upstream, model, tenant)
+        return key
 
     async def _read(self, key: str) -> int | None:
-        try:
-            return self._local[key]  # None too: "nothing learned" is worth keeping
-        except KeyError:
-            pass  # never read, or read more than _LOCAL_S ago
+        kept = self._local.get(key)  # None too: "nothing learned" is worth keeping
+        if kept is not _MISSING:
+            return cast("int | None", kept)
+        # never read, or read more than _LOCAL_S ago
         value = await self._store.load_window(key)
-        self._local[key] = value
+        self._local.put(key, value)
         return value
 
     async def _write(self, key: str, tokens: int, ttl_s: float) -> None:
         await self._store.save_window(key, tokens, ttl_s)
-        self._local[key] = tokens
+        self._local.put(key, tokens)
 
     async def get(self, model: str, tenant: str | None = None) -> int | None:
         """The smallest window learned for ``model``, for everyone or for ``tenant``."""
@@ -161,7 +201,13 @@ class LearnedWindows:
         return min(known) if known else None
 
     async def apply(self, model: ResolvedModel, tenant: str) -> ResolvedModel:
-        learned = await self.get(model.name, tenant)
+        # Both windows read lately (every request but the first in _LOCAL_S): no awaits.
+        shared = self._local.get(self._key(model.name, None))
+        own = self._local.get(self._key(model.name, tenant)) if tenant else None
+        if shared is _MISSING or own is _MISSING:
+            learned = await self.get(model.name, tenant)
+        else:
+            learned = own if shared is None else shared if own is None else min(shared, own)
         if learned is None or learned >= model.context_window:
             return model
         return replace(model, context_window=learned)

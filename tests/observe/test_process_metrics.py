@@ -59,3 +59,35 @@ def test_workers_process_series_sum_the_live_workers_and_the_supervisor(tmp_path
         assert str(int(summed["process_max_fds"])) in limits.read()  # one process's, not two
     assert summed["process_cpu_seconds_total"] > 0
     assert summed["process_open_fds"] > 2
+
+
+async def test_a_request_is_in_flight_while_it_is_served_and_not_after() -> None:
+    """RecordRequests moves the gauge's value itself (no ``Gauge.inc`` checks per request):
+    one while the app serves the request, none once it has answered."""
+    from starlette.types import Message, Receive, Scope, Send
+
+    from proxy.config import Settings
+    from proxy.observe.record import RecordRequests
+    from proxy.observe.recorder import Recorder
+
+    metrics = Metrics.create()
+    name = "compaction_proxy_requests_in_flight"
+    seen: list[float | None] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(metrics.registry.get_sample_value(name))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Message) -> None:
+        pass
+
+    recorder = Recorder(metrics, Settings())
+    scope = {"type": "http", "method": "GET", "path": "/v1/models", "headers": []}
+    for _ in range(2):
+        await RecordRequests(app)({**scope, "state": {"recorder": recorder}}, receive, send)
+        seen.append(metrics.registry.get_sample_value(name))
+    assert seen == [1.0, 0.0, 1.0, 0.0]

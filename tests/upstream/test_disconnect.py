@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.upstream.disconnect import WATCH_AFTER_S
+
 
 async def test_watching_for_a_disconnect_leaves_no_reference_cycle() -> None:
     """The watcher is cancelled on every request: what it leaves must go by reference
@@ -14,6 +16,7 @@ async def test_watching_for_a_disconnect_leaves_no_reference_cycle() -> None:
     whose passes cost more than anything else the proxy adds to a request."""
     import asyncio
     import gc
+    import time
 
     from proxy.upstream.disconnect import cancelled_on_disconnect
 
@@ -21,17 +24,73 @@ async def test_watching_for_a_disconnect_leaves_no_reference_cycle() -> None:
         await asyncio.Event().wait()
         return {"type": "http.disconnect"}
 
-    async def one_request() -> None:
-        async with cancelled_on_disconnect(never_disconnects):
-            await asyncio.sleep(0)
+    async def one_request(upstream_s: float) -> None:
+        async with cancelled_on_disconnect(never_disconnects, time.perf_counter()):
+            await asyncio.sleep(upstream_s)
         await asyncio.sleep(0)  # the watcher takes its cancellation
 
-    await one_request()
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(20):
-            await one_request()
-        assert gc.collect() == 0
-    finally:
-        gc.enable()
+    # Answered before the watcher starts (its timer cancelled), and after (it cancelled).
+    for upstream_s in (0.0, 2 * WATCH_AFTER_S):
+        await one_request(upstream_s)
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(5):
+                await one_request(upstream_s)
+            assert gc.collect() == 0, upstream_s
+        finally:
+            gc.enable()
+
+
+async def test_a_quick_answer_starts_no_watcher() -> None:
+    """An answer in before ``WATCH_AFTER_S`` (a loopback upstream's, at saturation) costs
+    a timer: no task that reads from the client is started, then cancelled."""
+    import asyncio
+    import time
+
+    from proxy.upstream.disconnect import cancelled_on_disconnect
+
+    reads = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    for _ in range(3):
+        async with cancelled_on_disconnect(receive, time.perf_counter()):
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    assert reads == 0
+    async with cancelled_on_disconnect(receive, time.perf_counter()):  # a slow one is watched
+        await asyncio.sleep(3 * WATCH_AFTER_S)
+    assert reads == 1
+    # A request that took its time to get here (a summary first) is watched at once.
+    async with cancelled_on_disconnect(receive, time.perf_counter() - WATCH_AFTER_S):
+        await asyncio.sleep(0)
+    assert reads == 2
+    async with cancelled_on_disconnect(receive, time.perf_counter()) as watch:
+        watch.now()  # so is one about to recover from an overflow
+        await asyncio.sleep(0)
+    assert reads == 3
+
+
+async def test_a_client_gone_from_the_start_is_noticed_once_watched() -> None:
+    import asyncio
+    import time
+
+    import pytest
+
+    from proxy.errors import ClientDisconnected
+    from proxy.upstream.disconnect import cancelled_on_disconnect
+
+    async def gone() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    for since in (time.perf_counter(), None):  # watched soon, or at once
+        started = time.monotonic()
+        with pytest.raises(ClientDisconnected):
+            async with cancelled_on_disconnect(gone, since):
+                await asyncio.sleep(5)  # the upstream, thinking
+        assert time.monotonic() - started < 1

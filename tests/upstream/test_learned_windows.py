@@ -144,3 +144,45 @@ async def test_a_model_named_like_a_tenant_key_lowers_no_tenants_window(
     assert await windows.get("m|anonymous") == CONFIGURED // 2
     assert await windows.get("m", "anonymous") is None
     assert await windows.get("m") is None
+
+
+async def test_windows_are_read_from_the_store_once_per_local_period(clock: FakeClock) -> None:
+    """A replica keeps what the store said (a window, or nothing learned) for a few
+    seconds: a request then applies it without asking the store; later it asks again,
+    and so sees what another replica learned meanwhile."""
+    from proxy.upstream.windows import _LOCAL_S
+
+    store = MemoryStore(ttl_s=3600, clock=clock)
+    reads: list[str] = []
+    load_window = store.load_window
+
+    async def counted(key: str) -> int | None:
+        reads.append(key)
+        return await load_window(key)
+
+    store.load_window = counted  # type: ignore[method-assign]
+    policy = WindowPolicy("up", ttl_s=86400, quorum=2, interval_s=INTERVAL)
+    windows = LearnedWindows(store, policy, Metrics.create(), clock=clock)
+    model = ResolvedModel("m", CONFIGURED, 1024, "cl100k_base", "default")
+    for _ in range(3):
+        assert (await windows.apply(model, "t1")).context_window == CONFIGURED
+    assert len(reads) == 2  # the shared key and the tenant's, once
+    await store.save_window(window_key("up", "m", "t1"), 4096, 3600)  # another replica
+    assert (await windows.apply(model, "t1")).context_window == CONFIGURED  # not yet seen
+    clock.advance(_LOCAL_S)
+    assert (await windows.apply(model, "t1")).context_window == 4096
+    assert len(reads) == 4
+
+
+def test_the_local_copy_stays_bounded() -> None:
+    from proxy.upstream.windows import _LOCAL_LIMIT, _MISSING, _Recent
+
+    clock = FakeClock()
+    recent = _Recent(clock)
+    for i in range(_LOCAL_LIMIT + 5):
+        recent.put(f"k{i}", i)
+    assert len(recent._entries) == _LOCAL_LIMIT
+    assert recent.get("k0") is _MISSING  # the oldest went
+    assert recent.get(f"k{_LOCAL_LIMIT + 4}") == _LOCAL_LIMIT + 4
+    clock.advance(60)
+    assert recent.get(f"k{_LOCAL_LIMIT + 4}") is _MISSING
