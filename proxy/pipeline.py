@@ -138,8 +138,7 @@ async def compacted_view(
     reserve = output_reserve(chat, model.max_output_tokens)
     # Far below the trigger (and the pre-compaction threshold): no store, no counting.
     soonest = (c.precompact_ratio if model.precompact else None) or c.trigger_ratio
-    # (A body's bytes bound nothing of the items it names by reference.)
-    limit = int(window * soonest) - reserve
+    limit = int(window * soonest) - reserve  # (bytes bound nothing of items by reference)
     far_below = not turn.references and bounded_by(turn.body, chat["messages"], limit)
     hinted = services.schedule.take_hint(turn.tenant, turn.session_header)
     if far_below and not (force or recover or hinted):
