@@ -59,25 +59,39 @@ def digests_and_sizes(
     """
     dumps = orjson.dumps
     sort = orjson.OPT_SORT_KEYS
-    digests: list[bytes] = []
-    sizes: list[int] = []
     try:
-        for m in messages:
-            # A chat message as most clients send it (text content, every key lowercase:
-            # no view key; no calls; a result without a name) is its own neutral form:
-            # told inline, as every message of every history is digested each turn.
-            content = m.get("content")
-            plain = type(content) is str and content != "" and min(m) >= "a"
-            plain = plain and "tool_calls" not in m and ("name" not in m or m["role"] != "tool")
-            raw = dumps(m if plain else neutral(m), option=sort)
-            digests.append(xxh3_128_digest(raw, seed))
-            sizes.append(len(raw))
+        # Every message of every history is digested each turn, so the commonest shape,
+        # a role and a text content and nothing else, is told inline as its own neutral
+        # form; any other message goes through ``_digestible``. Comprehensions, not a
+        # loop of appends: a warm 200-message history digests in ~0.7 of the time
+        # (bench/README.md, "The warm session").
+        raws = [
+            dumps(
+                m
+                if len(m) == 2 and type(c := m.get("content")) is str and c and "role" in m
+                # (a message whose only keys are role and content, that content a
+                # non-empty string, is its own neutral form: see _digestible)
+                else _digestible(m),
+                option=sort,
+            )
+            for m in messages
+        ]
     except TypeError as exc:
         # orjson reads deeper nesting (1024) than it writes (254).
         raise InvalidRequest(
             "A message is nested too deeply to be processed.", param="messages"
         ) from exc
-    return digests, sizes
+    return [xxh3_128_digest(raw, seed) for raw in raws], [len(raw) for raw in raws]
+
+
+def _digestible(m: ChatMessage) -> Mapping[str, Any]:
+    """What a digest encodes of ``m``: ``m`` itself when it is its own neutral form
+    (text content, every key lowercase: no view key; no calls; a result without a
+    name), else ``neutral(m)``."""
+    content = m.get("content")
+    plain = type(content) is str and content != "" and min(m) >= "a"
+    plain = plain and "tool_calls" not in m and ("name" not in m or m["role"] != "tool")
+    return m if plain else neutral(m)
 
 
 def neutral(message: ChatMessage) -> Mapping[str, Any]:
