@@ -59,29 +59,27 @@ def digests_and_sizes(
     """
     dumps = orjson.dumps
     sort = orjson.OPT_SORT_KEYS
+    digests: list[bytes] = []
+    sizes: list[int] = []
     try:
-        # Every message of every history is digested each turn, so the commonest shape,
-        # a role and a text content and nothing else, is told inline as its own neutral
-        # form; any other message goes through ``_digestible``. Comprehensions, not a
-        # loop of appends: a warm 200-message history digests in ~0.7 of the time
-        # (bench/README.md, "The warm session").
-        raws = [
-            dumps(
-                m
-                if len(m) == 2 and type(c := m.get("content")) is str and c and "role" in m
-                # (a message whose only keys are role and content, that content a
-                # non-empty string, is its own neutral form: see _digestible)
-                else _digestible(m),
-                option=sort,
-            )
-            for m in messages
-        ]
+        for m in messages:
+            # Every message of every history is digested each turn, so the commonest
+            # shape, a role and a non-empty text content and nothing else, is told inline
+            # as its own neutral form; any other goes through ``_digestible``. Each
+            # encoding is hashed while it is fresh in the cache (bench/README.md, "The
+            # warm session").
+            if len(m) == 2 and type(c := m.get("content")) is str and c and "role" in m:
+                raw = dumps(m, option=sort)
+            else:
+                raw = dumps(_digestible(m), option=sort)
+            digests.append(xxh3_128_digest(raw, seed))
+            sizes.append(len(raw))
     except TypeError as exc:
         # orjson reads deeper nesting (1024) than it writes (254).
         raise InvalidRequest(
             "A message is nested too deeply to be processed.", param="messages"
         ) from exc
-    return [xxh3_128_digest(raw, seed) for raw in raws], [len(raw) for raw in raws]
+    return digests, sizes
 
 
 def _digestible(m: ChatMessage) -> Mapping[str, Any]:
