@@ -19,3 +19,28 @@ def test_max_messages_is_the_callers_limit() -> None:
     assert raised.value.param == "messages"
     chat["messages"] = chat["messages"][:10]
     assert len(parse_chat_request(orjson.dumps(chat), max_messages=10)["messages"]) == 10
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "user", "content": "x", "name": ["a"]}, "messages[1].name"),
+        ({"role": "tool", "content": "x", "tool_call_id": 7}, "messages[1].tool_call_id"),
+        ({"role": "assistant", "content": "x", "tool_calls": "f"}, "messages[1].tool_calls"),
+        ({"role": 5, "content": "x"}, "messages[1]"),
+        ({"role": "user", "content": 5}, "messages[1].content"),
+        ({"role": "user", "content": [5]}, "messages[1].content"),
+    ],
+)
+def test_a_message_with_role_and_text_content_is_checked_for_the_rest(
+    message: dict[str, object], param: str
+) -> None:
+    """The shortcut for a message of a role string and a text content and nothing else
+    lets nothing else through."""
+    from proxy.errors import InvalidRequest
+    from proxy.routes.parse import parse_chat_request
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}, message]}
+    with pytest.raises(InvalidRequest) as raised:
+        parse_chat_request(orjson.dumps(chat))
+    assert raised.value.param == param
