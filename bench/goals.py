@@ -8,7 +8,9 @@ background task for every reply), when it ran too. The warm 100k-token session
 is the latency the proxy adds to ``warm_c1`` on ``proxy-compacting`` (its snapshot
 serves the request) less what it adds to its own 20-message ``chat_c1``, at p50: what
 serving the big session costs the client beyond a small request. (The absolute p50s
-differ by more: ``direct`` itself takes longer to receive 400 KB than 8 KB.) The pre-compaction
+differ by more: ``direct`` itself takes longer to receive 400 KB than 8 KB.) Beside it,
+``view_c1``'s ``direct`` over ``chat_c1``'s: what the ~212 KB view's upstream exchange
+costs by itself, which that figure includes. The pre-compaction
 scenario is ``precompact.py``'s agent run: turns that waited on a summary after the
 first compaction. Plan time is ``plan_time.py``'s, in process.
 """
@@ -22,6 +24,9 @@ from typing import Any
 FLOOR = "passthrough-lean"
 # The earlier floor, reported beside it: run 12 and before were measured against it.
 EARLIER_FLOOR = "passthrough-aiohttp"
+# Issue 27's target for the warm session (ms over the chat's added p50); the threshold
+# checked stays 1.5 until a run meets it, and the detail prints the figure against it.
+WARM_ISSUE_27 = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +81,13 @@ def _warm_goal(results: Mapping[str, Any]) -> Goal:
     chat_abs = _median(results, "chat_c1", "proxy", "p50_ms")
     if warm_abs is not None and chat_abs is not None:
         detail += f"; absolute p50 {warm_abs:.3f} vs {chat_abs:.3f} ms"
+    # What forwarding the ~212 KB view costs by itself (direct, view_c1 over chat_c1): a
+    # floor under ``over`` that no proxy sending that view upstream goes below.
+    view = _median(results, "view_c1", "direct", "p50_ms")
+    small = _median(results, "chat_c1", "direct", "p50_ms")
+    if view is not None and small is not None:
+        detail += f"; the view's upstream exchange alone +{view - small:.3f} ms"
+    detail += f"; issue 27 asks <= {WARM_ISSUE_27:.2f}"
     return Goal(figure, over, "<= 1.50", over <= 1.5, detail)
 
 

@@ -101,6 +101,15 @@ SCENARIOS = (
         session="bench-warm-100k",
         targets=("proxy-compacting", "proxy-compacting-redis"),
     ),
+    # A body the size of the view warm_c1 forwards: direct's figure is what that upstream
+    # exchange costs by itself, a floor under warm_c1's (goals.py prints it beside it).
+    Scenario(
+        "view_c1",
+        "warm view's size (212 KB), c=1",
+        "latency",
+        "view100k",
+        targets=("proxy",),
+    ),
     # saturation_c64 again, for one worker against two (dedicated: the rest would repeat it).
     Scenario(
         "workers_c64",
