@@ -101,14 +101,14 @@ SCENARIOS = (
         session="bench-warm-100k",
         targets=("proxy-compacting", "proxy-compacting-redis"),
     ),
-    # A body the size of the view warm_c1 forwards: direct's figure is what that upstream
-    # exchange costs by itself, a floor under warm_c1's (goals.py prints it beside it).
+    # A body the size of the view warm_c1 forwards: what moving those bytes costs by
+    # itself, direct and through the floor, beside warm_c1's figure (goals.py).
     Scenario(
         "view_c1",
         "warm view's size (212 KB), c=1",
         "latency",
         "view100k",
-        targets=("proxy",),
+        targets=("proxy", "passthrough-lean"),
     ),
     # saturation_c64 again, for one worker against two (dedicated: the rest would repeat it).
     Scenario(

@@ -110,9 +110,7 @@ class InProcess:
 
     async def start(self) -> None:
         scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": self.state}
-        self._lifespan = asyncio.create_task(
-            self.app(scope, self._to_app.get, self._from_app.put)
-        )
+        self._lifespan = asyncio.create_task(self.app(scope, self._to_app.get, self._from_app.put))
         await self._to_app.put({"type": "lifespan.startup"})
         started = await self._from_app.get()
         if started["type"] != "lifespan.startup.complete":
