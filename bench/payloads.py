@@ -8,7 +8,7 @@ from typing import Literal
 
 import orjson
 
-PayloadName = Literal["chat20", "chat20_stream", "big100k"]
+PayloadName = Literal["chat20", "chat20_stream", "big100k", "view100k"]
 MODEL = "gpt-4o"
 
 _VOCABULARY = (
@@ -51,18 +51,22 @@ def _chat(messages: int, chars_per_message: int, seed: int, stream: bool) -> byt
 
 
 def build_payload(name: PayloadName) -> bytes:
-    """The JSON body for ``name``: ~8 KB over 20 messages, or ~400 KB (~100k tokens)."""
+    """The JSON body for ``name``: ~8 KB over 20 messages, ~400 KB (~100k tokens), or
+    ``view100k``: a body the size of the view ``big100k``'s snapshot forwards (~212 KB,
+    105 messages), what the upstream exchange of a warm turn costs by itself."""
     if name == "chat20":
         return _chat(20, 400, seed=20, stream=False)
     if name == "chat20_stream":
         return _chat(20, 400, seed=20, stream=True)
+    if name == "view100k":
+        return _chat(105, 2000, seed=100, stream=False)
     return _chat(200, 2000, seed=100, stream=False)
 
 
 def write_payloads(directory: Path) -> dict[PayloadName, Path]:
     """Write every payload to ``directory``; wrk's Lua script reads them from there."""
     paths: dict[PayloadName, Path] = {}
-    for name in ("chat20", "chat20_stream", "big100k"):
+    for name in ("chat20", "chat20_stream", "big100k", "view100k"):
         path = directory / f"{name}.json"
         path.write_bytes(build_payload(name))
         paths[name] = path

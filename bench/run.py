@@ -101,6 +101,15 @@ SCENARIOS = (
         session="bench-warm-100k",
         targets=("proxy-compacting", "proxy-compacting-redis"),
     ),
+    # A body the size of the view warm_c1 forwards: what moving those bytes costs by
+    # itself, direct and through the floor, beside warm_c1's figure (goals.py).
+    Scenario(
+        "view_c1",
+        "warm view's size (212 KB), c=1",
+        "latency",
+        "view100k",
+        targets=("proxy", "passthrough-lean"),
+    ),
     # saturation_c64 again, for one worker against two (dedicated: the rest would repeat it).
     Scenario(
         "workers_c64",

@@ -18,7 +18,7 @@ from proxy.core.history import History
 from proxy.core.identifiers import split_carried
 from proxy.core.omitted import elided_values
 from proxy.core.outcome import Outcome
-from proxy.core.view import View, is_elided, view_tokens
+from proxy.core.view import View, elided, view_tokens
 from proxy.core.wording import (
     ACKNOWLEDGEMENT,
     CONTINUE,
@@ -114,13 +114,13 @@ def rebuild_messages(
         before = messages[pinned - 1]["role"] if pinned else None
         after = messages[view.covered]["role"]
         out.extend(_summary_messages(summary, before, after, summary_role))
-    for i in range(view.covered, len(messages)):
-        message = messages[i]
-        if is_elided(history, i, view, elide_min_tokens):
-            values = elided_values(message, history.digests[i])
-            message = message.copy()
-            message["content"] = elided_content(message, counts[i], values)
-        out.append(message)
+    start = len(out) - view.covered  # messages[i] goes to out[start + i]
+    out.extend(messages[view.covered :])
+    for i in elided(history, view, elide_min_tokens):
+        message = messages[i].copy()
+        values = elided_values(messages[i], history.digests[i])
+        message["content"] = elided_content(messages[i], counts[i], values)
+        out[start + i] = message
     return out
 
 

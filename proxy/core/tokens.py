@@ -19,7 +19,9 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from itertools import compress
+from operator import not_
+from typing import Any, cast
 
 import orjson
 from cachetools import LRUCache
@@ -87,10 +89,16 @@ class TokenCounter:
         return self.encoder.exact
 
     def messages(self, messages: Sequence[ChatMessage], digests: Sequence[bytes]) -> list[int]:
+        if len(messages) != len(digests):
+            raise ValueError(f"{len(digests)} digests for {len(messages)} messages")
         cache = self._cache
+        # One lookup per message in C; a warm history has them all (bench/README.md,
+        # "The warm session"), and only what the cache lacks is counted below.
+        found: list[int | None] = list(map(cache.get, digests))
+        if None not in found:
+            return cast(list[int], found)
         out: list[int] = []
-        for message, digest in zip(messages, digests, strict=True):
-            n = cache.get(digest)
+        for message, digest, n in zip(messages, digests, found, strict=True):
             if n is None:
                 n = self.message(message)
                 with self._lock:
@@ -113,8 +121,10 @@ class TokenCounter:
         ``sizes`` are the messages' encoded lengths, ``seed`` their digests' seed
         (``digest.digests_and_sizes``).
         """
-        cache = self._cache
-        pending = sum(size for d, size in zip(digests, sizes, strict=True) if d not in cache)
+        if len(digests) != len(sizes):
+            raise ValueError(f"{len(sizes)} sizes for {len(digests)} digests")
+        # The sizes of the messages the cache lacks, looked up in C (a warm history: none).
+        pending = sum(compress(sizes, map(not_, map(self._cache.__contains__, digests))))
         for digest, raw, _ in _definitions(request, seed, templated):
             with self._lock:
                 missing = digest not in self._fixed_cache

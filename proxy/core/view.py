@@ -10,7 +10,7 @@ makes planning (plan.py) and trimming (trim.py) linear.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress
 from typing import TYPE_CHECKING
@@ -39,17 +39,17 @@ class View:
     elide_before: int
 
 
-def is_elided(history: History, i: int, view: View, elide_min_tokens: int) -> bool:
-    """Whether message ``i`` goes upstream as an elision placeholder under ``view``.
-
-    Only bulky result messages in the verbatim tail before ``view.elide_before``;
-    never a pinned message and never the newest one.
-    """
-    results = history.results
+def elided(history: History, view: View, elide_min_tokens: int) -> Iterator[int]:
+    """The messages that go upstream as an elision placeholder under ``view``, in order:
+    bulky results (``elide_min_tokens`` or more) in the verbatim tail before
+    ``view.elide_before``; never a pinned message and never the newest one. Only the
+    window's results are looked at: a warm turn's tail is mostly other messages, and
+    a look at each of them cost more than the rest of ``view_tokens``."""
+    counts, results = history.counts, history.results
+    end = min(view.elide_before, len(results) - 1)
+    window = range(view.covered, end)
     return (
-        view.covered <= i < min(view.elide_before, len(results) - 1)
-        and bool(results[i])
-        and history.counts[i] >= elide_min_tokens
+        i for i in compress(window, results[view.covered : end]) if counts[i] >= elide_min_tokens
     )
 
 
@@ -64,10 +64,9 @@ def view_tokens(history: History, view: View, budget: Budget) -> int:
     if view.covered > pinned:
         total += view.summary_tokens
     total += sum(counts[view.covered :])
-    # Only the elision window needs a look at each message; the rest is one sum.
-    for i in range(view.covered, min(view.elide_before, len(history.results) - 1)):
-        if is_elided(history, i, view, budget.elide_min_tokens):
-            total += ELIDED_TOKENS - counts[i]
+    # Only the elision window's results need a look; the rest is one sum.
+    for i in elided(history, view, budget.elide_min_tokens):
+        total += ELIDED_TOKENS - counts[i]
     return total
 
 

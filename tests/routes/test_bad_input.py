@@ -44,21 +44,24 @@ def test_nesting_past_what_orjson_writes_is_refused_at_the_bound() -> None:
 @pytest.mark.parametrize(
     ("message", "param"),
     [
-        ({"role": "user", "content": "x", "name": 5}, "messages[0].name"),
-        ({"role": "tool", "content": "x", "tool_call_id": None}, "messages[0].tool_call_id"),
-        ({"role": "user", "content": 5}, "messages[0].content"),
-        ({"role": 5, "content": "x"}, "messages[0]"),
-        ({"role": "assistant", "content": "x", "tool_calls": 5}, "messages[0].tool_calls"),
+        ({"role": "user", "content": "x", "name": ["a"]}, "messages[1].name"),
+        ({"role": "tool", "content": "x", "tool_call_id": 7}, "messages[1].tool_call_id"),
+        ({"role": "tool", "content": "x", "tool_call_id": None}, "messages[1].tool_call_id"),
+        ({"role": "assistant", "content": "x", "tool_calls": "f"}, "messages[1].tool_calls"),
+        ({"role": 5, "content": "x"}, "messages[1]"),
+        ({"role": "user", "content": 5}, "messages[1].content"),
+        ({"role": "user", "content": [5]}, "messages[1].content"),
     ],
 )
-def test_a_message_with_more_than_role_and_content_strings_is_checked(
+def test_a_message_with_role_and_text_content_is_checked_for_the_rest(
     message: dict[str, object], param: str
 ) -> None:
-    """The shortcut for plain ``{role, content}`` messages lets nothing else through."""
+    """The shortcut for a message of a role string and a text content and nothing else
+    lets nothing else through."""
     from proxy.errors import InvalidRequest
     from proxy.routes.parse import parse_chat_request
 
-    body = orjson.dumps({"model": "m", "messages": [message]})
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}, message]}
     with pytest.raises(InvalidRequest) as raised:
-        parse_chat_request(body)
+        parse_chat_request(orjson.dumps(chat))
     assert raised.value.param == param

@@ -178,3 +178,28 @@ def test_the_inline_path_digests_as_the_neutral_form() -> None:
         neutral_form = dict(neutral(message))
         assert message_digests([message], 7) == message_digests([neutral_form], 7), message
         assert dict(neutral(neutral_form)) == neutral_form
+
+
+def test_every_shape_digests_as_the_canonical_bytes_of_its_neutral_form() -> None:
+    """The spec of a digest, against the shortcuts that compute it (a role and a text
+    content told inline): XXH3 of the neutral form's JSON, keys sorted, under the seed."""
+    part = {"type": "text", "text": "hi"}
+    shapes: list[Any] = [
+        {"role": "user", "content": "hi"},
+        {"content": "hi", "role": "assistant"},
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": [part]},
+        {"role": "user", "content": [part, part]},
+        {"role": "tool", "content": "out"},
+        {"role": "user", "_source": "x"},
+        {"role": "user", "Content": "hi"},
+        {"role": "user", "content": "hi", "_source": "x"},
+        {"role": "tool", "tool_call_id": "c", "name": "f", "content": "out"},
+    ]
+    for seed in (0, 7):
+        expected = [
+            xxh3_128_digest(orjson.dumps(neutral(m), option=orjson.OPT_SORT_KEYS), seed)
+            for m in shapes
+        ]
+        assert message_digests(shapes, seed) == expected

@@ -1,0 +1,232 @@
+"""Where a warm turn's time goes, in process: CPU per pipeline step (issue 27, item 3).
+
+    python bench/warm_profile.py [--requests 1000] [--payload big100k|chat20]
+                                 [--store-url redis://127.0.0.1:P/0] [--cprofile out.prof]
+
+Starts ``fake_upstream.py`` (a subprocess on a free 127.0.0.1 port), builds the proxy's app
+in this process as ``proxy-compacting`` configures it (a 120k window for ``big100k``, so the
+session compacts; 1M for ``chat20``, which then passes through), and sends the body to the
+app through ASGI directly, no client socket: a few requests to compact and warm up, then
+``--requests`` timed ones, each with ``X-Session-Id: bench-warm-100k`` for ``big100k``. The
+collector is set up as the server sets it (``gc.freeze``, ``GC_THRESHOLD``). Every step is
+timed by a wrapper with ``time.thread_time_ns`` (CPU time of this thread: another process on
+the core does not count), and the table gives each step's median over the timed requests.
+``--cprofile`` writes a cProfile of the timed requests instead of timing the steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import functools
+import gc
+import inspect
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from payloads import build_payload
+from targets import COMPACTING_WINDOW, FORWARDING_WINDOW, free_port
+
+import proxy.compaction.count as count_module
+import proxy.observe.recorder as recorder_module
+import proxy.pipeline as pipeline_module
+import proxy.routes.chat as chat_module
+import proxy.routes.parse as parse_module
+from proxy.app import create_app
+from proxy.config import load_settings
+from proxy.serve.server import GC_THRESHOLD
+
+BENCH = Path(__file__).resolve().parent
+SESSION = b"bench-warm-100k"
+# (module, attribute, label): the steps timed, in the order the table lists them.
+STEPS: tuple[tuple[Any, str, str], ...] = (
+    (pipeline_module, "read_body", "read the body"),
+    (chat_module, "parse_chat_request", "parse (all)"),
+    (parse_module, "load_request", "  orjson.loads"),
+    (parse_module, "check_depth", "  depth check (orjson.dumps)"),
+    (pipeline_module, "count_history", "count_history (all)"),
+    (count_module, "digests_and_sizes", "  digests"),
+    (count_module, "result_flags", "  result flags"),
+    (count_module, "_count", "  token counts (cached)"),
+    (pipeline_module, "session_of", "session_of"),
+    (pipeline_module, "load_session", "load_session (store, anchor)"),
+    (pipeline_module, "plan_compaction", "plan_compaction"),
+    (pipeline_module, "rebuild_outcome", "rebuild_outcome"),
+    (pipeline_module, "compacted_view", "compacted_view (all)"),
+    (pipeline_module, "forward", "forward (view body, upstream)"),
+    (recorder_module.Recorder, "finish", "request record and ledger"),
+)
+
+
+def _timed(samples: dict[str, list[int]], label: str, fn: Callable[..., Any]) -> Any:
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def timed_async(*args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time_ns()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                samples[label].append(time.thread_time_ns() - start)
+
+        return timed_async
+
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.thread_time_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            samples[label].append(time.thread_time_ns() - start)
+
+    return timed
+
+
+class InProcess:
+    """The app, its lifespan and one request through ASGI."""
+
+    def __init__(self, app: Any, body: bytes, session: bytes) -> None:
+        self.app, self.body, self.state = app, body, {}
+        self.headers = [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"authorization", b"Bearer sk-bench"),
+            (b"content-length", str(len(body)).encode()),
+        ] + ([(b"x-session-id", session)] if session else [])
+        self._to_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._from_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._lifespan: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": self.state}
+        self._lifespan = asyncio.create_task(self.app(scope, self._to_app.get, self._from_app.put))
+        await self._to_app.put({"type": "lifespan.startup"})
+        started = await self._from_app.get()
+        if started["type"] != "lifespan.startup.complete":
+            raise RuntimeError(f"the app did not start: {started}")
+
+    async def stop(self) -> None:
+        await self._to_app.put({"type": "lifespan.shutdown"})
+        await self._from_app.get()
+
+    async def request(self) -> dict[bytes, bytes]:
+        """One POST /v1/chat/completions; the answer's headers."""
+        path = b"/v1/chat/completions"
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path.decode(),
+            "raw_path": path,
+            "query_string": b"",
+            "headers": self.headers,
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8080),
+            "state": dict(self.state),
+        }
+        messages = [{"type": "http.request", "body": self.body, "more_body": False}]
+        headers: dict[bytes, bytes] = {}
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            await asyncio.sleep(3600)  # the client stays: no disconnect
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers.update(message["headers"])
+
+        await self.app(scope, receive, send)
+        return headers
+
+
+async def _profile(args: argparse.Namespace, upstream_port: int) -> None:
+    big = args.payload == "big100k"
+    window = COMPACTING_WINDOW if big else FORWARDING_WINDOW
+    config = Path(tempfile.mkdtemp(prefix="warm-profile-")) / "proxy.yaml"
+    config.write_text(
+        f'upstream: {{base_url: "http://127.0.0.1:{upstream_port}/v1", api_key: "sk-bench"}}\n'
+        f'store: {{url: "{args.store_url}"}}\n'
+        f"default_model: {{context_window: {window}, max_output_tokens: 4096}}\n"
+    )
+    samples: dict[str, list[int]] = defaultdict(list)
+    if not args.cprofile:
+        for module, name, label in STEPS:
+            setattr(module, name, _timed(samples, label, getattr(module, name)))
+    client = InProcess(create_app(load_settings(config)), build_payload(args.payload), SESSION)
+    await client.start()
+    try:
+        statuses = [(await client.request()).get(b"x-compaction-status") for _ in range(30)]
+        print(f"warm-up: X-Compaction-Status {statuses[0]!r} then {statuses[-1]!r}")
+        gc.collect()
+        gc.freeze()  # as serve_process and the server's start-up do
+        gc.set_threshold(GC_THRESHOLD)
+        samples.clear()
+        profile = cProfile.Profile() if args.cprofile else None
+        totals = []
+        for _ in range(args.requests):
+            if profile is not None:
+                profile.enable()
+            start = time.thread_time_ns()
+            await client.request()
+            totals.append(time.thread_time_ns() - start)
+            if profile is not None:
+                profile.disable()
+    finally:
+        await client.stop()
+    if profile is not None:
+        profile.dump_stats(args.cprofile)
+        print(f"wrote {args.cprofile}")
+    _table(totals, samples)
+
+
+def _table(totals: list[int], samples: dict[str, list[int]]) -> None:
+    print(f"{'step':34s} {'median µs CPU':>14s}")
+    print(f"{'the whole request':34s} {statistics.median(totals) / 1e3:14.1f}")
+    for _, _, label in STEPS:
+        if samples.get(label):
+            print(f"{label:34s} {statistics.median(samples[label]) / 1e3:14.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--payload", choices=("big100k", "chat20"), default="big100k")
+    parser.add_argument("--store-url", default="memory://")
+    parser.add_argument("--cprofile", help="write a cProfile of the timed requests here")
+    args = parser.parse_args()
+    logging.disable(logging.INFO)
+    port = free_port()
+    script = str(BENCH / "fake_upstream.py")
+    upstream = subprocess.Popen([sys.executable, script, "--port", str(port)])
+    try:
+        for _ in range(100):  # up to 10 s for it to listen
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).close()
+                break
+            except urllib.error.HTTPError:
+                break  # it answers (a 404 for GET /): listening
+            except OSError:
+                time.sleep(0.1)
+        uvloop.run(_profile(args, port))  # the server's loop
+    finally:
+        upstream.terminate()
+        upstream.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
