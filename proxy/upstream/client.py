@@ -23,15 +23,16 @@ from multidict import CIMultiDictProxy
 from yarl import URL
 
 from proxy.config import Settings
-from proxy.upstream.deadline import Deadline, Deadlines
 from proxy.errors import (
     UpstreamError,
     UpstreamStreamBroken,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from proxy.upstream.deadline import Deadline, Deadlines
 
-# What the client raises: aiohttp's tree, and timeouts (total, sock_read, sock_connect).
+# What the client raises: aiohttp's tree, and timeouts (sock_read, sock_connect; the total
+# is deadline.py's).
 _CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 # Request bodies bigger than this are written in chunks (aiohttp warns about larger bytes).
 _WRITE_IN_CHUNKS = 1024 * 1024
