@@ -126,7 +126,8 @@ async def test_a_timeout_before_the_head_leaves_the_task_uncancelled() -> None:
             with pytest.raises(UpstreamTimeout):
                 await client.send("GET", f"{upstream.url}/v1/models", [], None)
             task = asyncio.current_task()
-            assert task is not None and task.cancelling() == 0
+            assert task is not None
+            assert task.cancelling() == 0
             await asyncio.sleep(0.01)  # no CancelledError left pending
             assert not client._deadlines._due
         finally:
