@@ -1,4 +1,5 @@
-"""``upstream.total_timeout_s``: one upstream call, streams included, has a deadline.
+"""``upstream.total_timeout_s``: one upstream call, streams included, has a deadline (an
+upstream dripping a byte per ``timeout_s`` cannot hold a request for ever).
 
 aiohttp's own ``total`` timeout arms an event-loop timer per request and wraps every read
 in a context that notes the current task: a few µs a request at saturation (bench/README.md,
