@@ -137,15 +137,16 @@ class UpstreamClient:
                 data=data,
                 allow_redirects=False,
             )
-        except asyncio.CancelledError:
-            self._deadlines.end(deadline)
-            # Cancelled by its deadline alone (not also by anything else): a timeout.
-            if not deadline.expired or deadline.task is None or deadline.task.uncancel():
-                raise
-            raise _translated(TimeoutError(), body=False) from None
-        except _CLIENT_ERRORS as exc:
-            self._deadlines.end(deadline)
-            raise _translated(exc, body=False) from exc
+        except BaseException as exc:
+            self._deadlines.end(deadline)  # whatever ended the call: nothing cancels later
+            if isinstance(exc, asyncio.CancelledError):
+                # Cancelled by its deadline alone (not also by anything else): a timeout.
+                if not deadline.expired or deadline.task is None or deadline.task.uncancel():
+                    raise
+                raise _translated(TimeoutError(), body=False) from None
+            if isinstance(exc, _CLIENT_ERRORS):
+                raise _translated(exc, body=False) from exc
+            raise
         deadline.response = response  # from now on the deadline closes it
         if not 200 <= response.status <= 599:
             # A 101 (aiohttp returns it as final) or 600-999 (RFC 9110 defines 100-599):

@@ -164,3 +164,16 @@ async def test_an_answer_read_and_closed_drops_its_deadline() -> None:
             assert client._deadlines._timer is None
         finally:
             await client.aclose()
+
+
+async def test_a_send_that_fails_otherwise_drops_its_deadline() -> None:
+    """A call that ends in an error aiohttp raises as no ClientError (a header it refuses)
+    leaves no deadline that could cancel its task later."""
+    async with BreakingUpstream(b"", b"") as upstream:
+        client = UpstreamClient(proxy_settings(upstream.url))
+        try:
+            with pytest.raises(ValueError, match="control character"):
+                await client.send("GET", f"{upstream.url}/v1/models", [(b"x-a", b"a\r\nb")], None)
+            assert not client._deadlines._due
+        finally:
+            await client.aclose()
