@@ -5,7 +5,7 @@ aiohttp's own ``total`` timeout arms an event-loop timer per request and wraps e
 in a context that notes the current task: a few µs a request at saturation (bench/README.md,
 "Where the time goes (issue 27)"). The deadline is a bound of minutes (30 by default), not
 a precise instant, so ``Deadlines`` keeps every call's in one dict and checks them from one
-timer per client, every ``tick`` (an eighth of the total, at most 1 s): a call ends at most
+timer per client, every ``tick`` (an eighth of the total, 10 ms to 1 s): a call ends at most
 one tick past its deadline. A call that times out before its answer's head is cancelled (the
 task waiting for it gets ``CancelledError``, which ``UpstreamClient.send`` turns into a
 timeout, as aiohttp's ``total`` would); once the head is in, its response is closed, which
@@ -47,7 +47,7 @@ class Deadlines:
 
     def __init__(self, total_s: float) -> None:
         self._total = total_s
-        self._tick = min(total_s / 8, 1.0)
+        self._tick = min(max(total_s / 8, 0.01), 1.0)
         self._loop = asyncio.get_running_loop()
         self._due: dict[Deadline, float] = {}
         self._timer: asyncio.TimerHandle | None = None
