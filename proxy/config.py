@@ -88,8 +88,8 @@ class UpstreamSettings(_Section):
     api_key: SecretStr = SecretStr("")
     timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
-    # The most one upstream call may take from send to its last byte, streams
-    # included: an upstream dripping a byte per timeout_s cannot hold a request for ever.
+    # The most one upstream call may take from send to its last byte, streams included
+    # (checked every total / 8 s, 10 ms to 1 s: upstream/deadline.py).
     total_timeout_s: float = Field(1800.0, gt=0)
     max_connections: int = Field(1000, gt=0)
     # A pooled upstream connection idle this long is closed rather than reused. Below

@@ -107,9 +107,25 @@ def has_credential(headers: Mapping[str, str]) -> bool:
     return bool(_credentials(headers))
 
 
+# The tenants of the credentials seen lately, by the credential headers' values: a client
+# sends the same key on every request, and a lookup costs a fraction of the salted hash.
+# In process memory only (never stored, logged or exposed), at most TENANT_CACHE_SIZE
+# entries, the oldest dropped first. Keyed by the values themselves, not a cheaper hash of
+# them: a collision would put one caller in another's tenant.
+_TENANTS: dict[tuple[str | None, str | None, str | None], str] = {}
+TENANT_CACHE_SIZE = 1024
+
+
 def tenant_from_headers(headers: Mapping[str, str]) -> str:
     """The tenant of a request: all the credentials it carries, hashed together."""
-    return tenant_of("\n".join(_credentials(headers)) or None)
+    key = (headers.get("authorization"), headers.get("api-key"), headers.get("x-api-key"))
+    tenant = _TENANTS.get(key)
+    if tenant is None:
+        tenant = tenant_of("\n".join(_credentials(headers)) or None)
+        if len(_TENANTS) >= TENANT_CACHE_SIZE:
+            _TENANTS.pop(next(iter(_TENANTS)), None)
+        _TENANTS[key] = tenant
+    return tenant
 
 
 def session_from_header(tenant: str, value: str) -> SessionKey:

@@ -29,8 +29,10 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from proxy.upstream.deadline import Deadline, Deadlines
 
-# What the client raises: aiohttp's tree, and timeouts (total, sock_read, sock_connect).
+# What the client raises: aiohttp's tree, and timeouts (sock_read, sock_connect; the total
+# is deadline.py's).
 _CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 # Request bodies bigger than this are written in chunks (aiohttp warns about larger bytes).
 _WRITE_IN_CHUNKS = 1024 * 1024
@@ -81,18 +83,20 @@ class UpstreamClient:
     Must be constructed inside the running event loop.
     """
 
-    __slots__ = ("_session",)
+    __slots__ = ("_deadlines", "_session")
 
     def __init__(self, settings: Settings) -> None:
         up = settings.upstream
         connector = aiohttp.TCPConnector(
             limit=up.max_connections, keepalive_timeout=up.keepalive_timeout_s
         )
-        # aiohttp's total runs from send until the connection is released, so it also
-        # bounds reading a streamed body, not just the wait for headers.
+        # The total runs from send until the response is closed, so it also bounds reading
+        # a streamed body, not just the wait for headers: Deadlines (deadline.py), not
+        # aiohttp's total, which arms a timer per request.
         timeout = aiohttp.ClientTimeout(
-            total=up.total_timeout_s, sock_connect=up.connect_timeout_s, sock_read=up.timeout_s
+            total=None, sock_connect=up.connect_timeout_s, sock_read=up.timeout_s
         )
+        self._deadlines = Deadlines(up.total_timeout_s)
         # HTTP(S)_PROXY / NO_PROXY are read once here. aiohttp's trust_env would
         # read them (and ~/.netrc) in a worker thread on every request.
         try:
@@ -124,6 +128,7 @@ class UpstreamClient:
         if isinstance(content, bytes) and len(content) > _WRITE_IN_CHUNKS:
             # aiohttp writes a BytesIO in chunks, yielding to the loop between them.
             data = io.BytesIO(content)
+        deadline = self._deadlines.start()
         try:
             response = await self._session.request(
                 method,
@@ -132,16 +137,27 @@ class UpstreamClient:
                 data=data,
                 allow_redirects=False,
             )
-        except _CLIENT_ERRORS as exc:
-            raise _translated(exc, body=False) from exc
+        except BaseException as exc:
+            self._deadlines.end(deadline)  # whatever ended the call: nothing cancels later
+            if isinstance(exc, asyncio.CancelledError):
+                # Cancelled by its deadline alone (not also by anything else): a timeout.
+                if not deadline.expired or deadline.task is None or deadline.task.uncancel():
+                    raise
+                raise _translated(TimeoutError(), body=False) from None
+            if isinstance(exc, _CLIENT_ERRORS):
+                raise _translated(exc, body=False) from exc
+            raise
+        deadline.response = response  # from now on the deadline closes it
         if not 200 <= response.status <= 599:
             # A 101 (aiohttp returns it as final) or 600-999 (RFC 9110 defines 100-599):
             # no answer a client could be given; the ASGI server fails on the status line.
+            self._deadlines.end(deadline)
             response.close()
             raise UpstreamUnavailable("The upstream answered with an invalid HTTP status.")
-        return UpstreamResponse(response)
+        return UpstreamResponse(response, deadline, self._deadlines)
 
     async def aclose(self) -> None:
+        self._deadlines.close()
         await self._session.close()
 
 
@@ -152,10 +168,13 @@ class UpstreamResponse:
     times out meanwhile.
     """
 
-    __slots__ = ("_response", "started")
+    __slots__ = ("_deadline", "_deadlines", "_response", "started")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(
+        self, response: aiohttp.ClientResponse, deadline: Deadline, deadlines: Deadlines
+    ) -> None:
         self._response = response
+        self._deadline, self._deadlines = deadline, deadlines
         # Bytes a caller already read (peeking at a stream's first event) and the
         # iterator it read them from: ``relay`` sends them first.
         self.started: tuple[bytes, AsyncIterator[bytes]] | None = None
@@ -178,18 +197,28 @@ class UpstreamResponse:
             async for chunk in self._response.content.iter_any():
                 yield chunk
         except _CLIENT_ERRORS as exc:
-            raise _translated(exc, body=True) from exc
+            cause = self._cut(exc)
+            raise _translated(cause, body=True) from cause
+        if self._deadline.expired:  # closed at its deadline: never a complete answer
+            cause = TimeoutError()
+            raise _translated(cause, body=True) from cause
 
     async def aread(self) -> bytes:
         try:
             return await self._response.read()
         except _CLIENT_ERRORS as exc:
-            raise _translated(exc, body=True) from exc
+            cause = self._cut(exc)
+            raise _translated(cause, body=True) from cause
+
+    def _cut(self, exc: BaseException) -> BaseException:
+        # A body its deadline cut off (by closing the response) timed out.
+        return TimeoutError() if self._deadline.expired else exc
 
     async def aclose(self) -> None:
         # A body read to the end frees the connection for reuse; anything else
         # (a client that went away mid-stream) closes it, which is what tells
         # the upstream to stop generating.
+        self._deadlines.end(self._deadline)
         if self._response.content.at_eof():
             self._response.release()
         else:

@@ -9,8 +9,11 @@ import orjson
 import pytest
 
 from proxy.config import SessionSettings
+from proxy.core import session
 from proxy.core.session import (
+    CREDENTIAL_HEADERS,
     SessionKey,
+    _credentials,
     session_from_header,
     session_from_history,
     session_name,
@@ -66,6 +69,29 @@ def test_one_key_is_one_tenant_whichever_header_carries_it(header: str) -> None:
     assert tenant_from_headers(both) == bearer
     assert tenant_from_headers({header: f"{RAW_KEY}x"}) != bearer
     assert tenant_from_headers({**both, header: "sk-another"}) != bearer
+
+
+@pytest.mark.parametrize("header", CREDENTIAL_HEADERS)
+def test_a_cached_tenant_is_not_reused_for_a_changed_key(header: str) -> None:
+    """tenant_from_headers caches tenants by the credential headers' values: each of
+    them is part of the key, so another value in any one is another tenant."""
+    first = {name: f"{RAW_KEY}-{name}" for name in CREDENTIAL_HEADERS}
+    assert tenant_from_headers(first) == tenant_from_headers(dict(first))  # cached
+    changed = {**first, header: f"{RAW_KEY}-changed"}
+    expected = tenant_of("\n".join(_credentials(changed)))
+    assert tenant_from_headers(changed) == expected != tenant_from_headers(first)
+    assert tenant_from_headers({}) == "anonymous"
+
+
+def test_the_tenant_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session, "_TENANTS", {})
+    monkeypatch.setattr(session, "TENANT_CACHE_SIZE", 3)
+    for i in range(10):
+        key = f"Bearer {RAW_KEY}{i}"
+        assert tenant_from_headers({"authorization": key}) == tenant_of(f"authorization:{key}")
+        assert len(session._TENANTS) <= 3
+    # The oldest went first: the newest are still there.
+    assert (f"Bearer {RAW_KEY}9", None, None) in session._TENANTS
 
 
 def test_storage_keys_never_hold_the_raw_credential() -> None:

@@ -112,3 +112,68 @@ def test_only_the_upstream_module_imports_aiohttp() -> None:
             if any(n == "aiohttp" or n.startswith("aiohttp.") for n in names):
                 importers.append(path.relative_to(package).as_posix())
     assert set(importers) == {"upstream/client.py"}
+
+
+# upstream.total_timeout_s is kept by Deadlines (proxy/upstream/deadline.py), not aiohttp.
+
+
+async def test_a_timeout_before_the_head_leaves_the_task_uncancelled() -> None:
+    """The deadline cancels the task waiting for the head; send turns that into
+    UpstreamTimeout and takes the cancellation back: nothing leaks to the next await."""
+    async with BreakingUpstream(b"", b"") as upstream:
+        client = UpstreamClient(proxy_settings(upstream.url, upstream={"total_timeout_s": 0.2}))
+        try:
+            with pytest.raises(UpstreamTimeout):
+                await client.send("GET", f"{upstream.url}/v1/models", [], None)
+            task = asyncio.current_task()
+            assert task is not None
+            assert task.cancelling() == 0
+            await asyncio.sleep(0.01)  # no CancelledError left pending
+            assert not client._deadlines._due
+        finally:
+            await client.aclose()
+
+
+async def test_a_send_cancelled_by_anything_else_stays_cancelled() -> None:
+    async with BreakingUpstream(b"", b"") as upstream:
+        client = UpstreamClient(proxy_settings(upstream.url))
+        try:
+            sending = asyncio.create_task(client.send("GET", f"{upstream.url}/v1/models", [], None))
+            await asyncio.sleep(0.1)
+            sending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await sending
+            assert not client._deadlines._due
+        finally:
+            await client.aclose()
+
+
+async def test_an_answer_read_and_closed_drops_its_deadline() -> None:
+    """Deadlines holds a call until its response is closed, then nothing: no entry and,
+    once a tick has passed, no timer."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n"
+    async with BreakingUpstream(head, b"{}") as upstream:
+        client = UpstreamClient(proxy_settings(upstream.url, upstream={"total_timeout_s": 0.4}))
+        try:
+            response = await client.send("GET", f"{upstream.url}/v1/models", [], None)
+            assert len(client._deadlines._due) == 1
+            assert await response.aread() == b"{}"
+            await response.aclose()
+            assert not client._deadlines._due
+            await asyncio.sleep(0.15)  # past a tick (0.4 / 8 s): the timer stopped
+            assert client._deadlines._timer is None
+        finally:
+            await client.aclose()
+
+
+async def test_a_send_that_fails_otherwise_drops_its_deadline() -> None:
+    """A call that ends in an error aiohttp raises as no ClientError (a header it refuses)
+    leaves no deadline that could cancel its task later."""
+    async with BreakingUpstream(b"", b"") as upstream:
+        client = UpstreamClient(proxy_settings(upstream.url))
+        try:
+            with pytest.raises(ValueError, match="control character"):
+                await client.send("GET", f"{upstream.url}/v1/models", [(b"x-a", b"a\r\nb")], None)
+            assert not client._deadlines._due
+        finally:
+            await client.aclose()
