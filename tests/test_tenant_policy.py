@@ -19,12 +19,14 @@ from pydantic import ValidationError
 from proxy.__main__ import main
 from proxy.compaction.caps import TenantCapped, TenantCaps
 from proxy.config import Settings, load_settings
+from proxy.core.outcome import Turn
 from proxy.core.session import tenant_from_headers
 from proxy.errors import ConfigError, StoreError
 from proxy.observe.metrics import Metrics
 from proxy.observe.tenant_series import TenantSeries
 from proxy.pipeline import compacted_view
 from proxy.serve.reload import Reloader
+from proxy.services import Services
 from proxy.store import build_store
 from proxy.store.quota import MemoryQuota, RedisQuota, build_quota
 from proxy.tenants import PolicyTable
@@ -160,15 +162,24 @@ class BrokenQuota:
         raise StoreError("redis quota failed: ConnectionError")
 
 
-async def test_summaries_per_hour_caps_per_clock_hour() -> None:
+async def _capped(
+    entry: dict[str, object],
+) -> tuple[FakeClock, Services, TenantCaps, Turn]:
+    """Services whose only ``tenants`` entry is tenant A's ``entry``, its caps, and a
+    turn of A's."""
     clock = FakeClock()
     s = fake_settings()
-    s = Settings(**{**s.model_dump(), "tenants": [{"id": A, "summaries_per_hour": 1}]})
+    s = Settings(**{**s.model_dump(), "tenants": [{"id": A, **entry}]})
     services = make_services(s, FakeUpstream(), clock)
     caps = services.compactor.caps
     assert caps is not None
     turn = await turn_of(services, [{"role": "user", "content": "hi"}])
     turn = replace(turn, tenant=A, policy=services.policies.policy_for(A))
+    return clock, services, caps, turn
+
+
+async def test_summaries_per_hour_caps_per_clock_hour() -> None:
+    clock, services, caps, turn = await _capped({"summaries_per_hour": 1})
     assert await caps.admit(turn) is None
     assert await caps.admit(turn) == "summaries_per_hour"
     with pytest.raises(TenantCapped):
@@ -180,14 +191,7 @@ async def test_summaries_per_hour_caps_per_clock_hour() -> None:
 
 
 async def test_summarizer_tokens_per_day_caps_what_summaries_spent() -> None:
-    clock = FakeClock()
-    s = fake_settings()
-    s = Settings(**{**s.model_dump(), "tenants": [{"id": A, "summarizer_tokens_per_day": 500}]})
-    services = make_services(s, FakeUpstream(), clock)
-    caps = services.compactor.caps
-    assert caps is not None
-    turn = await turn_of(services, [{"role": "user", "content": "hi"}])
-    turn = replace(turn, tenant=A, policy=services.policies.policy_for(A))
+    clock, _, caps, turn = await _capped({"summarizer_tokens_per_day": 500})
     assert await caps.admit(turn) is None
     await caps.spend(turn, 499)
     assert await caps.admit(turn) is None
