@@ -156,8 +156,8 @@ async def compacted_view(
     budget = Budget.for_model(model, c, reserve, history.fixed)
     # What asks for a compaction now, whatever the threshold says; None: nothing does.
     asked = trigger_for(recover=recover, scheduled=scheduled(loaded.stored), forced=forced)
-    if c.cache_aware and not asked:  # the view served last, while cached (held.py)
-        loaded = services.held.choose(key, history, loaded, budget)
+    if c.cache_aware:  # the view served last, while cached (held.py); none once asked
+        loaded = services.held.choose(key, history, loaded, budget, bool(asked))
     current = loaded.view(history.pinned)
     plan = plan_compaction(history, current, budget, force=bool(asked))  # 6. plan
     if plan.action == "compact" or plan.nothing_to_save:

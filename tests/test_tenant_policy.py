@@ -266,6 +266,21 @@ async def test_a_reload_applies_tenants_and_a_bad_one_keeps_the_old_policy(
     assert "sk-not-logged" not in text
 
 
+async def test_a_file_that_breaks_the_reader_is_invalid_and_the_next_good_one_applies(
+    tmp_path: Path,
+) -> None:
+    """YAML nested 3,000 deep makes the loader raise RecursionError, not a ConfigError: it
+    must count as invalid, not end the watch (found in review)."""
+    path = tmp_path / "config.yaml"
+    _write(path, [{"id": A, "mode": "off"}])
+    services = make_services(load_settings(path), FakeUpstream(), FakeClock())
+    reloader = Reloader(services, path)
+    path.write_text("tenants: " + "[" * 3000 + "]" * 3000 + "\n")
+    assert await reloader.reload("test") == "invalid"
+    _write(path, [{"id": A, "mode": "shadow"}])
+    assert await reloader.reload("test") == "applied"
+
+
 @pytest.mark.redis
 async def test_redis_counts_a_tenants_caps_once_for_every_replica(
     redis_server: RedisServer,

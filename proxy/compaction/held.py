@@ -52,10 +52,16 @@ class HeldCuts:
         )
     )
 
-    def choose(self, key: SessionKey, history: History, loaded: Loaded, budget: Budget) -> Loaded:
+    def choose(
+        self, key: SessionKey, history: History, loaded: Loaded, budget: Budget, asked: bool = False
+    ) -> Loaded:
         """The snapshot to plan ``history`` with: the one served last (or none: the
         history as sent) while it holds (cache_cuts.holds) and the upstream caches, else
-        ``loaded``; remembered as served."""
+        ``loaded``; remembered as served. ``asked`` (a compaction something asked for):
+        ``loaded``, and nothing held, so the next turn is not served what came before it."""
+        if asked:
+            self.entries.pop(key, None)
+            return loaded
         served = self.entries.get(key)
         last = None if served is None else served.snapshot
         if served is not None and (last.version if last else 0) < loaded.version:

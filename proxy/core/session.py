@@ -114,6 +114,9 @@ def has_credential(headers: Mapping[str, str]) -> bool:
 # them: a collision would put one caller in another's tenant.
 _TENANTS: dict[tuple[str | None, str | None, str | None], str] = {}
 TENANT_CACHE_SIZE = 1024
+# A longer credential (real keys are under 200 bytes) is hashed every time: a client
+# sending 64 KB "keys" must not make the cache hold 64 MB of them.
+TENANT_CACHE_MAX_KEY = 1024
 
 
 def tenant_from_headers(headers: Mapping[str, str]) -> str:
@@ -121,7 +124,10 @@ def tenant_from_headers(headers: Mapping[str, str]) -> str:
     key = (headers.get("authorization"), headers.get("api-key"), headers.get("x-api-key"))
     tenant = _TENANTS.get(key)
     if tenant is None:
-        tenant = tenant_of("\n".join(_credentials(headers)) or None)
+        joined = "\n".join(_credentials(headers))
+        tenant = tenant_of(joined or None)
+        if len(joined) > TENANT_CACHE_MAX_KEY:
+            return tenant
         if len(_TENANTS) >= TENANT_CACHE_SIZE:
             _TENANTS.pop(next(iter(_TENANTS)), None)
         _TENANTS[key] = tenant

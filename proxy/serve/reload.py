@@ -93,6 +93,9 @@ class Reloader:
             return self._count("invalid", why, _safe(exc))
         except ValueError as exc:  # valid alone, not over the compaction in force
             return self._count("invalid", why, str(exc))
+        except Exception as exc:  # e.g. RecursionError from YAML nested 3,000 deep: a file
+            # that breaks the reader must not end the watch (the next good file applies)
+            return self._count("invalid", why, f"unreadable ({type(exc).__name__})")
         policies = self.services.policies
         if table.entries == policies.table.entries:
             return self._count("unchanged", why)

@@ -140,11 +140,10 @@ class _Recent:
     def put(self, key: str, value: int | None) -> None:
         entries, now = self._entries, self._clock()
         entries.pop(key, None)  # to the end: the oldest entries come first
-        if len(entries) >= _LOCAL_LIMIT:
-            for old in [k for k, (_, until) in entries.items() if until <= now]:
-                del entries[old]
-            while len(entries) >= _LOCAL_LIMIT:  # all fresh: the oldest go
-                del entries[next(iter(entries))]
+        # Every entry lives _LOCAL_S from its put, and a put goes to the end: the dict is in
+        # expiry order, so the expired are at its front (no scan of a full dict per miss).
+        while len(entries) >= _LOCAL_LIMIT:
+            del entries[next(iter(entries))]  # expired or, all fresh, the oldest
         entries[key] = (value, now + _LOCAL_S)
 
 

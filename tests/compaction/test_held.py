@@ -82,6 +82,18 @@ def test_the_history_as_sent_is_held_too(caching: list[bool]) -> None:
     assert chosen == Loaded(None, None)
 
 
+def test_a_compaction_asked_for_is_not_undone_by_the_next_turn(caching: list[bool]) -> None:
+    """A forced (scheduled, recovering) compaction is served; the turn after it must not
+    go back to the view served before it (found in review: it did, until the trigger)."""
+    cuts = HeldCuts()
+    h = history(5)  # 1200 tokens: sent whole
+    cuts.choose(KEY, h, Loaded(None, None), BUDGET)
+    forced = snapshot(history(6), 9, version=1)
+    assert cuts.choose(KEY, history(6), Loaded(forced, forced), BUDGET, asked=True).valid is forced
+    grown = history(7)  # an ordinary turn after it, still under the trigger
+    assert cuts.choose(KEY, grown, Loaded(forced, forced), BUDGET).valid is forced
+
+
 def test_a_rewound_history_is_not_held(caching: list[bool]) -> None:
     cuts = HeldCuts()
     h = history(6)

@@ -94,6 +94,18 @@ def test_the_tenant_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (f"Bearer {RAW_KEY}9", None, None) in session._TENANTS
 
 
+def test_a_credential_too_long_for_a_key_is_hashed_but_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client's 64 KB "keys" must not fill the cache with 64 MB (found in review)."""
+    monkeypatch.setattr(session, "_TENANTS", {})
+    huge = "Bearer " + "k" * 60_000
+    assert tenant_from_headers({"authorization": huge}) == tenant_of(f"authorization:{huge}")
+    assert session._TENANTS == {}
+    tenant_from_headers({"authorization": f"Bearer {RAW_KEY}"})  # a real key's size: kept
+    assert len(session._TENANTS) == 1
+
+
 def test_storage_keys_never_hold_the_raw_credential() -> None:
     tenant = tenant_of(f"Bearer {RAW_KEY}")
     keys = [
