@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from proxy.errors import ContextTooLarge, StoreError, SummaryError
-from proxy.observe.record import current_record
+from proxy.observe.record import current_record, recording
 
 if TYPE_CHECKING:  # annotations only: compact.py imports this module
     from proxy.compaction.job import Job
@@ -61,13 +61,15 @@ class TenantCaps:
 
     async def spending(self, turn: Turn, fold: Awaitable[T]) -> T:
         """``fold``'s result, the summarizer tokens it spent added to the tenant's day
-        (failed calls too: the request's record counts them)."""
+        (failed calls too: the request's record counts them, a background run's after
+        the request's line was written too)."""
         record = current_record()
-        before = sum(record.summarized[:2])
+        before = record.summarizer_spent
         try:
-            return await fold
+            with recording(record):  # outside any request's (a script's): one of its own
+                return await fold
         finally:
-            await self.spend(turn, sum(record.summarized[:2]) - before)
+            await self.spend(turn, record.summarizer_spent - before)
 
     async def _over(self, turn: Turn) -> CapReason | None:
         policy = turn.policy

@@ -122,7 +122,7 @@ async def _compact(
         spent, summary = (0, 0), loaded.summary or ""
     elif compactor.settings.compaction.shadow_summarize:
         folded = await _summarize(compactor, job, loaded, plan)
-        if folded is None:  # another request is summarizing it: the view as it is
+        if folded is None:  # another request is summarizing it, or over a cap: as it is
             return replace(shadow, status="passthrough")
         if isinstance(folded, str):
             return replace(shadow, status="failed", summarizer=spent)
@@ -141,7 +141,8 @@ async def _summarize(
     compactor: Compactor, job: Job, loaded: Loaded, plan: Plan
 ) -> tuple[str, int] | Literal["failed"] | None:
     """The summary of ``plan.summarize`` folded into ``loaded``'s, and its tokens;
-    ``failed``; None when another request holds the session's shadow lock."""
+    ``failed``; None when another request holds the session's shadow lock, or the
+    tenant is over a cap (caps.py: counted in ``tenant_capped_total``, none asked for)."""
     shadow_key = replace(job.key, shadow=True)
     token = await compactor.store.acquire(
         shadow_key, compactor.settings.compaction.summary_timeout_s
@@ -156,9 +157,13 @@ async def _summarize(
         compactor.metrics,
     )
     start, end = plan.summarize
+    caps = compactor.caps
     try:
+        if caps is not None and await caps.admit(job.turn):
+            return None
         span = job.history.messages[start:end]
-        folded = await folder.fold(job.turn, job.key, loaded.summary, span, background=False)
+        fold = folder.fold(job.turn, job.key, loaded.summary, span, background=False)
+        folded = await (fold if caps is None else caps.spending(job.turn, fold))
     except SummaryError as exc:
         log.warning("session=%s shadow summary failed (%s)", job.key.log_id, exc)
         return "failed"

@@ -80,8 +80,11 @@ class Record:
     # The ledger's facts (observe/ledger.py): the upstream's usage of the view answered
     # (input tokens, of them cached; None: the answer carried none), and the summarizer's
     # (input, output, estimated) and model; once finished, a summary goes to ``ledger``.
+    # ``summarizer_spent``: every summarizer call's input + output, finished or not (the
+    # tenant caps' measure, compaction/caps.py).
     usage: tuple[int, int] | None = None
     summarized: tuple[int, int, bool] = (0, 0, False)
+    summarizer_spent: int = 0
     summarizer_model: str | None = None
     ledger: Ledger | None = None
     finished: bool = False
@@ -134,6 +137,7 @@ class Record:
 
     def summary_used(self, model: str, tokens: tuple[int, int, bool]) -> None:
         """One summarizer call's input and output tokens (and whether estimated)."""
+        self.summarizer_spent += tokens[0] + tokens[1]
         if self.finished:
             if self.ledger is not None:
                 self.ledger.late(self, model, tokens)
