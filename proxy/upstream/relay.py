@@ -80,10 +80,7 @@ async def relay(
         headers.append((b"content-length", str(len(body)).encode()))
         return Relayed(body, response.status_code, headers)
     if started is not None and started[0]:  # the head peeked for an overflow: out first
-        prefix, source = started
-        if watch is not None:
-            watch(prefix)
-        return Streamed(prefix, _raw_chunks(response, watch, (b"", source)), response, headers)
+        return Streamed(_raw_chunks(response, watch, started), response, headers)
     out = StreamingResponse(
         _raw_chunks(response, watch, started),
         status_code=response.status_code,
@@ -102,12 +99,12 @@ class Streamed(StreamingResponse):
 
     def __init__(
         self,
-        first: bytes,
-        rest: AsyncIterator[bytes],
+        chunks: AsyncIterator[bytes],
         response: UpstreamResponse,
         raw_headers: list[tuple[bytes, bytes]],
     ) -> None:
-        self.first, self.body_iterator, self.upstream = first, rest, response
+        self.body_iterator = self._chunks = chunks  # the head first, without a wait
+        self.upstream = response
         self.status_code, self.raw_headers = response.status_code, raw_headers
         self.background = BackgroundTask(response.aclose)
         self.started = False
@@ -117,7 +114,8 @@ class Streamed(StreamingResponse):
         try:
             await send({**start, "headers": self.raw_headers})
             self.started = True
-            await send({"type": "http.response.body", "body": self.first, "more_body": True})
+            head = await anext(self._chunks)  # read already: yielded at once
+            await send({"type": "http.response.body", "body": head, "more_body": True})
         except BaseException:  # the client is gone (an ASGI 2.4 server raises): free it
             await self.upstream.aclose()
             raise
