@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from proxy.errors import UpstreamStreamBroken
 from proxy.upstream.client import UpstreamResponse
@@ -78,6 +79,8 @@ async def relay(
             watch(body)
         headers.append((b"content-length", str(len(body)).encode()))
         return Relayed(body, response.status_code, headers)
+    if started is not None and started[0]:  # the head peeked for an overflow: out first
+        return Streamed(_raw_chunks(response, watch, started), response, headers)
     out = StreamingResponse(
         _raw_chunks(response, watch, started),
         status_code=response.status_code,
@@ -85,6 +88,46 @@ async def relay(
     )
     out.raw_headers = headers
     return out
+
+
+class Streamed(StreamingResponse):
+    """A stream whose first bytes were read already (its head, peeked for an overflow):
+    its status, headers and those bytes go out as soon as it is called, before the
+    task group that relays the rest and listens for a disconnect (starlette's, under
+    ASGI < 2.4) is set up, so the client's first byte waits for neither that nor a turn
+    of the loop (issue 27). The rest, the disconnect and the background as its base's."""
+
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        response: UpstreamResponse,
+        raw_headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        self.body_iterator = self._chunks = chunks  # the head first, without a wait
+        self.upstream = response
+        self.status_code, self.raw_headers = response.status_code, raw_headers
+        self.background = BackgroundTask(response.aclose)
+        self.started = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = {"type": "http.response.start", "status": self.status_code}
+        try:
+            await send({**start, "headers": self.raw_headers})
+            self.started = True
+            head = await anext(self._chunks)  # read already: yielded at once
+            await send({"type": "http.response.body", "body": head, "more_body": True})
+        except BaseException:  # the client is gone (an ASGI 2.4 server raises): free it
+            await self.upstream.aclose()
+            raise
+        await super().__call__(scope, receive, send)
+
+    async def stream_response(self, send: Send) -> None:
+        if not self.started:  # (a websocket scope: never one of ours)
+            await super().stream_response(send)
+            return
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _raw_chunks(
