@@ -66,6 +66,9 @@ def uvicorn_config(
         access_log=False,
         lifespan="on",
         ws="none",
+        # Nothing reads the client address or scheme (no access log; upstream URLs come
+        # from base_url): uvicorn's X-Forwarded-* middleware would be a frame a request.
+        proxy_headers=False,
         timeout_keep_alive=server.keepalive_timeout_s,
         # Typed int, but only ever handed to asyncio.wait_for (GracefulServer has its own).
         timeout_graceful_shutdown=server.shutdown_timeout_s,  # type: ignore[arg-type]
