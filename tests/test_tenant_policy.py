@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import logging
+import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -309,6 +311,36 @@ async def test_redis_counts_a_tenants_caps_once_for_every_replica(
     finally:
         for store in stores:
             await store.aclose()
+
+
+@pytest.mark.redis
+async def test_a_stalled_redis_is_not_waited_on_by_caps_while_the_store_cools_down(
+    redis_server: RedisServer,
+) -> None:
+    """Once the store has met the stall and is in its cool-down, a cap is counted as an
+    error at once (the summary goes ahead), not after its own Redis timeouts."""
+    tenants = [{"id": A, "summaries_per_hour": 2, "summarizer_tokens_per_day": 100}]
+    s = proxy_settings("http://127.0.0.1:1", store={"url": redis_server.url}, tenants=tenants)
+    store = build_store(s, Metrics.create())
+    series = TenantSeries(CollectorRegistry())
+    caps = TenantCaps(build_quota(s, store), series)
+    services = make_services(s, FakeUpstream(), FakeClock())
+    turn = await turn_of(services, [{"role": "user", "content": "hi"}])
+    turn = replace(turn, tenant=A, policy=services.policies.policy_for(A))
+    assert await caps.admit(turn) is None  # Redis answers: counted there
+    redis_server.process.send_signal(signal.SIGSTOP)
+    try:
+        await store.load_window("gpt-stall")  # times out: the store starts its cool-down
+        assert store.degraded
+        started = time.monotonic()
+        assert await caps.admit(turn) is None
+        await caps.spend(turn, 10)
+        waited = time.monotonic() - started
+    finally:
+        redis_server.process.send_signal(signal.SIGCONT)
+        await store.aclose()
+    assert series.cap_errors._value.get() == 2
+    assert waited < 0.1, f"caps waited {waited:.3f} s on a Redis the store knew was stalled"
 
 
 def test_the_cli_prints_a_keys_tenant_id_from_stdin(

@@ -3,8 +3,10 @@
 In Redis when the store is Redis, so every replica and worker counts against one total:
 ``{prefix}:quota:{name}``, a string INCRBY'd and given its TTL in one pipelined round
 trip (one key: a Cluster serves it from its slot). In this process for ``memory://``
-(each worker its own), bounded like the other tables. ``StoreError`` when Redis fails:
-the caller decides what a failed count means.
+(each worker its own), bounded like the other tables. ``StoreError`` when Redis fails,
+and at once, Redis untried, while the store is in its outage cool-down (a stalled Redis
+would otherwise make every capped summary wait out its timeouts): the caller decides
+what a failed count means.
 """
 
 from __future__ import annotations
@@ -51,13 +53,18 @@ class MemoryQuota:
 
 
 class RedisQuota:
-    def __init__(self, redis: Client, prefix: str) -> None:
+    def __init__(
+        self, redis: Client, prefix: str, cooling: Callable[[], bool] = lambda: False
+    ) -> None:
         self._redis = redis
         self._prefix = prefix
+        self._cooling = cooling  # the store's outage cool-down (ResilientStore.degraded)
 
     async def add(self, name: str, amount: int, ttl_s: float) -> int:
         from proxy.store.connect import ERRORS
 
+        if self._cooling():
+            raise StoreError("redis quota not tried: the store is in its outage cool-down")
         key = f"{self._prefix}:quota:{name}"
         try:
             if not amount:
@@ -80,5 +87,5 @@ def build_quota(settings: Settings, store: Store) -> Quota:
         from proxy.store.redis import RedisStore
 
         if isinstance(store.remote, RedisStore):
-            return RedisQuota(store.remote.client, settings.store.prefix)
+            return RedisQuota(store.remote.client, settings.store.prefix, lambda: store.degraded)
     return MemoryQuota()
