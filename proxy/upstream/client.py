@@ -241,6 +241,23 @@ class UpstreamResponse:
             cause = self._cut(exc)
             raise _translated(cause, body=True) from cause
 
+    async def aread_closed(self) -> bytes:
+        """``aread`` then ``aclose``, in one step: a body read to its end has freed its
+        connection already (aiohttp releases it at the body's end), so closing is only
+        ending the deadline."""
+        try:
+            body = await self._response.read()
+        except BaseException as exc:
+            await self.aclose()
+            if isinstance(exc, _CLIENT_ERRORS):
+                cause = self._cut(exc)
+                raise _translated(cause, body=True) from cause
+            raise
+        self._deadlines.end(self._deadline)
+        if not self._response.closed:  # (never seen: aiohttp closed it at the body's end)
+            self._response.release()
+        return body
+
     def _cut(self, exc: BaseException) -> BaseException:
         # A body its deadline cut off (by closing the response) timed out.
         return TimeoutError() if self._deadline.expired else exc
@@ -250,7 +267,9 @@ class UpstreamResponse:
         # (a client that went away mid-stream) closes it, which is what tells
         # the upstream to stop generating.
         self._deadlines.end(self._deadline)
-        if self._response.content.at_eof():
-            self._response.release()
+        response = self._response
+        if response.content.at_eof():
+            if not response.closed:  # aiohttp closes it, connection freed, at the body's end
+                response.release()
         else:
-            self._response.close()
+            response.close()

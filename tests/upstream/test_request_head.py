@@ -7,49 +7,19 @@ with a class of its own (client.py, ``_Request``); these hold it to aiohttp's ou
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 
 from proxy.upstream.client import UpstreamClient
+from tests.support.recording_upstream import RecordingUpstream
 from tests.support.servers import proxy_settings
-
-_REPLY = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-
-
-class _Recorder:
-    """A raw upstream that keeps every request head it reads and answers ``{}``."""
-
-    def __init__(self) -> None:
-        self.heads: list[bytes] = []
-        self.bodies: list[bytes] = []
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                self.heads.append(head)
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                self.bodies.append(await reader.readexactly(length))
-                writer.write(_REPLY)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
 
 
 @pytest.fixture
-async def recorded() -> AsyncIterator[tuple[_Recorder, str]]:
-    recorder = _Recorder()
-    server = await asyncio.start_server(recorder.serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    yield recorder, f"http://127.0.0.1:{port}"
-    server.close()
-    await server.wait_closed()
+async def recorded() -> AsyncIterator[tuple[RecordingUpstream, str]]:
+    async with RecordingUpstream() as upstream:
+        yield upstream, upstream.url
 
 
 async def _send(
@@ -66,7 +36,7 @@ async def _send(
 
 
 async def test_a_post_carries_the_callers_headers_then_accept_then_its_length(
-    recorded: tuple[_Recorder, str],
+    recorded: tuple[RecordingUpstream, str],
 ) -> None:
     recorder, url = recorded
     headers = [
@@ -91,7 +61,7 @@ async def test_a_post_carries_the_callers_headers_then_accept_then_its_length(
 
 
 async def test_the_callers_accept_and_user_agent_go_as_they_are(
-    recorded: tuple[_Recorder, str],
+    recorded: tuple[RecordingUpstream, str],
 ) -> None:
     recorder, url = recorded
     headers = [(b"accept", b"text/plain"), (b"user-agent", b"me/1"), (b"accept-encoding", b"br")]
@@ -112,7 +82,7 @@ async def test_the_callers_accept_and_user_agent_go_as_they_are(
     [("GET", b"Accept: */*\r\n\r\n"), ("POST", b"Accept: */*\r\nContent-Length: 0\r\n\r\n")],
 )
 async def test_a_call_without_a_body_gets_no_content_type(
-    recorded: tuple[_Recorder, str], method: str, tail: bytes
+    recorded: tuple[RecordingUpstream, str], method: str, tail: bytes
 ) -> None:
     recorder, url = recorded
     await _send(url, method, [], None)
