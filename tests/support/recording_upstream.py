@@ -39,15 +39,25 @@ class RecordingUpstream:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 self.heads.append(head)
-                length = 0
+                length, chunked = 0, False
                 for line in head.split(b"\r\n"):
                     name, _, value = line.partition(b":")
                     if name.strip().lower() == b"content-length":
                         length = int(value)
-                self.bodies.append(await reader.readexactly(length))
+                    chunked |= name.strip().lower() == b"transfer-encoding"
+                body = await (_chunked(reader) if chunked else reader.readexactly(length))
+                self.bodies.append(body)
                 writer.write(self.reply)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
+
+
+async def _chunked(reader: asyncio.StreamReader) -> bytes:
+    body = b""
+    while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+        body += (await reader.readexactly(size + 2))[:-2]
+    await reader.readexactly(2)
+    return body
