@@ -160,7 +160,7 @@ class UpstreamClient:
         for ~11 µs less (bench/README.md, "Saturation, session of 2026-11-26: ...")."""
         session = self._session
         # (aiohttp retries an idempotent call once on a stale connection: not here)
-        plain = _plain(url) if self._lean and method not in IDEMPOTENT_METHODS else None
+        plain = _plain(url) if self._lean and method.upper() not in IDEMPOTENT_METHODS else None
         if plain is None or session.closed:
             return await session.request(
                 method, url, headers=headers, data=data, allow_redirects=False

@@ -65,8 +65,9 @@ async def test_a_post_skips_the_sessions_request(monkeypatch: pytest.MonkeyPatch
         client = UpstreamClient(proxy_settings(upstream.url))
         try:
             assert (await _post(client, upstream.url))[2] == b"{}"
-            with pytest.raises(AssertionError, match=r"ClientSession\._request"):
-                await client.send("GET", f"{upstream.url}/v1/models", [], None)
+            for method in ("GET", "get", "PUT"):  # aiohttp retries these: its own path
+                with pytest.raises(AssertionError, match=r"ClientSession\._request"):
+                    await client.send(method, f"{upstream.url}/v1/models", [], None)
         finally:
             await client.aclose()
 
