@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import AsyncIterator, Iterable
-from contextlib import suppress
 
 import aiohttp
 from aiohttp import hdrs
@@ -28,6 +27,7 @@ from proxy.errors import UpstreamUnavailable
 from proxy.errors import upstream_failure as _translated
 from proxy.upstream.deadline import Deadline, Deadlines
 from proxy.upstream.seam import Upstream as Upstream  # the seam's home was here
+from proxy.upstream.urls import plain_url
 
 # What the client raises: aiohttp's tree, and timeouts (sock_read, sock_connect; deadline.py)
 _CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -65,15 +65,6 @@ _NO_TIMER = TimerNoop()
 
 def _timeout(exc: OSError) -> bool:
     return exc.errno is None and isinstance(exc, TimeoutError)  # not ETIMEDOUT's OSError
-
-
-def _plain(url: str | URL) -> URL | None:
-    """``url``, if http(s) with a host and no credentials (aiohttp's BasicAuth), or None."""
-    with suppress(ValueError):  # (else aiohttp's own path raises its error for it)
-        url = URL(url)
-        if url.scheme in ("http", "https") and url.raw_host:
-            return url if (url.raw_user, url.raw_password) == (None, None) else None
-    return None
 
 
 class UpstreamClient:
@@ -160,7 +151,7 @@ class UpstreamClient:
         for ~11 µs less (bench/README.md, "Saturation, session of 2026-11-26: ...")."""
         session = self._session
         # (aiohttp retries an idempotent call once on a stale connection: not here)
-        plain = _plain(url) if self._lean and method.upper() not in IDEMPOTENT_METHODS else None
+        plain = plain_url(url) if self._lean and method.upper() not in IDEMPOTENT_METHODS else None
         if plain is None or session.closed:
             return await session.request(
                 method, url, headers=headers, data=data, allow_redirects=False

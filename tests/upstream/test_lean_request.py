@@ -12,9 +12,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from yarl import URL
 
 from proxy.upstream import client as client_module
 from proxy.upstream.client import UpstreamClient
+from proxy.upstream.urls import plain_url
 from tests.support.breaking_upstream import BreakingUpstream
 from tests.support.recording_upstream import RecordingUpstream
 from tests.support.servers import free_port, proxy_settings
@@ -201,3 +203,38 @@ async def test_the_same_wrapping_of_an_error_sending(
         lean, general = await _both(monkeypatch, upstream.url, _post)
     assert lean == general
     assert (lean[2], lean[3]) == (status, cause)
+
+
+@pytest.mark.parametrize(
+    ("url", "plain"),
+    [
+        ("http://127.0.0.1:9/v1/chat/completions", True),
+        ("https://[::1]:8443/v1/x?a=1", True),
+        (URL("http://h/v1/a%2Fb", encoded=True), True),
+        ("http://user:pass@h/v1/x", False),  # aiohttp makes these an Authorization header
+        ("http://user@h/v1/x", False),
+        ("ftp://h/v1/x", False),
+        ("http:///v1/x", False),
+    ],
+)
+def test_which_urls_take_the_lean_path(url: str | URL, plain: bool) -> None:
+    found = plain_url(url)
+    assert (found is not None) == plain
+    if found is not None:
+        assert found == URL(url)
+        assert found.raw_path_qs == URL(url).raw_path_qs
+
+
+async def test_credentials_in_the_url_go_as_aiohttps_authorization(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def post(client: UpstreamClient, url: str) -> object:
+        authority = url.removeprefix("http://")
+        response = await client.send("POST", f"http://u:p@{authority}/v1/x", [], b"{}")
+        return await response.aread_closed()
+
+    async with RecordingUpstream() as upstream:
+        lean, general = await _both(monkeypatch, upstream.url, post)
+    assert lean == general == ("ok", b"{}")
+    assert upstream.heads[0] == upstream.heads[1]
+    assert b"Authorization: Basic dTpw\r\n" in upstream.heads[0]
