@@ -174,3 +174,22 @@ class UpstreamStreamBroken(UpstreamError):
 
 class ContextTooLarge(InvalidRequest):
     code = "context_length_exceeded"
+
+
+def upstream_failure(exc: BaseException, *, body: bool) -> UpstreamError:
+    """The one place the HTTP client's exceptions (upstream/client.py) become the proxy's;
+    callers raise the result ``from exc`` (a function, not a mapping context manager: a
+    ``with`` costs on every use, a ``try`` nothing until something fails). ``body``: the
+    status and headers had already arrived, so the failure broke a body off, which a
+    relayed stream can only end early on."""
+    timed_out = isinstance(exc, TimeoutError)  # asyncio's, aiohttp's ServerTimeoutError
+    if body:
+        message = (
+            "The upstream did not finish its answer in time."
+            if timed_out
+            else "The upstream connection broke mid-answer."
+        )
+        return UpstreamStreamBroken(message, timed_out=timed_out)
+    if timed_out:
+        return UpstreamTimeout("The upstream did not answer in time.")
+    return UpstreamUnavailable("The upstream could not be reached.")

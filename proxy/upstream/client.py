@@ -1,89 +1,77 @@
 """The one upstream HTTP client: sending, and error translation.
 
-This is the one place that knows about the HTTP client: an aiohttp session,
-chosen with numbers: a minimal passthrough on aiohttp served an order of magnitude
-more than on httpx's own pool, and well more than httpx over an aiohttp transport
-(bench/README.md, "Figures behind the code").
-``UpstreamClient`` owns the session; everything else sees ``UpstreamClient``,
-``UpstreamResponse`` and the proxy's own errors, never an aiohttp one. Which
-headers go (``headers.py``), where (``urls.py``) and how an answer goes back to
-the client (``relay.py``) are decided around it.
+The one place that knows the HTTP client: an aiohttp session, chosen with numbers (a
+minimal passthrough on aiohttp served an order of magnitude more than on httpx's pool;
+bench/README.md, "Figures behind the code"). ``UpstreamClient`` owns the session; all
+else sees ``UpstreamClient``, ``UpstreamResponse`` and the proxy's errors, never aiohttp's.
+Which headers go (``headers.py``), where (``urls.py``) and how an answer goes back
+(``relay.py``) are decided around it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Iterable
 
 import aiohttp
-from aiohttp.helpers import get_env_proxy_for_url
-from multidict import CIMultiDictProxy
+from aiohttp import hdrs
+from aiohttp.client import IDEMPOTENT_METHODS
+from aiohttp.helpers import TimerNoop, get_env_proxy_for_url
+from aiohttp.http import SERVER_SOFTWARE
+from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
 from proxy.config import Settings
-from proxy.errors import (
-    UpstreamError,
-    UpstreamStreamBroken,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-)
+from proxy.errors import UpstreamUnavailable
+from proxy.errors import upstream_failure as _translated
 from proxy.upstream.deadline import Deadline, Deadlines
+from proxy.upstream.seam import Upstream as Upstream  # the seam's home was here
+from proxy.upstream.urls import plain_url
 
-# What the client raises: aiohttp's tree, and timeouts (sock_read, sock_connect; the total
-# is deadline.py's).
+# What the client raises: aiohttp's tree, and timeouts (sock_read, sock_connect; deadline.py)
 _CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 # Request bodies bigger than this are written in chunks (aiohttp warns about larger bytes).
 _WRITE_IN_CHUNKS = 1024 * 1024
 # aiohttp adds these when absent; the proxy sends what the client sent, no more.
-_SKIP_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Content-Type")
+_SKIP_SET = frozenset(istr(name) for name in ("User-Agent", "Accept-Encoding", "Content-Type"))
 
 
-def _translated(exc: BaseException, *, body: bool) -> UpstreamError:
-    """The one place the HTTP client's exceptions become the proxy's; callers raise
-    the result ``from exc``. ``body``: the status and headers had already arrived, so
-    the failure broke a body off, which a relayed stream can only end early on.
+class _Request(aiohttp.ClientRequest):
+    """aiohttp's request, its automatic headers decided once for the session's skip set,
+    not per call (~3 µs of ~80; bench/README.md, "Saturation, session of 2026-11-26: the
+    upstream call"). The same head: tests/upstream/test_request_head.py."""
 
-    (A function, not httpx's mapping context manager: ``with`` costs on every use on the
-    request path, a ``try`` nothing until something fails; bench/README.md.)
-    """
-    timed_out = isinstance(exc, asyncio.TimeoutError)  # includes ServerTimeoutError
-    if body:
-        message = (
-            "The upstream did not finish its answer in time."
-            if timed_out
-            else "The upstream connection broke mid-answer."
-        )
-        return UpstreamStreamBroken(message, timed_out=timed_out)
-    if timed_out:
-        return UpstreamTimeout("The upstream did not answer in time.")
-    return UpstreamUnavailable("The upstream could not be reached.")
+    def update_auto_headers(self, skip_auto_headers: Iterable[str] | None) -> None:
+        if skip_auto_headers != _SKIP_SET:  # not the session's: aiohttp's own way
+            super().update_auto_headers(skip_auto_headers)
+            return
+        self._skip_auto_headers = _SKIP
+        for name, value in _AUTO:
+            if name not in self.headers:
+                self.headers[name] = value
 
 
-class Upstream(Protocol):
-    """The upstream seam: what requests and the summarizer need of ``UpstreamClient``
-    (tests put an in-process fake behind it, ``tests/support/fakes.py``)."""
+_SKIP: CIMultiDict[None] = CIMultiDict((name, None) for name in sorted(_SKIP_SET))
+# What aiohttp adds when the caller sent none and the session does not skip, in its order.
+_AUTO = [*_Request.DEFAULT_HEADERS.items(), (hdrs.USER_AGENT, SERVER_SOFTWARE)]
+_AUTO = [(name, value) for name, value in _AUTO if name not in _SKIP]
 
-    async def send(
-        self,
-        method: str,
-        url: str | URL,
-        headers: list[tuple[bytes, bytes]],
-        content: bytes | AsyncIterator[bytes] | None,
-    ) -> UpstreamResponse: ...
 
-    async def aclose(self) -> None: ...
+# UpstreamClient._request follows aiohttp 3.14's ClientSession._request (constraints.txt).
+_LEAN = aiohttp.__version__.startswith("3.14.")
+_NO_TIMER = TimerNoop()
+
+
+def _timeout(exc: OSError) -> bool:
+    return exc.errno is None and isinstance(exc, TimeoutError)  # not ETIMEDOUT's OSError
 
 
 class UpstreamClient:
-    """The one upstream HTTP client: an aiohttp session with the timeouts and limits
-    from settings. The app's lifespan builds it and ``aclose``s it; requests share it.
+    """The one upstream HTTP client: an aiohttp session with the timeouts and limits from
+    settings; the app's lifespan builds it (inside the running loop) and ``aclose``s it."""
 
-    Must be constructed inside the running event loop.
-    """
-
-    __slots__ = ("_deadlines", "_session")
+    __slots__ = ("_deadlines", "_lean", "_session")
 
     def __init__(self, settings: Settings) -> None:
         up = settings.upstream
@@ -103,16 +91,18 @@ class UpstreamClient:
             proxy, proxy_auth = get_env_proxy_for_url(URL(up.base_url))
         except LookupError:
             proxy, proxy_auth = None, None
+        self._lean = _LEAN and proxy is None
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=timeout,
             auto_decompress=False,  # bytes are relayed exactly as the upstream sent them
-            skip_auto_headers=_SKIP_AUTO_HEADERS,
+            skip_auto_headers=_SKIP_SET,
             # One session serves every tenant: an upstream's cookies must never be
             # stored and replayed on someone else's requests.
             cookie_jar=aiohttp.DummyCookieJar(),
             proxy=proxy,
             proxy_auth=proxy_auth,
+            request_class=_Request,
         )
 
     async def send(
@@ -130,12 +120,8 @@ class UpstreamClient:
             data = io.BytesIO(content)
         deadline = self._deadlines.start()
         try:
-            response = await self._session.request(
-                method,
-                url,
-                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers],
-                data=data,
-                allow_redirects=False,
+            response = await self._request(
+                method, url, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers], data
             )
         except BaseException as exc:
             self._deadlines.end(deadline)  # whatever ended the call: nothing cancels later
@@ -156,17 +142,79 @@ class UpstreamClient:
             raise UpstreamUnavailable("The upstream answered with an invalid HTTP status.")
         return UpstreamResponse(response, deadline, self._deadlines)
 
+    async def _request(
+        self, method: str, url: str | URL, headers: list[tuple[str, str]], data: object
+    ) -> aiohttp.ClientResponse:
+        """``session.request``. A POST to a plain URL (the proxy's own calls) skips the general
+        machinery of ``ClientSession._request`` this session never uses (redirects, cookies,
+        traces, middlewares, a total timeout): the same request, connection, head and errors
+        for ~11 µs less (bench/README.md, "Saturation, session of 2026-11-26: ...")."""
+        session = self._session
+        # (aiohttp retries an idempotent call once on a stale connection: not here)
+        plain = plain_url(url) if self._lean and method.upper() not in IDEMPOTENT_METHODS else None
+        if plain is None or session.closed:
+            return await session.request(
+                method, url, headers=headers, data=data, allow_redirects=False
+            )
+        url = plain
+        timeout, connector = session.timeout, session.connector
+        assert connector is not None
+        req = _Request(
+            method,
+            url,
+            headers=session._prepare_headers(headers),
+            skip_auto_headers=session.skip_auto_headers,
+            data=data,
+            version=session._version,
+            loop=session._loop,
+            response_class=session._response_class,
+            timer=_NO_TIMER,
+            session=session,
+        )
+        try:
+            try:
+                conn = await connector.connect(req, traces=[], timeout=timeout)
+            except TimeoutError as exc:
+                raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {url}") from exc
+            assert conn.protocol is not None
+            conn.protocol.set_response_params(
+                timer=_NO_TIMER,
+                read_until_eof=True,
+                auto_decompress=session.auto_decompress,
+                read_timeout=timeout.sock_read,
+                read_bufsize=session._read_bufsize,
+                timeout_ceil_threshold=connector._timeout_ceil_threshold,
+                max_line_size=session._max_line_size,
+                max_field_size=session._max_field_size,
+                max_headers=session._max_headers,
+            )
+            try:
+                response = await req.send(conn)
+                try:
+                    await response.start(conn)
+                except BaseException:
+                    response.close()
+                    raise
+            except BaseException:
+                conn.close()
+                raise
+        except OSError as exc:
+            if isinstance(exc, aiohttp.ClientError) or _timeout(exc):
+                raise
+            raise aiohttp.ClientOSError(*exc.args) from exc  # as aiohttp's own path does
+        finally:
+            if req._body is not None:
+                await req._body.close()
+        return response
+
     async def aclose(self) -> None:
         self._deadlines.close()
         await self._session.close()
 
 
 class UpstreamResponse:
-    """An upstream answer with its body not yet read; ``aclose`` it when done.
-
-    Reading the body raises ``UpstreamStreamBroken`` if the connection breaks or
-    times out meanwhile.
-    """
+    """An upstream answer with its body not yet read; ``aclose`` it when done. Reading the
+    body raises ``UpstreamStreamBroken`` if the connection breaks or times out meanwhile."""
 
     __slots__ = ("_deadline", "_deadlines", "_response", "started")
 
@@ -210,6 +258,22 @@ class UpstreamResponse:
             cause = self._cut(exc)
             raise _translated(cause, body=True) from cause
 
+    async def aread_closed(self) -> bytes:
+        """``aread`` then ``aclose`` in one step: a body read to its end has freed its
+        connection already (aiohttp does at the body's end): closing is ending the deadline."""
+        try:
+            body = await self._response.read()
+        except BaseException as exc:
+            await self.aclose()
+            if isinstance(exc, _CLIENT_ERRORS):
+                cause = self._cut(exc)
+                raise _translated(cause, body=True) from cause
+            raise
+        self._deadlines.end(self._deadline)
+        if not self._response.closed:  # (never seen: aiohttp closed it at the body's end)
+            self._response.release()
+        return body
+
     def _cut(self, exc: BaseException) -> BaseException:
         # A body its deadline cut off (by closing the response) timed out.
         return TimeoutError() if self._deadline.expired else exc
@@ -219,7 +283,9 @@ class UpstreamResponse:
         # (a client that went away mid-stream) closes it, which is what tells
         # the upstream to stop generating.
         self._deadlines.end(self._deadline)
-        if self._response.content.at_eof():
-            self._response.release()
+        response = self._response
+        if response.content.at_eof():
+            if not response.closed:  # aiohttp closes it, connection freed, at the body's end
+                response.release()
         else:
-            self._response.close()
+            response.close()

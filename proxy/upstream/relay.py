@@ -69,12 +69,9 @@ async def relay(
         and int(length) <= _BUFFER_LIMIT
     )
     if not is_stream and small and started is None:
-        try:
-            # Raw bytes (auto_decompress is off): the content-encoding header is
-            # relayed, so must the encoding be.
-            body = await response.aread()
-        finally:
-            await response.aclose()
+        # Raw bytes (auto_decompress is off): the content-encoding header is
+        # relayed, so must the encoding be.
+        body = await response.aread_closed()
         if watch is not None:
             watch(body)
         headers.append((b"content-length", str(len(body)).encode()))

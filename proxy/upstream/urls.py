@@ -4,6 +4,7 @@ forwarded (``passthrough_url``), so nothing resolves outside the configured base
 
 from __future__ import annotations
 
+from contextlib import suppress
 from functools import lru_cache
 from urllib.parse import quote, unquote_to_bytes
 
@@ -62,3 +63,14 @@ def passthrough_url(base_url: str, path: str, raw_path: bytes | None, query: byt
 def _base_path(base_url: str) -> str:
     # The configured base, encoded once; the client's path is appended verbatim.
     return str(URL(base_url)).rstrip("/")
+
+
+@lru_cache(maxsize=256)
+def plain_url(url: str | URL) -> URL | None:
+    """``url`` if it is http(s) with a host and no credentials (the HTTP client would turn
+    them into an Authorization header), else None; remembered, as calls repeat their URL."""
+    with suppress(ValueError):  # (else the HTTP client raises its own error for it)
+        url = URL(url)
+        if url.scheme in ("http", "https") and url.raw_host:
+            return url if (url.raw_user, url.raw_password) == (None, None) else None
+    return None

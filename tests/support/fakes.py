@@ -202,6 +202,11 @@ class FakeResponse(UpstreamResponse):
         self._chunks.clear()
         return body
 
+    async def aread_closed(self) -> bytes:
+        body = await self.aread()
+        await self.aclose()
+        return body
+
     async def aclose(self) -> None:
         self.closed = True
 
