@@ -100,10 +100,12 @@ class Streamed(StreamingResponse):
         response: UpstreamResponse,
         raw_headers: list[tuple[bytes, bytes]],
     ) -> None:
-        self.body_iterator = self._chunks = chunks  # the head first, without a wait
+        # The base's own set-up (what a starlette upgrade adds there comes along), then
+        # the upstream's headers as they are.
+        super().__init__(chunks, response.status_code, background=BackgroundTask(response.aclose))
+        self._chunks = chunks  # the head first, without a wait
         self.upstream = response
-        self.status_code, self.raw_headers = response.status_code, raw_headers
-        self.background = BackgroundTask(response.aclose)
+        self.raw_headers = raw_headers
         self.started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
