@@ -30,6 +30,7 @@ from proxy.core.ledger import (
 )
 from proxy.core.session import session_from_header
 from proxy.observe.shadow_series import ShadowSeries
+from proxy.observe.tally import plain_child
 
 if TYPE_CHECKING:
     from proxy.observe.record import Record
@@ -99,9 +100,10 @@ class Ledger:
             registry=registry,
         )
         self.shadow = ShadowSeries(registry)  # what shadow mode would have sent
-        # Each kind's child's value, looked up once: ``labels()`` costs a lock and checks
-        # per call, and ``inc`` checks what ``_add`` does (amounts > 0), as recorder.py's.
-        self._kinds = tuple((kind, self.tokens.labels(kind=kind)._value) for kind in KINDS)
+        # Each kind's child's value, looked up once and plain (tally.py): ``labels()``
+        # costs a lock and checks per call, ``inc`` checks what ``_add`` does (amounts
+        # > 0), as recorder.py's.
+        self._kinds = tuple((kind, plain_child(self.tokens.labels(kind=kind))) for kind in KINDS)
         for direction in ("input", "output"):
             self.summarizer.labels(direction=direction)
         for side in ("would_have_paid", "paid"):
