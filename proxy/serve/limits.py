@@ -45,9 +45,12 @@ def limited_protocol(limits: ServerSettings) -> type[asyncio.Protocol]:
     import httptools
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    from proxy.serve.cycle import Cycle
+
     class _Bounded(_LimitsMixin, HttpToolsProtocol):  # type: ignore[misc]
         parser_error = httptools.HttpParserError
         parser_upgrade = httptools.HttpParserUpgrade
+        cycle_class = Cycle
         max_head = limits.max_header_bytes
         head_timeout = limits.header_timeout_s
         body_timeout = limits.body_timeout_s
@@ -87,6 +90,7 @@ class _LimitsMixin:
 
     parser_error: type[Exception]
     parser_upgrade: type[Exception]
+    cycle_class: type[Any]
     max_head: int
     head_timeout: float
     body_timeout: float
@@ -194,6 +198,8 @@ class _LimitsMixin:
         self._reading_s = 0.0
         self._last_tick = me.loop.time()
         super().on_headers_complete()  # type: ignore[misc]
+        # Its response's head goes out with its body (cycle.py); its task has not run yet.
+        me.cycle.__class__ = self.cycle_class
         if upgrade:
             me.cycle.keep_alive = False
 
