@@ -1,7 +1,10 @@
-"""proxy.serve.cycle: a response of known length goes out in one write, every response's
-bytes as uvicorn's own cycle writes them (in-process: the protocol on a fake transport).
+"""The proxy's HTTP protocol (proxy.serve.limits, proxy.serve.cycle) against uvicorn's own,
+in-process on a fake transport: a response of known length goes out in one write, every
+response's bytes as uvicorn writes them; an idle connection closes after the keep-alive
+timeout without a timer armed per response.
 
-Over sockets, through the whole proxy: tests/e2e (every response goes through it).
+Over sockets, through the whole proxy: tests/e2e (every response goes through it), and
+the limits against slow clients: tests/e2e/test_client_limits.py.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ class _Transport(asyncio.Transport):
         pass
 
 
-async def _serve(protocol: type[Any], app: App, request: bytes) -> _Transport:
+async def _connect(protocol: type[Any], app: App, request: bytes) -> tuple[Any, _Transport]:
+    """A connection to ``protocol`` serving ``app``, ``request`` received and answered."""
     config = Config(app, access_log=False, ws="none", lifespan="off", log_config=None)
     state = ServerState()
     server = protocol(config=config, server_state=state, app_state={})
@@ -60,7 +64,11 @@ async def _serve(protocol: type[Any], app: App, request: bytes) -> _Transport:
         await asyncio.sleep(0)
     for task in state.tasks:
         task.cancel()
-    return transport
+    return server, transport
+
+
+async def _serve(protocol: type[Any], app: App, request: bytes) -> _Transport:
+    return (await _connect(protocol, app, request))[1]
 
 
 def _answer(*headers: tuple[bytes, bytes], body: bytes = b"hello", length: int = 5) -> App:
@@ -121,3 +129,22 @@ async def test_a_streams_head_goes_out_before_its_first_event() -> None:
     assert len(ours.writes) == 1
     assert b"transfer-encoding: chunked" in ours.writes[0]
     assert ours.writes[0].endswith(b"\r\n\r\n")
+
+
+async def test_an_idle_connection_closes_after_the_keepalive_timeout() -> None:
+    """uvicorn arms a timer per response for it (and cancels it as the next request
+    comes): the watchdog's tick closes the connection instead, up to a tick late."""
+    settings = ServerSettings(keepalive_timeout_s=1)  # a tick: 0.25 s
+    server, transport = await _connect(limited_protocol(settings), _answer(), GET)
+    assert transport.writes
+    assert server.timeout_keep_alive_task is None  # no timer of its own
+    await asyncio.sleep(0.8)
+    assert not transport.closed
+    server.data_received(GET)  # a second request: idle again from its answer
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(transport.writes) == 2
+    await asyncio.sleep(0.8)
+    assert not transport.closed
+    await asyncio.sleep(0.6)
+    assert transport.closed
