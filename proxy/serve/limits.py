@@ -244,8 +244,8 @@ class _LimitsMixin:
             if rate and reading > self.body_timeout and self._body_bytes < rate * reading:
                 self._drop("request body slower than min_body_rate_bytes_s")
         elif self._idle_since and now - self._idle_since > self.keepalive:
-            if not me.transport.is_closing():
-                me.transport.close()  # as uvicorn's keep-alive timeout does
+            self._idle_since = 0.0
+            me.transport.close()  # as uvicorn's keep-alive timeout does (once)
 
     def _drop(self, why: str) -> None:
         me: Any = self
