@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from proxy.config import Settings
     from proxy.observe.record import Record
 
-# The line's name of each ledger figure (Entry.as_dict's keys).
-_LEDGER_FIELDS = {k: f"ledger_{k}" for k in Entry().as_dict()}
+# Each ledger figure (Entry.as_dict's keys, in its order) and its name on the line.
+_LEDGER_FIELDS = tuple((k, f"ledger_{k}") for k in Entry().as_dict())
 # Answered with no response at all (the client left, or shutdown cut it): nginx's code.
 NO_RESPONSE = 499
 
@@ -145,7 +145,8 @@ class Recorder:
             fields = self._fields(rec, total)
             if ledgered is not None:  # the ledger's entry, flat: ledger_net, ledger_sent...
                 entry, money = ledgered
-                fields.update({_LEDGER_FIELDS[k]: v for k, v in entry.as_dict().items()})
+                for name, key in _LEDGER_FIELDS:  # as_dict's, without building it
+                    fields[key] = getattr(entry, name)
                 if money is not None:
                     fields["ledger_money_saved_usd"] = round(money, 6)
             write_request_line(fields)
