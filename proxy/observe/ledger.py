@@ -61,7 +61,8 @@ class Totals:
 
     @property
     def entry(self) -> Entry:
-        return Entry(*self._sums, estimated=self._estimated)
+        would_send, sent, cached, would_cached, given, written = self._sums
+        return Entry(would_send, sent, cached, would_cached, given, written, self._estimated)
 
     def add(self, entry: Entry, money: float | None, counted: bool) -> None:
         sums = self._sums  # in _SUMMED's order
