@@ -31,6 +31,8 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 # A body up to this size is joined to its head (one buffer); a larger one is handed over
 # beside it.
 _JOIN_BYTES = 64 * 1024
+# The headers uvicorn's send reads (the others it only writes).
+_FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 
 
 class Cycle(RequestResponseCycle):
@@ -88,6 +90,9 @@ class Cycle(RequestResponseCycle):
         has_connection_close = False
         for raw, value in headers:
             name = raw.lower()
+            content += (name, b": ", value, b"\r\n")
+            if name not in _FRAMING:
+                continue
             if name == b"content-length" and self.chunked_encoding is None:
                 self.expected_content_length = int(value.decode())
                 self.chunked_encoding = False
@@ -99,7 +104,6 @@ class Cycle(RequestResponseCycle):
                 if b"close" in connection:
                     self.keep_alive = False
                     has_connection_close = True
-            content.extend([name, b": ", value, b"\r\n"])
         if not self.keep_alive and not has_connection_close:
             content.append(b"connection: close\r\n")
         if (
