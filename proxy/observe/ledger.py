@@ -12,7 +12,7 @@ worker's or replica's view.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
@@ -30,6 +30,7 @@ from proxy.core.ledger import (
 )
 from proxy.core.session import session_from_header
 from proxy.observe.shadow_series import ShadowSeries
+from proxy.observe.tally import plain_child
 
 if TYPE_CHECKING:
     from proxy.observe.record import Record
@@ -37,20 +38,41 @@ if TYPE_CHECKING:
 KINDS = ("would_send", "sent", "cached", "would_cached", "summarizer_input", "summarizer_output")
 _SESSIONS_LIMIT = 10_000
 _TENANTS_LIMIT = 10_000
+# Entry's figures a Totals sums, in Entry's field order (``estimated`` apart).
+_SUMMED = ("would_send", "sent", "cached", "would_cached", "summarizer_input", "summarizer_output")
 
 
-@dataclass(slots=True)
 class Totals:
-    """A session's or a tenant's sum, the money saved (None: unpriced), the last
-    would_send (the next request's cache estimate) and how many requests."""
+    """A session's or a tenant's sum (``entry``), the money saved (None: unpriced), the
+    last would_send (the next request's cache estimate) and how many requests. The sums
+    are plain numbers added in place: a new ``Entry`` per request (``Entry.plus``, a
+    frozen dataclass of seven fields) cost more than the rest of the ledger's step."""
 
-    entry: Entry
-    money: float | None = None
-    last_would_send: int = 0
-    requests: int = 0
+    __slots__ = ("_estimated", "_sums", "last_would_send", "money", "requests")
+
+    def __init__(
+        self, entry: Entry, money: float | None = None, last_would_send: int = 0, requests: int = 0
+    ) -> None:
+        self._sums = [getattr(entry, name) for name in _SUMMED]
+        self._estimated = entry.estimated
+        self.money = money
+        self.last_would_send = last_would_send
+        self.requests = requests
+
+    @property
+    def entry(self) -> Entry:
+        would_send, sent, cached, would_cached, given, written = self._sums
+        return Entry(would_send, sent, cached, would_cached, given, written, self._estimated)
 
     def add(self, entry: Entry, money: float | None, counted: bool) -> None:
-        self.entry = self.entry.plus(entry)
+        sums = self._sums  # in _SUMMED's order
+        sums[0] += entry.would_send
+        sums[1] += entry.sent
+        sums[2] += entry.cached
+        sums[3] += entry.would_cached
+        sums[4] += entry.summarizer_input
+        sums[5] += entry.summarizer_output
+        self._estimated = self._estimated or entry.estimated
         if money is not None:
             self.money = (self.money or 0.0) + money
         if counted:
@@ -99,9 +121,10 @@ class Ledger:
             registry=registry,
         )
         self.shadow = ShadowSeries(registry)  # what shadow mode would have sent
-        # Each kind's child's value, looked up once: ``labels()`` costs a lock and checks
-        # per call, and ``inc`` checks what ``_add`` does (amounts > 0), as recorder.py's.
-        self._kinds = tuple((kind, self.tokens.labels(kind=kind)._value) for kind in KINDS)
+        # Each kind's child's value, looked up once and plain (tally.py): ``labels()``
+        # costs a lock and checks per call, ``inc`` checks what ``_add`` does (amounts
+        # > 0), as recorder.py's.
+        self._kinds = tuple((kind, plain_child(self.tokens.labels(kind=kind))) for kind in KINDS)
         for direction in ("input", "output"):
             self.summarizer.labels(direction=direction)
         for side in ("would_have_paid", "paid"):

@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # for annotations: configure_logging reads these settings
 # Each request's line (proxy/observe/record.py); its level decides whether they are written.
 ACCESS = logging.getLogger("proxy.access")
 _REQUEST_HEAD = {"level": "info", "logger": ACCESS.name, "msg": "request"}
+_REQUEST_HEAD_KEYS = frozenset(("ts", *_REQUEST_HEAD))
+_REQUEST_HEAD_JSON = orjson.dumps(_REQUEST_HEAD).decode()[1:-1] + ","
 # The id of the request being served, for every line logged while serving it.
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
@@ -63,9 +65,14 @@ class JsonFormatter(logging.Formatter):
         return f"{prefix}.{int((created - second) * 1000):03d}Z"
 
     def request_line(self, fields: dict[str, Any]) -> str:
-        """A request's line, as ``format`` would write it for a record of ``ACCESS``."""
-        line = {"ts": self._timestamp(time.time()), **_REQUEST_HEAD, **fields}
-        return orjson.dumps(line, default=str).decode()
+        """A request's line, as ``format`` would write it for a record of ``ACCESS``: its
+        head's JSON, then the fields' (one dict of ~25 keys fewer to build a request)."""
+        ts = self._timestamp(time.time())
+        if not fields or not fields.keys().isdisjoint(_REQUEST_HEAD_KEYS):  # not the recorder's
+            return orjson.dumps({"ts": ts, **_REQUEST_HEAD, **fields}, default=str).decode()
+        return (
+            f'{{"ts":"{ts}",{_REQUEST_HEAD_JSON}' + orjson.dumps(fields, default=str).decode()[1:]
+        )
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {

@@ -2,8 +2,8 @@
 
 ``Recorder.finish`` is the one place that does either, once per request, so it is
 kept to plain work: the series a request moves are looked up once per label set and
-observed without prometheus-client's per-call checks (``_FastHistogram``,
-``_FastCounter``), and the line's fields are built in one dict.
+observed without prometheus-client's per-call checks and locks (``_FastHistogram``,
+``_fast_counter``, tally.py), and the line's fields are built in one dict.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from proxy.observe.ledger import Ledger
 from proxy.observe.logs import ACCESS, write_request_line
 from proxy.observe.metrics import Metrics
 from proxy.observe.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
+from proxy.observe.tally import Value, plain_buckets, plain_child
 
 if TYPE_CHECKING:
     from proxy.config import Settings
     from proxy.observe.record import Record
 
-# The line's name of each ledger figure (Entry.as_dict's keys).
-_LEDGER_FIELDS = {k: f"ledger_{k}" for k in Entry().as_dict()}
+# Each ledger figure (Entry.as_dict's keys, in its order) and its name on the line.
+_LEDGER_FIELDS = tuple((k, f"ledger_{k}") for k in Entry().as_dict())
 # Answered with no response at all (the client left, or shutdown cut it): nginx's code.
 NO_RESPONSE = 499
 
@@ -65,14 +66,15 @@ def api_resource(path: str) -> str:
 class _FastHistogram:
     """One labelled histogram child's ``observe``: its sum and the one bucket the value
     falls in, as prometheus-client's own does, without its checks and loop (a child
-    from ``labels()`` is always observable). Works on its values in multiprocess mode
-    too; tests/observe/test_metrics.py holds it to the public ``observe``."""
+    from ``labels()`` is always observable), on plain values (tally.py). Works on its
+    values in multiprocess mode too; tests/observe/test_metrics.py holds it to the
+    public ``observe``."""
 
     __slots__ = ("_bounds", "_buckets", "_sum")
 
     def __init__(self, child: Histogram) -> None:
-        self._sum = child._sum
-        self._buckets = child._buckets
+        self._sum = plain_child(child, "_sum")
+        self._buckets = plain_buckets(child)
         self._bounds = child._upper_bounds  # ascending, ending with +Inf
 
     def observe(self, amount: float) -> None:
@@ -80,16 +82,9 @@ class _FastHistogram:
         self._buckets[bisect_left(self._bounds, amount)].inc(1)
 
 
-class _FastCounter:
-    """One labelled counter child's ``inc``, for amounts known to be >= 0."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, child: Counter) -> None:
-        self._value = child._value
-
-    def inc(self, amount: float = 1) -> None:
-        self._value.inc(amount)
+def _fast_counter(child: Counter) -> Value:
+    """One labelled counter child's value, plain (tally.py): ``inc`` it by amounts >= 0."""
+    return plain_child(child)
 
 
 class Recorder:
@@ -102,18 +97,18 @@ class Recorder:
         # Keyed by route (a route name) and status label: closed sets (proxy.observe.series).
         self._durations: dict[str, _FastHistogram] = {}
         self._upstream: dict[str, _FastHistogram] = {}
-        self._responses: dict[tuple[str, str], _FastCounter] = {}
-        self._upstream_responses: dict[tuple[str, str], _FastCounter] = {}
+        self._responses: dict[tuple[str, str], Value] = {}
+        self._upstream_responses: dict[tuple[str, str], Value] = {}
         self._added: dict[str, _FastHistogram] = {}
         self._ttfb: dict[str, _FastHistogram] = {}
-        self._chat = {s: _FastCounter(metrics.requests.labels(status=s)) for s in CHAT_STATUSES}
+        self._chat = {s: _fast_counter(metrics.requests.labels(status=s)) for s in CHAT_STATUSES}
         self._degraded = {
-            r: _FastCounter(metrics.degraded_requests.labels(reason=r)) for r in DEGRADED_REASONS
+            r: _fast_counter(metrics.degraded_requests.labels(reason=r)) for r in DEGRADED_REASONS
         }
         # The in-flight gauge's value, moved by RecordRequests without Gauge's checks.
-        self.in_flight = metrics.process.in_flight._value
-        self._before = _FastCounter(metrics.input_tokens.labels(stage="before"))
-        self._after = _FastCounter(metrics.input_tokens.labels(stage="after"))
+        self.in_flight = plain_child(metrics.process.in_flight)
+        self._before = _fast_counter(metrics.input_tokens.labels(stage="before"))
+        self._after = _fast_counter(metrics.input_tokens.labels(stage="after"))
 
     def finish(self, rec: Record) -> None:
         """Observe ``rec``'s metrics and log its line; called once, when it has ended."""
@@ -123,12 +118,12 @@ class Recorder:
         if not rec.status:
             rec.status = NO_RESPONSE
         _histogram(self._durations, m.request_duration, route).observe(total)
-        _counter(self._responses, m.responses, route, rec.status).inc()
+        _counter(self._responses, m.responses, route, rec.status).inc(1)
         if rec.upstream_status is not None:
             _histogram(self._upstream, m.upstream_duration, route).observe(rec.upstream_s)
             _counter(
                 self._upstream_responses, m.upstream_responses, route, rec.upstream_status
-            ).inc()
+            ).inc(1)
             _histogram(self._added, m.added_latency, route).observe(
                 max(total - rec.upstream_s, 0.0)
             )
@@ -138,9 +133,9 @@ class Recorder:
             m.failed_summary_seconds.inc(rec.summary_failed_s)
         outcome = rec.outcome
         if outcome is not None and rec.upstream_status:  # chat requests the upstream answered
-            self._chat[outcome.status].inc()
+            self._chat[outcome.status].inc(1)
             if outcome.degraded is not None:
-                self._degraded[outcome.degraded].inc()
+                self._degraded[outcome.degraded].inc(1)
             before = rec.tokens_before
             self._before.inc(outcome.tokens if before is None else before)
             self._after.inc(outcome.tokens)
@@ -150,7 +145,8 @@ class Recorder:
             fields = self._fields(rec, total)
             if ledgered is not None:  # the ledger's entry, flat: ledger_net, ledger_sent...
                 entry, money = ledgered
-                fields.update({_LEDGER_FIELDS[k]: v for k, v in entry.as_dict().items()})
+                for name, key in _LEDGER_FIELDS:  # as_dict's, without building it
+                    fields[key] = getattr(entry, name)
                 if money is not None:
                     fields["ledger_money_saved_usd"] = round(money, 6)
             write_request_line(fields)
@@ -224,10 +220,10 @@ def _histogram(cache: dict[str, _FastHistogram], family: Histogram, route: str) 
 
 
 def _counter(
-    cache: dict[tuple[str, str], _FastCounter], family: Counter, route: str, status: int
-) -> _FastCounter:
+    cache: dict[tuple[str, str], Value], family: Counter, route: str, status: int
+) -> Value:
     key = (route, status_label(status))
     child = cache.get(key)
     if child is None:
-        child = cache[key] = _FastCounter(family.labels(route=route, status=key[1]))
+        child = cache[key] = _fast_counter(family.labels(route=route, status=key[1]))
     return child

@@ -47,6 +47,12 @@ def new_request_id() -> str:
 
 def request_id_from(headers: Headers) -> tuple[str, Headers]:
     """The request's id, and its headers carrying exactly that id once."""
+    for name, _ in headers:
+        if name == HEADER:
+            break
+    else:  # most requests: none given, a new one added (a copy: the list is uvicorn's)
+        request_id = new_request_id()
+        return request_id, [*headers, (HEADER, request_id.encode("ascii"))]
     given = [value for name, value in headers if name == HEADER]
     if len(given) == 1 and _VALID.fullmatch(given[0]):
         return given[0].decode("ascii"), headers

@@ -11,7 +11,7 @@ import io
 import logging
 import re
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 import pytest
@@ -174,3 +174,21 @@ def test_the_level_applies_to_the_proxy_and_other_libraries_stay_at_warnings(
 )
 def test_a_passthrough_line_names_the_resource_not_the_callers_path(path: str, logged: str) -> None:
     assert api_resource(path) == logged
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"request_id": "r-1", "route": "chat", "status": 200, "ledger_net": -3, "stream": False},
+        {"request_id": "r-1", "path": 'a "quoted"\n path', "model": "é"},
+        {"request_id": "r-1", "msg": "theirs"},  # a head key: the fields' value, in place
+        {},
+    ],
+)
+def test_a_json_request_line_is_its_head_and_fields_as_one_object(fields: dict[str, Any]) -> None:
+    """The line is spliced from its head's JSON and the fields' (no merged dict): the
+    same string as dumping the merged object, key order included."""
+    line = logs.JsonFormatter().request_line(fields)
+    ts = orjson.loads(line)["ts"]
+    head = {"ts": ts, "level": "info", "logger": "proxy.access", "msg": "request"}
+    assert line == orjson.dumps({**head, **fields}).decode()

@@ -6,8 +6,12 @@ The series moving as a real proxy works: tests/e2e/test_metrics_e2e.py.
 
 from __future__ import annotations
 
+from time import perf_counter
+
+from proxy.config import Settings
 from proxy.observe.metrics import Metrics
-from proxy.observe.recorder import _FastCounter, _FastHistogram
+from proxy.observe.record import Record
+from proxy.observe.recorder import Recorder, _fast_counter, _FastHistogram
 from proxy.observe.series import STORE_FAILURE_KINDS
 from proxy.observe.store_series import FALLBACK_OPERATIONS
 from proxy.store.memory import MemoryStore
@@ -67,11 +71,41 @@ def test_the_recorders_fast_observe_matches_prometheus_clients_own() -> None:
     for amount in (0.0, 0.0004, 0.0005, 0.0007, 0.001, 0.0011, 2.5, 30.0, 31.0, 1e9):
         fast.observe(amount)
         public.observe(amount)
-    fast_count = _FastCounter(ours.input_tokens.labels(stage="before"))
+    fast_count = _fast_counter(ours.input_tokens.labels(stage="before"))
     for tokens in (0, 1, 2082):
         fast_count.inc(tokens)
         theirs.input_tokens.labels(stage="before").inc(tokens)
-    _FastCounter(ours.requests.labels(status="snapshot")).inc()
+    _fast_counter(ours.requests.labels(status="snapshot")).inc(1)
     theirs.requests.labels(status="snapshot").inc()
     assert _samples(ours) == _samples(theirs)
     assert _samples(ours) != _samples(Metrics.create())
+
+
+def test_a_scrape_after_n_requests_shows_exactly_n() -> None:
+    """The recorder's series hold plain numbers (proxy.observe.tally): counted as many
+    times as requests finished, with what was counted before it took them over and
+    what the public API counts after, in the exposition as prometheus-client writes it."""
+    metrics = Metrics.create()
+    public = metrics.responses.labels(route="chat", status="2xx")
+    public.inc()  # before the recorder takes the series over
+    recorder = Recorder(metrics, Settings(upstream={"base_url": "http://127.0.0.1:9/v1"}))
+    requests = 1000
+    for i in range(requests):
+        rec = Record(f"req-{i}", perf_counter(), "POST", "/v1/chat/completions", route="chat")
+        rec.status, rec.upstream_status, rec.upstream_s = 200, 200, 0.001
+        recorder.in_flight.inc(1)
+        recorder.in_flight.inc(-1)
+        recorder.finish(rec)
+    public.inc(2)  # and after
+    lines = set(metrics.exposition().decode().splitlines())
+    chat = '{route="chat"}'
+    assert (
+        f'compaction_proxy_responses_total{{route="chat",status="2xx"}} {requests + 3}.0' in lines
+    )
+    assert f"compaction_proxy_request_duration_seconds_count{chat} {requests}.0" in lines
+    assert f"compaction_proxy_upstream_duration_seconds_count{chat} {requests}.0" in lines
+    le = 'le="+Inf",route="chat"'
+    assert f"compaction_proxy_added_latency_seconds_bucket{{{le}}} {requests}.0" in lines
+    upstream = '{route="chat",status="2xx"}'
+    assert f"compaction_proxy_upstream_responses_total{upstream} {requests}.0" in lines
+    assert "compaction_proxy_requests_in_flight 0.0" in lines

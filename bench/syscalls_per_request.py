@@ -1,0 +1,92 @@
+"""System calls per request at load: the lean floor, this tree's proxy and another tree's.
+
+    python bench/syscalls_per_request.py [--base DIR] [--seconds 3]
+
+Starts the fake upstream (CPU 0), ``passthrough_lean.py`` and the proxy (CPU 1; with
+``--base``, also a proxy importing ``proxy`` from DIR, e.g. a ``git archive`` of a commit),
+then for each in turn attaches ``strace -c -f`` while ``wrk -c16`` runs, and prints each
+system call made more than once every 20 requests, per request. strace slows the target
+down, but counts are what it measures, not time: a deterministic figure where CPU time
+on a shared machine is not (bench/README.md, "Saturation, session of 2026-11-26").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cpu_per_request import _config
+from loadgen import write_lua
+from payloads import write_payloads
+from targets import BENCH, free_port
+
+ROOT = BENCH.parent
+_QUIET = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+
+
+def _count(pid: int, url: str, script: Path, seconds: int, out: Path) -> dict[str, float]:
+    subprocess.run(["wrk", "-t1", "-c16", "-d1s", "-s", str(script), url], capture_output=True)
+    strace = subprocess.Popen(["strace", "-c", "-f", "-o", str(out), "-p", str(pid)], **_QUIET)
+    time.sleep(0.5)
+    wrk = ["wrk", "-t1", "-c16", f"-d{seconds}s", "-s", str(script), url]
+    text = subprocess.run(wrk, capture_output=True, text=True).stdout
+    strace.send_signal(2)
+    strace.wait()
+    found = re.search(r"(\d+) requests in", text)
+    requests = int(found.group(1)) if found else 0
+    calls: dict[str, float] = {}
+    for line in out.read_text().splitlines()[2:]:
+        parts = line.split()
+        if requests and len(parts) >= 5 and parts[3].isdigit():
+            calls[parts[-1]] = int(parts[3]) / requests
+    return calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", type=Path, help="a tree whose proxy/ to compare with")
+    parser.add_argument("--seconds", type=int, default=3)
+    args = parser.parse_args()
+    workdir = BENCH / "results" / "syscalls"
+    workdir.mkdir(parents=True, exist_ok=True)
+    script = write_lua(write_payloads(workdir)["chat20"])
+    upstream = free_port()
+    py = sys.executable
+    serve = [py, "-m", "proxy", "serve", "--config", str(_config(workdir, upstream))]
+    commands = {"lean": ([py, str(BENCH / "passthrough_lean.py")], None), "new": (serve, ROOT)}
+    if args.base is not None:
+        commands["base"] = (serve, args.base.resolve())
+    fake = [py, str(BENCH / "fake_upstream.py"), "--port", str(upstream)]
+    procs = [subprocess.Popen(["taskset", "-c", "0", *fake], **_QUIET)]
+    try:
+        targets = {}
+        for name, (cmd, tree) in commands.items():
+            port = free_port()
+            extra = ["--upstream", f"http://127.0.0.1:{upstream}/v1"] if name == "lean" else []
+            env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
+            full = ["taskset", "-c", "1", *cmd, "--host", "127.0.0.1", "--port", str(port)]
+            procs.append(subprocess.Popen([*full, *extra], env=env, cwd="/tmp", **_QUIET))
+            targets[name] = (procs[-1].pid, f"http://127.0.0.1:{port}/v1/chat/completions")
+        time.sleep(6)
+        counts = {
+            name: _count(pid, url, script, args.seconds, workdir / f"{name}.strace")
+            for name, (pid, url) in targets.items()
+        }
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait()
+    names = sorted({c for calls in counts.values() for c, n in calls.items() if n >= 0.05})
+    print(" | ".join(["system call", *counts]))
+    for call in names:
+        print(" | ".join([call, *(f"{calls.get(call, 0.0):.2f}" for calls in counts.values())]))
+
+
+if __name__ == "__main__":
+    main()
