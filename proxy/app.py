@@ -32,6 +32,7 @@ from proxy.routes import (
     responses,
     sessions_api,
 )
+from proxy.routes.dispatch import Dispatch
 from proxy.routes.endpoints import endpoint
 from proxy.serve.reload import Reloader
 from proxy.serve.shutdown import Drain
@@ -187,9 +188,11 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return Response(error.body(), status_code=error.status, media_type="application/json")
 
 
+# POSTs to these go straight to their handler (routes/dispatch.py).
+COMPACTING = [_compacting(api) for api in APIS]
 # Names are the ``route`` of metrics and request lines.
 ROUTES = [
-    *(_compacting(api) for api in APIS),
+    *COMPACTING,
     # A relayed path: named as the others for metrics and request lines.
     Route(
         "/v1/messages/count_tokens",
@@ -214,7 +217,7 @@ ROUTES = [
 ]
 
 
-def create_app(settings: Settings, drain: Drain | None = None) -> Starlette:
+def create_app(settings: Settings, drain: Drain | None = None) -> Dispatch:
     """The proxy as an ASGI app; its services open and close with its lifespan.
 
     ``drain``: shared with the server that runs the app (proxy.serve.shutdown), which sets it
@@ -242,7 +245,8 @@ def create_app(settings: Settings, drain: Drain | None = None) -> Starlette:
                 await services.aclose()
 
     handlers = {ProxyError: proxy_error, HTTPException: http_error}
-    return Starlette(
+    return Dispatch(
+        fast=COMPACTING,
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers=handlers,

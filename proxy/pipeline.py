@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
+from functools import cache, partial
 from time import perf_counter
 
 from starlette.requests import Request
@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from proxy.compaction import references as refs
 from proxy.compaction.count import PARSE_INLINE_BYTES, count_history, session_of
+from proxy.compaction.far_below import far_below
 from proxy.compaction.inflight import read_body
 from proxy.compaction.job import Job, trigger_for
 from proxy.compaction.precompact import run_after
@@ -30,7 +31,6 @@ from proxy.compaction.snapshots import load_session
 from proxy.core.budget import Budget
 from proxy.core.digest import tenant_seed
 from proxy.core.ledger import find_cached_tokens
-from proxy.core.models import ResolvedModel
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
@@ -39,13 +39,13 @@ from proxy.core.session import (
     slot_count,
     tenant_from_headers,
 )
-from proxy.core.tokens import bounded_by, output_reserve
+from proxy.core.tokens import output_reserve
 from proxy.errors import ClientDisconnected
 from proxy.observe.record import current_record, record_of
 from proxy.services import Services
 from proxy.upstream import client as upstream
 from proxy.upstream import recover as recovery
-from proxy.upstream.api import Api, Attempt, Route
+from proxy.upstream.api import AS_SENT, Api, Attempt, Route
 from proxy.upstream.disconnect import cancelled_on_disconnect
 from proxy.upstream.output_items import OutputItems
 from proxy.upstream.overflow import Overflow
@@ -69,36 +69,32 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         data, chat = api.parse(body, *limits)
     tenant = tenant_from_headers(request.headers)
     deal = api.contract(body, data, chat, tenant, settings)  # its own compaction contract
-    body, data, chat = deal.body, deal.data, deal.chat
-    model = await effective_model(services, chat["model"], tenant)  # 2.
+    if deal is not None:
+        body, data, chat = deal.body, deal.data, deal.chat
+    else:  # the request as it came (no Contract built: the common case)
+        deal = AS_SENT
+    model = services.known_model(chat["model"], tenant)  # 2.
+    model = model or await services.effective_model(chat["model"], tenant)
     window = model.context_window
     record.note_request(model.name, tenant, stream=bool(chat.get("stream")), window=window)
     headers = services.headers.outgoing(request.headers.raw, inspect=True)
     control = request.headers.get("x-compaction", "").strip().lower()
-    url = upstream_url(settings.upstream.base_url, api.path, b"")
+    url = _api_url(settings.upstream.base_url, api.path)
     kept = OutputItems(services.items, tenant) if api.keeps_items else None
-    route = Route(api, url, headers, body, data, items=kept)
     if deal.answer is None and (api.untouched(data, control) or deal.untouched):
         bypassed = Outcome.bypassed(body, window)
+        route = Route(api, url, headers, body, data, items=kept)
         return await forward(services, request, route, Attempt(body, bypassed), None)
-    read = refs.Resolved(chat)  # items named by reference, read as the ones the proxy relayed
     policy = services.policies.policy_for(tenant)  # its entry in `tenants:` (tenants.py)
     mode = (settings.compaction if policy is None else policy.compaction).effective_mode
-    if control != "off" and mode != "off":
+    references = unresolved = 0  # items named by reference, read as the ones relayed
+    if control != "off" and mode != "off" and api.resolved is not None:  # None: never any
         read = await refs.resolve_references(services.items, api, tenant, data, chat)
         services.references.observe(read.references, read.unresolved)
-    chat = read.chat
-    turn = Turn(
-        chat=chat,
-        body=body,
-        model=model,
-        tenant=tenant,
-        session_header=session_name(request.headers, data, settings.session),
-        auth_headers=services.headers.auth_only(headers),
-        references=read.references,
-        unresolved=read.unresolved,
-        policy=policy,
-    )
+        chat, references, unresolved = read.chat, read.references, read.unresolved
+    named = session_name(request.headers, data, settings.session)
+    auth = services.headers.auth_only(headers)
+    turn = Turn(chat, body, model, tenant, named, auth, references, unresolved, policy)
     record.note_turn(turn)
     if deal.answer is not None:  # a compaction the client asked for: the proxy answers it
         return await deal.answer(turn, (await compacted_view(services, turn, force=True))[0])
@@ -114,13 +110,18 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         follow_ups = () if noted is None else (noted,)
     else:  # 3-8, in the order 5, 3, 4, 6, 7-8: session_of (3) reads what 5 counted
         forced = control == "force" or deal.force
-        outcome, later = await compacted_view(services, turn, force=forced)
+        passed = far_below(turn, settings.compaction, services.schedule, forced)
+        later: tuple[FollowUp, ...] = ()
+        if passed is None:
+            outcome, later = await _compacted(services, turn, forced, False)
+        else:
+            outcome = passed
         noted = services.sightings.note(turn, outcome)  # for GET /sessions/{id}, first
         follow_ups = later if noted is None else (noted, *later)
     # Nothing to compact harder without a message (a Responses call with an empty input).
     recover = control != "off" and settings.compaction.recover_overflow and bool(chat["messages"])
-    first = Attempt(route.body_for(outcome), outcome, follow_ups)
-    route = Route(api, url, headers, body, data, recover, kept)  # not replace(): 5x its cost
+    first = Attempt(api.body_for(body, data, outcome), outcome, follow_ups)
+    route = Route(api, url, headers, body, data, recover, kept)
     return await forward(services, request, route, first, turn)  # 9-10.
 
 
@@ -132,18 +133,19 @@ async def compacted_view(
     is out (a background pre-compaction). ``recover``: the upstream just rejected a larger
     view, so compact now (no rate limit) against ``turn.model``'s window.
     """
-    c = turn.compaction(services.settings.compaction)
-    chat, model = turn.chat, turn.model
-    window = model.context_window
-    reserve = output_reserve(chat, model.max_output_tokens)
-    # Far below the trigger (and the pre-compaction threshold): no store, no counting.
-    soonest = (c.precompact_ratio if model.precompact else None) or c.trigger_ratio
-    limit = int(window * soonest) - reserve  # (bytes bound nothing of items by reference)
-    far_below = not turn.references and bounded_by(turn.body, chat["messages"], limit)
-    hinted = services.schedule.take_hint(turn.tenant, turn.session_header)
-    if far_below and not (force or recover or hinted):
-        return Outcome.passthrough(turn.body, window), ()
+    passed = far_below(turn, services.settings.compaction, services.schedule, force or recover)
+    if passed is not None:
+        return passed, ()
+    return await _compacted(services, turn, force, recover)
 
+
+async def _compacted(
+    services: Services, turn: Turn, force: bool, recover: bool
+) -> tuple[Outcome, tuple[FollowUp, ...]]:
+    """``compacted_view`` once ``far_below`` has said no."""
+    c = turn.compaction(services.settings.compaction)
+    model = turn.model
+    reserve = output_reserve(turn.chat, model.max_output_tokens)
     counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
     history = await count_history(counter, turn, c, seed)  # 5. count
     key = await session_of(turn, history.messages)  # 3.
@@ -186,7 +188,7 @@ async def forward(
     sent = first  # the attempt whose answer goes back: the first, or a recovery's retry
     try:
         # Until the answer's bytes flow, only this notices a client that gave up.
-        async with cancelled_on_disconnect(request.receive, record.read_at or None) as client:
+        with cancelled_on_disconnect(request.receive, record.read_at or None) as client:
             record.sending(first.outcome)
             services.precompactor.note_sent(turn)  # queued behind a background summary?
             response = await services.client.send("POST", route.url, route.headers, first.body)
@@ -273,12 +275,9 @@ async def _second_attempt(
     return await recovery.retry_once(services.client, services.metrics, route, verdict, second)
 
 
-async def effective_model(services: Services, name: str, tenant: str) -> ResolvedModel:
-    """The model's spec with the one window every step and every response uses: the
-    configured window in our token units for this tenant (calibration), or the smaller
-    window learned from the upstream's overflow errors."""
-    model = services.calibration.apply(services.models.resolve(name), tenant)
-    return await services.windows.apply(model, tenant)
+@cache
+def _api_url(base_url: str, path: str) -> str:
+    return upstream_url(base_url, path, b"")
 
 
 def _usage_watcher(

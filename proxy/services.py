@@ -22,7 +22,7 @@ from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.config import Settings
 from proxy.core.encodings import Encoder, load_encoders
-from proxy.core.models import ModelTable
+from proxy.core.models import ModelTable, ResolvedModel
 from proxy.core.tokens import TokenCounter
 from proxy.observe.ledger import Ledger
 from proxy.observe.metrics import Metrics
@@ -60,6 +60,19 @@ class Services:
     policies: TenantPolicies  # `tenants:` in force, swapped by a reload (serve/reload.py)
     tenant_series: TenantSeries  # caps hit, config reloads
     held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
+
+    def known_model(self, name: str, tenant: str) -> ResolvedModel | None:
+        """``effective_model`` when the windows learned for it were read lately (nearly
+        always): no store read, no coroutine. None: ask ``effective_model``."""
+        model = self.calibration.apply(self.models.resolve(name), tenant)
+        return self.windows.known(model, tenant)
+
+    async def effective_model(self, name: str, tenant: str) -> ResolvedModel:
+        """The model's spec with the one window every step and every response uses: the
+        configured window in our token units for this tenant (calibration), or the
+        smaller window learned from the upstream's overflow errors."""
+        model = self.calibration.apply(self.models.resolve(name), tenant)
+        return await self.windows.apply(model, tenant)
 
     async def aclose(self) -> None:
         """Close what ``build_services`` opened: background compactions (they use both),

@@ -1,7 +1,7 @@
 """How many tokens one request may use, and how long its summary may be.
 
 Every figure is in the proxy's own token units: the model's window has already
-been calibrated and learned for the tenant (``pipeline.effective_model``).
+been calibrated and learned for the tenant (``Services.effective_model``).
 """
 
 from __future__ import annotations

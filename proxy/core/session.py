@@ -72,12 +72,15 @@ class SessionKey:
         return blake2b(self.storage_key.encode(), digest_size=6).hexdigest()
 
 
+ANONYMOUS = "anonymous"
+
+
 def tenant_of(authorization: str | None) -> str:
     # Without a credential every caller shares the "anonymous" tenant. That is only
     # reachable with server.require_client_key off (the default when the upstream needs
     # no key of the proxy's): a single-user setup, as the README's security section says.
     if not authorization:
-        return "anonymous"
+        return ANONYMOUS
     return blake2b(authorization.encode(), key=_TENANT_SALT, digest_size=16).hexdigest()
 
 
@@ -104,7 +107,9 @@ def _credentials(headers: Mapping[str, str]) -> list[str]:
 
 
 def has_credential(headers: Mapping[str, str]) -> bool:
-    return bool(_credentials(headers))
+    # The tenant without a credential is "anonymous", never a digest's hex: one lookup in
+    # the tenants seen lately, which the request's tenant then finds again.
+    return tenant_from_headers(headers) != ANONYMOUS
 
 
 # The tenants of the credentials seen lately, by the credential headers' values: a client

@@ -230,7 +230,8 @@ def upper_bound(body: bytes, messages: Sequence[Any]) -> int:
 
 def bounded_by(body: bytes, messages: Sequence[Any], limit: int) -> bool:
     """``upper_bound(body, messages) <= limit``, without looking at a body too big anyway."""
-    return _text_bound(body, len(messages)) <= limit and upper_bound(body, messages) <= limit
+    text = _text_bound(body, len(messages))
+    return text <= limit and text + _media_parts(messages) * (IMAGE_TOKENS + AUDIO_TOKENS) <= limit
 
 
 def _text_bound(body: bytes, n_messages: int) -> int:
@@ -244,7 +245,7 @@ def _media_parts(messages: Sequence[Any]) -> int:
     n = 0
     for message in messages:
         content = message.get("content")
-        if isinstance(content, list):
+        if type(content) is not str and isinstance(content, list):  # text: most of them
             for part in content:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "image_url" or kind == "input_audio" or kind == UNSEEN_ITEM:

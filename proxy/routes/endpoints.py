@@ -20,6 +20,21 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.compaction.inflight import release
 
+# Header names as looked up (str) to as matched (lower-cased latin-1 bytes): the few names
+# the proxy asks for, each encoded once, not on every lookup. Bounded, as names could be
+# a client's (a session header name is configuration, but the bound costs nothing).
+_NAMES: dict[str, bytes] = {}
+_NAMES_LIMIT = 256
+
+
+def _name(key: str) -> bytes:
+    name = _NAMES.get(key)
+    if name is None:
+        name = key.lower().encode("latin-1")
+        if len(_NAMES) < _NAMES_LIMIT:
+            _NAMES[key] = name
+    return name
+
 
 class FastHeaders(Headers):
     """``Headers`` whose ``get``, ``[]`` and ``in`` are one dict lookup.
@@ -38,18 +53,19 @@ class FastHeaders(Headers):
         return first
 
     def __getitem__(self, key: str) -> str:
-        value = (self._first or self._index()).get(key.lower().encode("latin-1"))
+        value = (self._first or self._index()).get(_NAMES.get(key) or _name(key))
         if value is None:
             raise KeyError(key)
         return value.decode("latin-1")
 
     def get(self, key: str, default: Any = None) -> Any:
-        # ``self._first or``: the index built, no call (about ten lookups a request).
-        value = (self._first or self._index()).get(key.lower().encode("latin-1"))
+        # ``self._first or``, ``_NAMES.get(key) or``: the index built and the name
+        # encoded already, no call (about ten lookups a request).
+        value = (self._first or self._index()).get(_NAMES.get(key) or _name(key))
         return default if value is None else value.decode("latin-1")
 
     def __contains__(self, key: Any) -> bool:
-        return key.lower().encode("latin-1") in (self._first or self._index())
+        return _name(key) in (self._first or self._index())
 
 
 class ProxyRequest(Request):

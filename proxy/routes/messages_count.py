@@ -28,7 +28,6 @@ import logging
 
 from starlette.requests import Request
 
-from proxy import pipeline
 from proxy.compaction.count import count_history, session_of
 from proxy.compaction.schedule import scheduled
 from proxy.compaction.snapshots import load_session
@@ -75,7 +74,7 @@ async def _view(
     server = settings.server
     data, chat = api.parse(body, server.max_messages, server.max_model_bytes)
     tenant = tenant_from_headers(request.headers)
-    model = await pipeline.effective_model(services, chat["model"], tenant)
+    model = await services.effective_model(chat["model"], tenant)
     control = request.headers.get("x-compaction", "").strip().lower()
     turn = Turn(
         chat=chat,

@@ -64,11 +64,12 @@ def uvicorn_config(
         log_level=server.log_level if log_level is None else log_level,
         # Never an access log: it costs throughput and would log every request's path.
         access_log=False,
+        # Nothing reads the client address or scheme a request came with (scope "client",
+        # "scheme"): no X-Forwarded-* rewriting of them, a frame and a scan of the headers
+        # on every request from 127.0.0.1 (issue 27). The headers themselves still go up.
+        proxy_headers=False,
         lifespan="on",
         ws="none",
-        # Nothing reads the client address or scheme (no access log; upstream URLs come
-        # from base_url): uvicorn's X-Forwarded-* middleware would be a frame a request.
-        proxy_headers=False,
         timeout_keep_alive=server.keepalive_timeout_s,
         # Typed int, but only ever handed to asyncio.wait_for (GracefulServer has its own).
         timeout_graceful_shutdown=server.shutdown_timeout_s,  # type: ignore[arg-type]

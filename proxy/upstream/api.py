@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from starlette.responses import Response
 
@@ -60,6 +60,10 @@ class Contract:
     answer: Callable[[Turn, Outcome], Awaitable[Response]] | None = None
 
 
+# What a contract's None stands for, but for the request's own body, object and view.
+AS_SENT = Contract(b"", {}, cast(ChatRequest, {}))
+
+
 @dataclass(frozen=True, slots=True)
 class Api:
     """One API's shapes, as the pipeline's steps need them."""
@@ -92,9 +96,9 @@ class Api:
     # (upstream/output_items.py).
     keeps_items: bool = False
     # The request (its body, object, chat view), its tenant and the settings under the
-    # API's own compaction contract (the default: none, the request as it came).
-    contract: Callable[[bytes, dict[str, Any], ChatRequest, str, Settings], Contract] = (
-        lambda body, data, chat, tenant, settings: Contract(body, data, chat)
+    # API's own compaction contract; None: the request as it came (the default: none).
+    contract: Callable[[bytes, dict[str, Any], ChatRequest, str, Settings], Contract | None] = (
+        lambda body, data, chat, tenant, settings: None
     )
     # An overflow answer as this API's recovery reads it: Messages reads Anthropic's
     # "input length and `max_tokens` exceed context limit" as an output budget refusal.

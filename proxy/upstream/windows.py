@@ -199,17 +199,19 @@ class LearnedWindows:
         known = [w for w in (shared, own) if w is not None]
         return min(known) if known else None
 
-    async def apply(self, model: ResolvedModel, tenant: str) -> ResolvedModel:
-        # Both windows read lately (every request but the first in _LOCAL_S): no awaits.
+    def known(self, model: ResolvedModel, tenant: str) -> ResolvedModel | None:
+        """What ``apply`` returns, when both windows were read lately (every request but
+        the first in _LOCAL_S): no store, no coroutine. None: ``apply`` must read."""
         shared = self._local.get(self._key(model.name, None))
         own = self._local.get(self._key(model.name, tenant)) if tenant else None
         if shared is _MISSING or own is _MISSING:
-            learned = await self.get(model.name, tenant)
-        else:
-            learned = own if shared is None else shared if own is None else min(shared, own)
-        if learned is None or learned >= model.context_window:
-            return model
-        return replace(model, context_window=learned)
+            return None
+        learned = own if shared is None else shared if own is None else min(shared, own)
+        return _within(model, learned)
+
+    async def apply(self, model: ResolvedModel, tenant: str) -> ResolvedModel:
+        known = self.known(model, tenant)
+        return known or _within(model, await self.get(model.name, tenant))
 
     async def learn(
         self, model: str, tokens: int, tenant: str, *, configured: int, stated: int | None
@@ -263,3 +265,10 @@ class LearnedWindows:
             agreeing,
             lowered,
         )
+
+
+def _within(model: ResolvedModel, learned: int | None) -> ResolvedModel:
+    """``model`` with the window ``learned``, when that is smaller than its own."""
+    if learned is None or learned >= model.context_window:
+        return model
+    return replace(model, context_window=learned)

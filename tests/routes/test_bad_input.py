@@ -41,6 +41,25 @@ def test_nesting_past_what_orjson_writes_is_refused_at_the_bound() -> None:
     orjson.dumps(parse_chat_request(_nested(254)))  # 254 levels: written back fine
 
 
+@pytest.mark.parametrize("field", ["tools", "metadata", "model_extra"])
+def test_plain_messages_beside_a_deep_field_are_still_checked_for_depth(field: str) -> None:
+    """Plain messages alone cannot nest past three levels; any other field that is not a
+    scalar still has the whole body checked, and refused past 254 levels."""
+    from proxy.errors import InvalidRequest
+    from proxy.routes.parse import parse_chat_request
+
+    deep: object = "x"
+    for level in range(254):
+        deep = [deep] if level % 2 else {"k": deep}
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 1}
+    # In the body's object: 255 levels, where orjson writes 254 at most.
+    body = orjson.dumps(chat)[:-1] + f',"{field}":'.encode() + orjson.dumps(deep) + b"}"
+    with pytest.raises(InvalidRequest) as raised:
+        parse_chat_request(body)
+    assert "nested too deeply" in str(raised.value)
+    parse_chat_request(orjson.dumps({**chat, field: [[1]]}))  # a shallow one passes
+
+
 @pytest.mark.parametrize(
     ("message", "param"),
     [

@@ -71,7 +71,7 @@ def services_with(store: CountingStore) -> tuple[Services, FakeUpstream]:
 async def turn_for(services: Services, body: bytes) -> Turn:
     _, chat = MESSAGES.parse(body, 10_000, 1024)
     tenant = tenant_from_headers(request_for().headers)
-    model = await pipeline.effective_model(services, MODEL, tenant)
+    model = await services.effective_model(MODEL, tenant)
     return Turn(chat, body, model, tenant, "s1", [(b"authorization", KEY)])
 
 

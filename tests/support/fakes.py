@@ -49,7 +49,6 @@ from proxy.observe.ledger import Ledger
 from proxy.observe.metrics import Metrics
 from proxy.observe.references import ReferenceMetrics
 from proxy.observe.tenant_series import TenantSeries
-from proxy.pipeline import effective_model
 from proxy.services import Services
 from proxy.store import Store
 from proxy.store.items import MemoryItems
@@ -375,7 +374,7 @@ async def turn_of(services: Services, messages: list[ChatMessage], session: str 
     return Turn(
         chat=chat,
         body=orjson.dumps(chat),
-        model=await effective_model(services, MODEL, TENANT),
+        model=await services.effective_model(MODEL, TENANT),
         tenant=TENANT,
         session_header=session,
         auth_headers=[(b"authorization", b"Bearer sk-test")],
