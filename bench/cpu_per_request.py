@@ -1,10 +1,11 @@
 """CPU per request at saturation: the lean floor, the proxy of another tree and this one's.
 
     python bench/cpu_per_request.py [--base DIR] [--rounds 12] [--seconds 2] [--spy PREFIX]
+                                    [--connections 64]
 
 Starts the fake upstream (CPU 0), ``passthrough_lean.py`` and the proxy (CPU 1; with
 ``--base``, also a second proxy importing ``proxy`` from DIR, e.g. a ``git archive`` of the
-commit to compare with), then runs ``wrk -c64`` against each in turn, the order rotating
+commit to compare with), then runs ``wrk -c64`` (``--connections``) against each in turn, the order rotating
 every round, and reads each target's CPU time from ``/proc``: CPU µs per request is what
 contention on a shared machine moves least (req/s moves most). Prints min, first quartile
 and median per target, and the per-round ratios to the floor. ``--spy PREFIX``: py-spy
@@ -51,6 +52,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seconds", type=int, default=2)
     parser.add_argument("--spy", help="py-spy raw files' prefix (last round)")
+    parser.add_argument("--connections", type=int, default=64, help="wrk's -c")
     args = parser.parse_args()
     workdir = BENCH / "results" / "cpu"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +106,7 @@ def _rounds(
                 )
                 time.sleep(0.3)
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            wrk = ["wrk", "-t1", "-c64", f"-d{args.seconds}s", "-s", str(script), url]
+            wrk = ["wrk", "-t1", f"-c{args.connections}", f"-d{args.seconds}s", "-s", str(script), url]
             before = _cpu_s(proc.pid)
             text = subprocess.run(["taskset", "-c", "0", *wrk], capture_output=True, text=True)
             after = _cpu_s(proc.pid)
