@@ -106,7 +106,15 @@ def _rounds(
                 )
                 time.sleep(0.3)
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            wrk = ["wrk", "-t1", f"-c{args.connections}", f"-d{args.seconds}s", "-s", str(script), url]
+            wrk = [
+                "wrk",
+                "-t1",
+                f"-c{args.connections}",
+                f"-d{args.seconds}s",
+                "-s",
+                str(script),
+                url,
+            ]
             before = _cpu_s(proc.pid)
             text = subprocess.run(["taskset", "-c", "0", *wrk], capture_output=True, text=True)
             after = _cpu_s(proc.pid)
