@@ -7,10 +7,10 @@ Starts the fake upstream (CPU 0), ``passthrough_lean.py`` and the proxy (CPU 1; 
 ``--base``, also a second proxy importing ``proxy`` from DIR, e.g. a ``git archive`` of the
 commit to compare with), then runs ``wrk -c64`` (``--connections``) against each in turn,
 the order rotating every round, and reads each target's CPU time from ``/proc``: CPU µs per
-request is what contention on a shared machine moves least (req/s moves most). Prints min, first quartile
-and median per target, and the per-round ratios to the floor. ``--spy PREFIX``: py-spy
-records each target during the last round (``PREFIX-<target>.raw``; ``spy_table.py``
-reads them). Issue 27, bench/README.md "Where the time goes".
+request is what contention on a shared machine moves least (req/s moves most). Prints min,
+first quartile and median per target, and the per-round ratios to the floor. ``--spy
+PREFIX``: py-spy records each target during the last round (``PREFIX-<target>.raw``;
+``spy_table.py`` reads them). Issue 27, bench/README.md "Where the time goes".
 """
 
 from __future__ import annotations
