@@ -206,6 +206,9 @@ class _LimitsMixin:
     def on_message_complete(self) -> None:
         self._phase = _IDLE
         super().on_message_complete()  # type: ignore[misc]
+        me: Any = self
+        if me.cycle.response_complete:  # answered before its body ended: idle from now
+            self._idle_since = me.loop.time()
 
     def on_response_complete(self) -> None:
         # uvicorn's, but an idle connection is closed by the watchdog's tick rather than
