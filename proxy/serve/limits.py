@@ -162,6 +162,7 @@ class _LimitsMixin:
 
     def on_message_begin(self) -> None:
         super().on_message_begin()  # type: ignore[misc]
+        self._idle_since = 0.0  # a request in the read that ended the last one's body
         if self._phase != _HEAD:  # the first request's clock started at connect
             me: Any = self
             self._phase = _HEAD
