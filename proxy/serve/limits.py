@@ -162,6 +162,7 @@ class _LimitsMixin:
 
     def on_message_begin(self) -> None:
         super().on_message_begin()  # type: ignore[misc]
+        self._idle_since = 0.0  # a request in the read that ended the last one's body
         if self._phase != _HEAD:  # the first request's clock started at connect
             me: Any = self
             self._phase = _HEAD
@@ -206,6 +207,9 @@ class _LimitsMixin:
     def on_message_complete(self) -> None:
         self._phase = _IDLE
         super().on_message_complete()  # type: ignore[misc]
+        me: Any = self
+        if me.cycle.response_complete:  # answered before its body ended: idle from now
+            self._idle_since = me.loop.time()
 
     def on_response_complete(self) -> None:
         # uvicorn's, but an idle connection is closed by the watchdog's tick rather than

@@ -148,3 +148,47 @@ async def test_an_idle_connection_closes_after_the_keepalive_timeout() -> None:
     assert not transport.closed
     await asyncio.sleep(0.6)
     assert transport.closed
+
+
+async def test_a_connection_answered_before_its_body_ended_still_closes_when_idle() -> None:
+    """An answer before the request's body has all arrived (a 404, an upstream's early
+    error): the body's rest arrives after it, then nothing. uvicorn's timer, armed at the
+    answer and cancelled by that rest, never closed it (nor did the tick): a client could
+    hold a connection for ever with one request and silence."""
+
+    async def early(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    settings = ServerSettings(keepalive_timeout_s=1)  # a tick: 0.25 s
+    head = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n"
+    server, transport = await _connect(limited_protocol(settings), early, head)
+    assert transport.writes[0].startswith(b"HTTP/1.1 404 Not Found\r\n")
+    server.data_received(b"hello")  # the body's rest: the request is over
+    await asyncio.sleep(0.8)
+    assert not transport.closed
+    await asyncio.sleep(0.6)
+    assert transport.closed
+
+
+async def test_a_request_behind_an_early_answers_body_is_not_closed_as_idle() -> None:
+    """The body's rest and the next request in one read: that request, running, is not
+    an idle connection, however long its answer takes."""
+    running = asyncio.Event()
+
+    async def early_then_slow(scope: Any, receive: Any, send: Any) -> None:
+        if scope["method"] == "GET":
+            running.set()
+            await asyncio.sleep(10)  # a long answer (cancelled at the end)
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    settings = ServerSettings(keepalive_timeout_s=1)  # a tick: 0.25 s
+    head = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n"
+    server, transport = await _connect(limited_protocol(settings), early_then_slow, head)
+    server.data_received(b"hello" + GET)
+    await asyncio.sleep(1.6)
+    assert running.is_set()
+    assert not transport.closed
+    for task in server.tasks:
+        task.cancel()
