@@ -77,7 +77,7 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     model = model or await services.effective_model(chat["model"], tenant)
     window = model.context_window
     record.note_request(model.name, tenant, stream=bool(chat.get("stream")), window=window)
-    headers = services.headers.outgoing(request.headers.raw, inspect=True)
+    headers, auth = services.headers.outgoing_and_auth(request.headers.raw)
     control = request.headers.get("x-compaction", "").strip().lower()
     url = _api_url(settings.upstream.base_url, api.path)
     kept = OutputItems(services.items, tenant) if api.keeps_items else None
@@ -93,7 +93,6 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         services.references.observe(read.references, read.unresolved)
         chat, references, unresolved = read.chat, read.references, read.unresolved
     named = session_name(request.headers, data, settings.session)
-    auth = services.headers.auth_only(headers)
     turn = Turn(chat, body, model, tenant, named, auth, references, unresolved, policy)
     record.note_turn(turn)
     if deal.answer is not None:  # a compaction the client asked for: the proxy answers it
