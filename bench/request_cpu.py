@@ -67,6 +67,9 @@ def _stub_upstream() -> None:
         async def aread(self) -> bytes:
             return _REPLY
 
+        async def aread_closed(self) -> bytes:
+            return _REPLY
+
         async def aclose(self) -> None:
             pass
 

@@ -18,7 +18,7 @@ from starlette.routing import Route
 from proxy import pipeline
 from proxy.config import Settings
 from proxy.core.outcome import rejected_headers
-from proxy.core.session import has_credential
+from proxy.core.session import ANONYMOUS, has_credential, tenant_from_headers
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, Overloaded, ProxyError
 from proxy.observe.metrics import CONTENT_TYPE_LATEST
 from proxy.observe.record import RecordRequests, record_of
@@ -89,7 +89,11 @@ def _compacting(api: Api) -> Route:
 
     def handle(request: Request) -> Awaitable[Response]:
         # Not a coroutine of its own: one frame less for every resumption of the request.
-        return pipeline.handle(request, _scoped(request), api)
+        # ``_scoped``'s check, with the tenant found once for it and for the pipeline.
+        services, tenant = services_of(request), tenant_from_headers(request.headers)
+        if tenant == ANONYMOUS and services.settings.requires_client_key:
+            raise MissingCredential(_NO_KEY)
+        return pipeline.handle(request, services, api, tenant)
 
     return Route(f"/v1/{api.path}", endpoint(handle), methods=["POST"], name=api.name)
 

@@ -55,9 +55,11 @@ from proxy.upstream.stream_head import Held, Recovery, respond
 from proxy.upstream.urls import upstream_url
 
 
-async def handle(request: Request, services: Services, api: Api) -> Response:
-    """Steps 1-12 for one request of ``api``: its body parsed into the chat view the
-    steps read, compacted (unless ``api`` forwards it untouched), sent and recovered."""
+async def handle(
+    request: Request, services: Services, api: Api, tenant: str | None = None
+) -> Response:
+    """Steps 1-12 for one request of ``api`` (its ``tenant``, if its caller found it): its
+    body parsed into the chat view the steps read, compacted, sent and recovered."""
     settings = services.settings
     record = record_of(request)  # what the request's line and metrics report, at its end
     body = await read_body(request, settings.server.max_body_bytes, services.bodies)  # 1. parse
@@ -67,7 +69,7 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         data, chat = await asyncio.to_thread(api.parse, body, *limits)
     else:
         data, chat = api.parse(body, *limits)
-    tenant = tenant_from_headers(request.headers)
+    tenant = tenant or tenant_from_headers(request.headers)
     deal = api.contract(body, data, chat, tenant, settings)  # its own compaction contract
     if deal is not None:
         body, data, chat = deal.body, deal.data, deal.chat
@@ -77,7 +79,7 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
     model = model or await services.effective_model(chat["model"], tenant)
     window = model.context_window
     record.note_request(model.name, tenant, stream=bool(chat.get("stream")), window=window)
-    headers = services.headers.outgoing(request.headers.raw, inspect=True)
+    headers, auth = services.headers.outgoing_and_auth(request.headers.raw)
     control = request.headers.get("x-compaction", "").strip().lower()
     url = _api_url(settings.upstream.base_url, api.path)
     kept = OutputItems(services.items, tenant) if api.keeps_items else None
@@ -93,7 +95,6 @@ async def handle(request: Request, services: Services, api: Api) -> Response:
         services.references.observe(read.references, read.unresolved)
         chat, references, unresolved = read.chat, read.references, read.unresolved
     named = session_name(request.headers, data, settings.session)
-    auth = services.headers.auth_only(headers)
     turn = Turn(chat, body, model, tenant, named, auth, references, unresolved, policy)
     record.note_turn(turn)
     if deal.answer is not None:  # a compaction the client asked for: the proxy answers it

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from proxy.core.frozen import quick_init
 from proxy.core.models import ResolvedModel
 from proxy.types import ChatMessage, ChatRequest
 
@@ -39,6 +40,7 @@ FollowUp = Callable[[], Awaitable[None]]
 _ESTIMATE_BYTES_PER_TOKEN = 4
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One chat request, as the compaction steps see it."""
@@ -76,6 +78,7 @@ class Shadow:
         return self.history - self.tokens - sum(self.summarizer)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The API view for one request; ``messages`` None means send the body as is."""

@@ -168,13 +168,14 @@ def session_name(
     if given:
         check_length(given, limit, settings.header)
         return given
-    claude = claude_code_session(body)
+    # No metadata (most requests): no Claude Code session, and no look for one.
+    claude = None if body.get("metadata") is None else claude_code_session(body)
     if claude is not None:
         check_length(claude, limit, "metadata.user_id")
         return claude
-    for path in ("prompt_cache_key", *settings.body_fields):
+    for path in _KEY if not settings.body_fields else (*_KEY, *settings.body_fields):
         value: object = body
-        for part in path.split("."):
+        for part in path.split(".") if "." in path else (path,):
             value = value.get(part) if isinstance(value, Mapping) else None
         if isinstance(value, str) and value:
             check_length(value, limit, path)
@@ -182,6 +183,7 @@ def session_name(
     return None
 
 
+_KEY = ("prompt_cache_key",)  # always honoured, before ``session.body_fields``
 _CLAUDE_USER_ID = re.compile(r"^user_[0-9a-f]*_account_[0-9a-f-]*_session_([0-9a-f-]+)$")
 
 

@@ -68,15 +68,24 @@ class FastHeaders(Headers):
         return _name(key) in (self._first or self._index())
 
 
+class _FirstHeaders:
+    """``ProxyRequest.headers``: built on first use and kept in the request's own
+    ``__dict__``, where every later read finds it without a call (about seven a request)."""
+
+    def __get__(self, request: Request | None, owner: type) -> Any:
+        if request is None:
+            return self
+        headers = request.__dict__.get("_headers")  # Starlette's own, if it built them
+        if headers is None:
+            headers = request._headers = FastHeaders(scope=request.scope)
+        request.__dict__["headers"] = headers
+        return headers
+
+
 class ProxyRequest(Request):
     """A ``Request`` with ``FastHeaders``."""
 
-    @property
-    def headers(self) -> Headers:
-        headers: Headers | None = self.__dict__.get("_headers")
-        if headers is None:
-            headers = self._headers = FastHeaders(scope=self.scope)
-        return headers
+    headers = _FirstHeaders()
 
 
 Handler = Callable[[Request], Awaitable[Response]]

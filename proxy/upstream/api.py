@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 from starlette.responses import Response
 
 from proxy.config import Settings
+from proxy.core.frozen import quick_init
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.types import ChatRequest
 from proxy.upstream.overflow import Overflow
@@ -105,6 +106,7 @@ class Api:
     as_budget: Callable[[Overflow], Overflow] = as_stated
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Route:
     """One request's way upstream: its API, the URL and headers it goes with, the body
@@ -123,6 +125,7 @@ class Route:
         return self.api.body_for(self.body, self.data, outcome)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """What was sent upstream: the body, the view it came from, and the work to start

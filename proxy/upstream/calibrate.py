@@ -36,8 +36,8 @@ _KEYS_LIMIT = 10_000
 
 
 def find_prompt_tokens(chunk: bytes) -> int | None:
-    if b"prompt_tokens" not in chunk:
-        return None
+    # The search alone: a ``prompt_tokens`` ``in`` check before it scanned a reply twice
+    # (249 bytes: 1.40 -> 0.76 µs; bench/README.md, "... the compacting route, second pass").
     m = _USAGE.search(chunk)
     return int(m.group(1)) if m else None
 

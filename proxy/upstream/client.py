@@ -159,10 +159,15 @@ class UpstreamClient:
         url = plain
         timeout, connector = session.timeout, session.connector
         assert connector is not None
+        # Names each once, in any spelling, and no session defaults: the list is what
+        # ``_prepare_headers`` would make of it (~2 µs); else aiohttp's merge.
+        distinct = len({name.lower() for name, _ in headers}) == len(headers)
         req = _Request(
             method,
             url,
-            headers=session._prepare_headers(headers),
+            headers=headers
+            if distinct and not session._default_headers
+            else session._prepare_headers(headers),
             skip_auto_headers=session.skip_auto_headers,
             data=data,
             version=session._version,

@@ -123,6 +123,22 @@ class HeaderPolicy:
     ) -> list[tuple[bytes, bytes]]:
         """Headers for the upstream. ``inspect``: the proxy reads the answer (overflow
         errors, usage), so it is asked for uncompressed bytes."""
+        return self._outgoing(headers, inspect, None)
+
+    def outgoing_and_auth(
+        self, headers: Iterable[tuple[bytes, bytes]]
+    ) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+        """``outgoing(headers, inspect=True)`` and ``auth_only`` of it, in one pass."""
+        auth: list[tuple[bytes, bytes]] = []
+        return self._outgoing(headers, True, auth), auth
+
+    def _outgoing(
+        self,
+        headers: Iterable[tuple[bytes, bytes]],
+        inspect: bool,
+        auth: list[tuple[bytes, bytes]] | None,
+    ) -> list[tuple[bytes, bytes]]:
+        """``outgoing``; with ``auth``, the headers of it ``auth_only`` keeps go there too."""
         which = 0 if inspect else 1
         verdicts, verdict = self._verdicts, self._verdict
         out = []
@@ -130,16 +146,22 @@ class HeaderPolicy:
         for k, v in headers:
             if (verdicts.get(k) or verdict(k))[which]:  # the name seen before: no call
                 out.append((k, v))
+                if auth is not None and k.lower() in AUTH_HEADERS:
+                    auth.append((k, v))
             elif len(k) == 10 and k.lower() == b"connection":
                 options = v if options is None else options + b"," + v
         if options is not None:
             # RFC 9110 7.6.1: what the client's Connection header names is for this hop only.
             named = {t.strip().lower() for t in options.decode("latin-1").split(",")}
             out = [(k, v) for k, v in out if k.decode("latin-1").lower() not in named]
+            if auth:
+                auth[:] = [(k, v) for k, v in auth if k.decode("latin-1").lower() not in named]
         if inspect:
             out.append((b"accept-encoding", b"identity"))
         if self._auth_value is not None:
             out.append((b"authorization", self._auth_value))
+            if auth is not None:
+                auth.append((b"authorization", self._auth_value))
         return out
 
     @staticmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.datastructures import Headers
 
-from proxy.routes.endpoints import FastHeaders
+from proxy.routes.endpoints import FastHeaders, ProxyRequest
 
 RAW = [
     (b"content-type", b"application/json"),
@@ -23,3 +23,14 @@ def test_fast_headers_answer_as_starlettes_headers() -> None:
     assert ours["X-SESSION-ID"] == theirs["X-SESSION-ID"] == "first"  # the first of repeats
     assert ours.getlist("x-session-id") == ["first", "second"]
     assert ours.raw == RAW
+
+
+def test_a_proxy_request_reads_one_fast_headers_object() -> None:
+    request = ProxyRequest({"type": "http", "headers": RAW})
+    headers = request.headers
+    assert isinstance(headers, FastHeaders)
+    assert request.headers is headers is request._headers  # built once, kept
+    assert headers.get("x-session-id") == "first"
+    other = ProxyRequest({"type": "http", "headers": RAW[:1]})
+    assert other.headers.get("x-session-id") is None  # each request its own
+    assert request.headers is headers

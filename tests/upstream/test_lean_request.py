@@ -91,6 +91,30 @@ async def test_the_same_head_body_and_answer(
     assert upstream.bodies[0] == upstream.bodies[1] == (body or b"")
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"x-two", b"1"), (b"x-two", b"2"), (b"host", b"elsewhere")],
+        [(b"X-Two", b"1"), (b"x-two", b"2"), (b"x-one", b"3"), (b"X-TWO", b"4")],
+        [(b"Authorization", b"Bearer a"), (b"authorization", b"Bearer b")],
+    ],
+    ids=["repeated, one spelling", "repeated, several spellings", "credentials twice"],
+)
+async def test_the_same_head_for_repeated_header_names(
+    monkeypatch: pytest.MonkeyPatch, headers: list[tuple[bytes, bytes]]
+) -> None:
+    # The lean path hands the caller's list to the request as it is; a name repeated in
+    # another spelling takes aiohttp's own merge (``_prepare_headers``), as the session does.
+    async def call(client: UpstreamClient, url: str) -> Any:
+        response = await client.send("POST", f"{url}/v1/chat/completions", headers, b"{}")
+        return await response.aread_closed()
+
+    async with RecordingUpstream() as upstream:
+        lean, general = await _both(monkeypatch, upstream.url, call)
+    assert lean == general == ("ok", b"{}")
+    assert upstream.heads[0] == upstream.heads[1]
+
+
 async def test_the_same_streamed_request_body(monkeypatch: pytest.MonkeyPatch) -> None:
     async def chunks() -> AsyncIterator[bytes]:
         yield b'{"a":'
