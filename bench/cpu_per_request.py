@@ -16,6 +16,7 @@ PREFIX``: py-spy records each target during the last round (``PREFIX-<target>.ra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import statistics
@@ -34,6 +35,20 @@ ROOT = BENCH.parent
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _threads(pid: int) -> tuple[float, float]:
+    """CPU s of the threads other than the main one (the log writer's: py-spy's table
+    leaves it out), in ns from schedstat; and the main thread's voluntary context
+    switches (a wake-up from epoll, or a wait for the GIL: 0 while it is saturated)."""
+    others = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if task.name != str(pid):
+            with contextlib.suppress(OSError):
+                others += int((task / "schedstat").read_text().split()[0]) / 1e9
+    status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    found = re.search(r"^voluntary_ctxt_switches:\s*(\d+)", status, re.M)
+    return others, float(found.group(1)) if found else 0.0
 
 
 def _config(workdir: Path, upstream: int) -> Path:
@@ -90,6 +105,7 @@ def _rounds(
 ) -> None:
     names = list(ports)
     cpu: dict[str, list[float]] = {n: [] for n in names}
+    threads: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     for r in range(args.rounds + 1):  # round 0 warms up
         last = args.spy and r == args.rounds
         for name in names[r % len(names) :] + names[: r % len(names)]:
@@ -115,18 +131,25 @@ def _rounds(
                 str(script),
                 url,
             ]
-            before = _cpu_s(proc.pid)
+            before, extra = _cpu_s(proc.pid), _threads(proc.pid)
             text = subprocess.run(["taskset", "-c", "0", *wrk], capture_output=True, text=True)
-            after = _cpu_s(proc.pid)
+            after, extra_after = _cpu_s(proc.pid), _threads(proc.pid)
             if spy is not None:
                 spy.wait()
             found = re.search(r"(\d+) requests in", text.stdout)
             if r and not last and found:
-                cpu[name].append((after - before) / int(found.group(1)) * 1e6)
+                n = int(found.group(1))
+                cpu[name].append((after - before) / n * 1e6)
+                threads[name].append(
+                    ((extra_after[0] - extra[0]) / n * 1e6, (extra_after[1] - extra[1]) / n)
+                )
     for name in names:
         v = sorted(cpu[name])
         q1, median = v[len(v) // 4], statistics.median(v)
         print(f"{name:5} CPU us/request: min {v[0]:.1f}  q1 {q1:.1f}  median {median:.1f}")
+        other = statistics.median(t[0] for t in threads[name])
+        waits = statistics.median(t[1] for t in threads[name])
+        print(f"      of it other threads {other:.1f} us; main thread's waits {waits:.3f}/request")
     for name in names[1:]:
         ratios = sorted(f / p for f, p in zip(cpu["lean"], cpu[name], strict=True))
         low, high, median = ratios[0], ratios[-1], statistics.median(ratios)

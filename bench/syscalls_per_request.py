@@ -1,13 +1,13 @@
 """System calls per request at load: the lean floor, this tree's proxy and another tree's.
 
-    python bench/syscalls_per_request.py [--base DIR] [--seconds 3]
+    python bench/syscalls_per_request.py [--base DIR] [--seconds 3] [--connections 16]
 
 Starts the fake upstream (CPU 0), ``passthrough_lean.py`` and the proxy (CPU 1; with
 ``--base``, also a proxy importing ``proxy`` from DIR, e.g. a ``git archive`` of a commit),
-then for each in turn attaches ``strace -c -f`` while ``wrk -c16`` runs, and prints each
-system call made more than once every 20 requests, per request. strace slows the target
-down, but counts are what it measures, not time: a deterministic figure where CPU time
-on a shared machine is not (bench/README.md, "Saturation, session of 2026-11-26").
+then for each in turn attaches ``strace -c -f`` while ``wrk -c16`` (``--connections``) runs,
+and prints each system call made more than once every 20 requests, per request. strace
+slows the target down, but counts are what it measures, not time: a deterministic figure
+where CPU time on a shared machine is not (bench/README.md, "Saturation, session of 2026-11-26").
 """
 
 from __future__ import annotations
@@ -29,11 +29,14 @@ ROOT = BENCH.parent
 _QUIET = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
 
 
-def _count(pid: int, url: str, script: Path, seconds: int, out: Path) -> dict[str, float]:
-    subprocess.run(["wrk", "-t1", "-c16", "-d1s", "-s", str(script), url], capture_output=True)
+def _count(
+    pid: int, url: str, script: Path, args: argparse.Namespace, out: Path
+) -> dict[str, float]:
+    conns = f"-c{args.connections}"
+    subprocess.run(["wrk", "-t1", conns, "-d1s", "-s", str(script), url], capture_output=True)
     strace = subprocess.Popen(["strace", "-c", "-f", "-o", str(out), "-p", str(pid)], **_QUIET)
     time.sleep(0.5)
-    wrk = ["wrk", "-t1", "-c16", f"-d{seconds}s", "-s", str(script), url]
+    wrk = ["wrk", "-t1", conns, f"-d{args.seconds}s", "-s", str(script), url]
     text = subprocess.run(wrk, capture_output=True, text=True).stdout
     strace.send_signal(2)
     strace.wait()
@@ -51,6 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, help="a tree whose proxy/ to compare with")
     parser.add_argument("--seconds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=16, help="wrk's -c")
     args = parser.parse_args()
     workdir = BENCH / "results" / "syscalls"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -74,7 +78,7 @@ def main() -> None:
             targets[name] = (procs[-1].pid, f"http://127.0.0.1:{port}/v1/chat/completions")
         time.sleep(6)
         counts = {
-            name: _count(pid, url, script, args.seconds, workdir / f"{name}.strace")
+            name: _count(pid, url, script, args, workdir / f"{name}.strace")
             for name, (pid, url) in targets.items()
         }
     finally:

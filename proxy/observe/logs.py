@@ -157,8 +157,9 @@ class _Writer:
             batch = [lines.popleft() for _ in range(len(lines))]
             if not batch:
                 continue
+            batch.append("")  # the last line's newline: one join, no string a line
             try:
-                self._stream.write("".join(f"{line}\n" for line in batch))
+                self._stream.write("\n".join(batch))
                 self._stream.flush()
             except (OSError, ValueError):  # stderr closed: there is nowhere left to say so
                 pass

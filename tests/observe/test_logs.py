@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -192,3 +193,21 @@ def test_a_json_request_line_is_its_head_and_fields_as_one_object(fields: dict[s
     ts = orjson.loads(line)["ts"]
     head = {"ts": ts, "level": "info", "logger": "proxy.access", "msg": "request"}
     assert line == orjson.dumps({**head, **fields}).decode()
+
+
+def test_request_lines_are_written_once_each_in_order_across_batches_and_at_shutdown(
+    captured: Callable[[LoggingSettings], io.StringIO],
+) -> None:
+    # The writer drains what was queued every _FLUSH_S: lines logged meanwhile, over several
+    # of its batches, and the last ones just before it stops, all arrive, once, in order.
+    buffer = captured(LoggingSettings(format="json"))
+    n = 0
+    for _ in range(4):
+        for _ in range(2500):
+            write_request_line({"request_id": f"req-{n}", "n": n})
+            n += 1
+        time.sleep(logs._FLUSH_S * 1.5)
+    write_request_line({"request_id": "last", "n": n})
+    lines = _flushed(buffer)
+    assert buffer.getvalue().endswith("}\n")
+    assert [orjson.loads(line)["n"] for line in lines] == list(range(n + 1))
