@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
 
-from proxy.core.ledger import Entry
+from proxy.core.ledger import Entry, net
 from proxy.core.session import session_from_header
 from proxy.observe.ledger import Ledger
 from proxy.observe.logs import ACCESS, write_request_line
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from proxy.config import Settings
     from proxy.observe.record import Record
 
-# Each ledger figure (Entry.as_dict's keys, in its order) and its name on the line.
-_LEDGER_FIELDS = tuple((k, f"ledger_{k}") for k in Entry().as_dict())
+# Each ledger figure's name on the line, in Figures' order (Entry.as_dict's keys, net apart).
+_LEDGER_FIELDS = tuple(f"ledger_{k}" for k in Entry().as_dict() if k != "net")
 # Answered with no response at all (the client left, or shutdown cut it): nginx's code.
 NO_RESPONSE = 499
 
@@ -144,9 +144,9 @@ class Recorder:
         if ACCESS.isEnabledFor(logging.INFO):
             fields = self._fields(rec, total)
             if ledgered is not None:  # the ledger's entry, flat: ledger_net, ledger_sent...
-                entry, money = ledgered
-                for name, key in _LEDGER_FIELDS:  # as_dict's, without building it
-                    fields[key] = getattr(entry, name)
+                figures, money = ledgered
+                fields.update(zip(_LEDGER_FIELDS, figures, strict=True))  # as_dict's, unbuilt
+                fields["ledger_net"] = net(figures)
                 if money is not None:
                     fields["ledger_money_saved_usd"] = round(money, 6)
             write_request_line(fields)
