@@ -10,11 +10,14 @@ from __future__ import annotations
 import io
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.config import LoggingSettings
 from proxy.observe import logs
@@ -192,3 +195,12 @@ def test_a_json_request_line_is_its_head_and_fields_as_one_object(fields: dict[s
     ts = orjson.loads(line)["ts"]
     head = {"ts": ts, "level": "info", "logger": "proxy.access", "msg": "request"}
     assert line == orjson.dumps({**head, **fields}).decode()
+
+
+@given(st.floats(min_value=1.0, max_value=4e9, allow_nan=False))
+def test_a_timestamp_is_its_second_and_millisecond_as_formatted_once(created: float) -> None:
+    """The milliseconds come from a table: the same text as formatting them."""
+    second = int(created)
+    prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    expected = f"{prefix}.{int((created - second) * 1000):03d}Z"
+    assert logs.JsonFormatter()._timestamp(created) == expected
