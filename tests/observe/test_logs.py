@@ -23,7 +23,7 @@ from proxy.config import LoggingSettings
 from proxy.observe import logs
 from proxy.observe.logs import REQUEST_ID, configure_logging, write_request_line
 from proxy.observe.recorder import api_resource
-from proxy.observe.request_id import request_id_from
+from proxy.observe.request_id import request_id_from, response_headers
 from tests.support.logs import HEX_ID
 
 # --- request ids: the pure part -------------------------------------------------------
@@ -204,3 +204,46 @@ def test_a_timestamp_is_its_second_and_millisecond_as_formatted_once(created: fl
     prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
     expected = f"{prefix}.{int((created - second) * 1000):03d}Z"
     assert logs.JsonFormatter()._timestamp(created) == expected
+
+
+_OWN = (b"x-request-id", b"ours")
+_NAMES = [
+    b"content-type",
+    b"Content-Type",
+    b"x-request-id",
+    b"X-Request-ID",
+    b"date",
+    b"x-twelve-byt",
+]
+_VALUES = [b"text/event-stream; charset=utf-8", b"TEXT/EVENT-STREAM", b"application/json"]
+_HEADERS = st.lists(
+    st.tuples(st.sampled_from(_NAMES), st.sampled_from([*_VALUES, b"theirs", b"ours", b"b d"]))
+)
+
+
+def _as_the_record_answers(
+    headers: list[tuple[bytes, bytes]],
+) -> tuple[list[tuple[bytes, bytes]], str | None, bool]:
+    """The response's headers as RecordRequests sends them, read plainly: the upstream's
+    id renamed (an echo of ours dropped), ours last; its last well-formed id; a stream?"""
+    out, upstream_id, stream = [], None, False
+    for name, value in headers:
+        if name.lower() == b"x-request-id":
+            if value != _OWN[1]:
+                out.append((b"x-upstream-request-id", value))
+                if re.fullmatch(rb"[A-Za-z0-9._:+=/@-]{1,128}", value):
+                    upstream_id = value.decode()
+            continue
+        stream = stream or (
+            name.lower() == b"content-type" and value.lower().startswith(b"text/event-stream")
+        )
+        out.append((name, value))
+    return [*out, _OWN], upstream_id, stream
+
+
+@given(_HEADERS)
+def test_a_responses_headers_carry_our_id_and_the_upstreams_renamed(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    assert response_headers(headers, _OWN) == _as_the_record_answers(headers)
+    assert response_headers(iter(headers), _OWN) == _as_the_record_answers(headers)
