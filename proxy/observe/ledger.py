@@ -178,6 +178,8 @@ class Ledger:
         self._add(rec.tenant, _session_key(rec), (figures, money), False)
 
     def _money(self, figures: Figures, model: str, summarizer: str | None) -> float | None:
+        if not self._pricing:  # the default: no prices, no money
+            return None
         price = price_for(self._pricing, model)
         if price is None:
             return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import Counter, Histogram
 
@@ -20,7 +20,7 @@ from proxy.observe.ledger import Ledger
 from proxy.observe.logs import request_line_writer
 from proxy.observe.metrics import Metrics
 from proxy.observe.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
-from proxy.observe.tally import Value, plain_buckets, plain_child
+from proxy.observe.tally import Tally, Value, plain_buckets, plain_child
 
 if TYPE_CHECKING:
     from proxy.config import Settings
@@ -69,20 +69,31 @@ def api_resource(path: str) -> str:
 class _FastHistogram:
     """One labelled histogram child's ``observe``: its sum and the one bucket the value
     falls in, as prometheus-client's own does, without its checks and loop (a child
-    from ``labels()`` is always observable), on plain values (tally.py). Works on its
-    values in multiprocess mode too; tests/observe/test_metrics.py holds it to the
-    public ``observe``."""
+    from ``labels()`` is always observable), on plain values (tally.py), added to in
+    place when they are ``Tally``s. Works on its values in multiprocess mode too;
+    tests/observe/test_metrics.py holds it to the public ``observe``."""
 
-    __slots__ = ("_bounds", "_buckets", "_sum")
+    __slots__ = ("_bounds", "_buckets", "_plain", "_sum", "observe")
 
     def __init__(self, child: Histogram) -> None:
         self._sum = plain_child(child, "_sum")
         self._buckets = plain_buckets(child)
         self._bounds = child._upper_bounds  # ascending, ending with +Inf
+        values = (self._sum, *self._buckets)
+        if all(type(value) is Tally for value in values):
+            self._plain = cast("tuple[Tally, list[Tally]]", (self._sum, self._buckets))
+            self.observe = self._observe_plain
+        else:
+            self.observe = self._observe
 
-    def observe(self, amount: float) -> None:
+    def _observe(self, amount: float) -> None:
         self._sum.inc(amount)
         self._buckets[bisect_left(self._bounds, amount)].inc(1)
+
+    def _observe_plain(self, amount: float) -> None:
+        total, buckets = self._plain
+        total.value += amount
+        buckets[bisect_left(self._bounds, amount)].value += 1
 
 
 def _fast_counter(child: Counter) -> Value:
@@ -150,7 +161,7 @@ class Recorder:
             fields = self._fields(rec, total)
             if ledgered is not None:  # the ledger's entry, flat: ledger_net, ledger_sent...
                 figures, money = ledgered
-                fields.update(zip(_LEDGER_FIELDS, figures, strict=True))  # as_dict's, unbuilt
+                fields.update(zip(_LEDGER_FIELDS, figures))  # noqa: B905 (as_dict's, unbuilt)
                 fields["ledger_net"] = net(figures)
                 if money is not None:
                     fields["ledger_money_saved_usd"] = round(money, 6)
@@ -202,11 +213,11 @@ class Recorder:
                 fields["ttfb_ms"] = round(rec.ttfb_s * 1000, 2)
             fields["completed"] = rec.completed
         if rec.model is not None:
-            self._chat_fields(rec, fields)
+            self._chat_fields(rec, rec.model, fields)
         return fields
 
-    def _chat_fields(self, rec: Record, fields: dict[str, Any]) -> None:
-        fields["model"] = clipped(rec.model or "")
+    def _chat_fields(self, rec: Record, model: str, fields: dict[str, Any]) -> None:
+        fields["model"] = model if len(model) <= LOGGED_VALUE_CHARS else clipped(model)
         fields["stream"] = rec.stream
         # The same ids /admin/sessions shows for tenants, and every other line for sessions.
         fields["tenant"] = rec.tenant[:12]

@@ -65,11 +65,19 @@ def _samples(metrics: Metrics) -> Samples:
     }
 
 
-def test_the_recorders_fast_observe_matches_prometheus_clients_own() -> None:
+@pytest.mark.parametrize("plain", [True, False])
+def test_the_recorders_fast_observe_matches_prometheus_clients_own(
+    plain: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each request's series are observed through prometheus-client's internals
-    (proxy.observe.recorder): the same sums and buckets as its public API, bounds included."""
+    (proxy.observe.recorder): the same sums and buckets as its public API, bounds included,
+    on plain values (tally.py) or on those it leaves as they are (multiprocess mode's)."""
+    if not plain:
+        monkeypatch.setattr(recorder_module, "plain_child", lambda c, a="_value": getattr(c, a))
+        monkeypatch.setattr(recorder_module, "plain_buckets", lambda child: child._buckets)
     ours, theirs = Metrics.create(), Metrics.create()
     fast = _FastHistogram(ours.added_latency.labels(route="chat"))
+    assert fast.observe.__name__ == ("_observe_plain" if plain else "_observe")
     public = theirs.added_latency.labels(route="chat")
     for amount in (0.0, 0.0004, 0.0005, 0.0007, 0.001, 0.0011, 2.5, 30.0, 31.0, 1e9):
         fast.observe(amount)
