@@ -35,6 +35,7 @@ from proxy.observe.shadow_series import ShadowSeries
 from proxy.observe.tally import plain_child
 
 if TYPE_CHECKING:
+    from proxy.core.outcome import Outcome
     from proxy.observe.record import Record
 
 KINDS = ("would_send", "sent", "cached", "would_cached", "summarizer_input", "summarizer_output")
@@ -147,23 +148,27 @@ class Ledger:
         session = _session_key(rec)
         figures = NOTHING
         if counted and outcome is not None:
-            as_sent, usage, before = outcome.messages is None, rec.usage, rec.tokens_before
-            model = (rec.tenant, rec.model)
-            ratio = self._ratios.get(model)
-            if as_sent and usage is not None:  # most requests: the upstream's count is all
-                figures = sent_whole(usage)
-            else:
-                totals = self.sessions.get(session) if session else None
-                facts = Counted(before, outcome.tokens, as_sent, usage, ratio or 1.0)
-                figures = figures_for(facts, totals.last_would_send if totals else 0)
-            if as_sent and usage is not None and before is not None:
-                learned = learn_ratio(ratio, before, usage[0])
-                if learned is not None and learned != ratio:
-                    self._ratios[model] = learned
+            figures = self._figures(rec, outcome, session)
         figures = summed(figures, rec.summarized)
         money = self._money(figures, rec.model, rec.summarizer_model)
         self._add(rec.tenant, session, (figures, money), counted)
         return figures, money
+
+    def _figures(self, rec: Record, outcome: Outcome, session: str | None) -> Figures:
+        """A counted request's entry (summaries apart), and what calibration learns."""
+        as_sent, usage, before = outcome.messages is None, rec.usage, rec.tokens_before
+        model = (rec.tenant, rec.model or "")
+        if as_sent and usage is not None:  # most requests: the upstream's count is all
+            if before is not None:  # the proxy counted the history too: calibration learns
+                ratio = self._ratios.get(model)
+                learned = learn_ratio(ratio, before, usage[0])
+                if learned is not None and learned != ratio:
+                    self._ratios[model] = learned
+            return sent_whole(usage)
+        totals = self.sessions.get(session) if session else None
+        ratio = self._ratios.get(model) or 1.0
+        facts = Counted(before, outcome.tokens, as_sent, usage, ratio)
+        return figures_for(facts, totals.last_would_send if totals else 0)
 
     def caches(self, rec: Record) -> bool:
         """Whether the upstream reported cached tokens for ``rec``'s session so far."""
