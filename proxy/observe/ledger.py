@@ -125,6 +125,7 @@ class Ledger:
             registry=registry,
         )
         self.shadow = ShadowSeries(registry)  # what shadow mode would have sent
+        self.named = NamedSessions()
         # Each kind's child's value, looked up once and plain (tally.py): ``labels()``
         # costs a lock and checks per call, ``inc`` checks what ``_add`` does (amounts
         # > 0), as recorder.py's.
@@ -145,7 +146,7 @@ class Ledger:
         if outcome is not None and outcome.shadow is not None:
             self.shadow.observe(outcome.shadow)
         counted = rec.upstream_status == 200 and outcome is not None
-        session = _session_key(rec)
+        session = self._session_key(rec)
         figures = NOTHING
         if counted and outcome is not None:
             figures = self._figures(rec, outcome, session)
@@ -172,7 +173,7 @@ class Ledger:
 
     def caches(self, rec: Record) -> bool:
         """Whether the upstream reported cached tokens for ``rec``'s session so far."""
-        session = _session_key(rec)
+        session = self._session_key(rec)
         totals = self.sessions.get(session) if session else None
         return totals is not None and totals.entry.cached > 0
 
@@ -180,7 +181,14 @@ class Ledger:
         """A summary's tokens spent after ``rec``'s line was written (in the background)."""
         figures = summed(NOTHING, summarized)
         money = self._money(figures, rec.model or model, model)
-        self._add(rec.tenant, _session_key(rec), (figures, money), False)
+        self._add(rec.tenant, self._session_key(rec), (figures, money), False)
+
+    def _session_key(self, rec: Record) -> str | None:
+        """The key a session's totals are filed under: its name's (``GET /sessions/{id}``
+        reads it), else the derived session's."""
+        if rec.session_header is not None:
+            return self.named.of(rec.tenant, rec.session_header)[0]
+        return None if rec.session is None else rec.session.storage_key
 
     def _money(self, figures: Figures, model: str, summarizer: str | None) -> float | None:
         if not self._pricing:  # the default: no prices, no money
@@ -226,9 +234,24 @@ def _totals(table: LRUCache[str, Totals], key: str) -> Totals:
     return totals
 
 
-def _session_key(rec: Record) -> str | None:
-    """The key a session's totals are filed under: its name's (``GET /sessions/{id}``
-    reads it), else the derived session's."""
-    if rec.session_header is not None:
-        return session_from_header(rec.tenant, rec.session_header).storage_key
-    return None if rec.session is None else rec.session.storage_key
+class NamedSessions:
+    """A named session's store key and log id, by tenant and name: hashed once for a
+    session's requests rather than twice each (its ledger totals, its line), ~2.7 µs. Up
+    to ``_NAMES_KEPT`` names (they are the clients'), then anew."""
+
+    def __init__(self) -> None:
+        self._named: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def of(self, tenant: str, name: str) -> tuple[str, str]:
+        """``session_from_header(tenant, name)``'s ``storage_key`` and ``log_id``."""
+        found = self._named.get((tenant, name))
+        if found is None:
+            key = session_from_header(tenant, name)
+            found = (key.storage_key, key.log_id)
+            if len(self._named) >= _NAMES_KEPT:
+                self._named.clear()
+            self._named[tenant, name] = found
+        return found
+
+
+_NAMES_KEPT = 4096

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, cast
 from prometheus_client import Counter, Histogram
 
 from proxy.core.ledger import Entry, net
-from proxy.core.session import session_from_header
 from proxy.observe.ledger import Ledger
 from proxy.observe.logs import request_line_writer
 from proxy.observe.metrics import Metrics
@@ -221,11 +220,10 @@ class Recorder:
         fields["stream"] = rec.stream
         # The same ids /admin/sessions shows for tenants, and every other line for sessions.
         fields["tenant"] = rec.tenant[:12]
-        session = rec.session
-        if session is None and rec.session_header:
-            session = session_from_header(rec.tenant, rec.session_header)
-        if session is not None:
-            fields["session"] = session.log_id
+        if rec.session is not None:
+            fields["session"] = rec.session.log_id
+        elif rec.session_header:
+            fields["session"] = self.ledger.named.of(rec.tenant, rec.session_header)[1]
         if self._include_sensitive and rec.session_header is not None:
             fields["session_header"] = clipped(rec.session_header)
         outcome = rec.outcome

@@ -6,13 +6,16 @@ from __future__ import annotations
 from functools import reduce
 from time import perf_counter
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from proxy.core.ledger import Counted, Entry, entry_for, learn_ratio, with_summaries
 from proxy.core.outcome import Outcome
-from proxy.observe.ledger import KINDS, Ledger, Totals
+from proxy.core.session import session_from_header
+from proxy.observe import ledger as ledger_module
+from proxy.observe.ledger import KINDS, Ledger, NamedSessions, Totals
 from proxy.observe.record import Record
 
 _FIGURE = st.integers(min_value=0, max_value=10**9)
@@ -64,3 +67,16 @@ def test_the_ledger_counts_each_request_as_its_entry(
         got = ledger.tokens.labels(kind=kind)._value.get()
         assert got == getattr(total, kind)
     assert ledger.estimated._value.get() == estimated
+
+
+def test_a_named_session_is_hashed_once_per_tenant_and_name_and_kept_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its ledger totals' key and its line's id are the name's own, whichever tenant
+    names it; past the bound, names are hashed anew."""
+    monkeypatch.setattr(ledger_module, "_NAMES_KEPT", 2)
+    named = NamedSessions()
+    for tenant, name in (("t1", "a"), ("t2", "a"), ("t1", "a"), ("t1", "b"), ("t2", "a")):
+        key = session_from_header(tenant, name)
+        assert named.of(tenant, name) == (key.storage_key, key.log_id)
+        assert len(named._named) <= 2

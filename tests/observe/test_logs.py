@@ -12,6 +12,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
+from time import perf_counter
 from typing import Any, Literal
 
 import orjson
@@ -19,10 +20,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.config import LoggingSettings
+from proxy.config import LoggingSettings, Settings
+from proxy.core.session import session_from_header
 from proxy.observe import logs
 from proxy.observe.logs import REQUEST_ID, configure_logging, write_request_line
-from proxy.observe.recorder import api_resource
+from proxy.observe.metrics import Metrics
+from proxy.observe.record import Record
+from proxy.observe.recorder import Recorder, api_resource
 from proxy.observe.request_id import request_id_from, response_headers
 from tests.support.logs import HEX_ID
 
@@ -247,3 +251,14 @@ def test_a_responses_headers_carry_our_id_and_the_upstreams_renamed(
 ) -> None:
     assert response_headers(headers, _OWN) == _as_the_record_answers(headers)
     assert response_headers(iter(headers), _OWN) == _as_the_record_answers(headers)
+
+
+def test_a_line_names_a_named_session_by_its_log_id_only() -> None:
+    """A request that names its session (uncounted: no derived one on its record) is
+    logged under the same short id as a counted one, never its store key nor its name."""
+    recorder = Recorder(Metrics.create(), Settings(upstream={"base_url": "http://127.0.0.1:9/v1"}))
+    for _ in range(2):  # the second from what the first hashed
+        rec = Record("r", perf_counter(), "POST", "/v1/chat/completions", route="chat")
+        rec.model, rec.tenant, rec.session_header = "m", "t" * 64, "my-session"
+        fields = recorder._fields(rec, 0.001)
+        assert fields["session"] == session_from_header("t" * 64, "my-session").log_id
