@@ -1,7 +1,8 @@
 """CPU per request of the proxy's own code, in process: the 20-message chat far below its
 threshold (no session header, a 1M window), sent to the app through ASGI.
 
-    python bench/request_cpu.py [--stub] [--requests 2000] [--batches 5] [--cprofile out.prof]
+    python bench/request_cpu.py [--stub] [--log] [--requests 2000] [--batches 5]
+                                [--cprofile out.prof]
     python bench/request_cpu.py --stub --base DIR [--pairs 3]   # DIR's proxy/, then this tree's
 
 The app is built as ``cpu_per_request.py``'s proxy is configured and sent the body as
@@ -10,7 +11,8 @@ replaces the upstream call by an answer built in process, after one turn of the 
 loop (a real answer resumes the request once): what is left is the proxy's own work,
 without aiohttp's, and figures move by ~1-2 µs between runs instead of ~5. Without it,
 ``fake_upstream.py`` answers over loopback. Prints the median of the batches' medians of
-each request's CPU time on this thread. ``--base``: runs itself with ``PYTHONPATH=DIR``
+each request's CPU time on this thread. ``--log``: logging configured as the server does, the
+lines to /dev/null (else disabled). ``--base``: runs itself with ``PYTHONPATH=DIR``
 and without, in turn, ``--pairs`` times (a ``git archive`` of another commit's ``proxy``).
 Issue 27, bench/README.md "Saturation, session of 2026-11-26: the compacting route".
 """
@@ -136,6 +138,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--cprofile", help="write a cProfile of --requests requests here")
+    parser.add_argument("--log", action="store_true", help="log as the server does (/dev/null)")
     parser.add_argument("--base", type=Path, help="a tree whose proxy/ to compare with")
     parser.add_argument("--pairs", type=int, default=3)
     args = parser.parse_args()
@@ -143,7 +146,13 @@ def main() -> None:
         _pairs(args)
         return
     print(f"proxy from {Path(proxy.__file__).parent}", file=sys.stderr)
-    logging.disable(logging.INFO)
+    if args.log:  # as the server configures it (the default settings), lines to /dev/null
+        from proxy.config import LoggingSettings
+        from proxy.observe.logs import configure_logging
+
+        configure_logging(LoggingSettings(), open(os.devnull, "w"))  # noqa: SIM115
+    else:
+        logging.disable(logging.INFO)
     if args.stub:
         _stub_upstream()
     port = free_port()

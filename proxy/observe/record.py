@@ -73,7 +73,8 @@ class Record:
     upstream_sent_at: float = 0.0
     upstream_status: int | None = None
     upstream_request_id: str | None = None
-    # The response as it went out.
+    # The response as it went out; its first byte's time and whether it ended: an event
+    # stream's (noted for those only).
     event_stream: bool = False
     ttfb_s: float | None = None
     completed: bool = False
@@ -206,7 +207,8 @@ class RecordRequests:
                 rec.upstream_request_id = upstream_id
                 if rec.event_stream:
                     recorder.metrics.active_streams.inc()
-            elif message["type"] == "http.response.body":
+            elif rec.event_stream and message["type"] == "http.response.body":  # its first
+                # byte's time and its end: a stream's (a line has them for streams only)
                 if rec.ttfb_s is None and message.get("body"):
                     rec.ttfb_s = perf_counter() - rec.started
                 if not message.get("more_body", False):

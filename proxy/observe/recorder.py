@@ -8,27 +8,29 @@ observed without prometheus-client's per-call checks and locks (``_FastHistogram
 
 from __future__ import annotations
 
-import logging
 from bisect import bisect_left
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import Counter, Histogram
 
-from proxy.core.ledger import Entry
-from proxy.core.session import session_from_header
+from proxy.core.ledger import Entry, net
 from proxy.observe.ledger import Ledger
-from proxy.observe.logs import ACCESS, write_request_line
+from proxy.observe.logs import request_line_writer
 from proxy.observe.metrics import Metrics
 from proxy.observe.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
-from proxy.observe.tally import Value, plain_buckets, plain_child
+from proxy.observe.tally import Tally, Value, plain_buckets, plain_child
 
 if TYPE_CHECKING:
     from proxy.config import Settings
     from proxy.observe.record import Record
 
-# Each ledger figure (Entry.as_dict's keys, in its order) and its name on the line.
-_LEDGER_FIELDS = tuple((k, f"ledger_{k}") for k in Entry().as_dict())
+# Each ledger figure's name on the line, in Figures' order (Entry.as_dict's keys, net apart).
+_LEDGER_FIELDS = tuple(f"ledger_{k}" for k in Entry().as_dict() if k != "net")
+# A request's duration, response, and (when it called the upstream) the upstream call's
+# duration and response and the time added (recorder.py's series).
+_Series = tuple["_FastHistogram", Value, tuple["_FastHistogram", Value, "_FastHistogram"] | None]
+_SERIES_KEPT = 512
 # Answered with no response at all (the client left, or shutdown cut it): nginx's code.
 NO_RESPONSE = 499
 
@@ -66,20 +68,31 @@ def api_resource(path: str) -> str:
 class _FastHistogram:
     """One labelled histogram child's ``observe``: its sum and the one bucket the value
     falls in, as prometheus-client's own does, without its checks and loop (a child
-    from ``labels()`` is always observable), on plain values (tally.py). Works on its
-    values in multiprocess mode too; tests/observe/test_metrics.py holds it to the
-    public ``observe``."""
+    from ``labels()`` is always observable), on plain values (tally.py), added to in
+    place when they are ``Tally``s. Works on its values in multiprocess mode too;
+    tests/observe/test_metrics.py holds it to the public ``observe``."""
 
-    __slots__ = ("_bounds", "_buckets", "_sum")
+    __slots__ = ("_bounds", "_buckets", "_plain", "_sum", "observe")
 
     def __init__(self, child: Histogram) -> None:
         self._sum = plain_child(child, "_sum")
         self._buckets = plain_buckets(child)
         self._bounds = child._upper_bounds  # ascending, ending with +Inf
+        values = (self._sum, *self._buckets)
+        if all(type(value) is Tally for value in values):
+            self._plain = cast("tuple[Tally, list[Tally]]", (self._sum, self._buckets))
+            self.observe = self._observe_plain
+        else:
+            self.observe = self._observe
 
-    def observe(self, amount: float) -> None:
+    def _observe(self, amount: float) -> None:
         self._sum.inc(amount)
         self._buckets[bisect_left(self._bounds, amount)].inc(1)
+
+    def _observe_plain(self, amount: float) -> None:
+        total, buckets = self._plain
+        total.value += amount
+        buckets[bisect_left(self._bounds, amount)].value += 1
 
 
 def _fast_counter(child: Counter) -> Value:
@@ -101,6 +114,8 @@ class Recorder:
         self._upstream_responses: dict[tuple[str, str], Value] = {}
         self._added: dict[str, _FastHistogram] = {}
         self._ttfb: dict[str, _FastHistogram] = {}
+        # The above, by route, status and upstream status: one look-up a request.
+        self._series: dict[tuple[str, int, int | None], _Series] = {}
         self._chat = {s: _fast_counter(metrics.requests.labels(status=s)) for s in CHAT_STATUSES}
         self._degraded = {
             r: _fast_counter(metrics.degraded_requests.labels(reason=r)) for r in DEGRADED_REASONS
@@ -114,23 +129,22 @@ class Recorder:
         """Observe ``rec``'s metrics and log its line; called once, when it has ended."""
         rec.upstream_done()
         total = perf_counter() - rec.started
-        route, m = rec.route, self.metrics
         if not rec.status:
             rec.status = NO_RESPONSE
-        _histogram(self._durations, m.request_duration, route).observe(total)
-        _counter(self._responses, m.responses, route, rec.status).inc(1)
-        if rec.upstream_status is not None:
-            _histogram(self._upstream, m.upstream_duration, route).observe(rec.upstream_s)
-            _counter(
-                self._upstream_responses, m.upstream_responses, route, rec.upstream_status
-            ).inc(1)
-            _histogram(self._added, m.added_latency, route).observe(
-                max(total - rec.upstream_s, 0.0)
-            )
+        key = (rec.route, rec.status, rec.upstream_status)
+        series = self._series.get(key) or self._series_of(key)
+        durations, responses, called = series
+        durations.observe(total)
+        responses.inc(1)
+        if called is not None:
+            upstream, upstream_responses, added = called
+            upstream.observe(rec.upstream_s)
+            upstream_responses.inc(1)
+            added.observe(max(total - rec.upstream_s, 0.0))
         if rec.event_stream and rec.ttfb_s is not None:
-            _histogram(self._ttfb, m.stream_ttfb, route).observe(rec.ttfb_s)
+            _histogram(self._ttfb, self.metrics.stream_ttfb, rec.route).observe(rec.ttfb_s)
         if rec.summary_failed_s:
-            m.failed_summary_seconds.inc(rec.summary_failed_s)
+            self.metrics.failed_summary_seconds.inc(rec.summary_failed_s)
         outcome = rec.outcome
         if outcome is not None and rec.upstream_status:  # chat requests the upstream answered
             self._chat[outcome.status].inc(1)
@@ -141,15 +155,37 @@ class Recorder:
             self._after.inc(outcome.tokens)
         ledgered = self.ledger.finish(rec)
         rec.finished = True  # a summary from now on goes to the ledger alone
-        if ACCESS.isEnabledFor(logging.INFO):
+        write = request_line_writer()
+        if write is not None:
             fields = self._fields(rec, total)
             if ledgered is not None:  # the ledger's entry, flat: ledger_net, ledger_sent...
-                entry, money = ledgered
-                for name, key in _LEDGER_FIELDS:  # as_dict's, without building it
-                    fields[key] = getattr(entry, name)
+                figures, money = ledgered
+                fields.update(zip(_LEDGER_FIELDS, figures))  # noqa: B905 (as_dict's, unbuilt)
+                fields["ledger_net"] = net(figures)
                 if money is not None:
                     fields["ledger_money_saved_usd"] = round(money, 6)
-            write_request_line(fields)
+            write(fields)
+
+    def _series_of(self, key: tuple[str, int, int | None]) -> _Series:
+        """The series a request of ``key`` (route, status, upstream status) moves, kept
+        for the next one (up to ``_SERIES_KEPT`` keys: statuses come from upstreams)."""
+        route, status, upstream_status = key
+        m = self.metrics
+        called = None
+        if upstream_status is not None:  # these only for routes that call the upstream
+            called = (
+                _histogram(self._upstream, m.upstream_duration, route),
+                _counter(self._upstream_responses, m.upstream_responses, route, upstream_status),
+                _histogram(self._added, m.added_latency, route),
+            )
+        series = (
+            _histogram(self._durations, m.request_duration, route),
+            _counter(self._responses, m.responses, route, status),
+            called,
+        )
+        if len(self._series) < _SERIES_KEPT:
+            self._series[key] = series
+        return series
 
     def _fields(self, rec: Record, total: float) -> dict[str, Any]:
         """The line's fields: hashed ids, never content, credentials or header values."""
@@ -176,19 +212,18 @@ class Recorder:
                 fields["ttfb_ms"] = round(rec.ttfb_s * 1000, 2)
             fields["completed"] = rec.completed
         if rec.model is not None:
-            self._chat_fields(rec, fields)
+            self._chat_fields(rec, rec.model, fields)
         return fields
 
-    def _chat_fields(self, rec: Record, fields: dict[str, Any]) -> None:
-        fields["model"] = clipped(rec.model or "")
+    def _chat_fields(self, rec: Record, model: str, fields: dict[str, Any]) -> None:
+        fields["model"] = model if len(model) <= LOGGED_VALUE_CHARS else clipped(model)
         fields["stream"] = rec.stream
         # The same ids /admin/sessions shows for tenants, and every other line for sessions.
         fields["tenant"] = rec.tenant[:12]
-        session = rec.session
-        if session is None and rec.session_header:
-            session = session_from_header(rec.tenant, rec.session_header)
-        if session is not None:
-            fields["session"] = session.log_id
+        if rec.session is not None:
+            fields["session"] = rec.session.log_id
+        elif rec.session_header:
+            fields["session"] = self.ledger.named.of(rec.tenant, rec.session_header)[1]
         if self._include_sensitive and rec.session_header is not None:
             fields["session_header"] = clipped(rec.session_header)
         outcome = rec.outcome

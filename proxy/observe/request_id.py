@@ -15,6 +15,7 @@ from itertools import count
 
 HEADER = b"x-request-id"
 UPSTREAM_HEADER = b"x-upstream-request-id"
+_CONTENT_TYPE = b"content-type"
 # What a client's id may be: bounded, and nothing that could break a log line or a header.
 _VALID = re.compile(rb"[A-Za-z0-9._:+=/@-]{1,128}")
 
@@ -68,11 +69,27 @@ def response_headers(
 ) -> tuple[Headers, str | None, bool]:
     """``headers`` with our id (``own``) once; the upstream's own id, if it sent a
     well-formed one; whether the response is an event stream (noted in the same pass)."""
+    if type(headers) is not list:  # an ASGI app may send any iterable: read it once
+        headers = list(headers)
+    event_stream = False
+    for name, value in headers:
+        if len(name) == 12:  # both names below are 12 bytes: most headers skip the lower()
+            lowered = name.lower()
+            if lowered == HEADER:  # an id of the upstream's: renamed (or dropped), below
+                return _renamed(headers, own)
+            if lowered == _CONTENT_TYPE and value[:17].lower() == b"text/event-stream":
+                event_stream = True
+    return [*headers, own], None, event_stream  # most answers: ours added, in one copy
+
+
+def _renamed(
+    headers: Iterable[tuple[bytes, bytes]], own: tuple[bytes, bytes]
+) -> tuple[Headers, str | None, bool]:
     out = []
     upstream_id = None
     event_stream = False
     for name, value in headers:
-        if len(name) == 12:  # both names below are 12 bytes: most headers skip the lower()
+        if len(name) == 12:
             lowered = name.lower()
             if lowered == HEADER:
                 if value != own[1]:  # the upstream's own id (an echo of ours is dropped)
@@ -80,7 +97,7 @@ def response_headers(
                     if _VALID.fullmatch(value):
                         upstream_id = value.decode("ascii")
                 continue
-            if lowered == b"content-type" and value[:17].lower() == b"text/event-stream":
+            if lowered == _CONTENT_TYPE and value[:17].lower() == b"text/event-stream":
                 event_stream = True
         out.append((name, value))
     out.append(own)

@@ -12,16 +12,22 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
+from time import perf_counter
 from typing import Any, Literal
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from proxy.config import LoggingSettings
+from proxy.config import LoggingSettings, Settings
+from proxy.core.session import session_from_header
 from proxy.observe import logs
 from proxy.observe.logs import REQUEST_ID, configure_logging, write_request_line
-from proxy.observe.recorder import api_resource
-from proxy.observe.request_id import request_id_from
+from proxy.observe.metrics import Metrics
+from proxy.observe.record import Record
+from proxy.observe.recorder import Recorder, api_resource
+from proxy.observe.request_id import request_id_from, response_headers
 from tests.support.logs import HEX_ID
 
 # --- request ids: the pure part -------------------------------------------------------
@@ -211,3 +217,66 @@ def test_request_lines_are_written_once_each_in_order_across_batches_and_at_shut
     lines = _flushed(buffer)
     assert buffer.getvalue().endswith("}\n")
     assert [orjson.loads(line)["n"] for line in lines] == list(range(n + 1))
+
+
+@given(st.floats(min_value=1.0, max_value=4e9, allow_nan=False))
+def test_a_timestamp_is_its_second_and_millisecond_as_formatted_once(created: float) -> None:
+    """The milliseconds come from a table: the same text as formatting them."""
+    second = int(created)
+    prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    expected = f"{prefix}.{int((created - second) * 1000):03d}Z"
+    assert logs.JsonFormatter()._timestamp(created) == expected
+
+
+_OWN = (b"x-request-id", b"ours")
+_NAMES = [
+    b"content-type",
+    b"Content-Type",
+    b"x-request-id",
+    b"X-Request-ID",
+    b"date",
+    b"x-twelve-byt",
+]
+_VALUES = [b"text/event-stream; charset=utf-8", b"TEXT/EVENT-STREAM", b"application/json"]
+_HEADERS = st.lists(
+    st.tuples(st.sampled_from(_NAMES), st.sampled_from([*_VALUES, b"theirs", b"ours", b"b d"]))
+)
+
+
+def _as_the_record_answers(
+    headers: list[tuple[bytes, bytes]],
+) -> tuple[list[tuple[bytes, bytes]], str | None, bool]:
+    """The response's headers as RecordRequests sends them, read plainly: the upstream's
+    id renamed (an echo of ours dropped), ours last; its last well-formed id; a stream?"""
+    out, upstream_id, stream = [], None, False
+    for name, value in headers:
+        if name.lower() == b"x-request-id":
+            if value != _OWN[1]:
+                out.append((b"x-upstream-request-id", value))
+                if re.fullmatch(rb"[A-Za-z0-9._:+=/@-]{1,128}", value):
+                    upstream_id = value.decode()
+            continue
+        stream = stream or (
+            name.lower() == b"content-type" and value.lower().startswith(b"text/event-stream")
+        )
+        out.append((name, value))
+    return [*out, _OWN], upstream_id, stream
+
+
+@given(_HEADERS)
+def test_a_responses_headers_carry_our_id_and_the_upstreams_renamed(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    assert response_headers(headers, _OWN) == _as_the_record_answers(headers)
+    assert response_headers(iter(headers), _OWN) == _as_the_record_answers(headers)
+
+
+def test_a_line_names_a_named_session_by_its_log_id_only() -> None:
+    """A request that names its session (uncounted: no derived one on its record) is
+    logged under the same short id as a counted one, never its store key nor its name."""
+    recorder = Recorder(Metrics.create(), Settings(upstream={"base_url": "http://127.0.0.1:9/v1"}))
+    for _ in range(2):  # the second from what the first hashed
+        rec = Record("r", perf_counter(), "POST", "/v1/chat/completions", route="chat")
+        rec.model, rec.tenant, rec.session_header = "m", "t" * 64, "my-session"
+        fields = recorder._fields(rec, 0.001)
+        assert fields["session"] == session_from_header("t" * 64, "my-session").log_id

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from time import perf_counter
 
+import pytest
+
 from proxy.config import Settings
+from proxy.observe import recorder as recorder_module
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import Record
 from proxy.observe.recorder import Recorder, _fast_counter, _FastHistogram
@@ -62,11 +65,19 @@ def _samples(metrics: Metrics) -> Samples:
     }
 
 
-def test_the_recorders_fast_observe_matches_prometheus_clients_own() -> None:
+@pytest.mark.parametrize("plain", [True, False])
+def test_the_recorders_fast_observe_matches_prometheus_clients_own(
+    plain: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each request's series are observed through prometheus-client's internals
-    (proxy.observe.recorder): the same sums and buckets as its public API, bounds included."""
+    (proxy.observe.recorder): the same sums and buckets as its public API, bounds included,
+    on plain values (tally.py) or on those it leaves as they are (multiprocess mode's)."""
+    if not plain:
+        monkeypatch.setattr(recorder_module, "plain_child", lambda c, a="_value": getattr(c, a))
+        monkeypatch.setattr(recorder_module, "plain_buckets", lambda child: child._buckets)
     ours, theirs = Metrics.create(), Metrics.create()
     fast = _FastHistogram(ours.added_latency.labels(route="chat"))
+    assert fast.observe.__name__ == ("_observe_plain" if plain else "_observe")
     public = theirs.added_latency.labels(route="chat")
     for amount in (0.0, 0.0004, 0.0005, 0.0007, 0.001, 0.0011, 2.5, 30.0, 31.0, 1e9):
         fast.observe(amount)
@@ -109,3 +120,29 @@ def test_a_scrape_after_n_requests_shows_exactly_n() -> None:
     upstream = '{route="chat",status="2xx"}'
     assert f"compaction_proxy_upstream_responses_total{upstream} {requests}.0" in lines
     assert "compaction_proxy_requests_in_flight 0.0" in lines
+
+
+def test_requests_of_more_kinds_than_the_recorder_keeps_are_all_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The recorder keeps each (route, status, upstream status)'s series for the next
+    request, up to a bound (upstreams answer any status): past it, still counted."""
+    monkeypatch.setattr(recorder_module, "_SERIES_KEPT", 3)
+    metrics = Metrics.create()
+    recorder = Recorder(metrics, Settings(upstream={"base_url": "http://127.0.0.1:9/v1"}))
+    upstream_statuses = [None, 200, 0, 429, 503, 504, 200, 429, None]
+    for upstream_status in upstream_statuses:
+        rec = Record("r", perf_counter(), "POST", "/v1/chat/completions", route="chat")
+        rec.status, rec.upstream_status = 200, upstream_status
+        recorder.finish(rec)
+    assert len(recorder._series) == 3
+    lines = set(metrics.exposition().decode().splitlines())
+    total = len(upstream_statuses)
+    assert f'compaction_proxy_responses_total{{route="chat",status="2xx"}} {total}.0' in lines
+    called = [s for s in upstream_statuses if s is not None]
+    assert (
+        f'compaction_proxy_upstream_duration_seconds_count{{route="chat"}} {len(called)}.0' in lines
+    )
+    for label, count in (("2xx", 2), ("none", 1), ("429", 2), ("5xx", 2)):
+        sample = f'compaction_proxy_upstream_responses_total{{route="chat",status="{label}"}}'
+        assert f"{sample} {count}.0" in lines
