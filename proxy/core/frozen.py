@@ -11,6 +11,7 @@ dataclass's: frozen, its equality, hash, repr, ``dataclasses.replace``.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -24,19 +25,23 @@ def quick_init(cls: type[T]) -> type[T]:
         raise TypeError(f"{cls.__name__}: quick_init is for frozen, slotted dataclasses")
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}: quick_init does not call __post_init__")
-    scope: dict[str, Any] = {"__new__": object.__new__}
+    scope: dict[str, Any] = {}
     args, sets = [], []
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for i, field in enumerate(dataclasses.fields(cls)):  # type: ignore[arg-type]
         name = field.name
         if not field.init or field.kw_only or field.default_factory is not dataclasses.MISSING:
             raise TypeError(f"{cls.__name__}.{name}: quick_init takes plain fields only")
-        scope[f"_set_{name}"] = cls.__dict__[name].__set__  # the slot's member descriptor
+        # Helpers by position, dunder-named as dataclasses' own (a field's name may be anything).
+        scope[f"__quick_set_{i}__"] = cls.__dict__[name].__set__  # the slot's member descriptor
         if field.default is dataclasses.MISSING:
             args.append(name)
         else:
-            scope[f"_default_{name}"] = field.default
-            args.append(f"{name}=_default_{name}")
-        sets.append(f"    _set_{name}(self, {name})")
+            scope[f"__quick_default_{i}__"] = field.default
+            args.append(f"{name}=__quick_default_{i}__")
+        sets.append(f"    __quick_set_{i}__(self, {name})")
+    own = list(inspect.signature(cls.__init__).parameters)[1:]
+    if own != [arg.split("=")[0] for arg in args]:  # an InitVar: dataclasses.fields omits it
+        raise TypeError(f"{cls.__name__}: quick_init takes plain fields only")
     source = f"def __init__(self, {', '.join(args)}):\n" + "\n".join(sets) + "\n"
     exec(source, scope)  # as dataclasses builds its own __init__
     init = scope["__init__"]

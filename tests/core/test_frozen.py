@@ -125,3 +125,30 @@ def test_refuses_what_it_cannot_build_the_same() -> None:
     for cls in (Unslotted, Factory, Posted):
         with pytest.raises(TypeError):
             quick_init(cls)
+
+
+def test_refuses_an_initvar_its_init_would_drop() -> None:
+    # ``dataclasses.fields`` leaves InitVars out; without ``__post_init__`` the dataclass's
+    # own ``__init__`` still takes one: a quick one without it would refuse such a call.
+    @dataclass(frozen=True, slots=True)
+    class WithInitVar:
+        a: int
+        b: dataclasses.InitVar[int] = 0
+
+    assert WithInitVar(1, 2) == WithInitVar(1)
+    with pytest.raises(TypeError):
+        quick_init(WithInitVar)
+
+
+def test_a_field_named_as_its_helpers_is_built_the_same() -> None:
+    @dataclass(frozen=True, slots=True)
+    class Own:
+        _set_a: int
+        a: int = 1
+
+    ours = quick_init(
+        dataclass(frozen=True, slots=True)(
+            type("Own", (), {"__annotations__": {"_set_a": "int", "a": "int"}, "a": 1})
+        )
+    )
+    assert dataclasses.astuple(ours(5, 6)) == dataclasses.astuple(Own(5, 6))
