@@ -72,18 +72,33 @@ def main() -> None:
     workdir = BENCH / "results" / "cpu"
     workdir.mkdir(parents=True, exist_ok=True)
     script = write_lua(write_payloads(workdir)["chat20"])
+    procs, ports = start_targets(workdir, args.base)
+    try:
+        _rounds(ports, script, args)
+    finally:
+        stop(procs)
+
+
+Procs = list[subprocess.Popen[bytes]]
+
+
+def start_targets(
+    workdir: Path, base: Path | None
+) -> tuple[Procs, dict[str, tuple[subprocess.Popen[bytes], int]]]:
+    """The fake upstream (CPU 0), the lean floor, this tree's proxy and, with ``base``, the
+    proxy of that tree (CPU 1), each on a port of its own, given 6 s to listen; every
+    process started, and each target's process and port. ``stop`` them when done."""
     upstream = free_port()
     py = sys.executable
     serve = [py, "-m", "proxy", "serve", "--config", str(_config(workdir, upstream))]
     commands = {"lean": ([py, str(BENCH / "passthrough_lean.py")], None), "new": (serve, ROOT)}
-    if args.base is not None:
-        commands["base"] = (serve, args.base.resolve())
-    procs: list[subprocess.Popen[bytes]] = []
+    if base is not None:
+        commands["base"] = (serve, base.resolve())
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    fake = [py, str(BENCH / "fake_upstream.py"), "--port", str(upstream)]
+    procs: Procs = [subprocess.Popen(["taskset", "-c", "0", *fake], **quiet)]
     ports: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     try:
-        fake = [py, str(BENCH / "fake_upstream.py"), "--port", str(upstream)]
-        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        procs.append(subprocess.Popen(["taskset", "-c", "0", *fake], **quiet))
         for name, (cmd, tree) in commands.items():
             port = free_port()
             extra = ["--upstream", f"http://127.0.0.1:{upstream}/v1"] if name == "lean" else []
@@ -92,12 +107,17 @@ def main() -> None:
             procs.append(subprocess.Popen([*full, *extra], env=env, cwd="/tmp", **quiet))
             ports[name] = (procs[-1], port)
         time.sleep(6)
-        _rounds(ports, script, args)
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait()
+    except BaseException:
+        stop(procs)
+        raise
+    return procs, ports
+
+
+def stop(procs: Procs) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait()
 
 
 def _rounds(

@@ -13,17 +13,15 @@ where CPU time on a shared machine is not (bench/README.md, "Saturation, session
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from cpu_per_request import _config
+from cpu_per_request import start_targets, stop
 from loadgen import write_lua
 from payloads import write_payloads
-from targets import BENCH, free_port
+from targets import BENCH
 
 ROOT = BENCH.parent
 _QUIET = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -59,33 +57,15 @@ def main() -> None:
     workdir = BENCH / "results" / "syscalls"
     workdir.mkdir(parents=True, exist_ok=True)
     script = write_lua(write_payloads(workdir)["chat20"])
-    upstream = free_port()
-    py = sys.executable
-    serve = [py, "-m", "proxy", "serve", "--config", str(_config(workdir, upstream))]
-    commands = {"lean": ([py, str(BENCH / "passthrough_lean.py")], None), "new": (serve, ROOT)}
-    if args.base is not None:
-        commands["base"] = (serve, args.base.resolve())
-    fake = [py, str(BENCH / "fake_upstream.py"), "--port", str(upstream)]
-    procs = [subprocess.Popen(["taskset", "-c", "0", *fake], **_QUIET)]
+    procs, ports = start_targets(workdir, args.base)
     try:
-        targets = {}
-        for name, (cmd, tree) in commands.items():
-            port = free_port()
-            extra = ["--upstream", f"http://127.0.0.1:{upstream}/v1"] if name == "lean" else []
-            env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
-            full = ["taskset", "-c", "1", *cmd, "--host", "127.0.0.1", "--port", str(port)]
-            procs.append(subprocess.Popen([*full, *extra], env=env, cwd="/tmp", **_QUIET))
-            targets[name] = (procs[-1].pid, f"http://127.0.0.1:{port}/v1/chat/completions")
-        time.sleep(6)
         counts = {
-            name: _count(pid, url, script, args, workdir / f"{name}.strace")
-            for name, (pid, url) in targets.items()
+            name: _count(proc.pid, url, script, args, workdir / f"{name}.strace")
+            for name, (proc, port) in ports.items()
+            for url in [f"http://127.0.0.1:{port}/v1/chat/completions"]
         }
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait()
+        stop(procs)
     names = sorted({c for calls in counts.values() for c, n in calls.items() if n >= 0.05})
     print(" | ".join(["system call", *counts]))
     for call in names:
