@@ -62,11 +62,14 @@ def _recording(seen: list[Any]) -> Any:
     return app
 
 
-async def _run(protocol: type[Any], pieces: list[bytes], turns: int) -> tuple[Any, ...]:
+async def _run(
+    protocol: type[Any], pieces: list[bytes], turns: int, **options: Any
+) -> tuple[Any, ...]:
     """``pieces`` received in turn, ``turns`` loop turns after each; what the app saw,
     what the transport was asked, and the server."""
     seen: list[Any] = []
-    config = Config(_recording(seen), access_log=False, ws="none", lifespan="off", log_config=None)
+    app, off = _recording(seen), "off"
+    config = Config(app, access_log=False, ws="none", lifespan=off, log_config=None, **options)
     config.proxy_headers = False
     state = ServerState()
     server = protocol(config=config, server_state=state, app_state={"k": "v"})
@@ -135,6 +138,14 @@ async def test_the_app_sees_what_uvicorn_gives_it(case: str) -> None:
     ours = await _run(limited_protocol(ServerSettings()), pieces, turns)
     assert ours[:3] == theirs[:3]
     assert ours[0][0]["path"]  # the app ran
+
+
+async def test_over_uvicorns_concurrency_limit_the_answer_is_uvicorns_503() -> None:
+    """Not a setting of the proxy's (it bounds connections itself), but uvicorn's code path."""
+    theirs = await _run(HttpToolsProtocol, [ONE], 1, limit_concurrency=1)
+    ours = await _run(limited_protocol(ServerSettings()), [ONE], 1, limit_concurrency=1)
+    assert ours[:3] == theirs[:3]
+    assert ours[1][0].startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
 
 
 async def test_a_body_in_one_read_is_the_parsers_bytes_not_a_copy() -> None:
