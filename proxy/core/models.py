@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
-from cachetools import LRUCache
-
 from proxy.core.encodings import Encoder, warn_inexact
 
 if TYPE_CHECKING:  # for annotations: the table reads the settings it is built from
@@ -64,18 +62,24 @@ class ModelTable:
     def __init__(self, settings: Settings) -> None:
         self._specs = settings.models
         self._default = settings.default_model
-        # Only ever used on the event loop, so no lock despite LRU hits reordering it.
-        self._cache: LRUCache[str, ResolvedModel] = LRUCache(_CACHE_LIMIT)
+        # Least recently used first; only ever used on the event loop, so no lock. A plain
+        # dict: cachetools' LRUCache took five Python calls a hit (issue 27).
+        self._cache: dict[str, ResolvedModel] = {}
         # Stand-ins for encodings not on disk that no configured model names: said once,
         # when a request first resolves to one, not at start-up for every deployment.
         self._unannounced: dict[str, Encoder] = {}
 
     def resolve(self, model: str) -> ResolvedModel:
-        hit = self._cache.get(model)
-        if hit is None:
-            hit = self._cache[model] = self._resolve(model)
-            if self._unannounced:
-                self._announce(hit.tokenizer)
+        cache = self._cache
+        hit = cache.pop(model, None)
+        if hit is not None:
+            cache[model] = hit  # to the end: the most recently used
+            return hit
+        while len(cache) >= _CACHE_LIMIT:
+            del cache[next(iter(cache))]  # the least recently used
+        hit = cache[model] = self._resolve(model)
+        if self._unannounced:
+            self._announce(hit.tokenizer)
         return hit
 
     def entry_of(self, model: str) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.datastructures import Headers
-from starlette.requests import Request
+from starlette.requests import Request, empty_receive, empty_send
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -44,6 +44,14 @@ class FastHeaders(Headers):
     """
 
     _first: dict[bytes, bytes] | None = None
+
+    @classmethod
+    def of(cls, scope: Scope) -> FastHeaders:
+        """``FastHeaders(scope=scope)``, as ``Headers.__init__`` makes it from a scope
+        (its list copied, and put back in the scope) without its keyword checks."""
+        headers = cls.__new__(cls)
+        headers._list = scope["headers"] = list(scope["headers"])
+        return headers
 
     def _index(self) -> dict[bytes, bytes]:
         first = self._first
@@ -77,7 +85,7 @@ class _FirstHeaders:
             return self
         headers = request.__dict__.get("_headers")  # Starlette's own, if it built them
         if headers is None:
-            headers = request._headers = FastHeaders(scope=request.scope)
+            headers = request._headers = FastHeaders.of(request.scope)
         request.__dict__["headers"] = headers
         return headers
 
@@ -86,6 +94,17 @@ class ProxyRequest(Request):
     """A ``Request`` with ``FastHeaders``."""
 
     headers = _FirstHeaders()
+
+    def __init__(self, scope: Scope, receive: Receive = empty_receive, send: Send = empty_send):
+        # Request's and HTTPConnection's own, in one frame: the same check and attributes
+        # (tests/routes/test_endpoints.py compares them with Starlette's).
+        assert scope["type"] == "http"
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self._stream_consumed = False
+        self._is_disconnected = False
+        self._form = None
 
 
 Handler = Callable[[Request], Awaitable[Response]]

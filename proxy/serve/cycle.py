@@ -11,15 +11,23 @@ first event may be a while. The headers are also checked in two searches over al
 them rather than two per header (uvicorn's own patterns and errors).
 
 Everything else is uvicorn's ``send`` (0.54, as constraints.txt pins it), step for
-step; ``limits.py``'s protocol makes each request's cycle one of these (its class is
-set as the request's head is parsed, before its task runs). bench/README.md has the
-figures.
+step. ``RequestSide``, under ``limits.py``'s protocol, makes each request's cycle one of
+these as its head is parsed (uvicorn's ``on_headers_complete``, step for step) and hands
+it the body as it comes: a body that arrives in one piece (nearly all) reaches the app
+as the very bytes the parser gave, where uvicorn appends them to a ``bytearray`` and
+copies that into a new ``bytes`` (two copies: an 8 KB chat body's, or a 400 KB one's).
+A ``receive`` whose body is already in awaits no ``Event.wait`` coroutine (it would
+return at once). bench/README.md has the figures.
 """
 
 from __future__ import annotations
 
+import asyncio
+import urllib.parse
 from typing import Any
 
+import httptools
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -33,10 +41,37 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 _JOIN_BYTES = 64 * 1024
 # The headers uvicorn's send reads (the others it only writes).
 _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
+# The bytes HEADER_RE and HEADER_VALUE_RE find (tests/serve/test_protocol.py: all 256).
+_BAD_NAME = bytes(range(0x20)) + b'\x7f()<>@,;:[]={} \t\\"'
+_BAD_VALUE = bytes(range(0x09)) + bytes(range(0x0A, 0x20)) + b"\x7f"
+
+
+def _bad_value(values: tuple[bytes, ...]) -> bool:
+    joined = b"".join(values)
+    return len(joined.translate(None, _BAD_VALUE)) != len(joined)
 
 
 class Cycle(RequestResponseCycle):
     _head = b""  # a head held for the first body message (its own write otherwise)
+
+    async def receive(self) -> Any:
+        # uvicorn's, but no Event.wait coroutine when the event is set already (it returns
+        # at once: no suspension either way), and the body handed over without a copy.
+        if self.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting_for_100_continue = False
+        if not self.disconnected and not self.response_complete:
+            self.flow.resume_reading()
+            event = self.message_event
+            if not event.is_set():
+                await event.wait()
+            event.clear()
+        if self.disconnected or self.response_complete:
+            return {"type": "http.disconnect"}
+        # bytes(x) is x itself for bytes (RequestSide.on_body's): no copy.
+        message = {"type": "http.request", "body": bytes(self.body), "more_body": self.more_body}
+        self.body = b""  # type: ignore[assignment]  # bytes or bytearray, both read as bytes
+        return message
 
     async def send(self, message: Any) -> None:
         if self.flow.write_paused and not self.disconnected:
@@ -78,14 +113,27 @@ class Cycle(RequestResponseCycle):
                 self.scope["http_version"],
                 status_code,
             )
-        names = b"".join([name for name, _ in headers])
-        values = b"".join([value for _, value in headers])
-        if HEADER_RE.search(names) or HEADER_VALUE_RE.search(values):
+        names, values = zip(*headers, strict=True) if headers else ((), ())
+        joined = b"".join(names)
+        # HEADER_RE's and HEADER_VALUE_RE's searches, as a deletion of their bytes (in C).
+        if len(joined.translate(None, _BAD_NAME)) != len(joined) or _bad_value(values):
             for name, value in headers:  # which one, as uvicorn tells it
                 if HEADER_RE.search(name):
                     raise RuntimeError("Invalid HTTP header name.")
                 if HEADER_VALUE_RE.search(value):
                     raise RuntimeError("Invalid HTTP header value.")
+        if (
+            self.chunked_encoding is None
+            and names.count(b"content-length") == 1
+            and b"transfer-encoding" not in names
+            and b"connection" not in names
+            and joined.lower() == joined
+        ):  # the common answer: what the loop below does, without lowering each name
+            self.expected_content_length = int(values[names.index(b"content-length")].decode())
+            self.chunked_encoding = False
+            lines = b"\r\n".join(map(b": ".join, headers))
+            close = b"" if self.keep_alive else b"connection: close\r\n"
+            return b"%s%s\r\n%s\r\n" % (STATUS_LINE[status_code], lines, close)
         content = [STATUS_LINE[status_code]]
         has_connection_close = False
         for raw, value in headers:
@@ -147,3 +195,76 @@ class Cycle(RequestResponseCycle):
             if not self.keep_alive:
                 self.transport.close()
             self.on_response()
+
+
+class RequestSide:
+    """uvicorn 0.54's ``HttpToolsProtocol`` request callbacks from the head on, step for
+    step, the request's cycle made as ``cycle_class`` from the start and its body kept as
+    the parser's bytes when it comes in one piece. Attributes are uvicorn's."""
+
+    cycle_class: type[Any]
+
+    def start_cycle(self, upgrade: bool) -> None:
+        """uvicorn's ``on_headers_complete``; ``upgrade``: the parser's should_upgrade()."""
+        me: Any = self
+        parser, scope = me.parser, me.scope
+        http_version = parser.get_http_version()
+        scope["method"] = parser.get_method().decode("ascii")
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        if upgrade and me._should_upgrade():
+            return
+        parsed_url = httptools.parse_url(me.url)
+        raw_path = parsed_url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        root_path = me.root_path
+        scope["path"] = root_path + path
+        scope["raw_path"] = root_path.encode("ascii") + raw_path
+        scope["query_string"] = parsed_url.query or b""
+        limit = me.limit_concurrency
+        if limit is not None and (len(me.connections) >= limit or len(me.tasks) >= limit):
+            app = service_unavailable
+            message = "Exceeded concurrency limit."
+            me.logger.warning(message)
+        else:
+            app = me.app
+        existing_cycle = me.cycle
+        me.cycle = cycle = self.cycle_class(
+            scope,
+            me.transport,
+            me.flow,
+            me.logger,
+            me.access_logger,
+            me.access_log,
+            me.server_state.default_headers,
+            asyncio.Event(),
+            me.expect_100_continue,
+            http_version != "1.0" and parser.should_keep_alive(),
+            me.on_response_complete,
+        )
+        if upgrade:  # answered as plain HTTP, then closed (limits.py)
+            cycle.keep_alive = False
+        if existing_cycle is None or existing_cycle.response_complete:
+            me._start_asgi_task(cycle, app)
+        else:
+            me.flow.pause_reading()
+            me.pipeline.appendleft((cycle, app))
+
+    def on_body(self, body: bytes) -> None:
+        me: Any = self
+        cycle = me.cycle
+        if (me.parser.should_upgrade() and me._should_upgrade()) or cycle.response_complete:
+            return
+        held = cycle.body
+        if not held:
+            held = cycle.body = body  # the parser's own bytes object: kept, not copied
+        elif type(held) is bytes:
+            held = cycle.body = bytearray(held)
+            held += body
+        else:
+            held += body
+        if len(held) > HIGH_WATER_LIMIT:
+            me.flow.pause_reading()
+        cycle.message_event.set()

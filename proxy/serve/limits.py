@@ -48,9 +48,9 @@ def limited_protocol(limits: ServerSettings) -> type[asyncio.Protocol]:
     import httptools
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    from proxy.serve.cycle import Cycle
+    from proxy.serve.cycle import Cycle, RequestSide
 
-    class _Bounded(_LimitsMixin, HttpToolsProtocol):  # type: ignore[misc]
+    class _Bounded(_LimitsMixin, RequestSide, HttpToolsProtocol):  # type: ignore[misc]
         parser_error = httptools.HttpParserError
         parser_upgrade = httptools.HttpParserUpgrade
         cycle_class = Cycle
@@ -198,11 +198,8 @@ class _LimitsMixin:
         self._body_bytes = 0
         self._reading_s = 0.0
         self._last_tick = me.loop.time()
-        super().on_headers_complete()  # type: ignore[misc]
-        # Its response's head goes out with its body (cycle.py); its task has not run yet.
-        me.cycle.__class__ = self.cycle_class
-        if upgrade:
-            me.cycle.keep_alive = False
+        # uvicorn's own, its cycle a Cycle: a response's head goes out with its body.
+        me.start_cycle(upgrade)
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE

@@ -265,6 +265,15 @@ def test_the_header_names_the_session_before_any_body_field() -> None:
     assert _named(None, {"user": "u", "metadata": "x"}, ["metadata.session_id"]) is None
 
 
+def test_a_body_field_is_read_through_any_mapping_not_only_a_dict() -> None:
+    """session_name reads a dict first (the ABC check is dearer), any Mapping still."""
+    from types import MappingProxyType
+
+    body: dict[str, object] = {"metadata": MappingProxyType({"session_id": "m"})}
+    assert _named(None, body, ["metadata.session_id"]) == "m"
+    assert _named(None, MappingProxyType({"user": "u"}), ["user"]) == "u"  # type: ignore[arg-type]
+
+
 def test_body_fields_other_than_prompt_cache_key_need_configuring() -> None:
     assert _named(None, {"user": "u", "metadata": {"session_id": "m"}}, []) is None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from starlette.datastructures import Headers
+from starlette.requests import Request
 
 from proxy.routes.endpoints import FastHeaders, ProxyRequest
 
@@ -34,3 +35,21 @@ def test_a_proxy_request_reads_one_fast_headers_object() -> None:
     other = ProxyRequest({"type": "http", "headers": RAW[:1]})
     assert other.headers.get("x-session-id") is None  # each request its own
     assert request.headers is headers
+
+
+def test_a_proxy_request_is_built_as_starlettes_request() -> None:
+    """ProxyRequest sets Request's attributes in one frame of its own: the same ones."""
+
+    async def receive() -> dict[str, str]:
+        return {"type": "http.request"}
+
+    async def send(message: object) -> None:
+        pass
+
+    for args in (({"type": "http", "headers": RAW},), ({"type": "http"}, receive, send)):
+        assert vars(ProxyRequest(*args)) == vars(Request(*args))  # type: ignore[arg-type]
+    scope = {"type": "http", "headers": tuple(RAW)}
+    ours, theirs = ProxyRequest(scope).headers, Headers(scope={"headers": tuple(RAW)})
+    assert vars(ours) == vars(theirs)
+    assert scope["headers"] == RAW  # put back, as a list
+    assert isinstance(scope["headers"], list)

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from proxy.config import ServerSettings
+from proxy.serve.cycle import _BAD_NAME, _BAD_VALUE
 from proxy.serve.limits import limited_protocol
 
 App = Callable[[Any, Any, Any], Awaitable[None]]
@@ -95,6 +96,16 @@ CASES = {
     "bad header value": (_answer((b"x-v", b"a\nb")), GET),
     "longer than its length": (_answer(body=b"hello!", length=5), GET),
     "shorter than its length": (_answer(body=b"hell", length=5), GET),
+    # Cycle._render_head's common answer (lower-case names, one length) and its edges.
+    "lower-case names": (_answer((b"x-compaction-status", b"passthrough")), GET),
+    "http/1.0": (_answer((b"x-a", b"b")), GET.replace(b"HTTP/1.1", b"HTTP/1.0")),
+    "two lengths": (_answer((b"content-length", b"5")), GET),
+    "length and chunked": (_answer((b"transfer-encoding", b"chunked")), GET),
+    "keep-alive named": (_answer((b"connection", b"keep-alive")), GET),
+    "upper-case length": (_answer((b"Content-Length", b"5"), length=-1), GET),
+    "no content": (_answer(body=b"", length=0), GET),
+    "bad value byte": (_answer((b"x-v", b"a\x7fb")), GET),
+    "tab in a value": (_answer((b"x-v", b"a\tb")), GET),
 }
 
 
@@ -105,6 +116,13 @@ async def test_each_response_is_written_as_uvicorn_writes_it(case: str) -> None:
     ours = await _serve(limited_protocol(ServerSettings()), app, request)
     assert b"".join(ours.writes) == b"".join(theirs.writes)
     assert ours.closed == theirs.closed
+
+
+def test_the_bytes_a_header_may_not_hold_are_uvicorns() -> None:
+    """Cycle checks a response's headers by deleting these bytes, not by uvicorn's searches."""
+    for byte in (bytes([b]) for b in range(256)):
+        assert bool(HEADER_RE.search(byte)) == (byte in _BAD_NAME)
+        assert bool(HEADER_VALUE_RE.search(byte)) == (byte in _BAD_VALUE)
 
 
 @pytest.mark.parametrize("case", ["known length", "known length, large", "head request"])
