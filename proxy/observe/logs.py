@@ -56,10 +56,10 @@ class _Writer:
     event loop a hand-over of the GIL). A line reaches stderr at most ``_FLUSH_S`` late.
 
     A request's line comes as its values (``_Later``) and is formatted here, in order with
-    the lines around it: its code and data stay warm from one line to the next of a batch,
-    where on the request path each line ran cold (bench/README.md, "the access line, third
-    pass"). One whose fields cannot be made is written as an error line naming its request
-    and counted (``unformatted``): a line is never dropped, nor the thread stopped.
+    the lines around it: the request path pays for gathering them only (bench/README.md,
+    "the access line, third pass", has what that moved and what it saved). One whose
+    fields cannot be made is written as an error line naming its request and counted
+    (``unformatted``): a line is never dropped, nor the thread stopped.
 
     A thread does not survive ``fork``: the thread stops before one (writing what is
     queued, so no thread crosses it: proxy.serve.workers forks its workers from a process
