@@ -16,7 +16,7 @@ Health, readiness and metrics scrapes are not recorded.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -197,7 +197,9 @@ class RecordRequests:
         scope[_SCOPE_KEY] = rec
         own = (HEADER, request_id.encode("ascii"))
 
-        async def send_recorded(message: Message) -> None:
+        def send_recorded(message: Message) -> Awaitable[None]:
+            # Not a coroutine: ``send``'s own is what the caller awaits (a frame and a
+            # coroutine fewer a message); what it notes is noted before that runs, as it was.
             if message["type"] == "http.response.start":
                 rec.status = message["status"]
                 headers, upstream_id, rec.event_stream = response_headers(
@@ -213,7 +215,7 @@ class RecordRequests:
                     rec.ttfb_s = perf_counter() - rec.started
                 if not message.get("more_body", False):
                     rec.completed = True
-            await send(message)
+            return send(message)
 
         token, current = REQUEST_ID.set(request_id), _CURRENT.set(rec)
         in_flight = recorder.in_flight

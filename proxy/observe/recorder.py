@@ -3,7 +3,8 @@
 ``Recorder.finish`` is the one place that does either, once per request, so it is
 kept to plain work: the series a request moves are looked up once per label set and
 observed without prometheus-client's per-call checks and locks (``_FastHistogram``,
-``_fast_counter``, tally.py), and the line's fields are built in one dict.
+``_fast_counter``, tally.py), and the line's values gathered in one tuple (line.py):
+its fields are made and formatted on the log writer's thread.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import Counter, Histogram
 
-from proxy.core.ledger import Entry, net
 from proxy.observe.ledger import Ledger
+from proxy.observe.line import LOGGED_VALUE_CHARS as LOGGED_VALUE_CHARS
+from proxy.observe.line import AccessLine, gathered
+from proxy.observe.line import api_resource as api_resource
+from proxy.observe.line import clipped as clipped
 from proxy.observe.logs import request_line_writer
 from proxy.observe.metrics import Metrics
 from proxy.observe.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
@@ -25,44 +29,12 @@ if TYPE_CHECKING:
     from proxy.config import Settings
     from proxy.observe.record import Record
 
-# Each ledger figure's name on the line, in Figures' order (Entry.as_dict's keys, net apart).
-_LEDGER_FIELDS = tuple(f"ledger_{k}" for k in Entry().as_dict() if k != "net")
 # A request's duration, response, and (when it called the upstream) the upstream call's
 # duration and response and the time added (recorder.py's series).
 _Series = tuple["_FastHistogram", Value, tuple["_FastHistogram", Value, "_FastHistogram"] | None]
 _SERIES_KEPT = 512
 # Answered with no response at all (the client left, or shutdown cut it): nginx's code.
 NO_RESPONSE = 499
-
-# OpenAI's API resources: a passthrough line names one of these, or "other". The rest of
-# a path is the caller's (file ids, names, anything a client puts there), logged only
-# with logging.include_sensitive.
-_RESOURCES = frozenset(
-    "assistants audio batches chat completions containers conversations embeddings evals "  # noqa: SIM905
-    "files fine_tuning images models moderations realtime responses threads uploads "
-    "vector_stores".split()
-)
-
-
-# The most of one client-chosen value a line copies (a path, a model or session name):
-# parsing caps names below this by default, but a path is only bounded by the request
-# head (64 KiB), and the caps are configurable: a line stays a line.
-LOGGED_VALUE_CHARS = 1024
-
-
-def clipped(value: str) -> str:
-    """``value``, cut to ``LOGGED_VALUE_CHARS`` with a mark of how long it was."""
-    if len(value) <= LOGGED_VALUE_CHARS:
-        return value
-    return f"{value[:LOGGED_VALUE_CHARS]}…({len(value)} chars)"
-
-
-def api_resource(path: str) -> str:
-    """``/v1/files/file-abc/content`` -> ``/v1/files/…``; an unknown resource -> ``other``."""
-    parts = path.split("/", 3)
-    if len(parts) < 3 or parts[1] != "v1" or parts[2] not in _RESOURCES:
-        return "other"
-    return f"/v1/{parts[2]}" + ("/…" if len(parts) > 3 else "")
 
 
 class _FastHistogram:
@@ -106,7 +78,7 @@ class Recorder:
     def __init__(self, metrics: Metrics, settings: Settings, ledger: Ledger | None = None) -> None:
         self.metrics = metrics
         self.ledger = ledger or Ledger(metrics.registry, settings.pricing)
-        self._include_sensitive = settings.logging.include_sensitive
+        self._line = AccessLine(settings.logging.include_sensitive)
         # Keyed by route (a route name) and status label: closed sets (proxy.observe.series).
         self._durations: dict[str, _FastHistogram] = {}
         self._upstream: dict[str, _FastHistogram] = {}
@@ -156,15 +128,11 @@ class Recorder:
         ledgered = self.ledger.finish(rec)
         rec.finished = True  # a summary from now on goes to the ledger alone
         write = request_line_writer()
-        if write is not None:
-            fields = self._fields(rec, total)
-            if ledgered is not None:  # the ledger's entry, flat: ledger_net, ledger_sent...
-                figures, money = ledgered
-                fields.update(zip(_LEDGER_FIELDS, figures))  # noqa: B905 (as_dict's, unbuilt)
-                fields["ledger_net"] = net(figures)
-                if money is not None:
-                    fields["ledger_money_saved_usd"] = round(money, 6)
-            write(fields)
+        if write is not None:  # its values now, its fields and format on the writer's thread
+            named = None
+            if rec.model is not None and rec.session is None and rec.session_header:
+                named = self.ledger.named.of(rec.tenant, rec.session_header)[1]
+            write(rec.request_id, self._line.fields, gathered(rec, total, named, ledgered))
 
     def _series_of(self, key: tuple[str, int, int | None]) -> _Series:
         """The series a request of ``key`` (route, status, upstream status) moves, kept
@@ -188,63 +156,11 @@ class Recorder:
         return series
 
     def _fields(self, rec: Record, total: float) -> dict[str, Any]:
-        """The line's fields: hashed ids, never content, credentials or header values."""
-        fields: dict[str, Any] = {
-            "request_id": rec.request_id,
-            "method": rec.method,
-            "route": rec.route,
-            "status": rec.status,
-            "duration_ms": round(total * 1000, 2),
-        }
-        if rec.route == "passthrough":  # other paths can hold a session id
-            fields["path"] = (
-                clipped(rec.path) if self._include_sensitive else api_resource(rec.path)
-            )
-        if rec.error is not None:
-            fields["error"] = rec.error
-        if rec.upstream_status is not None:
-            fields["upstream_status"] = rec.upstream_status or None
-            fields["upstream_ms"] = round(rec.upstream_s * 1000, 2)
-        if rec.upstream_request_id is not None:
-            fields["upstream_request_id"] = rec.upstream_request_id
-        if rec.event_stream:
-            if rec.ttfb_s is not None:
-                fields["ttfb_ms"] = round(rec.ttfb_s * 1000, 2)
-            fields["completed"] = rec.completed
-        if rec.model is not None:
-            self._chat_fields(rec, rec.model, fields)
-        return fields
-
-    def _chat_fields(self, rec: Record, model: str, fields: dict[str, Any]) -> None:
-        fields["model"] = model if len(model) <= LOGGED_VALUE_CHARS else clipped(model)
-        fields["stream"] = rec.stream
-        # The same ids /admin/sessions shows for tenants, and every other line for sessions.
-        fields["tenant"] = rec.tenant[:12]
-        if rec.session is not None:
-            fields["session"] = rec.session.log_id
-        elif rec.session_header:
-            fields["session"] = self.ledger.named.of(rec.tenant, rec.session_header)[1]
-        if self._include_sensitive and rec.session_header is not None:
-            fields["session_header"] = clipped(rec.session_header)
-        outcome = rec.outcome
-        if outcome is not None:
-            fields["compaction"] = outcome.status
-            if outcome.degraded is not None:
-                fields["degraded"] = outcome.degraded
-            before = rec.tokens_before
-            fields["tokens_before"] = outcome.tokens if before is None else before
-            fields["tokens_after"] = outcome.tokens
-            fields["counted"] = outcome.counted
-            if outcome.shadow is not None:  # what shadow mode would have sent instead
-                shadow = outcome.shadow
-                fields.update(shadow_status=shadow.status, shadow_version=shadow.version)
-                fields.update(shadow_tokens=shadow.tokens, shadow_saved=shadow.saved)
-        if rec.trigger is not None:
-            fields["trigger"] = rec.trigger
-        if rec.summary_s is not None:
-            fields["summary_ms"] = round(rec.summary_s * 1000, 2)
-        if rec.summary_failed_s:
-            fields["summary_failed_ms"] = round(rec.summary_failed_s * 1000, 2)
+        """``rec``'s line's fields but the ledger's, as the writer makes them."""
+        named = None
+        if rec.model is not None and rec.session is None and rec.session_header:
+            named = self.ledger.named.of(rec.tenant, rec.session_header)[1]
+        return self._line.fields(gathered(rec, total, named))
 
 
 def _histogram(cache: dict[str, _FastHistogram], family: Histogram, route: str) -> _FastHistogram:

@@ -5,12 +5,14 @@ middleware (``RecordRequests``), ``ExceptionMiddleware`` (a ``Request`` and two 
 a request), the router (a regular expression per route it tries), the route, the
 endpoint; and every time the request resumes (the upstream's answer in), each of those
 frames resumes too. ``Dispatch`` is that ``Starlette`` app, except that a ``POST`` to
-the path of one of its ``fast`` routes goes through the same outer middleware
-(Starlette's own ``ServerErrorMiddleware``, then the app's) to ``FastRoute``: one frame
-that does what ``ExceptionMiddleware``, the router, the route and the endpoint would
-have done for it. It leaves the same keys in the scope, calls the same handler and, when
-that raises, the same exception handler (a handled exception once the answer has started
-is the same ``RuntimeError``). Every other request goes Starlette's way.
+the path of one of its ``fast`` routes goes through the app's middleware to
+``FastRoute``: one frame that does what ``ExceptionMiddleware``, the router, the route
+and the endpoint would have done for it; and ``Dispatch.__call__``'s own frame does
+what Starlette's ``ServerErrorMiddleware`` would have done around them (its send
+wrapper a plain function, not a coroutine a message). It leaves the same keys in the
+scope, calls the same handler and, when that raises, the same exception handler (a
+handled exception once the answer has started is the same ``RuntimeError``), and an
+exception that goes past them the same 500. Every other request goes Starlette's way.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ from collections.abc import Awaitable, Sequence
 from inspect import iscoroutinefunction
 from typing import Any
 
+from starlette._utils import is_async_callable
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.middleware.exceptions import ExceptionMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -91,12 +97,13 @@ class FastRoute:
 
 class Dispatch(Starlette):
     """``Starlette``, whose ``POST`` to the path of a route in ``fast`` skips its router
-    and ``ExceptionMiddleware`` (``FastRoute``)."""
+    and ``ExceptionMiddleware`` (``FastRoute``), and ``ServerErrorMiddleware``'s frame."""
 
     def __init__(self, *, fast: Sequence[Route], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fast_routes = tuple(fast)
         self._fast: dict[str, ASGIApp] = {}
+        self._errors = ServerErrorMiddleware(self, debug=self.debug)
 
     def build_middleware_stack(self) -> ASGIApp:
         """Starlette's stack, and beside it one per fast route, built the same way
@@ -116,7 +123,9 @@ class Dispatch(Starlette):
                 app = cls(app, *args, **kwargs)
             if self.max_body_size is not None:
                 app = RequestBodyLimitMiddleware(app, max_body_size=self.max_body_size)
-            self._fast[route.path] = ServerErrorMiddleware(app, error_handler, self.debug)
+            self._fast[route.path] = app
+        # Its answers to an exception (its __call__ is this one's, for the fast routes).
+        self._errors = ServerErrorMiddleware(self, error_handler, self.debug)
         return stack
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -126,10 +135,42 @@ class Dispatch(Starlette):
         # Its path is the route's path only without a root path (get_route_path).
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             fast = self._fast.get(scope["path"])
-            if fast is not None:
-                await fast(scope, receive, send)
+            if fast is not None:  # as ServerErrorMiddleware serves it, in this frame
+                started = False
+
+                def sender(message: Message) -> Awaitable[None]:
+                    nonlocal started  # not a coroutine: ``send``'s is what is awaited
+                    if message["type"] == "http.response.start":
+                        started = True
+                    return send(message)
+
+                try:
+                    await fast(scope, receive, sender)
+                except Exception as exc:  # a 500 if none started; the server gets exc
+                    await self._server_error(exc, started, (scope, receive, send))
+                    raise
                 return
         await self.middleware_stack(scope, receive, send)
+
+    async def _server_error(
+        self, exc: Exception, started: bool, asgi: tuple[Scope, Receive, Send]
+    ) -> None:
+        """What ``ServerErrorMiddleware`` does with ``exc``: its answer (the debug page,
+        the app's 500 handler or its own), sent unless the response had ``started``."""
+        scope, receive, send = asgi
+        errors, request = self._errors, Request(scope)
+        handler: Any = errors.handler  # starlette's type for it is any handler's
+        response: Response
+        if errors.debug:
+            response = await run_in_threadpool(errors.debug_response, request, exc)
+        elif handler is None:
+            response = errors.error_response(request, exc)
+        elif is_async_callable(handler):
+            response = await handler(request, exc)
+        else:
+            response = await run_in_threadpool(handler, request, exc)
+        if not started:
+            await response(scope, receive, send)
 
 
 def _check_first(app: Starlette, route: Route) -> None:

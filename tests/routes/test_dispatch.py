@@ -17,8 +17,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.compaction.inflight import _HELD, BodyBudget
-from proxy.config import ServerSettings
+from proxy.config import ServerSettings, Settings
 from proxy.errors import InvalidRequest, ProxyError
+from proxy.observe.metrics import Metrics
+from proxy.observe.record import RecordRequests
+from proxy.observe.recorder import Recorder
 from proxy.routes.dispatch import Dispatch
 from proxy.routes.endpoints import ProxyRequest, endpoint
 
@@ -159,3 +162,84 @@ async def test_a_fast_route_must_be_the_one_the_router_picks() -> None:
     any_method = Route("/v1/chat/completions", endpoint(chat), methods=["POST", "PUT"])
     with pytest.raises(ValueError, match="POST only"):
         Dispatch(fast=[any_method], routes=[any_method]).build_middleware_stack()
+
+
+async def on_server_error(request: Request, exc: Exception) -> Response:
+    SEEN.append(("server error", type(exc).__name__))
+    return Response("ours", 500)
+
+
+def on_server_error_sync(request: Request, exc: Exception) -> Response:
+    SEEN.append(("server error, sync", type(exc).__name__))
+    return Response("ours, sync", 500)
+
+
+@pytest.mark.parametrize("case", ["crash", "late", "ok"])
+@pytest.mark.parametrize("answer", [on_server_error, on_server_error_sync, "debug"])
+async def test_an_exception_past_a_fast_route_is_answered_as_starlette_answers_it(
+    case: str, answer: Any
+) -> None:
+    """Dispatch's own frame does ServerErrorMiddleware's work for a fast route: the app's
+    500 handler (async or not) called even once the answer started, its answer sent only
+    if none did, the exception raised on; in debug, the traceback page."""
+    apps = []
+    for kind in (Starlette, Dispatch):
+        app = _app(kind)
+        if answer == "debug":
+            app.debug = True
+        else:
+            app.add_exception_handler(Exception, answer)
+        apps.append(app)
+    theirs, ours = [await _serve(app, "POST", "/v1/chat/completions", case) for app in apps]
+    if answer == "debug":  # the page shows each one's frames: the same page, not the same text
+        for served in (theirs, ours):
+            if case == "crash":  # the traceback, as text for a client that takes no HTML
+                assert b"KeyError: 'boom'" in served[0][1]["body"]
+            for message in served[0]:
+                message.pop("body", None)
+                message.pop("headers", None)
+    assert ours == theirs
+
+
+class _Sent:
+    """What a server's ``send`` returns: awaited once, by whoever it was handed to."""
+
+    def __await__(self) -> Any:
+        yield from ()
+
+
+async def test_a_fast_routes_messages_reach_the_server_through_no_coroutine() -> None:
+    """The send wrappers above a fast route (FastRoute's, RecordRequests', Dispatch's own
+    for ServerErrorMiddleware) hand each message down and return the server's awaitable:
+    no coroutine (and frame) made a message per layer."""
+    returned: list[object] = []
+
+    class Probe(Response):
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            await super().__call__(scope, receive, lambda m: _noted(returned, send(m)))
+
+    async def probe(request: Request) -> Response:
+        return Probe(b"x")
+
+    fast = Route("/v1/chat/completions", endpoint(probe), methods=["POST"], name="chat")
+    app = Dispatch(fast=[fast], routes=[fast], middleware=[Middleware(RecordRequests)])
+    recorder = Recorder(Metrics.create(), Settings(upstream={"base_url": "http://127.0.0.1:9/v1"}))
+    sent: list[object] = []
+
+    def send(message: Message) -> Any:
+        return _noted(sent, _Sent())
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "root_path": ""}
+    scope.update(headers=[], query_string=b"", state={"recorder": recorder})
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"{}"}
+
+    await app(scope, receive, send)
+    assert len(sent) == 2
+    assert [id(x) for x in returned] == [id(x) for x in sent]
+
+
+def _noted(into: list[object], awaitable: Any) -> Any:
+    into.append(awaitable)
+    return awaitable

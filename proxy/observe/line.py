@@ -1,0 +1,167 @@
+"""A request's access line: its fields, from what its record held when it ended.
+
+``Recorder.finish`` (recorder.py) gathers a finished record's values in one tuple
+(``gathered``: one C call reads the record's attributes) and hands it to the log
+writer (logs.py), whose thread makes the line's fields of it (``AccessLine.fields``)
+and formats them with the other lines of its batch: the request path pays for the
+gathering only. What is gathered is immutable (strings, numbers, frozen values): a
+record noted on after it ended (a late summary) does not change its line.
+
+The fields: hashed ids, never content, credentials or header values.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+from proxy.core.ledger import Entry, Figures, net
+
+if TYPE_CHECKING:
+    from proxy.observe.record import Record
+
+# The record's values a line reads, in this order (``AccessLine.fields`` unpacks them).
+_RECORD = attrgetter(
+    "request_id",
+    "method",
+    "route",
+    "status",
+    "path",
+    "error",
+    "upstream_status",
+    "upstream_s",
+    "upstream_request_id",
+    "event_stream",
+    "ttfb_s",
+    "completed",
+    "model",
+    "stream",
+    "tenant",
+    "session",
+    "session_header",
+    "outcome",
+    "tokens_before",
+    "trigger",
+    "summary_s",
+    "summary_failed_s",
+)
+# A finished request's line as gathered: the record's values, its duration, a named
+# session's log id (looked up on the loop: the look-up's cache is not the thread's),
+# and the ledger's figures and money saved.
+Gathered = tuple[tuple[Any, ...], float, str | None, tuple[Figures, float | None] | None]
+# Each ledger figure's name on the line, in Figures' order (Entry.as_dict's keys, net apart).
+_LEDGER_FIELDS = tuple(f"ledger_{k}" for k in Entry().as_dict() if k != "net")
+
+# OpenAI's API resources: a passthrough line names one of these, or "other". The rest of
+# a path is the caller's (file ids, names, anything a client puts there), logged only
+# with logging.include_sensitive.
+_RESOURCES = frozenset(
+    "assistants audio batches chat completions containers conversations embeddings evals "  # noqa: SIM905
+    "files fine_tuning images models moderations realtime responses threads uploads "
+    "vector_stores".split()
+)
+# The most of one client-chosen value a line copies (a path, a model or session name):
+# parsing caps names below this by default, but a path is only bounded by the request
+# head (64 KiB), and the caps are configurable: a line stays a line.
+LOGGED_VALUE_CHARS = 1024
+
+
+def clipped(value: str) -> str:
+    """``value``, cut to ``LOGGED_VALUE_CHARS`` with a mark of how long it was."""
+    if len(value) <= LOGGED_VALUE_CHARS:
+        return value
+    return f"{value[:LOGGED_VALUE_CHARS]}…({len(value)} chars)"
+
+
+def api_resource(path: str) -> str:
+    """``/v1/files/file-abc/content`` -> ``/v1/files/…``; an unknown resource -> ``other``."""
+    parts = path.split("/", 3)
+    if len(parts) < 3 or parts[1] != "v1" or parts[2] not in _RESOURCES:
+        return "other"
+    return f"/v1/{parts[2]}" + ("/…" if len(parts) > 3 else "")
+
+
+def gathered(
+    rec: Record,
+    total: float,
+    named: str | None = None,
+    ledgered: tuple[Figures, float | None] | None = None,
+) -> Gathered:
+    """What ``rec``'s line is made of, as it ended ``total`` seconds after it started."""
+    return (_RECORD(rec), total, named, ledgered)
+
+
+class AccessLine:
+    """Makes a line's fields of what was gathered; safe on any thread (it reads its
+    argument and its own setting only)."""
+
+    __slots__ = ("_include_sensitive",)
+
+    def __init__(self, include_sensitive: bool) -> None:
+        self._include_sensitive = include_sensitive
+
+    def fields(self, line: Gathered) -> dict[str, Any]:
+        """The line's fields, in the order it has always written them."""
+        values, total, named, ledgered = line
+        (request_id, method, route, status, path, error, upstream_status, upstream_s) = values[:8]
+        upstream_request_id, event_stream, ttfb_s, completed, model = values[8:13]
+        fields: dict[str, Any] = {
+            "request_id": request_id,
+            "method": method,
+            "route": route,
+            "status": status,
+            "duration_ms": round(total * 1000, 2),
+        }
+        if route == "passthrough":  # other paths can hold a session id
+            fields["path"] = clipped(path) if self._include_sensitive else api_resource(path)
+        if error is not None:
+            fields["error"] = error
+        if upstream_status is not None:
+            fields["upstream_status"] = upstream_status or None
+            fields["upstream_ms"] = round(upstream_s * 1000, 2)
+        if upstream_request_id is not None:
+            fields["upstream_request_id"] = upstream_request_id
+        if event_stream:
+            if ttfb_s is not None:
+                fields["ttfb_ms"] = round(ttfb_s * 1000, 2)
+            fields["completed"] = completed
+        if model is not None:
+            self._chat_fields(values, named, fields)
+        if ledgered is not None:  # the ledger's entry, flat: ledger_net, ledger_sent...
+            figures, money = ledgered
+            fields.update(zip(_LEDGER_FIELDS, figures))  # noqa: B905 (as_dict's, unbuilt)
+            fields["ledger_net"] = net(figures)
+            if money is not None:
+                fields["ledger_money_saved_usd"] = round(money, 6)
+        return fields
+
+    def _chat_fields(self, values: tuple[Any, ...], named: str | None, fields: Any) -> None:
+        model, stream, tenant, session, session_header, outcome = values[12:18]
+        tokens_before, trigger, summary_s, summary_failed_s = values[18:]
+        fields["model"] = model if len(model) <= LOGGED_VALUE_CHARS else clipped(model)
+        fields["stream"] = stream
+        # The same ids /admin/sessions shows for tenants, and every other line for sessions.
+        fields["tenant"] = tenant[:12]
+        if session is not None:
+            fields["session"] = session.log_id
+        elif session_header:
+            fields["session"] = named
+        if self._include_sensitive and session_header is not None:
+            fields["session_header"] = clipped(session_header)
+        if outcome is not None:
+            fields["compaction"] = outcome.status
+            if outcome.degraded is not None:
+                fields["degraded"] = outcome.degraded
+            fields["tokens_before"] = outcome.tokens if tokens_before is None else tokens_before
+            fields["tokens_after"] = outcome.tokens
+            fields["counted"] = outcome.counted
+            if outcome.shadow is not None:  # what shadow mode would have sent instead
+                shadow = outcome.shadow
+                fields.update(shadow_status=shadow.status, shadow_version=shadow.version)
+                fields.update(shadow_tokens=shadow.tokens, shadow_saved=shadow.saved)
+        if trigger is not None:
+            fields["trigger"] = trigger
+        if summary_s is not None:
+            fields["summary_ms"] = round(summary_s * 1000, 2)
+        if summary_failed_s:
+            fields["summary_failed_ms"] = round(summary_failed_s * 1000, 2)
