@@ -27,7 +27,7 @@ from pathlib import Path
 
 from loadgen import write_lua
 from payloads import write_payloads
-from targets import BENCH, free_port
+from targets import BENCH, UPSTREAM_KEEPALIVE_S, free_port
 
 ROOT = BENCH.parent
 
@@ -54,7 +54,8 @@ def _threads(pid: int) -> tuple[float, float]:
 def _config(workdir: Path, upstream: int) -> Path:
     path = workdir / "proxy.yaml"
     path.write_text(
-        f'upstream: {{base_url: "http://127.0.0.1:{upstream}/v1", api_key: "sk-bench"}}\n'
+        f'upstream: {{base_url: "http://127.0.0.1:{upstream}/v1", api_key: "sk-bench",'
+        f" keepalive_timeout_s: {UPSTREAM_KEEPALIVE_S}}}\n"
         'store: {url: "memory://"}\n'
         "default_model: {context_window: 1000000, max_output_tokens: 4096}\n"
     )

@@ -147,6 +147,14 @@ def free_port() -> int:
         return port
 
 
+# The proxy's idle upstream connections live as long as the floors' (aiohttp's default
+# 15 s; the fake upstream keeps them 300 s). The product's 4 s (config.py: under uvicorn's
+# 5 s) is shorter than the rotation leaves a target idle, so the proxy alone reconnected
+# every round (bench/README.md, "Saturation, session of 2026-11-26: the upstream call,
+# second pass").
+UPSTREAM_KEEPALIVE_S = 15.0
+
+
 def _proxy_config(path: Path, upstream_port: int, target: Target, store_url: str) -> Path:
     # The window decides what the 100k-token request measures: the forwarding path (a window
     # far above it) or compaction and snapshots (a window it overflows).
@@ -154,6 +162,7 @@ def _proxy_config(path: Path, upstream_port: int, target: Target, store_url: str
         "upstream:",
         f'  base_url: "http://127.0.0.1:{upstream_port}/v1"',
         '  api_key: "sk-bench"',
+        f"  keepalive_timeout_s: {UPSTREAM_KEEPALIVE_S}",
         "store:",
         f'  url: "{store_url}"',
         "default_model:",

@@ -129,6 +129,9 @@ async def _run(args: argparse.Namespace, url: str) -> None:
             f"{name:5} median {statistics.median(v):6.1f}  q1 {q[0]:6.1f}  q3 {q[2]:6.1f}"
             f"  paired over the floor {diff:+.1f}"
         )
+    if "base" in cpu:
+        diff = statistics.median(a - b for a, b in zip(cpu["new"], cpu["base"], strict=True))
+        print(f"new - base, paired: {diff:+.1f}")
 
 
 def main() -> None:

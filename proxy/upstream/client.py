@@ -1,31 +1,30 @@
-"""The one upstream HTTP client: sending, and error translation.
-
-The one place that knows the HTTP client: an aiohttp session, chosen with numbers (a
-minimal passthrough on aiohttp served an order of magnitude more than on httpx's pool;
-bench/README.md, "Figures behind the code"). ``UpstreamClient`` owns the session; all
-else sees ``UpstreamClient``, ``UpstreamResponse`` and the proxy's errors, never aiohttp's.
-Which headers go (``headers.py``), where (``urls.py``) and how an answer goes back
-(``relay.py``) are decided around it.
-"""
+"""The one upstream HTTP client, the one place that knows it: an aiohttp session, chosen
+with numbers (bench/README.md, "Figures behind the code"). All else sees ``UpstreamClient``,
+``UpstreamResponse`` and the proxy's errors, never aiohttp's. Which headers go
+(``headers.py``), where (``urls.py``) and how an answer goes back (``relay.py``) are
+decided around it."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 from collections.abc import AsyncIterator, Iterable
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import hdrs
 from aiohttp.client import IDEMPOTENT_METHODS
 from aiohttp.helpers import TimerNoop, get_env_proxy_for_url
 from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.payload import TOO_LARGE_BYTES_BODY, BytesPayload
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
 from proxy.config import Settings
 from proxy.errors import UpstreamUnavailable
 from proxy.errors import upstream_failure as _translated
-from proxy.upstream.deadline import Deadline, Deadlines
+from proxy.upstream.deadline import Deadlines
+from proxy.upstream.response import UpstreamResponse as UpstreamResponse
 from proxy.upstream.seam import Upstream as Upstream  # the seam's home was here
 from proxy.upstream.urls import plain_url
 
@@ -35,12 +34,26 @@ _CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 _WRITE_IN_CHUNKS = 1024 * 1024
 # aiohttp adds these when absent; the proxy sends what the client sent, no more.
 _SKIP_SET = frozenset(istr(name) for name in ("User-Agent", "Accept-Encoding", "Content-Type"))
+_SKIP: CIMultiDict[None] = CIMultiDict((name, None) for name in sorted(_SKIP_SET))
+_OCTETS = {hdrs.CONTENT_TYPE: "application/octet-stream"}  # a BytesPayload's one header
+
+
+class _Bytes(BytesPayload):
+    """aiohttp's payload of bytes, as its registry makes it, without its general work."""
+
+    _headers = cast("CIMultiDict[str]", CIMultiDictProxy(CIMultiDict(_OCTETS)))
+    _encoding = None
+    _filename = None
+
+    def __init__(self, value: bytes) -> None:
+        self._value = value
+        self._size = len(value)
 
 
 class _Request(aiohttp.ClientRequest):
-    """aiohttp's request, its automatic headers decided once for the session's skip set,
-    not per call (~3 µs of ~80; bench/README.md, "Saturation, session of 2026-11-26: the
-    upstream call"). The same head: tests/upstream/test_request_head.py."""
+    """aiohttp's request, its automatic headers and a body of bytes decided for the
+    session's skip set (bench/README.md, "Saturation, session of 2026-11-26: the upstream
+    call" and its "second pass"). The same head: tests/upstream/test_request_head.py."""
 
     def update_auto_headers(self, skip_auto_headers: Iterable[str] | None) -> None:
         if skip_auto_headers != _SKIP_SET:  # not the session's: aiohttp's own way
@@ -51,8 +64,21 @@ class _Request(aiohttp.ClientRequest):
             if name not in self.headers:
                 self.headers[name] = value
 
+    def update_body_from_data(self, body: Any, _stacklevel: int = 3) -> None:
+        if (
+            type(body) is not bytes
+            or self._body is not None
+            or self._skip_auto_headers is not _SKIP
+            or len(body) > TOO_LARGE_BYTES_BODY
+        ):
+            super().update_body_from_data(body, _stacklevel + 1)
+            return
+        # As the registry's BytesPayload: its one header, Content-Type, is in the skip set.
+        self._body = _Bytes(body)
+        if not self.chunked and hdrs.CONTENT_LENGTH not in self.headers:
+            self.headers[hdrs.CONTENT_LENGTH] = str(len(body))
 
-_SKIP: CIMultiDict[None] = CIMultiDict((name, None) for name in sorted(_SKIP_SET))
+
 # What aiohttp adds when the caller sent none and the session does not skip, in its order.
 _AUTO = [*_Request.DEFAULT_HEADERS.items(), (hdrs.USER_AGENT, SERVER_SOFTWARE)]
 _AUTO = [(name, value) for name, value in _AUTO if name not in _SKIP]
@@ -140,15 +166,14 @@ class UpstreamClient:
             self._deadlines.end(deadline)
             response.close()
             raise UpstreamUnavailable("The upstream answered with an invalid HTTP status.")
-        return UpstreamResponse(response, deadline, self._deadlines)
+        return _Response(response, deadline, self._deadlines)
 
     async def _request(
         self, method: str, url: str | URL, headers: list[tuple[str, str]], data: object
     ) -> aiohttp.ClientResponse:
-        """``session.request``. A POST to a plain URL (the proxy's own calls) skips the general
-        machinery of ``ClientSession._request`` this session never uses (redirects, cookies,
-        traces, middlewares, a total timeout): the same request, connection, head and errors
-        for ~11 µs less (bench/README.md, "Saturation, session of 2026-11-26: ...")."""
+        """``session.request``. A POST to a plain URL (the proxy's own calls) skips what of
+        ``ClientSession._request`` this session never uses (redirects, cookies, traces,
+        middlewares, a total timeout): the same request, head and errors, ~11 µs less."""
         session = self._session
         # (aiohttp retries an idempotent call once on a stale connection: not here)
         plain = plain_url(url) if self._lean and method.upper() not in IDEMPOTENT_METHODS else None
@@ -208,7 +233,7 @@ class UpstreamClient:
                 raise
             raise aiohttp.ClientOSError(*exc.args) from exc  # as aiohttp's own path does
         finally:
-            if req._body is not None:
+            if req._body is not None and type(req._body) is not _Bytes:  # (its close: a no-op)
                 await req._body.close()
         return response
 
@@ -217,80 +242,8 @@ class UpstreamClient:
         await self._session.close()
 
 
-class UpstreamResponse:
-    """An upstream answer with its body not yet read; ``aclose`` it when done. Reading the
-    body raises ``UpstreamStreamBroken`` if the connection breaks or times out meanwhile."""
+class _Response(UpstreamResponse):
+    """An aiohttp answer: reading it can raise aiohttp's errors and timeouts."""
 
-    __slots__ = ("_deadline", "_deadlines", "_response", "started")
-
-    def __init__(
-        self, response: aiohttp.ClientResponse, deadline: Deadline, deadlines: Deadlines
-    ) -> None:
-        self._response = response
-        self._deadline, self._deadlines = deadline, deadlines
-        # Bytes a caller already read (peeking at a stream's first event) and the
-        # iterator it read them from: ``relay`` sends them first.
-        self.started: tuple[bytes, AsyncIterator[bytes]] | None = None
-
-    @property
-    def status_code(self) -> int:
-        return self._response.status
-
-    @property
-    def headers(self) -> CIMultiDictProxy[str]:
-        return self._response.headers
-
-    @property
-    def raw_headers(self) -> tuple[tuple[bytes, bytes], ...]:
-        return self._response.raw_headers
-
-    async def aiter_raw(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive (still content-encoded)."""
-        try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
-        except _CLIENT_ERRORS as exc:
-            cause = self._cut(exc)
-            raise _translated(cause, body=True) from cause
-        if self._deadline.expired:  # closed at its deadline: never a complete answer
-            cause = TimeoutError()
-            raise _translated(cause, body=True) from cause
-
-    async def aread(self) -> bytes:
-        try:
-            return await self._response.read()
-        except _CLIENT_ERRORS as exc:
-            cause = self._cut(exc)
-            raise _translated(cause, body=True) from cause
-
-    async def aread_closed(self) -> bytes:
-        """``aread`` then ``aclose`` in one step: a body read to its end has freed its
-        connection already (aiohttp does at the body's end): closing is ending the deadline."""
-        try:
-            body = await self._response.read()
-        except BaseException as exc:
-            await self.aclose()
-            if isinstance(exc, _CLIENT_ERRORS):
-                cause = self._cut(exc)
-                raise _translated(cause, body=True) from cause
-            raise
-        self._deadlines.end(self._deadline)
-        if not self._response.closed:  # (never seen: aiohttp closed it at the body's end)
-            self._response.release()
-        return body
-
-    def _cut(self, exc: BaseException) -> BaseException:
-        # A body its deadline cut off (by closing the response) timed out.
-        return TimeoutError() if self._deadline.expired else exc
-
-    async def aclose(self) -> None:
-        # A body read to the end frees the connection for reuse; anything else
-        # (a client that went away mid-stream) closes it, which is what tells
-        # the upstream to stop generating.
-        self._deadlines.end(self._deadline)
-        response = self._response
-        if response.content.at_eof():
-            if not response.closed:  # aiohttp closes it, connection freed, at the body's end
-                response.release()
-        else:
-            response.close()
+    __slots__ = ()
+    client_errors = _CLIENT_ERRORS
