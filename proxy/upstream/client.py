@@ -66,7 +66,8 @@ class _Request(aiohttp.ClientRequest):
 
     def update_body_from_data(self, body: Any, _stacklevel: int = 3) -> None:
         if (
-            type(body) is not bytes
+            not _LEAN  # _Bytes sets the attributes of aiohttp 3.14's payload
+            or type(body) is not bytes
             or self._body is not None
             or self._skip_auto_headers is not _SKIP
             or len(body) > TOO_LARGE_BYTES_BODY
