@@ -45,6 +45,10 @@ _RECORD = attrgetter(
     "summary_s",
     "summary_failed_s",
 )
+# Of a record's outcome, what its line reads: its figures, not the view it holds (a
+# queued line must not pin the request's conversation while stderr is slow).
+_OUTCOME = attrgetter("status", "degraded", "tokens", "counted", "shadow")
+_OUTCOME_AT = 17  # the outcome's place in _RECORD's values
 # A finished request's line as gathered: the record's values, its duration, a named
 # session's log id (looked up on the loop: the look-up's cache is not the thread's),
 # and the ledger's figures and money saved.
@@ -88,7 +92,11 @@ def gathered(
     ledgered: tuple[Figures, float | None] | None = None,
 ) -> Gathered:
     """What ``rec``'s line is made of, as it ended ``total`` seconds after it started."""
-    return (_RECORD(rec), total, named, ledgered)
+    values = _RECORD(rec)
+    outcome = values[_OUTCOME_AT]
+    if outcome is not None:
+        values = (*values[:_OUTCOME_AT], _OUTCOME(outcome), *values[_OUTCOME_AT + 1 :])
+    return (values, total, named, ledgered)
 
 
 class AccessLine:
@@ -148,15 +156,15 @@ class AccessLine:
             fields["session"] = named
         if self._include_sensitive and session_header is not None:
             fields["session_header"] = clipped(session_header)
-        if outcome is not None:
-            fields["compaction"] = outcome.status
-            if outcome.degraded is not None:
-                fields["degraded"] = outcome.degraded
-            fields["tokens_before"] = outcome.tokens if tokens_before is None else tokens_before
-            fields["tokens_after"] = outcome.tokens
-            fields["counted"] = outcome.counted
-            if outcome.shadow is not None:  # what shadow mode would have sent instead
-                shadow = outcome.shadow
+        if outcome is not None:  # _OUTCOME's values
+            status, degraded, tokens, counted, shadow = outcome
+            fields["compaction"] = status
+            if degraded is not None:
+                fields["degraded"] = degraded
+            fields["tokens_before"] = tokens if tokens_before is None else tokens_before
+            fields["tokens_after"] = tokens
+            fields["counted"] = counted
+            if shadow is not None:  # what shadow mode would have sent instead
                 fields.update(shadow_status=shadow.status, shadow_version=shadow.version)
                 fields.update(shadow_tokens=shadow.tokens, shadow_saved=shadow.saved)
         if trigger is not None:

@@ -4,11 +4,13 @@ never lost (a line that cannot be formatted is an error line), across a fork too
 
 from __future__ import annotations
 
+import gc
 import io
 import logging
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from time import perf_counter
 from typing import Any
@@ -176,6 +178,35 @@ def test_a_line_is_the_record_as_it_ended_not_as_it_is_formatted(configured: Non
     logs._stop_writer()
     (line,) = (orjson.loads(x) for x in buffer.getvalue().splitlines())
     assert (line["status"], "summary_ms" in line, "trigger" in line) == (200, False, False)
+
+
+class _Messages(list[Any]):
+    """A conversation that can be watched (a list subclass takes a weak reference)."""
+
+
+def test_a_queued_line_holds_none_of_the_requests_conversation(
+    configured: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What waits for the writer is the line's values, not the request's view: a stalled
+    stderr (the writer's reason to be) must not pin every compacted conversation (hundreds
+    of KB a request, against the ~500 bytes of a line formatted at once)."""
+    monkeypatch.setattr(logs, "_FLUSH_S", 30.0)  # the writer waits: the line stays queued
+    buffer = io.StringIO()
+    configure_logging(LoggingSettings(), stream=buffer)
+    recorder = Recorder(Metrics.create(), Settings(upstream={"base_url": "http://127.0.0.1:9/v1"}))
+    rec = Record("r-1", perf_counter(), "POST", "/v1/chat/completions", route="chat")
+    rec.model, rec.tenant, rec.status = "m", "t", 200
+    messages = _Messages([{"role": "user", "content": "x" * 100_000}])
+    rec.outcome = Outcome.rebuilt(messages, 3, 40, 1000)
+    watched = weakref.ref(messages)
+    recorder.finish(rec)
+    del rec, messages
+    gc.collect()
+    held = watched() is not None
+    logs._stop_writer()
+    (line,) = (orjson.loads(x) for x in buffer.getvalue().splitlines())
+    assert (line["compaction"], line["tokens_after"]) == ("snapshot", 40)
+    assert not held
 
 
 def test_a_line_that_cannot_be_formatted_is_an_error_line_and_the_rest_go_on(
