@@ -70,11 +70,25 @@ _RESOURCES = frozenset(
 LOGGED_VALUE_CHARS = 1024
 
 
+class _Clipped(str):
+    """A value ``clipped`` already (when it was gathered): clipped again, it is itself."""
+
+    __slots__ = ()
+
+
 def clipped(value: str) -> str:
     """``value``, cut to ``LOGGED_VALUE_CHARS`` with a mark of how long it was."""
-    if len(value) <= LOGGED_VALUE_CHARS:
+    if len(value) <= LOGGED_VALUE_CHARS or type(value) is _Clipped:
         return value
     return f"{value[:LOGGED_VALUE_CHARS]}…({len(value)} chars)"
+
+
+# The client-chosen strings a line may copy (path, model, session header), by place in
+# _RECORD's values: one longer than a line copies is clipped when gathered, so a queued
+# line holds at most that much of it (a path may be 64 KiB). The path's API resource
+# (api_resource) is the same of the clipped path: a resource's name ends within its
+# first 20 characters, and the mark adds no "/".
+_CLIPPED_AT = (4, 12, 16)
 
 
 def api_resource(path: str) -> str:
@@ -96,7 +110,23 @@ def gathered(
     outcome = values[_OUTCOME_AT]
     if outcome is not None:
         values = (*values[:_OUTCOME_AT], _OUTCOME(outcome), *values[_OUTCOME_AT + 1 :])
+    path, model, header = values[4], values[12], values[16]
+    if (
+        len(path) > LOGGED_VALUE_CHARS
+        or (model is not None and len(model) > LOGGED_VALUE_CHARS)
+        or (header is not None and len(header) > LOGGED_VALUE_CHARS)
+    ):
+        values = _long_values_clipped(values)
     return (values, total, named, ledgered)
+
+
+def _long_values_clipped(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    held = list(values)
+    for at in _CLIPPED_AT:
+        value = held[at]
+        if value is not None and len(value) > LOGGED_VALUE_CHARS:
+            held[at] = _Clipped(clipped(value))
+    return tuple(held)
 
 
 class AccessLine:

@@ -270,3 +270,47 @@ def test_request_lines_queued_across_a_fork_are_written_once_each() -> None:
     parent = {line["pid"] for line in lines if line["request_id"] != "r-child"}
     assert len(parent) == 1
     assert lines[ids.index("r-child")]["pid"] not in parent
+
+
+def _strings(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, tuple | list):
+        for item in value:
+            yield from _strings(item)
+
+
+@pytest.mark.parametrize("include_sensitive", [True, False])
+def test_a_queued_line_holds_at_most_what_it_logs_of_a_long_client_chosen_value(
+    configured: None, monkeypatch: pytest.MonkeyPatch, include_sensitive: bool
+) -> None:
+    """A path is bounded only by the request head (64 KiB), a session header by a header's
+    limit, a model by a configurable cap: what waits for a stalled writer holds the ~1 KiB
+    of each its line copies, and the line is the one it was."""
+    monkeypatch.setattr(logs, "_FLUSH_S", 30.0)  # the writer waits: the line stays queued
+    buffer = io.StringIO()
+    logging_settings = LoggingSettings(include_sensitive=include_sensitive)
+    configure_logging(logging_settings, stream=buffer)
+    upstream = {"base_url": "http://127.0.0.1:9/v1"}
+    recorder = Recorder(Metrics.create(), Settings(upstream=upstream, logging=logging_settings))
+    path = "/v1/files/" + "p" * 60_000
+    rec = Record("r-1", perf_counter(), "GET", path, route="passthrough")
+    rec.status = 200
+    recorder.finish(rec)
+    chat = Record("r-2", perf_counter(), "POST", "/v1/chat/completions", route="chat")
+    chat.model, chat.tenant, chat.status = "m" * 5_000, "t", 200
+    chat.session_header = "s" * 5_000
+    recorder.finish(chat)
+    assert logs._writer is not None
+    queued = list(logs._writer._queued)
+    longest = max(len(s) for s in _strings(queued))
+    logs._stop_writer()
+    first, second = (orjson.loads(x) for x in buffer.getvalue().splitlines())
+    if include_sensitive:
+        assert first["path"] == "/v1/files/" + "p" * (LOGGED_VALUE_CHARS - 10) + "…(60010 chars)"
+        assert second["session_header"] == "s" * LOGGED_VALUE_CHARS + "…(5000 chars)"
+    else:
+        assert first["path"] == "/v1/files/…"
+        assert "session_header" not in second
+    assert second["model"] == "m" * LOGGED_VALUE_CHARS + "…(5000 chars)"
+    assert longest <= LOGGED_VALUE_CHARS + 20
