@@ -189,7 +189,7 @@ async def forward(
     sent = first  # the attempt whose answer goes back: the first, or a recovery's retry
     try:
         # Until the answer's bytes flow, only this notices a client that gave up.
-        with cancelled_on_disconnect(request.receive, record.read_at or None) as client:
+        with cancelled_on_disconnect(request.receive, record.read_at, services.loop) as client:
             record.sending(first.outcome)
             services.precompactor.note_sent(turn)  # queued behind a background summary?
             response = await services.client.send("POST", route.url, route.headers, first.body)

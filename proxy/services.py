@@ -60,6 +60,7 @@ class Services:
     policies: TenantPolicies  # `tenants:` in force, swapped by a reload (serve/reload.py)
     tenant_series: TenantSeries  # caps hit, config reloads
     held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
+    loop: asyncio.AbstractEventLoop | None = None  # the one it was built in and serves on
 
     def known_model(self, name: str, tenant: str) -> ResolvedModel | None:
         """``effective_model`` when the windows learned for it were read lately (nearly
@@ -144,6 +145,7 @@ async def build_services(settings: Settings) -> Services:
             ledger=Ledger(metrics.registry, settings.pricing),
             policies=TenantPolicies(settings),
             tenant_series=tenant_series,
+            loop=asyncio.get_running_loop(),
         )
         opened.pop_all()  # built: from here on, closing is Services.aclose's
     return services

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 
 import aiohttp
@@ -26,6 +27,7 @@ async def test_build_services_opens_one_upstream_client_and_aclose_closes_it() -
     before = _open_sessions()
     services = await build_services(Settings())
     assert len(_open_sessions() - before) == 1
+    assert services.loop is asyncio.get_running_loop()  # the one a request's task runs on
     await services.aclose()
     assert not _open_sessions() - before
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from cachetools import LRUCache
-
 from proxy.core.models import ResolvedModel
 
 _USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,9})')
@@ -52,19 +50,31 @@ def find_input_tokens(chunk: bytes) -> int | None:
 
 class Calibration:
     def __init__(self) -> None:
-        # Used only on the event loop: no lock, although LRU hits reorder it.
-        self._ratio: LRUCache[tuple[str, str], float] = LRUCache(_KEYS_LIMIT)
+        # Least recently used first (a read counts as use); only ever used on the event
+        # loop, so no lock. A plain dict, as ModelTable's: cachetools' LRUCache took three
+        # Python calls a miss and five a hit, on every request (issue 27).
+        self._ratio: dict[tuple[str, str], float] = {}
+        self._limit = _KEYS_LIMIT
 
     def observe(self, tenant: str, model: str, ours: int, theirs: int) -> None:
         if ours < _MIN_TOKENS or theirs <= 0:
             return
         ratio = min(max(theirs / ours, _CLAMP[0]), _CLAMP[1])
-        old = self._ratio.get((tenant, model))
-        self._ratio[tenant, model] = ratio if old is None else old + _ALPHA * (ratio - old)
+        ratios, key = self._ratio, (tenant, model)
+        old = ratios.pop(key, None)
+        if old is None:
+            while len(ratios) >= self._limit:
+                del ratios[next(iter(ratios))]  # the least recently used
+        ratios[key] = ratio if old is None else old + _ALPHA * (ratio - old)
 
     def factor(self, tenant: str, model: str) -> float:
         """How many provider tokens one of ours is worth, when we under-count (else 1)."""
-        return max(self._ratio.get((tenant, model), 1.0), 1.0)
+        ratios, key = self._ratio, (tenant, model)
+        ratio = ratios.pop(key, None)
+        if ratio is None:
+            return 1.0
+        ratios[key] = ratio  # to the end: the most recently used
+        return max(ratio, 1.0)
 
     def apply(self, model: ResolvedModel, tenant: str) -> ResolvedModel:
         """``model`` with its configured window in the proxy's own token units for this

@@ -77,30 +77,40 @@ class cancelled_on_disconnect:  # lower case: used where a function was, like on
     body; if the client disconnects meanwhile, cancels it and raises
     ``ClientDisconnected``. Use only after
     the request body has been read whole: the watcher consumes what ``receive`` returns.
-    ``since``: when the request's body was in (``perf_counter``); None watches at once.
+    ``since``: when the request's body was in (``perf_counter``); None or 0 watches at once.
+    ``loop``: the event loop the calling task runs on, when the caller knows it (the one the
+    app was built in): ``current_task`` given its loop skips ``get_running_loop``'s pid check,
+    a ``getpid`` system call a request on Python 3.11 (as ``Deadlines.start``); a loop with
+    no task running finds the task without it.
 
     A class, not an ``asynccontextmanager``: its generator machinery cost more than the
     rest of entering and leaving, once per request; and a plain context manager, since
     entering and leaving never wait (two coroutines less a request).
     """
 
-    __slots__ = ("_gone", "_receive", "_since", "_sweeper", "_task", "_watcher")
+    __slots__ = ("_gone", "_loop", "_receive", "_since", "_sweeper", "_task", "_watcher")
 
-    def __init__(self, receive: Receive, since: float | None = None) -> None:
+    def __init__(
+        self,
+        receive: Receive,
+        since: float | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self._receive = receive
         self._since = since
+        self._loop = loop
         self._gone = False
         self._sweeper: _Sweeper | None = None  # while waiting for the watcher
         self._watcher: asyncio.Task[None] | None = None
 
     def __enter__(self) -> cancelled_on_disconnect:
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop) or asyncio.current_task()
         assert task is not None
         self._task = task
         # Soon, not at once, yet well before what follows a slow call (an overflow's
         # recovery may summarize, then call the upstream again) could run unwatched.
         since = self._since
-        if since is not None and perf_counter() - since < WATCH_AFTER_S:
+        if since and perf_counter() - since < WATCH_AFTER_S:
             self._sweeper = _sweeper(task.get_loop())
             self._sweeper.add(self, since + WATCH_AFTER_S)
         else:

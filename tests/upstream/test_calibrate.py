@@ -66,6 +66,56 @@ def test_ratios_are_bounded_and_forget_the_least_recently_used_model(
     assert cal.factor("t", "invented-1") == 1.0  # forgotten: back to no correction
 
 
+def test_an_update_counts_as_use_and_a_miss_keeps_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import proxy.upstream.calibrate
+
+    monkeypatch.setattr(proxy.upstream.calibrate, "_KEYS_LIMIT", 2)
+    cal = Calibration()
+    cal.observe("t", "a", ours=1000, theirs=1500)
+    cal.observe("t", "b", ours=1000, theirs=1500)
+    for name in ("x", "y", "z"):  # misses: nothing stored, nothing forgotten
+        assert cal.factor("t", name) == 1.0
+    cal.observe("t", "a", ours=1000, theirs=1500)  # learned again: "b" is the oldest now
+    cal.observe("t", "c", ours=1000, theirs=1500)
+    assert (cal.factor("t", "a"), cal.factor("t", "b"), cal.factor("t", "c")) == (1.5, 1.0, 1.5)
+
+
+class _Reference:
+    """Calibration as it was, on cachetools' LRUCache: the order it forgets in."""
+
+    def __init__(self, limit: int) -> None:
+        from cachetools import LRUCache
+
+        self.ratio: LRUCache[tuple[str, str], float] = LRUCache(limit)
+
+    def observe(self, tenant: str, model: str, ours: int, theirs: int) -> None:
+        ratio = min(max(theirs / ours, 0.5), 2.0)
+        old = self.ratio.get((tenant, model))
+        self.ratio[tenant, model] = ratio if old is None else old + 0.2 * (ratio - old)
+
+    def factor(self, tenant: str, model: str) -> float:
+        return max(self.ratio.get((tenant, model), 1.0), 1.0)
+
+
+def test_ratios_are_kept_and_forgotten_as_by_an_lru_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    import proxy.upstream.calibrate
+
+    monkeypatch.setattr(proxy.upstream.calibrate, "_KEYS_LIMIT", 4)
+    rng = random.Random(27)
+    cal, reference = Calibration(), _Reference(4)
+    for _ in range(3000):
+        key = (rng.choice("tu"), rng.choice("abcd"))
+        if rng.random() < 0.5:
+            theirs = rng.randrange(800, 2500)
+            cal.observe(*key, ours=1000, theirs=theirs)
+            reference.observe(*key, ours=1000, theirs=theirs)
+        else:
+            assert cal.factor(*key) == reference.factor(*key)
+    assert cal._ratio == dict(reference.ratio)  # the same ratios kept at the end
+
+
 def test_each_tenant_keeps_its_own_calibration() -> None:
     """What a request contains is its caller's choice: one caller's skewed counts
     (files the upstream counts far higher) must not shrink anyone else's window."""

@@ -94,3 +94,45 @@ async def test_a_client_gone_from_the_start_is_noticed_once_watched() -> None:
             async with cancelled_on_disconnect(gone, since):
                 await asyncio.sleep(5)  # the upstream, thinking
         assert time.monotonic() - started < 1
+
+
+async def test_given_its_loop_the_task_is_found_without_the_running_loop(monkeypatch: Any) -> None:
+    """``current_task()`` asks ``get_running_loop``, whose pid check is a ``getpid`` system
+    call on Python 3.11; given the loop the app was built in, the watcher asks that loop's
+    task. A loop running no task (not the caller's) still finds the caller's, and watches."""
+    import asyncio
+    import time
+
+    import pytest
+
+    from proxy.errors import ClientDisconnected
+    from proxy.upstream.disconnect import cancelled_on_disconnect
+
+    asked: list[object] = []
+    real = asyncio.current_task
+
+    def current_task(loop: asyncio.AbstractEventLoop | None = None) -> Any:
+        asked.append(loop)
+        return real(loop)
+
+    monkeypatch.setattr(asyncio, "current_task", current_task)
+
+    async def gone() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    loop = asyncio.get_running_loop()
+    for since in (time.perf_counter(), None, 0.0):  # soon; at once; at once (never read)
+        asked.clear()
+        with pytest.raises(ClientDisconnected):
+            async with cancelled_on_disconnect(gone, since, loop):
+                await asyncio.sleep(5)
+        assert asked == [loop], since
+    other = asyncio.new_event_loop()
+    try:
+        asked.clear()
+        with pytest.raises(ClientDisconnected):
+            async with cancelled_on_disconnect(gone, time.perf_counter(), other):
+                await asyncio.sleep(5)
+        assert asked == [other, None]
+    finally:
+        other.close()
