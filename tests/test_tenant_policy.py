@@ -392,3 +392,35 @@ async def test_over_a_cap_the_view_is_trimmed_to_the_trigger_not_summarized() ->
     assert (outcome.status, outcome.degraded) == ("trimmed", "summaries_per_hour")
     assert int(WINDOW * 0.8) < outcome.tokens + 256 <= WINDOW
     assert upstream.summary_calls == []
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("kind", ["cluster", "sentinel"])
+async def test_a_tenants_caps_count_once_for_every_replica_on_a_cluster_and_behind_sentinels(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    """The same one total as on one Redis (above), where the store is a 3-primary Cluster
+    (the counter's two commands pipelined to its key's node) or a primary found through
+    sentinels: two replicas' caps against one count."""
+    group = request.getfixturevalue("redis_cluster" if kind == "cluster" else "sentinel_shared")
+    tenants = [{"id": A, "summaries_per_hour": 2, "summarizer_tokens_per_day": 100}]
+    store_settings = {"url": group.url, "prefix": f"caps-{kind}-{time.time_ns()}"}
+    s = proxy_settings("http://127.0.0.1:1", store=store_settings, tenants=tenants)
+    stores = [build_store(s, Metrics.create()) for _ in range(2)]
+    try:
+        quotas = [build_quota(s, store) for store in stores]
+        assert all(isinstance(q, RedisQuota) for q in quotas)
+        series = TenantSeries(CollectorRegistry())
+        one, two = (TenantCaps(q, series) for q in quotas)
+        services = make_services(s, FakeUpstream(), FakeClock())
+        turn = await turn_of(services, [{"role": "user", "content": "hi"}])
+        turn = replace(turn, tenant=A, policy=services.policies.policy_for(A))
+        assert await one.admit(turn) is None
+        assert await two.admit(turn) is None
+        assert await one.admit(turn) == "summaries_per_hour"  # the third, on either
+        await two.spend(turn, 100)
+        assert await one.admit(turn) == "summarizer_tokens_per_day"  # checked first
+        assert series.cap_errors._value.get() == 0
+    finally:
+        for store in stores:
+            await store.aclose()
