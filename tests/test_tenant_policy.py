@@ -283,6 +283,25 @@ async def test_a_file_that_breaks_the_reader_is_invalid_and_the_next_good_one_ap
     assert await reloader.reload("test") == "applied"
 
 
+async def _two_replicas_at_their_summary_cap(
+    s: Settings, stores: list[Any]
+) -> tuple[TenantCaps, TenantCaps, TenantSeries, Turn]:
+    """Two replicas' caps on ``stores`` (Redis counters): A's two summaries an hour taken,
+    one on each, the third refused on either, and A's 100 tokens a day spent on the second."""
+    quotas = [build_quota(s, store) for store in stores]
+    assert all(isinstance(q, RedisQuota) for q in quotas)
+    series = TenantSeries(CollectorRegistry())
+    one, two = (TenantCaps(q, series) for q in quotas)
+    services = make_services(s, FakeUpstream(), FakeClock())
+    turn = await turn_of(services, [{"role": "user", "content": "hi"}])
+    turn = replace(turn, tenant=A, policy=services.policies.policy_for(A))
+    assert await one.admit(turn) is None
+    assert await two.admit(turn) is None
+    assert await one.admit(turn) == "summaries_per_hour"  # the third, on either
+    await two.spend(turn, 100)
+    return one, two, series, turn
+
+
 @pytest.mark.redis
 async def test_redis_counts_a_tenants_caps_once_for_every_replica(
     redis_server: RedisServer,
@@ -293,17 +312,7 @@ async def test_redis_counts_a_tenants_caps_once_for_every_replica(
     s = proxy_settings("http://127.0.0.1:1", store={"url": redis_server.url}, tenants=tenants)
     stores = [build_store(s, Metrics.create()) for _ in range(2)]
     try:
-        quotas = [build_quota(s, store) for store in stores]
-        assert all(isinstance(q, RedisQuota) for q in quotas)
-        series = TenantSeries(CollectorRegistry())
-        one, two = (TenantCaps(q, series) for q in quotas)
-        services = make_services(s, FakeUpstream(), FakeClock())
-        turn = await turn_of(services, [{"role": "user", "content": "hi"}])
-        turn = replace(turn, tenant=A, policy=services.policies.policy_for(A))
-        assert await one.admit(turn) is None
-        assert await two.admit(turn) is None
-        assert await one.admit(turn) == "summaries_per_hour"  # the third, on either
-        await two.spend(turn, 100)
+        one, two, series, turn = await _two_replicas_at_their_summary_cap(s, stores)
         assert await two.admit(turn) == "summarizer_tokens_per_day"  # checked first
         redis_server.stop()
         assert await one.admit(turn) is None
@@ -408,17 +417,7 @@ async def test_a_tenants_caps_count_once_for_every_replica_on_a_cluster_and_behi
     s = proxy_settings("http://127.0.0.1:1", store=store_settings, tenants=tenants)
     stores = [build_store(s, Metrics.create()) for _ in range(2)]
     try:
-        quotas = [build_quota(s, store) for store in stores]
-        assert all(isinstance(q, RedisQuota) for q in quotas)
-        series = TenantSeries(CollectorRegistry())
-        one, two = (TenantCaps(q, series) for q in quotas)
-        services = make_services(s, FakeUpstream(), FakeClock())
-        turn = await turn_of(services, [{"role": "user", "content": "hi"}])
-        turn = replace(turn, tenant=A, policy=services.policies.policy_for(A))
-        assert await one.admit(turn) is None
-        assert await two.admit(turn) is None
-        assert await one.admit(turn) == "summaries_per_hour"  # the third, on either
-        await two.spend(turn, 100)
+        one, _, series, turn = await _two_replicas_at_their_summary_cap(s, stores)
         assert await one.admit(turn) == "summarizer_tokens_per_day"  # checked first
         assert series.cap_errors._value.get() == 0
     finally:
