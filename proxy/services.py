@@ -25,6 +25,7 @@ from proxy.core.encodings import Encoder, load_encoders
 from proxy.core.models import ModelTable, ResolvedModel
 from proxy.core.tokens import TokenCounter
 from proxy.observe.ledger import Ledger
+from proxy.observe.log_series import count_unformatted_lines
 from proxy.observe.metrics import Metrics
 from proxy.observe.references import ReferenceMetrics
 from proxy.observe.tenant_series import TenantSeries
@@ -106,6 +107,7 @@ async def build_services(settings: Settings) -> Services:
     If building fails half-way, whatever was already opened is closed again.
     """
     metrics = Metrics.create()
+    count_unformatted_lines(metrics.registry)  # the process's log writer counts there
     models, encoders = await load_models(settings)
     metrics.learned_window.entry_of = models.entry_of
     counters = {name: TokenCounter(enc) for name, enc in encoders.items()}

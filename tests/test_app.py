@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
+import logging
+from typing import Any
 
 import aiohttp
 import pytest
@@ -11,8 +14,10 @@ from pydantic import SecretStr
 from starlette.testclient import TestClient
 
 from proxy.app import create_app
-from proxy.config import Settings
+from proxy.config import LoggingSettings, Settings
 from proxy.errors import ConfigError
+from proxy.observe import logs
+from proxy.observe.logs import configure_logging, request_line_writer
 from proxy.services import build_services, load_models
 
 
@@ -55,6 +60,37 @@ async def test_each_build_has_metrics_of_its_own() -> None:
     finally:
         await first.aclose()
         await second.aclose()
+
+
+def _unreadable(n: int) -> dict[str, Any]:
+    raise ValueError(n)
+
+
+async def test_the_apps_metrics_count_the_request_lines_the_log_writer_could_not_format() -> None:
+    """Logging configured first (as ``__main__`` does), then the app: its /metrics counts
+    each request line written as an error line instead (tests/observe/test_access_line.py
+    has the rest: either order, several workers)."""
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level, logging.getLogger("proxy").level)
+    configure_logging(LoggingSettings(), stream=io.StringIO())
+    services = await build_services(Settings())
+    try:
+        name = "compaction_proxy_request_lines_unformatted_total"
+        assert services.metrics.registry.get_sample_value(name) == 0
+        write = request_line_writer()
+        assert write is not None
+        for n in range(2):
+            write(f"r-{n}", _unreadable, n)
+        logs._stop_writer()
+        scraped = services.metrics.exposition().decode()
+        assert f"{name} 2.0" in scraped.splitlines()
+    finally:
+        await services.aclose()
+        logs._stop_writer()
+        logs.count_unformatted_with(None)
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        logging.getLogger("proxy").setLevel(saved[2])
 
 
 async def test_load_models_loads_one_encoder_per_tokenizer_the_table_names() -> None:

@@ -16,6 +16,7 @@ to that thread as the values it is made of, and formatted there with the others 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing.util
 import os
@@ -59,7 +60,8 @@ class _Writer:
     the lines around it: the request path pays for gathering them only (bench/README.md,
     "the access line, third pass", has what that moved and what it saved). One whose
     fields cannot be made is written as an error line naming its request and counted
-    (``unformatted``): a line is never dropped, nor the thread stopped.
+    (``unformatted``, and on the app's ``/metrics``: ``count_unformatted_with``): a line is
+    never dropped, nor the thread stopped.
 
     A thread does not survive ``fork``: the thread stops before one (writing what is
     queued, so no thread crosses it: proxy.serve.workers forks its workers from a process
@@ -120,6 +122,7 @@ class _Writer:
             )
             record.created, record.msecs = created, int((created - int(created)) * 1000) + 0.0
             record.fields = {"request_id": request_id}
+            _count_unformatted_line()
             return self._lines.format(record)
 
     def stop(self) -> None:
@@ -148,6 +151,24 @@ class _Enqueue(logging.Handler):
 # it, and exiting drains it. Request lines go to ``_direct`` straight while it is set.
 _writer: _Writer | None = None
 _direct: _Writer | None = None
+# What else counts a request line not formatted: the app's counter (log_series.py), the
+# last one given; set before or after the writer, it outlives a configuring again.
+_count_unformatted: Callable[[], object] | None = None
+
+
+def count_unformatted_with(count: Callable[[], object] | None) -> None:
+    """From now on ``count()`` is called (on the writer's thread) for each request line
+    not formatted; one per process: the last one given. None: the writer's own count only."""
+    global _count_unformatted
+    _count_unformatted = count
+
+
+def _count_unformatted_line() -> None:
+    count = _count_unformatted
+    if count is not None:
+        # A metric's file that fails to grow: the error line and the thread still go on.
+        with contextlib.suppress(Exception):
+            count()
 
 
 def _stop_writer() -> None:

@@ -12,6 +12,7 @@ import sys
 import time
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from time import perf_counter
 from typing import Any
 
@@ -19,12 +20,15 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import LoggingSettings, Settings
 from proxy.core.outcome import Outcome
 from proxy.core.session import session_from_header
 from proxy.observe import formats, logs
 from proxy.observe.line import LOGGED_VALUE_CHARS, api_resource, clipped, gathered
+from proxy.observe.log_series import count_unformatted_lines
 from proxy.observe.logs import configure_logging, request_line_writer
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import Record
@@ -40,6 +44,7 @@ def configured() -> Iterator[None]:
     saved = (list(root.handlers), root.level, logging.getLogger("proxy").level)
     yield
     logs._stop_writer()
+    logs.count_unformatted_with(None)
     root.handlers[:] = saved[0]
     root.setLevel(saved[1])
     logging.getLogger("proxy").setLevel(saved[2])
@@ -234,6 +239,114 @@ def test_a_line_that_cannot_be_formatted_is_an_error_line_and_the_rest_go_on(
     assert lines[1]["level"] == "error"
     assert lines[1]["msg"] == "request line not formatted: ValueError"
     assert [line.get("n") for line in lines] == [0, None, 2, 3]
+
+
+_UNFORMATTED = "compaction_proxy_request_lines_unformatted_total"
+
+
+def _unreadable(n: int) -> dict[str, Any]:
+    raise ValueError(f"value {n} it cannot read")
+
+
+def test_lines_not_formatted_are_counted_on_the_last_registry_given_before_or_after_the_writer(
+    configured: None,
+) -> None:
+    """Nothing degraded silently: each such line counts on the app's metrics too, which may
+    be made before logging is configured (or configured again after) and are one per
+    process, as the writer is (services.py gives them once its app's metrics exist)."""
+    first, second = CollectorRegistry(), CollectorRegistry()
+    count_unformatted_lines(first)
+    assert first.get_sample_value(_UNFORMATTED) == 0
+    configure_logging(LoggingSettings(), stream=io.StringIO())
+    write = request_line_writer()
+    assert write is not None
+    write("r-0", _unreadable, 0)
+    write("r-1", _as_fields, 1)  # formatted: not counted
+    logs._stop_writer()
+    assert first.get_sample_value(_UNFORMATTED) == 1
+    count_unformatted_lines(second)
+    configure_logging(LoggingSettings(format="text"), stream=io.StringIO())
+    for n in (2, 3):
+        write(f"r-{n}", _unreadable, n)
+    logs._stop_writer()
+    assert (first.get_sample_value(_UNFORMATTED), second.get_sample_value(_UNFORMATTED)) == (1, 2)
+
+
+def test_a_count_that_fails_stops_neither_the_line_nor_the_writer(configured: None) -> None:
+    def failing() -> None:
+        raise OSError("no space left to grow the metric's file")
+
+    logs.count_unformatted_with(failing)
+    buffer = io.StringIO()
+    configure_logging(LoggingSettings(), stream=buffer)
+    write = request_line_writer()
+    assert write is not None
+    write("r-0", _unreadable, 0)
+    time.sleep(logs._FLUSH_S * 3)  # written by the running thread, which goes on
+    write("r-1", _as_fields, 1)
+    logs._stop_writer()
+    lines = [orjson.loads(x) for x in buffer.getvalue().splitlines()]
+    assert [(line["request_id"], line["level"]) for line in lines] == [
+        ("r-0", "error"),
+        ("r-1", "info"),
+    ]
+
+
+def _as_fields(n: int) -> dict[str, Any]:
+    return {"request_id": f"r-{n}"}
+
+
+_WORKERS = """
+import multiprocessing, sys
+from prometheus_client import CollectorRegistry
+from proxy.config import LoggingSettings
+from proxy.observe.exposition import enable_multiprocess, exposition
+from proxy.observe.log_series import count_unformatted_lines
+from proxy.observe.logs import configure_logging, request_line_writer
+
+directory = sys.argv[1]
+
+def unreadable(n):
+    raise ValueError(n)
+
+def work(lines):
+    enable_multiprocess(directory)  # as a worker does (proxy.serve.workers), then its app
+    count_unformatted_lines(CollectorRegistry())
+    write = request_line_writer()
+    for n in range(lines):
+        write(f"r-{n}", unreadable, n)
+    # the worker ends: its finalizer writes what is queued, counting as it goes
+
+configure_logging(LoggingSettings(format="json"))  # the supervisor's, before it forks
+fork = multiprocessing.get_context("fork")
+workers = [fork.Process(target=work, args=(lines,)) for lines in (1, 2)]
+for worker in workers:
+    worker.start()
+for worker in workers:
+    worker.join(10)
+    assert worker.exitcode == 0
+enable_multiprocess(directory)
+sys.stdout.write(exposition(CollectorRegistry()).decode())
+"""
+
+
+@pytest.mark.e2e
+def test_lines_not_formatted_by_two_workers_are_summed_on_metrics(tmp_path: Path) -> None:
+    """server.workers > 1: each worker's writer counts its own lines, in the metrics
+    directory's files, and /metrics (any worker's, or after they exit) shows the sum."""
+    run = subprocess.run(
+        [sys.executable, "-c", _WORKERS, str(tmp_path)], capture_output=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    errors = [orjson.loads(x) for x in run.stderr.splitlines()]
+    assert sorted(e["request_id"] for e in errors) == ["r-0", "r-0", "r-1"]
+    assert {e["msg"] for e in errors} == {"request line not formatted: ValueError"}
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(run.stdout.decode())
+        for s in family.samples
+    }
+    assert samples[_UNFORMATTED] == 3
 
 
 _FORKING = """
