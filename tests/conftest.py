@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from tests.support.redis_cluster import RedisCluster
+from tests.support.sentinels import SentinelGroup
 from tests.support.servers import (
     OPEN_CLIENTS,
-    RedisCluster,
     RedisServer,
-    SentinelGroup,
     TestCA,
     allow_servers,
     check_server_allowed,

@@ -25,7 +25,8 @@ from proxy.upstream.windows import window_key
 from tests.e2e.test_redis import ReplicaChat, replica_config, session_info
 from tests.support.chat import FILLER, stats
 from tests.support.processes import cli, write_config
-from tests.support.servers import RedisCluster, redis_binary
+from tests.support.redis_cluster import RedisCluster
+from tests.support.servers import redis_binary
 from tests.support.snapshots import snap
 
 pytestmark = pytest.mark.redis

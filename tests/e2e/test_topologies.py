@@ -23,7 +23,8 @@ from tests.support.replicas import (
     store_errors,
     stored_version,
 )
-from tests.support.servers import RedisServer, SentinelGroup
+from tests.support.sentinels import SentinelGroup
+from tests.support.servers import RedisServer
 from tests.support.snapshots import snap
 
 pytestmark = pytest.mark.redis

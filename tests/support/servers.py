@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import uvicorn
 
+from tests.support.redis_start import LoggedProcess, free_ports, wait_serving, with_fresh_ports
+
 # HTTP clients a test helper opened (tests.support.chat.Chat): closed after each test,
 # so their pooled sockets are not left for a later test's garbage collection.
 OPEN_CLIENTS: list[Any] = []
@@ -97,11 +99,9 @@ def proxy_settings(upstream_url: str, **sections: Any) -> Any:
 
 
 def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now (it may be taken before its server binds it: see
+    tests.support.redis_start)."""
+    return free_ports(1)[0]
 
 
 class TestCA:
@@ -162,18 +162,23 @@ class TestCA:
 
 class RedisServer:
     """A real redis-server on loopback that a test may stop and start again; ``tls``:
-    TLS only, on the same port."""
+    TLS only, on the same port. Read ``port`` and ``url`` once started: a first start
+    that finds its port taken tries again on fresh ones (a restart keeps its port)."""
 
     def __init__(
         self, binary: str, password: str = "", args: Sequence[str] = (), tls: TestCA | None = None
     ) -> None:
         self.binary = binary
         self.port = free_port()
-        self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
         self.password = password  # requirepass: clients must AUTH with it
         self.args = list(args)  # more redis-server options (--replicaof, --masterauth)
         self.tls = tls
         self.process: Any = None
+        self.served = False  # once it has served, its port stays (clients hold its URL)
+
+    @property
+    def url(self) -> str:
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
 
     def client(self, **options: Any) -> Any:
         """A redis-py client of this server (the caller closes it)."""
@@ -184,8 +189,22 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, password=password, **options)
 
     def start(self) -> None:
-        import subprocess
+        """Started and answering; on a first start, fresh ports while its port is taken."""
+        check_server_allowed()
+        if self.served:
+            self.start_once()
+            return
 
+        def attempt(n: int) -> None:
+            if n:
+                self.port = free_port()
+            self.start_once()
+
+        with_fresh_ports(attempt, self.stop)
+
+    def start_once(self, deadline: float | None = None) -> None:
+        """Started on ``port`` and answering, or StartFailed at once if it exits (a
+        taken port: ``port_in_use``), RuntimeError at ``deadline`` (default in 10 s)."""
         check_server_allowed()
         port = ["--port", str(self.port)]
         if self.tls:
@@ -193,17 +212,17 @@ class RedisServer:
         args = ["--bind", "127.0.0.1", *port, "--save", ""]
         if self.password:
             args += ["--requirepass", self.password]
-        self.process = subprocess.Popen(
-            [self.binary, *args, "--appendonly", "no", "--protected-mode", "yes", *self.args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        self.process = LoggedProcess(
+            [self.binary, *args, "--appendonly", "no", "--protected-mode", "yes", *self.args]
         )
-        _wait_for_ping(self.client(socket_timeout=0.5), time.monotonic() + 10)
+        deadline = time.monotonic() + 10 if deadline is None else deadline
+        what = f"{self.binary} on port {self.port}"
+        wait_serving(self.process, self.client(socket_timeout=0.5), deadline, what)
+        self.served = True
 
     def stop(self) -> None:
         if self.process is not None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+            self.process.stop()
             self.process = None
 
     @contextmanager
@@ -241,342 +260,3 @@ def redis_binary() -> str:
             "redis-server is not installed; .ci/run installs it (apt-get install redis-server)"
         )
     pytest.skip("redis-server not installed: `apt-get install redis-server` to run Redis tests")
-
-
-class SentinelGroup:
-    """A primary, its replica and three sentinels on loopback (``redis-server --sentinel``),
-    failing over in about a second; each process started here is killed by ``stop``.
-
-    ``url`` is the proxy's ``redis+sentinel://`` store URL: ``password`` (the data
-    nodes' requirepass) in its userinfo, ``sentinel_password`` (the sentinels' own)
-    as a query parameter; with ``tls`` set, ``rediss+sentinel://``, every process
-    listening with TLS only.
-    """
-
-    SERVICE = "cp-test"
-
-    def __init__(
-        self,
-        binary: str,
-        workdir: Any,
-        password: str = "",
-        sentinel_password: str = "",
-        tls: TestCA | None = None,
-    ) -> None:
-        self.binary = binary
-        self.tls = tls
-        self.workdir = workdir  # a pathlib.Path: the sentinels rewrite their config files
-        self.password = password
-        self.sentinel_password = sentinel_password
-        # A replica syncs at once (the default waits 5 s for more replicas to join).
-        args = ["--repl-diskless-sync-delay", "0"]
-        args += ["--masterauth", password] if password else []
-        self.nodes = [RedisServer(binary, password, args, tls) for _ in range(2)]
-        for node in self.nodes:  # a replica writes what it syncs to disk: not to the cwd
-            node.args += ["--dir", str(workdir), "--dbfilename", f"node-{node.port}.rdb"]
-        replica_of = ["--replicaof", "127.0.0.1", str(self.nodes[0].port)]
-        self.nodes[1].args += replica_of
-        self.sentinel_ports = [free_port() for _ in range(3)]
-        self.sentinels: list[Any] = []
-
-    @property
-    def url(self) -> str:
-        userinfo = f":{self.password}@" if self.password else ""
-        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
-        query = [f"sentinel_password={self.sentinel_password}"] if self.sentinel_password else []
-        query += [f"ssl_ca_certs={self.tls.ca}"] if self.tls else []
-        scheme = "rediss+sentinel" if self.tls else "redis+sentinel"
-        return (
-            f"{scheme}://{userinfo}{hosts}/{self.SERVICE}/0{'?' if query else ''}{'&'.join(query)}"
-        )
-
-    def _config(self, port: int) -> str:
-        lines = [f"port {port}"]
-        if self.tls:
-            lines = ["port 0", f"tls-port {port}", "tls-auth-clients no", "tls-replication yes"]
-            tls = self.tls
-            lines += [f"tls-cert-file {tls.cert}", f"tls-key-file {tls.key}"]
-            lines += [f"tls-ca-cert-file {tls.ca}"]
-        lines += [
-            "bind 127.0.0.1",
-            f"dir {self.workdir}",
-            f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.nodes[0].port} 2",
-            f"sentinel down-after-milliseconds {self.SERVICE} 1000",
-            f"sentinel failover-timeout {self.SERVICE} 3000",
-        ]
-        if self.password:
-            lines.append(f"sentinel auth-pass {self.SERVICE} {self.password}")
-        if self.sentinel_password:
-            lines += [f"requirepass {self.sentinel_password}"]
-            lines += [f"sentinel sentinel-pass {self.sentinel_password}"]
-        return "\n".join(lines) + "\n"
-
-    def start(self, *, converged: bool = False, timeout_s: float = 20.0) -> None:
-        """Start every process; wait until the sentinels see the replica in sync (and,
-        ``converged``, each other, so a failover is agreed on at once)."""
-        import subprocess
-
-        for node in self.nodes:
-            node.start()
-        for port in self.sentinel_ports:
-            path = self.workdir / f"sentinel-{port}.conf"
-            path.write_text(self._config(port))
-            self.sentinels.append(
-                subprocess.Popen(
-                    [self.binary, str(path), "--sentinel"],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        self._wait(lambda: self._ready(converged), timeout_s, "sentinels did not see the replica")
-
-    def sentinel(self, index: int = 0) -> Any:
-        import redis
-
-        port = self.sentinel_ports[index]
-        password = self.sentinel_password or None
-        tls = self.tls.client_kwargs() if self.tls else {}
-        return redis.Redis(
-            "127.0.0.1", port, password=password, socket_timeout=1, decode_responses=True, **tls
-        )
-
-    def _ask_each(self, ask: Any) -> list[Any]:
-        import redis
-
-        answers = []
-        for index in range(len(self.sentinel_ports)):
-            client = self.sentinel(index)
-            try:
-                answers.append(ask(client))
-            except redis.RedisError:
-                answers.append(None)
-            finally:
-                client.close()
-        return answers
-
-    def _ready(self, converged: bool) -> bool:
-        def view(client: Any) -> bool:
-            replicas = client.sentinel_slaves(self.SERVICE)
-            synced = any(r.get("master-link-status") == "ok" for r in replicas)
-            others = client.sentinel_master(self.SERVICE)["num-other-sentinels"]
-            return bool(synced and (not converged or others == len(self.sentinel_ports) - 1))
-
-        return all(self._ask_each(view))
-
-    def primary(self) -> RedisServer:
-        """The node every sentinel names as the primary now, and which says so itself."""
-
-        def port(client: Any) -> int | None:
-            addr = client.sentinel_get_master_addr_by_name(self.SERVICE)
-            return int(addr[1]) if addr else None
-
-        ports = set(self._ask_each(port))
-        for node in self.nodes:
-            if ports != {node.port}:
-                continue
-            client = node.client()
-            try:
-                if client.info("replication")["role"] == "master":
-                    return node
-            finally:
-                client.close()
-        raise LookupError(f"no agreed primary yet (sentinels name ports {ports})")
-
-    def failover(self, *, settle: bool = True, timeout_s: float = 30.0) -> RedisServer:
-        """``SENTINEL FAILOVER``; returns the new primary once the sentinels agree on it
-        and it answers as a primary, and (``settle``) the old one replicates from it: the
-        sentinels reconfigure it 8-20 s later, until then it is a primary nobody names."""
-
-        old = self.primary()
-        client = self.sentinel(0)
-        try:
-            client.execute_command("SENTINEL", "FAILOVER", self.SERVICE)
-        finally:
-            client.close()
-
-        def settled() -> bool:
-            try:
-                new = self.primary()
-            except LookupError:
-                return False
-            demoted = old.client()
-            try:
-                info = demoted.info("replication")
-            finally:
-                demoted.close()
-            return new is not old and (not settle or info.get("master_link_status") == "up")
-
-        self._wait(settled, timeout_s, "the failover did not settle")
-        return self.primary()
-
-    @staticmethod
-    def _wait(done: Any, timeout_s: float, message: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not done():
-            if time.monotonic() > deadline:
-                raise RuntimeError(message)
-            time.sleep(0.05)
-
-    def stop_sentinels(self) -> None:
-        for process in self.sentinels:
-            process.kill()
-            process.wait(timeout=10)
-        self.sentinels = []
-
-    def stop(self) -> None:
-        self.stop_sentinels()
-        for node in self.nodes:
-            node.stop()
-
-
-class RedisCluster:
-    """A real 3-primary Redis Cluster on loopback (``redis-server --cluster-enabled yes``
-    x3, joined by ``redis-cli --cluster create``), killed by PID on ``stop``.
-
-    ``url`` is the proxy's ``redis+cluster://`` URL naming every node; ``node_urls``
-    each node's plain ``redis://`` URL. With ``tls``, nodes speak TLS only (clients and
-    the cluster bus, a throwaway CA: tests.support.tls) and the URLs are ``rediss``
-    ones naming the CA; with ``password``, nodes require it and the URLs carry it.
-    """
-
-    PRIMARIES = 3
-
-    def __init__(
-        self,
-        binary: str,
-        workdir: Any,
-        full_coverage: bool = True,
-        password: str = "",
-        tls: bool = False,
-    ) -> None:
-        from pathlib import Path
-
-        self.binary = binary
-        self.workdir = workdir
-        # no: the nodes still up keep serving their slots while one is down.
-        self.full_coverage = full_coverage
-        self.password = password
-        self.certs = TestCA(Path(workdir)) if tls else None
-        self.ports = [free_port() for _ in range(self.PRIMARIES)]
-        # Each node's cluster bus: its own free port (the default, port + 10000, may be
-        # past 65535 or taken).
-        self.bus_ports = [free_port() for _ in range(self.PRIMARIES)]
-        nodes = ",".join(f"127.0.0.1:{p}" for p in self.ports)
-        scheme = "rediss" if tls else "redis"
-        auth = f":{password}@" if password else ""
-        query = f"?ssl_ca_certs={self.certs.ca}" if self.certs else ""
-        self.url = f"{scheme}+cluster://{auth}{nodes}{query}"
-        self.node_urls = [f"{scheme}://{auth}127.0.0.1:{p}/0{query}" for p in self.ports]
-        self.processes: list[Any] = []
-
-    def start(self, timeout_s: float = 20.0) -> None:
-        """Start the nodes and join them; on any failure, what was started is killed."""
-        check_server_allowed()
-        try:
-            self._start(time.monotonic() + timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self, deadline: float) -> None:
-        import shutil
-        import subprocess
-
-        import redis
-
-        for port, bus in zip(self.ports, self.bus_ports, strict=True):
-            args = ["--bind", "127.0.0.1", "--save", "", *self._listen(port)]
-            args += ["--appendonly", "no", "--protected-mode", "yes", "--dir", str(self.workdir)]
-            args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
-            args += ["--cluster-port", str(bus), "--cluster-node-timeout", "2000"]
-            args += ["--cluster-require-full-coverage", "yes" if self.full_coverage else "no"]
-            self.processes.append(
-                subprocess.Popen(
-                    [self.binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-                )
-            )
-        for url in self.node_urls:
-            _wait_for_ping(redis.Redis.from_url(url, socket_timeout=0.5), deadline)
-        cli = [shutil.which("redis-cli") or "redis-cli"]
-        if self.certs:
-            cli += ["--tls", "--cacert", str(self.certs.ca)]
-        if self.password:
-            cli += ["-a", self.password, "--no-auth-warning"]
-        nodes = [f"127.0.0.1:{p}" for p in self.ports]
-        subprocess.run(
-            [*cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=max(deadline - time.monotonic(), 1),
-        )
-        self._wait_until_ok(deadline)
-
-    def _listen(self, port: int) -> list[str]:
-        """A node's arguments for its port, TLS and password."""
-        args = ["--port", str(port)]
-        if self.certs:
-            args = ["--port", "0", "--tls-port", str(port), "--tls-cluster", "yes"]
-            args += ["--tls-cert-file", str(self.certs.cert), "--tls-key-file", str(self.certs.key)]
-            args += ["--tls-ca-cert-file", str(self.certs.ca), "--tls-auth-clients", "no"]
-        if self.password:
-            args += ["--requirepass", self.password, "--masterauth", self.password]
-        return args
-
-    def _wait_until_ok(self, deadline: float) -> None:
-        """Every node says ``cluster_state:ok`` and knows every other one."""
-        import redis
-
-        for url in self.node_urls:
-            client = redis.Redis.from_url(url, socket_timeout=0.5)
-            try:
-                while True:
-                    info = client.execute_command("CLUSTER", "INFO").decode()
-                    known = f"cluster_known_nodes:{self.PRIMARIES}" in info
-                    if "cluster_state:ok" in info and known:
-                        break
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"redis cluster did not become ok: {info[:200]}")
-                    time.sleep(0.05)
-            finally:
-                client.close()
-
-    def flush(self) -> None:
-        """Every primary emptied (a fixture's reset between tests sharing the cluster)."""
-        import redis
-
-        for url in self.node_urls:
-            client = redis.Redis.from_url(url, socket_timeout=2)
-            try:
-                client.flushall()
-            finally:
-                client.close()
-
-    def kill_node(self, index: int) -> None:
-        """Kill one node (by PID), as a crashed primary."""
-        self.processes[index].kill()
-        self.processes[index].wait(timeout=10)
-
-    def stop(self) -> None:
-        for process in self.processes:
-            process.kill()
-        for process in self.processes:
-            process.wait(timeout=10)
-        self.processes = []
-
-
-def _wait_for_ping(client: Any, deadline: float) -> None:
-    """Until ``client``'s server answers a PING (then closed), or RuntimeError at ``deadline``."""
-    import redis
-
-    try:
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-    finally:
-        client.close()
