@@ -5,11 +5,20 @@ A real proxy under uvicorn in front of the simulator: while one client sends a
 and every answer must come back quickly. Before planning was linear and
 counting moved off the event loop, /healthz waited as long as the big request
 (13 s for the 10,001 messages on this machine).
+
+The proxy runs as its own process (``compaction-proxy serve``), as in production:
+its collector frozen and paced as ``proxy.serve.server`` sets it, and its event loop
+not sharing a GIL with the simulator and the poller. Run in the test process, a
+/healthz answer also waited out that process's pauses: late in the full suite, a full
+collection of the whole session's heap (0.62 and 0.65 s, two CI runs' failures).
+While polling, the test process freezes what it holds (``polling_health``), so its own
+collections, which delay the poller's timing too, walk only what the big request made.
 """
 
 from __future__ import annotations
 
 import base64
+import gc
 import random
 import threading
 import time
@@ -33,7 +42,9 @@ MAX_POLLS = 5_000
 def polling_health(base: str) -> Iterator[list[float]]:
     """Poll ``/healthz`` on its own connection until the block ends; yields the latencies.
 
-    A poll that fails or times out is recorded as its timeout.
+    A poll that fails or times out is recorded as its timeout. The test process's heap is
+    frozen meanwhile: a full collection of everything earlier tests left would stall the
+    poller itself.
     """
     latencies: list[float] = []
     done = threading.Event()
@@ -52,6 +63,7 @@ def polling_health(base: str) -> Iterator[list[float]]:
                 latencies.append(time.monotonic() - started if ok else HEALTH_TIMEOUT_S)
                 done.wait(0.01)
 
+    gc.freeze()
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
     time.sleep(0.1)  # the poller is up before the big request starts
@@ -61,6 +73,7 @@ def polling_health(base: str) -> Iterator[list[float]]:
         time.sleep(0.1)
         done.set()
         poller.join(timeout=HEALTH_TIMEOUT_S + 1)
+        gc.unfreeze()
 
 
 def post_chat(base: str, request: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
@@ -72,6 +85,14 @@ def post_chat(base: str, request: dict[str, Any], headers: dict[str, str]) -> ht
     )
 
 
+def proxy_config(sim: str, model: str = "", window: int = 0) -> dict[str, Any]:
+    """The config of a proxy in front of ``sim``; with ``model``, its window ``window``."""
+    config: dict[str, Any] = {"upstream": {"base_url": f"{sim}/v1"}}
+    if model:
+        config["models"] = [{"match": model, "context_window": window, "max_output_tokens": 1000}]
+    return config
+
+
 def assert_responsive(latencies: list[float]) -> None:
     assert len(latencies) >= 5, "the health poller must run alongside the big request"
     slowest = max(latencies)
@@ -79,9 +100,9 @@ def assert_responsive(latencies: list[float]) -> None:
 
 
 def test_ten_thousand_messages_do_not_stall_health_checks(
-    sim_reset: str, start_proxy: Callable[..., str]
+    sim_reset: str, spawn_proxy: Callable[[dict[str, Any]], str]
 ) -> None:
-    base = start_proxy(proxy_settings(sim_reset))  # default 32k window: this must compact
+    base = spawn_proxy(proxy_config(sim_reset))  # default 32k window: this must compact
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
     for i in range(10_000):
         role = "user" if i % 2 == 0 else "assistant"
@@ -101,17 +122,13 @@ def test_ten_thousand_messages_do_not_stall_health_checks(
 # aiohttp warns about any bytes body over 1 MiB (upstream.send forwards bytes); the
 # suite turns warnings into errors, which would fail the forward with a 500.
 def test_an_eight_mib_message_does_not_stall_health_checks(
-    sim_reset: str, start_proxy: Callable[..., str]
+    sim_reset: str, spawn_proxy: Callable[[dict[str, Any]], str]
 ) -> None:
     # Random base64 (a pasted blob) is among the slowest text to tokenize: ~0.12 s a MiB,
     # 0.72 tokens a byte. The window holds its ~6M tokens, but is small enough that
     # the body's size alone cannot prove it fits, so the proxy has to count it.
     window = 9_000_000
-    settings = proxy_settings(
-        sim_reset,
-        models=[{"match": "sim-huge", "context_window": window, "max_output_tokens": 1000}],
-    )
-    base = start_proxy(settings)
+    base = spawn_proxy(proxy_config(sim_reset, "sim-huge", window))
     blob = base64.b64encode(random.Random(14).randbytes(6 * 1024 * 1024)).decode()
     request = {
         "model": "sim-huge",
@@ -130,16 +147,12 @@ def test_an_eight_mib_message_does_not_stall_health_checks(
 
 
 def test_new_text_under_a_mib_is_counted_off_the_loop(
-    sim_reset: str, start_proxy: Callable[..., str]
+    sim_reset: str, spawn_proxy: Callable[[dict[str, Any]], str]
 ) -> None:
     """Below the size that sends digesting to a worker, uncounted text still goes there."""
     # One run of a letter is BPE's slow case: ~0.4 s for this megabyte, ~130k tokens.
     window = 1_000_000
-    settings = proxy_settings(
-        sim_reset,
-        models=[{"match": "sim-mib", "context_window": window, "max_output_tokens": 1000}],
-    )
-    base = start_proxy(settings)
+    base = spawn_proxy(proxy_config(sim_reset, "sim-mib", window))
     text = "x" * 1_040_000  # the body stays under 1 MiB
     request = {"model": "sim-mib", "messages": [{"role": "user", "content": text}]}
 
