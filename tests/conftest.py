@@ -86,12 +86,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # What the imports and the collection built lives as long as the session.
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
-def _young_heap() -> None:
+def _young_heap() -> Iterator[None]:
     """Each test starts with what earlier ones left collected and frozen, as the proxy
     freezes what start-up built (proxy.serve): a collection during the test walks only
     what the test made. This process hosts the simulator and the in-process proxies;
-    unfrozen, a full collection of a long session's heap stopped them all for 0.1-1 s."""
+    unfrozen, a full collection of a long session's heap stopped them all for 0.1-1 s.
+    Collected at the test's teardown (its own fixtures already gone): what it leaked
+    (an unclosed socket's ResourceWarning) is reported against it, not a later test."""
+    yield
     gc.collect()
     gc.freeze()
 

@@ -11,14 +11,13 @@ its collector frozen and paced as ``proxy.serve.server`` sets it, and its event 
 not sharing a GIL with the simulator and the poller. Run in the test process, a
 /healthz answer also waited out that process's pauses: late in the full suite, a full
 collection of the whole session's heap (0.62 and 0.65 s, two CI runs' failures).
-While polling, the test process freezes what it holds (``polling_health``), so its own
-collections, which delay the poller's timing too, walk only what the big request made.
+The test process's own collections delay the poller's timing too: conftest freezes
+what earlier tests left, so they walk only what this test made.
 """
 
 from __future__ import annotations
 
 import base64
-import gc
 import random
 import threading
 import time
@@ -42,9 +41,7 @@ MAX_POLLS = 5_000
 def polling_health(base: str) -> Iterator[list[float]]:
     """Poll ``/healthz`` on its own connection until the block ends; yields the latencies.
 
-    A poll that fails or times out is recorded as its timeout. The test process's heap is
-    frozen meanwhile: a full collection of everything earlier tests left would stall the
-    poller itself.
+    A poll that fails or times out is recorded as its timeout.
     """
     latencies: list[float] = []
     done = threading.Event()
@@ -63,7 +60,6 @@ def polling_health(base: str) -> Iterator[list[float]]:
                 latencies.append(time.monotonic() - started if ok else HEALTH_TIMEOUT_S)
                 done.wait(0.01)
 
-    gc.freeze()
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
     time.sleep(0.1)  # the poller is up before the big request starts
@@ -73,7 +69,6 @@ def polling_health(base: str) -> Iterator[list[float]]:
         time.sleep(0.1)
         done.set()
         poller.join(timeout=HEALTH_TIMEOUT_S + 1)
-        gc.unfreeze()
 
 
 def post_chat(base: str, request: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
