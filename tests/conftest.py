@@ -98,15 +98,20 @@ def _young_heap() -> Iterator[None]:
     freezes what start-up built (proxy.serve): a collection during the test walks only
     what the test made. This process hosts the simulator and the in-process proxies;
     unfrozen, a full collection of a long session's heap stopped them all for 0.1-1 s.
-    Collected at the test's teardown (its own fixtures already gone): what it leaked
-    (an unclosed socket's ResourceWarning) is reported against it, not a later test."""
+    Collected at the test's teardown, after its fixtures' and the helper clients'
+    (``_close_helper_clients`` asks for this fixture, so it is torn down first): what
+    the test leaked and dropped (an unclosed socket's ResourceWarning) is reported
+    against it, not a later test. Its fixtures' values are still referenced until
+    pytest's teardown ends, so they are frozen with the rest: a cycle among them is
+    never collected (about 12,000 objects over 510 fast tests, a review measured; the
+    process's memory stayed lower than without freezing)."""
     yield
     gc.collect()
     gc.freeze()
 
 
 @pytest.fixture(autouse=True)
-def _close_helper_clients() -> Iterator[None]:
+def _close_helper_clients(_young_heap: None) -> Iterator[None]:
     yield
     while OPEN_CLIENTS:
         OPEN_CLIENTS.pop().close()
