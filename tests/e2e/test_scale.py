@@ -114,8 +114,6 @@ def test_ten_thousand_messages_do_not_stall_health_checks(
     assert len(forwarded[-1]["body"]["messages"]) < 2_000
 
 
-# aiohttp warns about any bytes body over 1 MiB (upstream.send forwards bytes); the
-# suite turns warnings into errors, which would fail the forward with a 500.
 def test_an_eight_mib_message_does_not_stall_health_checks(
     sim_reset: str, spawn_proxy: Callable[[dict[str, Any]], str]
 ) -> None:
