@@ -461,13 +461,21 @@ def test_the_prometheus_rule_is_the_readme_alerts_table_and_fits_the_crd(helm: H
     assert added == extra
     readme = _readme_rules()
     assert len(readme) >= 6
+    # The README writes the proxy's scrape targets as the rule file does (job="compaction-proxy").
+    targets = 'job="rel-compaction-proxy",namespace="llm"'
     assert [
-        (r.get("alert") or r["record"], r["expr"], r.get("for", "(recorded)")) for r in rendered
+        (
+            r.get("alert") or r["record"],
+            r["expr"].replace(targets, 'job="compaction-proxy"'),
+            r.get("for", "(recorded)"),
+        )
+        for r in rendered
     ] == [(name, expr, when.strip()) for name, expr, when in readme]
     for r in rendered:
         if "alert" in r:
             assert r["labels"] == {"severity": "warning", "team": "platform"}
             assert r["annotations"]["summary"]
+            assert r["annotations"]["runbook_url"].startswith("docs/runbook.md#")
 
 
 @pytest.mark.e2e
