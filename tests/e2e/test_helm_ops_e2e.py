@@ -24,7 +24,7 @@ import promql_parser
 import pytest
 import redis
 
-from tests.support.helm import CHART, ROOT, Helm, one, pinned_helm
+from tests.support.helm import CHART, RUNBOOK, Helm, one, pinned_helm, runbook_sections
 from tests.support.redis_start import LoggedProcess, wait_serving
 from tests.support.servers import check_server_allowed, free_port, valkey_binary
 
@@ -234,17 +234,12 @@ def test_the_chart_refuses_an_egress_policy_it_cannot_open_to_the_store(
 # --- alerts: their targets and their runbook -----------------------------------------
 
 
-def _anchors(markdown: str) -> set[str]:
-    titles = re.findall(r"^#{1,6} (.+)$", markdown, flags=re.MULTILINE)
-    return {re.sub(r"[^\w\- ]", "", t.strip().lower()).replace(" ", "-") for t in titles}
-
-
 @pytest.mark.e2e
 def test_every_alert_links_its_runbook_section(helm: Helm) -> None:
     docs = helm.render(sets={"metrics.prometheusRule.enabled": True})
     [group] = one(docs, "PrometheusRule")["spec"]["groups"]
     alerts = [r for r in group["rules"] if "alert" in r]
-    anchors = _anchors((ROOT / "docs" / "runbook.md").read_text(encoding="utf-8"))
+    anchors = runbook_sections(RUNBOOK.read_text(encoding="utf-8"))
     assert len(alerts) >= 10
     for rule in alerts:
         url = rule["annotations"]["runbook_url"]
