@@ -483,7 +483,8 @@ def test_the_crd_schema_refuses_what_the_operator_would(helm: Helm) -> None:
     """The schema in the test data is not a formality: a misspelt field, a bad duration
     or a rule without expr fail it."""
     schema = json.loads(CRD_SCHEMA.read_text(encoding="utf-8"))
-    rule = one(helm.render(sets={"metrics.prometheusRule.enabled": True}), "PrometheusRule")
+    monitored = {"metrics.prometheusRule.enabled": True, "metrics.serviceMonitor.enabled": True}
+    rule = one(helm.render(sets=monitored), "PrometheusRule")
     jsonschema.validate(rule, schema)
     broken: list[dict[str, Any]] = [
         {"alert": "A", "expr": "up", "for": "5 minutes"},

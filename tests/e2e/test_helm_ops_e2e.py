@@ -30,6 +30,10 @@ from tests.support.servers import check_server_allowed, free_port, valkey_binary
 
 FULL = CHART / "ci" / "full-values.yaml"
 POLICY: dict[str, Any] = {"networkPolicy.enabled": True}
+RULES: dict[str, Any] = {
+    "metrics.prometheusRule.enabled": True,
+    "metrics.serviceMonitor.enabled": True,
+}
 # What the default egress admits whatever the store: DNS (over TCP too) and the upstream.
 BASE_PORTS = {53, 443}
 
@@ -218,8 +222,12 @@ def test_no_store_rule_for_a_socket_the_bundled_store_or_memory(helm: Helm) -> N
             "networkPolicy.storeEgress.ports: with networkPolicy.enabled and a Sentinel store, "
             "list the data nodes' port(s)",
         ),
+        (
+            {"config.store.url": "redis://${REDIS_HOST}/0"},
+            "the store URL's hosts hold a ${...} reference the chart cannot read",
+        ),
     ],
-    ids=["url-in-a-secret", "sentinel-data-nodes"],
+    ids=["url-in-a-secret", "sentinel-data-nodes", "host-from-a-variable"],
 )
 def test_the_chart_refuses_an_egress_policy_it_cannot_open_to_the_store(
     helm: Helm, sets: dict[str, Any], message: str
@@ -236,7 +244,7 @@ def test_the_chart_refuses_an_egress_policy_it_cannot_open_to_the_store(
 
 @pytest.mark.e2e
 def test_every_alert_links_its_runbook_section(helm: Helm) -> None:
-    docs = helm.render(sets={"metrics.prometheusRule.enabled": True})
+    docs = helm.render(sets=RULES)
     [group] = one(docs, "PrometheusRule")["spec"]["groups"]
     alerts = [r for r in group["rules"] if "alert" in r]
     anchors = runbook_sections(RUNBOOK.read_text(encoding="utf-8"))
@@ -247,12 +255,7 @@ def test_every_alert_links_its_runbook_section(helm: Helm) -> None:
         assert url.partition("#")[2] in anchors, rule["alert"]
         promql_parser.parse(rule["expr"])
     published = "https://git.example.com/platform/compaction-proxy/blob/main/docs/runbook.md"
-    moved = helm.render(
-        sets={
-            "metrics.prometheusRule.enabled": True,
-            "metrics.prometheusRule.runbookUrl": published,
-        }
-    )
+    moved = helm.render(sets={**RULES, "metrics.prometheusRule.runbookUrl": published})
     urls = {
         r["annotations"]["runbook_url"]
         for r in one(moved, "PrometheusRule")["spec"]["groups"][0]["rules"]
@@ -278,9 +281,7 @@ def _up_matchers(expr: str) -> dict[str, str]:
 def test_the_down_alerts_watch_the_targets_the_service_monitor_makes(helm: Helm) -> None:
     """The Prometheus Operator names a ServiceMonitor's job after the Service it finds,
     in that Service's namespace: the down alerts select exactly those targets."""
-    docs = helm.render(
-        sets={"metrics.prometheusRule.enabled": True, "metrics.serviceMonitor.enabled": True}
-    )
+    docs = helm.render(sets=RULES)
     service = one(docs, "Service", "rel-compaction-proxy")
     monitor = one(docs, "ServiceMonitor")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= (
@@ -306,3 +307,14 @@ def test_the_down_alerts_watch_the_targets_the_service_monitor_makes(helm: Helm)
     for rule in one(other, "PrometheusRule")["spec"]["groups"][0]["rules"]:
         if "up{" in rule["expr"]:
             assert _up_matchers(rule["expr"]) == {"job": "kubernetes-pods", "app": "llm"}
+
+
+@pytest.mark.e2e
+def test_the_chart_refuses_down_alerts_that_would_watch_nothing(helm: Helm) -> None:
+    """Without the chart's ServiceMonitor its targets' job does not exist: absent()
+    would fire for ever. Something else's targets must be named instead."""
+    done = helm.template(sets={"metrics.prometheusRule.enabled": True})
+    assert done.returncode != 0, done.stdout[:300]
+    assert "metrics.prometheusRule: its down alerts watch the chart's ServiceMonitor's" in (
+        done.stderr
+    )
