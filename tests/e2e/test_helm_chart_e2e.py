@@ -461,13 +461,21 @@ def test_the_prometheus_rule_is_the_readme_alerts_table_and_fits_the_crd(helm: H
     assert added == extra
     readme = _readme_rules()
     assert len(readme) >= 6
+    # The README writes the proxy's scrape targets as the rule file does (job="compaction-proxy").
+    targets = 'job="rel-compaction-proxy",namespace="llm"'
     assert [
-        (r.get("alert") or r["record"], r["expr"], r.get("for", "(recorded)")) for r in rendered
+        (
+            r.get("alert") or r["record"],
+            r["expr"].replace(targets, 'job="compaction-proxy"'),
+            r.get("for", "(recorded)"),
+        )
+        for r in rendered
     ] == [(name, expr, when.strip()) for name, expr, when in readme]
     for r in rendered:
         if "alert" in r:
             assert r["labels"] == {"severity": "warning", "team": "platform"}
             assert r["annotations"]["summary"]
+            assert r["annotations"]["runbook_url"].startswith("docs/runbook.md#")
 
 
 @pytest.mark.e2e
@@ -475,7 +483,8 @@ def test_the_crd_schema_refuses_what_the_operator_would(helm: Helm) -> None:
     """The schema in the test data is not a formality: a misspelt field, a bad duration
     or a rule without expr fail it."""
     schema = json.loads(CRD_SCHEMA.read_text(encoding="utf-8"))
-    rule = one(helm.render(sets={"metrics.prometheusRule.enabled": True}), "PrometheusRule")
+    monitored = {"metrics.prometheusRule.enabled": True, "metrics.serviceMonitor.enabled": True}
+    rule = one(helm.render(sets=monitored), "PrometheusRule")
     jsonschema.validate(rule, schema)
     broken: list[dict[str, Any]] = [
         {"alert": "A", "expr": "up", "for": "5 minutes"},

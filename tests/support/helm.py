@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 CHART = ROOT / "helm" / "compaction-proxy"
+RUNBOOK = ROOT / "docs" / "runbook.md"
 
 
 def _script(name: str) -> ModuleType:
@@ -147,3 +149,14 @@ def chart_copy(tmp_path: Path) -> Path:
 def notes(docs: list[dict[str, Any]]) -> str:
     notes: str = one(docs, "ConfigMap", "notes")["data"]["notes"]
     return notes
+
+
+def runbook_sections(markdown: str) -> dict[str, str]:
+    """Each heading's anchor, as GitHub (and MkDocs' default toc) make it, to the text
+    under it; fenced code (its ``#`` comments) is not a heading."""
+    prose = re.sub(r"^```.*?^```", "", markdown, flags=re.MULTILINE | re.DOTALL)
+    sections = re.split(r"^#{1,6} (.+)$", prose, flags=re.MULTILINE)
+    return {
+        re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-"): body
+        for title, body in zip(sections[1::2], sections[2::2], strict=True)
+    }

@@ -85,6 +85,45 @@ Redis URL written in config.store.url, which the chart moves into its Secret), o
 {{- end }}
 {{- end }}
 
+{{/* The TCP ports the proxy's egress must allow to reach an external store, comma-separated:
+networkPolicy.storeEgress.ports, then each host:port of the URL the chart holds (6379 when
+a host names none; a Sentinel's, 26379). Fails where the chart cannot know a port: a URL in
+an existing Secret, hosts written as ${...}, or a Sentinel's data nodes (the
+sentinels name the primary at run time). */}}
+{{- define "compaction-proxy.storeEgressPorts" -}}
+{{- $ports := list }}
+{{- range .Values.networkPolicy.storeEgress.ports }}{{ $ports = append $ports (toString (int .)) }}{{ end }}
+{{- if eq (include "compaction-proxy.storeSource" .) "external" }}
+{{- $url := include "compaction-proxy.storeUrlValue" . }}
+{{- if not $url }}
+{{- if not $ports }}
+{{- fail (printf "networkPolicy.storeEgress.ports: with networkPolicy.enabled the proxy's egress must allow the store's port, and its URL is in Secret %s, which the chart does not read: list the port(s), e.g. [6379] (a Cluster: every node's; Sentinel: the sentinels' and the data nodes')" .Values.redis.external.existingSecret) }}
+{{- end }}
+{{- else if not (hasPrefix "unix://" $url) }}
+{{- $sentinel := regexMatch "^rediss?\\+sentinel://" $url }}
+{{- if and $sentinel (not $ports) }}
+{{- fail "networkPolicy.storeEgress.ports: with networkPolicy.enabled and a Sentinel store, list the data nodes' port(s), e.g. [6379]: the URL names only the sentinels, which name the primary at run time" }}
+{{- end }}
+{{- /* The hosts: what follows the scheme up to the path or query, after any userinfo (as the proxy reads them). */}}
+{{- $netloc := regexReplaceAll "[/?#].*$" (regexReplaceAll "^[^:]*://" $url "") "" }}
+{{- $hosts := regexReplaceAll "^.*@" $netloc "" }}
+{{- if and (contains "$" $hosts) (not $ports) }}
+{{- fail "networkPolicy.storeEgress.ports: with networkPolicy.enabled the proxy's egress must allow the store's port, and the store URL's hosts hold a ${...} reference the chart cannot read: list the port(s), e.g. [6379]" }}
+{{- end }}
+{{- if not (contains "$" $hosts) }}
+{{- range splitList "," $hosts }}
+{{- if and (regexMatch ":[0-9]+$" .) (not (hasSuffix "]" .)) }}
+{{- $ports = append $ports (regexFind "[0-9]+$" .) }}
+{{- else if . }}
+{{- $ports = append $ports (ternary "26379" "6379" $sentinel) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- join "," (uniq $ports) }}
+{{- end }}
+
 {{/* Whether every pod has its own sessions: several pods then cannot share them. */}}
 {{- define "compaction-proxy.storeIsPerPod" -}}
 {{- if eq (include "compaction-proxy.storeSource" .) "memory" }}true{{- end }}
@@ -168,6 +207,11 @@ or those set in values. Each is mounted required. */}}
 {{- end }}
 {{- if gt (int .Values.replicaCount) 1 }}
 {{- fail "replicaCount > 1 needs a shared store: the memory:// store is per pod, so replicas would not share sessions. Set redis.external.url (or existingSecret) or redis.bundled.enabled=true" }}
+{{- end }}
+{{- end }}
+{{- with .Values.metrics }}
+{{- if and .prometheusRule.enabled (not .serviceMonitor.enabled) (not .prometheusRule.targetSelector) }}
+{{- fail "metrics.prometheusRule: its down alerts watch the chart's ServiceMonitor's targets, and metrics.serviceMonitor is off: enable it, or name the targets that something else scrapes in metrics.prometheusRule.targetSelector (e.g. job=\"kubernetes-pods\",app=\"llm\")" }}
 {{- end }}
 {{- end }}
 {{- $pdb := .Values.podDisruptionBudget }}
