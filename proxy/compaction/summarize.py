@@ -19,7 +19,13 @@ Every answer is checked before it is kept (summary_check.py: an echo of the
 prompt, missing headings, too short for its span, empty); one that fails is
 asked for once more with the simple prompt (prompts.py), and a second failure
 raises ``SummaryRejected``: nothing is stored, the caller trims and backs off.
-The instructions ask for fewer sections when the budget is small.
+The instructions ask for fewer sections when the budget is small. A long answer is
+checked in a worker thread, not on the event loop.
+
+An answer is read only up to a few times the bytes its ``max_tokens`` allows
+(``summary_api.answer_limit``): past that the upstream ignored the limit, and the
+answer is rejected (``oversize``, ``SummaryOversize``) without being read to its end,
+parsed or asked for again.
 
 Each call takes as much of the span as the summarizer's window leaves room for
 (chunking.py). One summary makes at most ``compaction.max_summary_calls`` calls,
@@ -32,22 +38,37 @@ retry) and the oldest are left out, a deterministic marker in their place
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 from proxy.compaction.chunking import ChunkSize, cut
-from proxy.compaction.summary_api import PATHS, SummarizerApi, read_answer, request_body
+from proxy.compaction.count import INLINE_COUNT_BYTES
+from proxy.compaction.summary_api import (
+    PATHS,
+    SummarizerApi,
+    answer_limit,
+    read_answer,
+    request_body,
+)
 from proxy.config import Settings
 from proxy.core.budget import summary_limit
 from proxy.core.ledger import summarizer_usage
 from proxy.core.models import ModelTable
+from proxy.core.neutral import neutralised
 from proxy.core.outcome import Turn
 from proxy.core.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
 from proxy.core.summary_check import Reason, check_summary, echoes
 from proxy.core.tokens import TokenCounter
 from proxy.core.transcript import frame_prompt, framed_marker
 from proxy.core.wording import omitted_marker
-from proxy.errors import SummaryError, SummaryRejected, SummaryTruncated, UpstreamError
+from proxy.errors import (
+    SummaryError,
+    SummaryOversize,
+    SummaryRejected,
+    SummaryTruncated,
+    UpstreamError,
+)
 from proxy.observe.record import current_record
 from proxy.types import ChatMessage
 from proxy.upstream import client as upstream
@@ -55,6 +76,9 @@ from proxy.upstream.overflow import classify_error
 from proxy.upstream.urls import upstream_url
 
 PURPOSE_HEADER = (b"x-compaction-purpose", b"summarize")
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,31 +194,31 @@ class _Run:
         marker = framed_marker(framed)
         copied = answer.finish_reason == "length" or (bool(marker) and marker in answer.text)
         reason: Reason | None = "echo" if copied else None
-        reason = reason or check_summary(answer.text, req.prompt, answer.max_tokens, span_chars)
+        reason = reason or await _checked(answer.text, req.prompt, answer.max_tokens, span_chars)
         if reason is None:
-            return answer.text
+            return await _kept(answer.text)
         self.rejected.append(reason)
         if self.calls >= req.max_calls:
             raise SummaryRejected(f"summary rejected ({reason}), no call left for a retry")
         # Once more with the simple prompt: a weak model that copies or skips a long
         # template often follows two sections.
-        answer = await _call(req, SIMPLE, framed, answer.max_tokens, self._spare())
-        self.calls += answer.posts
+        answer = await self._ask(SIMPLE, framed, answer.max_tokens)
         retried: Reason | None = "truncated" if answer.finish_reason == "length" else None
         if retried is None and marker and marker in answer.text:
             retried = "echo"
-        retried = retried or check_summary(answer.text, SIMPLE, answer.max_tokens, span_chars)
+        retried = retried or await _checked(answer.text, SIMPLE, answer.max_tokens, span_chars)
         if retried is not None:
             self.rejected.append(retried)
             raise SummaryRejected(f"summary rejected ({reason}, then {retried} when retried)")
-        return answer.text
+        return await _kept(answer.text)
 
     async def _finished(self, framed: str) -> _Answer:
         """An answer that was not cut off: retried once, tersely, if it was."""
         req = self.req
-        answer = await _call(req, req.prompt, framed, req.max_tokens, self._spare())
-        self.calls += answer.posts
-        if answer.finish_reason != "length" or echoes(answer.text, req.prompt):
+        answer = await self._ask(req.prompt, framed, req.max_tokens)
+        if answer.finish_reason != "length" or await _off_loop(
+            len(answer.text), echoes, answer.text, req.prompt
+        ):
             # An echo cut off is an echo: asked again with the simple prompt, not tersely.
             return answer
         self.retries += 1
@@ -203,12 +227,41 @@ class _Run:
         if self.calls >= req.max_calls:
             raise _cut_off(f"cut off at {limit} tokens, no call left", self.retries)
         terser = f"{framed}\n\n{TERSER.format(limit=limit)}"
-        answer = await _call(req, req.prompt, terser, limit, self._spare())
-        self.calls += answer.posts
+        answer = await self._ask(req.prompt, terser, limit)
         if answer.finish_reason == "length":
             self.rejected.append("truncated")
             raise _cut_off(f"cut off at {limit} tokens twice", self.retries)
         return answer
+
+    async def _ask(self, prompt: Prompt, framed: str, max_tokens: int) -> _Answer:
+        """One answer, its calls counted; an oversize one is a rejection of its own, not
+        asked for again (an upstream that ignored max_tokens once does so again)."""
+        try:
+            answer = await _call(self.req, prompt, framed, max_tokens, self._spare())
+        except SummaryOversize:
+            self.calls += 1
+            self.rejected.append("oversize")
+            raise
+        self.calls += answer.posts
+        return answer
+
+
+async def _kept(text: str) -> str:
+    """An accepted answer as the summary keeps it: nothing in it imitates the proxy's marks
+    (neutral.py), so it cannot close its frame and speak as the proxy."""
+    return await _off_loop(len(text), neutralised, text)
+
+
+async def _checked(text: str, prompt: Prompt, max_tokens: int, span_chars: int) -> Reason | None:
+    return await _off_loop(len(text), check_summary, text, prompt, max_tokens, span_chars)
+
+
+async def _off_loop(size: int, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``work(*args)`` on an answer of ``size`` characters, in a worker thread when it is
+    long: the checks' cost grows with it, and the event loop serves every tenant."""
+    if size > INLINE_COUNT_BYTES:
+        return await asyncio.to_thread(work, *args, **kwargs)
+    return work(*args, **kwargs)
 
 
 def _cut_off(what: str, retries: int) -> SummaryTruncated:
@@ -248,6 +301,9 @@ async def _call(
 async def _post(
     req: SummaryRequest, system: str, framed: str, max_tokens: int
 ) -> tuple[int, bytes, dict[str, str]]:
+    """The status, body and headers of one summary call. A body over what ``max_tokens``
+    allows (summary_api.answer_limit) is not read past that bound: a 200's raises
+    ``SummaryOversize``, an error's reads as empty (it is not classified)."""
     body = request_body(req.api, req.model, system, framed, max_tokens)
     headers = [
         *req.headers,
@@ -255,14 +311,19 @@ async def _post(
         (b"accept-encoding", b"identity"),  # the body is parsed here
         PURPOSE_HEADER,
     ]
+    limit = answer_limit(max_tokens)
     try:
         response = await req.client.send("POST", req.url, headers, body)
         try:
-            raw = await response.aread()
+            raw = await response.aread_at_most(limit)
         finally:
             await response.aclose()
     except UpstreamError as exc:
         raise SummaryError(f"summarizer request failed: {type(exc).__name__}") from exc
+    if raw is None:
+        if response.status_code == 200:
+            raise SummaryOversize(f"summarizer answer over {limit} bytes for {max_tokens} tokens")
+        raw = b""
     if response.status_code == 200:  # the ledger's summarizer tokens (core/ledger.py)
         current_record().summary_used(req.model, summarizer_usage(raw, body))
     return response.status_code, raw, dict(response.headers)
