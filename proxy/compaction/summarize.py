@@ -19,13 +19,9 @@ Every answer is checked before it is kept (summary_check.py: an echo of the
 prompt, missing headings, too short for its span, empty); one that fails is
 asked for once more with the simple prompt (prompts.py), and a second failure
 raises ``SummaryRejected``: nothing is stored, the caller trims and backs off.
-The instructions ask for fewer sections when the budget is small. A long answer is
-checked in a worker thread, not on the event loop.
-
-An answer is read only up to a few times the bytes its ``max_tokens`` allows
-(``summary_api.answer_limit``): past that the upstream ignored the limit, and the
-answer is rejected (``oversize``, ``SummaryOversize``) without being read to its end,
-parsed or asked for again.
+The instructions ask for fewer sections when the budget is small. An answer is read
+only up to a bound from its ``max_tokens`` (summary_api.answer_limit): past it, it is
+``oversize``, unparsed and not asked for again; a long one is vetted off the event loop.
 
 Each call takes as much of the span as the summarizer's window leaves room for
 (chunking.py). One summary makes at most ``compaction.max_summary_calls`` calls,
@@ -38,12 +34,10 @@ retry) and the oldest are left out, a deterministic marker in their place
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
 
 from proxy.compaction.chunking import ChunkSize, cut
-from proxy.compaction.count import INLINE_COUNT_BYTES
 from proxy.compaction.summary_api import (
     PATHS,
     SummarizerApi,
@@ -51,14 +45,14 @@ from proxy.compaction.summary_api import (
     read_answer,
     request_body,
 )
+from proxy.compaction.vetting import echoed, kept, rejection
 from proxy.config import Settings
 from proxy.core.budget import summary_limit
 from proxy.core.ledger import summarizer_usage
 from proxy.core.models import ModelTable
-from proxy.core.neutral import neutralised
 from proxy.core.outcome import Turn
 from proxy.core.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
-from proxy.core.summary_check import Reason, check_summary, echoes
+from proxy.core.summary_check import Reason
 from proxy.core.tokens import TokenCounter
 from proxy.core.transcript import frame_prompt, framed_marker
 from proxy.core.wording import omitted_marker
@@ -76,9 +70,6 @@ from proxy.upstream.overflow import classify_error
 from proxy.upstream.urls import upstream_url
 
 PURPOSE_HEADER = (b"x-compaction-purpose", b"summarize")
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +185,9 @@ class _Run:
         marker = framed_marker(framed)
         copied = answer.finish_reason == "length" or (bool(marker) and marker in answer.text)
         reason: Reason | None = "echo" if copied else None
-        reason = reason or await _checked(answer.text, req.prompt, answer.max_tokens, span_chars)
+        reason = reason or await rejection(answer.text, req.prompt, answer.max_tokens, span_chars)
         if reason is None:
-            return await _kept(answer.text)
+            return await kept(answer.text)
         self.rejected.append(reason)
         if self.calls >= req.max_calls:
             raise SummaryRejected(f"summary rejected ({reason}), no call left for a retry")
@@ -206,19 +197,17 @@ class _Run:
         retried: Reason | None = "truncated" if answer.finish_reason == "length" else None
         if retried is None and marker and marker in answer.text:
             retried = "echo"
-        retried = retried or await _checked(answer.text, SIMPLE, answer.max_tokens, span_chars)
+        retried = retried or await rejection(answer.text, SIMPLE, answer.max_tokens, span_chars)
         if retried is not None:
             self.rejected.append(retried)
             raise SummaryRejected(f"summary rejected ({reason}, then {retried} when retried)")
-        return await _kept(answer.text)
+        return await kept(answer.text)
 
     async def _finished(self, framed: str) -> _Answer:
         """An answer that was not cut off: retried once, tersely, if it was."""
         req = self.req
         answer = await self._ask(req.prompt, framed, req.max_tokens)
-        if answer.finish_reason != "length" or await _off_loop(
-            len(answer.text), echoes, answer.text, req.prompt
-        ):
+        if answer.finish_reason != "length" or await echoed(answer.text, req.prompt):
             # An echo cut off is an echo: asked again with the simple prompt, not tersely.
             return answer
         self.retries += 1
@@ -234,8 +223,7 @@ class _Run:
         return answer
 
     async def _ask(self, prompt: Prompt, framed: str, max_tokens: int) -> _Answer:
-        """One answer, its calls counted; an oversize one is a rejection of its own, not
-        asked for again (an upstream that ignored max_tokens once does so again)."""
+        """One answer, its calls counted; an oversize one is rejected, never retried."""
         try:
             answer = await _call(self.req, prompt, framed, max_tokens, self._spare())
         except SummaryOversize:
@@ -244,24 +232,6 @@ class _Run:
             raise
         self.calls += answer.posts
         return answer
-
-
-async def _kept(text: str) -> str:
-    """An accepted answer as the summary keeps it: nothing in it imitates the proxy's marks
-    (neutral.py), so it cannot close its frame and speak as the proxy."""
-    return await _off_loop(len(text), neutralised, text)
-
-
-async def _checked(text: str, prompt: Prompt, max_tokens: int, span_chars: int) -> Reason | None:
-    return await _off_loop(len(text), check_summary, text, prompt, max_tokens, span_chars)
-
-
-async def _off_loop(size: int, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """``work(*args)`` on an answer of ``size`` characters, in a worker thread when it is
-    long: the checks' cost grows with it, and the event loop serves every tenant."""
-    if size > INLINE_COUNT_BYTES:
-        return await asyncio.to_thread(work, *args, **kwargs)
-    return work(*args, **kwargs)
 
 
 def _cut_off(what: str, retries: int) -> SummaryTruncated:
