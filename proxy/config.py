@@ -170,7 +170,7 @@ class CompactionSettings(_Section):
     # Most summarizer calls (so windows of tokens) of one compaction, retries included: a
     # span that needs more keeps its newest chunks, the oldest left out behind a marker.
     max_summary_calls: int = Field(16, ge=2)
-    # "user": a user/assistant handoff pair (strict templates); "system": one after the pinned.
+    # "user": a user/assistant handoff pair; "system": the (steerable) summary, system authority.
     summary_role: Literal["user", "system"] = "user"
     # Most values restored into a summary or quoted in a trimmed view's digest, with role.
     restored_identifiers_max: int = Field(64, ge=0, le=1000)

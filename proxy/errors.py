@@ -17,6 +17,7 @@ ProxyError                      -> OpenAI-shaped JSON error body
   SummaryError                  summarization failed (never reaches a client)
     SummaryTruncated            the summary was cut off by its token limit, even when retried
     SummaryRejected             the summary check refused it, even when retried
+    SummaryOversize             the answer's bytes were far over what its token limit allows
   UpstreamError
     UpstreamUnavailable 502     connect failure, or the connection lost before the headers
     UpstreamTimeout     504     no answer within upstream.timeout_s
@@ -140,6 +141,10 @@ class SummaryTruncated(SummaryError):
 
 
 class SummaryRejected(SummaryError):
+    pass
+
+
+class SummaryOversize(SummaryError):
     pass
 
 

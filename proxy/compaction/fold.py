@@ -145,6 +145,7 @@ async def _restore(
 ) -> Restored:
     """``summary`` with the identifiers it lost from ``previous`` and ``span`` put back."""
     sources = [(SUMMARY_ROLE, previous), *span_sources(span)]
-    if sum(len(text) for _, text in sources) > INLINE_COUNT_BYTES:
+    # The summary is searched for each value: its length counts too.
+    if len(summary) + sum(len(text) for _, text in sources) > INLINE_COUNT_BYTES:
         return await asyncio.to_thread(restore_identifiers, summary, sources, max_chars, max_count)
     return restore_identifiers(summary, sources, max_chars, max_count)

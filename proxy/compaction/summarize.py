@@ -19,7 +19,9 @@ Every answer is checked before it is kept (summary_check.py: an echo of the
 prompt, missing headings, too short for its span, empty); one that fails is
 asked for once more with the simple prompt (prompts.py), and a second failure
 raises ``SummaryRejected``: nothing is stored, the caller trims and backs off.
-The instructions ask for fewer sections when the budget is small.
+The instructions ask for fewer sections when the budget is small. An answer is read
+only up to a bound from its ``max_tokens`` (summary_api.answer_limit): past it, it is
+``oversize``, unparsed and not asked for again; a long one is vetted off the event loop.
 
 Each call takes as much of the span as the summarizer's window leaves room for
 (chunking.py). One summary makes at most ``compaction.max_summary_calls`` calls,
@@ -36,18 +38,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.compaction.chunking import ChunkSize, cut
-from proxy.compaction.summary_api import PATHS, SummarizerApi, read_answer, request_body
+from proxy.compaction.summary_api import (
+    PATHS,
+    SummarizerApi,
+    answer_limit,
+    read_answer,
+    request_body,
+)
+from proxy.compaction.vetting import echoed, kept, rejection
 from proxy.config import Settings
 from proxy.core.budget import summary_limit
 from proxy.core.ledger import summarizer_usage
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Turn
 from proxy.core.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
-from proxy.core.summary_check import Reason, check_summary, echoes
+from proxy.core.summary_check import Reason
 from proxy.core.tokens import TokenCounter
 from proxy.core.transcript import frame_prompt, framed_marker
 from proxy.core.wording import omitted_marker
-from proxy.errors import SummaryError, SummaryRejected, SummaryTruncated, UpstreamError
+from proxy.errors import (
+    SummaryError,
+    SummaryOversize,
+    SummaryRejected,
+    SummaryTruncated,
+    UpstreamError,
+)
 from proxy.observe.record import current_record
 from proxy.types import ChatMessage
 from proxy.upstream import client as upstream
@@ -170,31 +185,29 @@ class _Run:
         marker = framed_marker(framed)
         copied = answer.finish_reason == "length" or (bool(marker) and marker in answer.text)
         reason: Reason | None = "echo" if copied else None
-        reason = reason or check_summary(answer.text, req.prompt, answer.max_tokens, span_chars)
+        reason = reason or await rejection(answer.text, req.prompt, answer.max_tokens, span_chars)
         if reason is None:
-            return answer.text
+            return await kept(answer.text)
         self.rejected.append(reason)
         if self.calls >= req.max_calls:
             raise SummaryRejected(f"summary rejected ({reason}), no call left for a retry")
         # Once more with the simple prompt: a weak model that copies or skips a long
         # template often follows two sections.
-        answer = await _call(req, SIMPLE, framed, answer.max_tokens, self._spare())
-        self.calls += answer.posts
+        answer = await self._ask(SIMPLE, framed, answer.max_tokens)
         retried: Reason | None = "truncated" if answer.finish_reason == "length" else None
         if retried is None and marker and marker in answer.text:
             retried = "echo"
-        retried = retried or check_summary(answer.text, SIMPLE, answer.max_tokens, span_chars)
+        retried = retried or await rejection(answer.text, SIMPLE, answer.max_tokens, span_chars)
         if retried is not None:
             self.rejected.append(retried)
             raise SummaryRejected(f"summary rejected ({reason}, then {retried} when retried)")
-        return answer.text
+        return await kept(answer.text)
 
     async def _finished(self, framed: str) -> _Answer:
         """An answer that was not cut off: retried once, tersely, if it was."""
         req = self.req
-        answer = await _call(req, req.prompt, framed, req.max_tokens, self._spare())
-        self.calls += answer.posts
-        if answer.finish_reason != "length" or echoes(answer.text, req.prompt):
+        answer = await self._ask(req.prompt, framed, req.max_tokens)
+        if answer.finish_reason != "length" or await echoed(answer.text, req.prompt):
             # An echo cut off is an echo: asked again with the simple prompt, not tersely.
             return answer
         self.retries += 1
@@ -203,11 +216,21 @@ class _Run:
         if self.calls >= req.max_calls:
             raise _cut_off(f"cut off at {limit} tokens, no call left", self.retries)
         terser = f"{framed}\n\n{TERSER.format(limit=limit)}"
-        answer = await _call(req, req.prompt, terser, limit, self._spare())
-        self.calls += answer.posts
+        answer = await self._ask(req.prompt, terser, limit)
         if answer.finish_reason == "length":
             self.rejected.append("truncated")
             raise _cut_off(f"cut off at {limit} tokens twice", self.retries)
+        return answer
+
+    async def _ask(self, prompt: Prompt, framed: str, max_tokens: int) -> _Answer:
+        """One answer, its calls counted; an oversize one is rejected, never retried."""
+        try:
+            answer = await _call(self.req, prompt, framed, max_tokens, self._spare())
+        except SummaryOversize:
+            self.calls += 1
+            self.rejected.append("oversize")
+            raise
+        self.calls += answer.posts
         return answer
 
 
@@ -248,6 +271,9 @@ async def _call(
 async def _post(
     req: SummaryRequest, system: str, framed: str, max_tokens: int
 ) -> tuple[int, bytes, dict[str, str]]:
+    """The status, body and headers of one summary call. A body over what ``max_tokens``
+    allows (summary_api.answer_limit) is not read past that bound: a 200's raises
+    ``SummaryOversize``, an error's reads as empty (it is not classified)."""
     body = request_body(req.api, req.model, system, framed, max_tokens)
     headers = [
         *req.headers,
@@ -255,14 +281,19 @@ async def _post(
         (b"accept-encoding", b"identity"),  # the body is parsed here
         PURPOSE_HEADER,
     ]
+    limit = answer_limit(max_tokens)
     try:
         response = await req.client.send("POST", req.url, headers, body)
         try:
-            raw = await response.aread()
+            raw = await response.aread_at_most(limit)
         finally:
             await response.aclose()
     except UpstreamError as exc:
         raise SummaryError(f"summarizer request failed: {type(exc).__name__}") from exc
+    if raw is None:
+        if response.status_code == 200:
+            raise SummaryOversize(f"summarizer answer over {limit} bytes for {max_tokens} tokens")
+        raw = b""
     if response.status_code == 200:  # the ledger's summarizer tokens (core/ledger.py)
         current_record().summary_used(req.model, summarizer_usage(raw, body))
     return response.status_code, raw, dict(response.headers)

@@ -28,6 +28,19 @@ PATHS: dict[SummarizerApi, str] = {
 }
 
 
+# An answer's bytes, at most: its envelope (ids, usage, a reasoning item; the Responses API
+# echoes the instructions) and, per token it was allowed, more bytes than any token takes
+# as JSON (a CJK character escaped as \uXXXX is 6, a long run of spaces one token). An
+# answer past that ignored max_tokens: it is not read, let alone parsed (summarize.py).
+_ENVELOPE_BYTES = 64 * 1024
+_BYTES_PER_TOKEN = 32
+
+
+def answer_limit(max_tokens: int) -> int:
+    """The most bytes an answer within ``max_tokens`` can take, with room to spare."""
+    return _ENVELOPE_BYTES + _BYTES_PER_TOKEN * max(max_tokens, 0)
+
+
 @dataclass(frozen=True, slots=True)
 class Reading:
     """What the summarizer answered: its text (maybe empty) and why it stopped."""

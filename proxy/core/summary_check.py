@@ -12,7 +12,9 @@ of a closed set, when:
 * ``structure``: it lacks most of the headings the prompt asked for;
 * ``too_short``: beside its headings and ``none`` lines it is shorter than a floor
   relative to the span it covers and to its budget (never more than ``_FLOOR_CAP``);
-* ``truncated``: it was cut off by its token limit (summarize.py's own check).
+* ``truncated``: it was cut off by its token limit (summarize.py's own check);
+* ``oversize``: its bytes were far over what its token limit allows, so it was not read
+  to its end nor parsed (summarize.py's own check, summary_api.answer_limit).
 
 Identifiers are not judged here: the identifier check restores the ones an
 accepted summary lost (fold.py). Pure: text in, a reason or None out.
@@ -26,7 +28,7 @@ from typing import Literal, get_args
 
 from proxy.core.prompts import TERSER, Prompt
 
-Reason = Literal["empty", "echo", "structure", "too_short", "truncated"]
+Reason = Literal["empty", "echo", "structure", "too_short", "truncated", "oversize"]
 REASONS: tuple[str, ...] = get_args(Reason)
 
 _N = 4  # words per n-gram compared with the instructions

@@ -7,7 +7,7 @@ cleanly, with one warning line.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
@@ -78,7 +78,7 @@ async def relay(
         return Relayed(body, response.status_code, headers)
     if started is not None and started[0]:  # the head peeked for an overflow: out first
         return Streamed(_raw_chunks(response, watch, started), response, headers)
-    out = StreamingResponse(
+    out = Relaying(
         _raw_chunks(response, watch, started),
         status_code=response.status_code,
         background=BackgroundTask(response.aclose),
@@ -87,7 +87,51 @@ async def relay(
     return out
 
 
-class Streamed(StreamingResponse):
+class Relaying(StreamingResponse):
+    """A stream relayed as it comes, that stops reading its source once the client is gone.
+
+    Starlette notices the disconnect (its listener's ``receive``) and cancels the relaying
+    task; but that cancellation lands only while the task waits, and a task whose upstream
+    always has the next bytes ready is never found waiting (anyio does not cancel a task
+    whose wait is already over), so it would read the rest of the stream for no one,
+    since sends to a closed connection return at once. The listener's flag is checked
+    between chunks instead: one attribute read a chunk. ``chunks`` is an async generator,
+    closed here when the client leaves, which closes the upstream's connection."""
+
+    gone = False  # the client disconnected (set by the listener)
+
+    def __init__(
+        self,
+        chunks: AsyncGenerator[bytes, None],
+        status_code: int = 200,
+        background: BackgroundTask | None = None,
+    ) -> None:
+        super().__init__(chunks, status_code, background=background)
+        self._chunks = chunks
+
+    async def listen_for_disconnect(self, receive: Receive) -> None:
+        await super().listen_for_disconnect(receive)
+        self.gone = True
+
+    async def stream_response(self, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        await self.relay_body(send)
+
+    async def relay_body(self, send: Send) -> None:
+        """The body's chunks as they come, then its end; or, once the client is gone,
+        nothing more (the source closed)."""
+        chunks = self._chunks
+        async for chunk in chunks:
+            if self.gone:
+                await chunks.aclose()
+                return
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class Streamed(Relaying):
     """A stream whose first bytes were read already (its head, peeked for an overflow):
     its status, headers and those bytes go out as soon as it is called, before the
     task group that relays the rest and listens for a disconnect (starlette's, under
@@ -96,14 +140,13 @@ class Streamed(StreamingResponse):
 
     def __init__(
         self,
-        chunks: AsyncIterator[bytes],
+        chunks: AsyncGenerator[bytes, None],
         response: UpstreamResponse,
         raw_headers: list[tuple[bytes, bytes]],
     ) -> None:
         # The base's own set-up (what a starlette upgrade adds there comes along), then
         # the upstream's headers as they are.
         super().__init__(chunks, response.status_code, background=BackgroundTask(response.aclose))
-        self._chunks = chunks  # the head first, without a wait
         self.upstream = response
         self.raw_headers = raw_headers
         self.started = False
@@ -124,16 +167,14 @@ class Streamed(StreamingResponse):
         if not self.started:  # (a websocket scope: never one of ours)
             await super().stream_response(send)
             return
-        async for chunk in self.body_iterator:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await self.relay_body(send)
 
 
 async def _raw_chunks(
     response: UpstreamResponse,
     watch: Callable[[bytes], None] | None,
     started: tuple[bytes, AsyncIterator[bytes]] | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     # Bytes exactly as received (no decompression, no re-serialization). If the
     # client disconnects, Starlette cancels this generator and the finally
     # closes the upstream connection, which cancels the upstream request.

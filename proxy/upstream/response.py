@@ -84,6 +84,22 @@ class UpstreamResponse:
             cause = self._cut(exc)
             raise _translated(cause, body=True) from cause
 
+    async def aread_at_most(self, limit: int) -> bytes | None:
+        """The body, or None when it is longer than ``limit`` bytes: reading stops past the
+        bound, and a ``content-length`` over it is not read at all. ``aclose`` it after
+        either way (a body not read to its end then closes its connection)."""
+        length = self.headers.get("content-length")
+        if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in self.aiter_raw():
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def aread_closed(self) -> bytes:
         """``aread`` then ``aclose`` in one step: a body read to its end has freed its
         connection already (aiohttp does at the body's end): closing is ending the deadline."""

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from starlette.background import BackgroundTask
-from starlette.responses import StreamingResponse
 
 from proxy.core.outcome import Outcome
 from proxy.errors import ProxyError
@@ -34,6 +33,7 @@ from proxy.upstream.api import Attempt
 from proxy.upstream.client import UpstreamResponse
 from proxy.upstream.headers import response_headers
 from proxy.upstream.overflow import Overflow, classify_error
+from proxy.upstream.relay import Relaying
 
 log = logging.getLogger("proxy.recover")
 
@@ -148,13 +148,13 @@ def comments_ahead(pending: bytes) -> tuple[bytes, bytes]:
     return b"".join(out), b"".join(kept)
 
 
-def respond(held: Held, recovery: Recovery, first: Attempt) -> StreamingResponse:
+def respond(held: Held, recovery: Recovery, first: Attempt) -> Relaying:
     """The response for ``held`` (the answer to ``first``): its headers and comments now,
     then its events, or after an overflow in its first event, the retry's; once a model's
     answer has ended, the follow-ups of the attempt it answers. The caller adds the view's
     headers."""
     state = _State(held.response, first)
-    out = StreamingResponse(
+    out = Relaying(
         _body(held, recovery, state), status_code=200, background=BackgroundTask(state.finish)
     )
     out.raw_headers = response_headers(held.response)
@@ -176,7 +176,7 @@ class _State:
                 await follow_up()
 
 
-async def _body(held: Held, recovery: Recovery, state: _State) -> AsyncIterator[bytes]:
+async def _body(held: Held, recovery: Recovery, state: _State) -> AsyncGenerator[bytes, None]:
     outcome = state.sent.outcome
     head = unsent = held.head
     source = held.source

@@ -256,6 +256,55 @@ def fastapi_validation(then: Behaviour | None = None) -> Behaviour:
     return run
 
 
+class Firehose:
+    """A behaviour: a 200 event stream of ``event`` over and over, written as fast as the
+    proxy takes it, up to ``limit`` bytes (then a clean end) or ``HOLD_S``. It counts the
+    bytes it wrote (``sent``) and notes when it stopped (``ended``, ``ended_at``) and
+    whether that was the proxy hanging up (``hung_up``): how much a proxy pulls for a
+    client that left, and how soon it lets go."""
+
+    def __init__(self, event: bytes, limit: int) -> None:
+        self.piece = _chunked(event * max(1, 16 * 1024 // len(event)))
+        self.limit = limit
+        self.sent = 0
+        self.hung_up = False
+        self.ended = threading.Event()
+        self.ended_at = 0.0
+
+    async def __call__(self, upstream: FaultyUpstream, ex: Exchange) -> None:
+        ex.keep_alive = False
+        head = {"content-type": "text/event-stream", "transfer-encoding": "chunked"}
+        started = time.monotonic()
+        try:
+            await ex.send(response_head(200, head))
+            while self.sent < self.limit and time.monotonic() - started < HOLD_S:
+                if ex.writer.transport.is_closing():
+                    self.hung_up = True
+                    return
+                ex.writer.write(self.piece)
+                self.sent += len(self.piece)
+                await ex.writer.drain()
+            await ex.send(b"0\r\n\r\n")
+        except (ConnectionError, OSError):
+            self.hung_up = True
+        finally:
+            self.ended_at = time.monotonic()
+            self.ended.set()
+
+    def steady(self, within_s: float = 5.0, quiet_s: float = 0.2) -> int:
+        """``sent`` once it stopped growing for ``quiet_s`` (the proxy stopped taking
+        bytes), polled for at most ``within_s``."""
+        deadline = time.monotonic() + within_s
+        last, since = self.sent, time.monotonic()
+        while time.monotonic() < deadline and not self.ended.is_set():
+            time.sleep(0.02)
+            if self.sent != last:
+                last, since = self.sent, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                break
+        return self.sent
+
+
 def hang() -> Behaviour:
     """Read the request, never answer: wait for the proxy to give up."""
     return partial(b"", b"", then="hold")
