@@ -45,7 +45,7 @@ import orjson
 
 from proxy.config import Settings
 from proxy.errors import InvalidRequest, StoreError
-from proxy.routes.items import ItemMessage, to_items
+from proxy.routes.items import ItemMessage, check_count, to_items
 from proxy.store.codec import SnapshotCipher
 from proxy.types import ChatMessage
 
@@ -136,6 +136,7 @@ def admit(data: dict[str, Any], tenant: str, settings: Settings, compact: bool) 
     if trigger:
         items = items[:-1]
     expanded = _expand(items, tenant, Sealer(settings))
+    check_count(len(expanded), settings.server.max_messages, expanded=True)
     new = {k: v for k, v in data.items() if k != "context_management"}
     if isinstance(raw, list):
         new["input"] = expanded
@@ -190,7 +191,10 @@ def _threshold(raw: object) -> int | None:
 
 def _expand(items: Sequence[dict[str, Any]], tenant: str, sealer: Sealer) -> list[dict[str, Any]]:
     """Each ``compaction`` item as the items it carries; one not sealed here for
-    ``tenant`` is a 400."""
+    ``tenant`` is a 400, and so is one that carries anything but objects: a payload
+    that verifies was still written by whoever holds the key, which without
+    ``upstream.api_key`` or ``store.encryption_keys`` anyone may derive, so what it
+    carries is checked as ``input`` is (the count, by the caller, on the whole)."""
     out: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         if item.get("type") != "compaction":
@@ -206,6 +210,13 @@ def _expand(items: Sequence[dict[str, Any]], tenant: str, sealer: Sealer) -> lis
                 param=f"input[{i}]",
                 code="invalid_encrypted_content",
             )
+        for k, carried_item in enumerate(carried):
+            if not isinstance(carried_item, dict):
+                raise InvalidRequest(
+                    f"input[{i}] carries items[{k}], which must be an object.",
+                    param=f"input[{i}]",
+                    code="invalid_encrypted_content",
+                )
         out.extend(cast(list[dict[str, Any]], carried))
     return out
 
