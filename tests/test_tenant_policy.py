@@ -268,6 +268,33 @@ async def test_a_reload_applies_tenants_and_a_bad_one_keeps_the_old_policy(
     assert "sk-not-logged" not in text
 
 
+@pytest.mark.parametrize(
+    "text", ["", "# being rewritten\n", "server: {reload_poll_s: 1}\n"], ids=repr
+)
+async def test_a_file_without_tenants_keeps_the_entries_in_force(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str
+) -> None:
+    """An empty, comment-only or tenants-less file (a truncate-then-write caught between
+    the two) is refused while entries are in force; ``tenants: []`` still clears them."""
+    path = tmp_path / "config.yaml"
+    _write(path, [{"id": A, "mode": "off", "summaries_per_hour": 0}])
+    services = make_services(load_settings(path), FakeUpstream(), FakeClock())
+    reloader = Reloader(services, path)
+    caplog.set_level(logging.WARNING, logger="proxy.reload")
+    path.write_text(text)
+    assert await reloader.reload("test") == "invalid"
+    kept = services.policies.policy_for(A)
+    assert kept is not None
+    assert (kept.compaction.effective_mode, kept.capped) == ("off", True)
+    assert services.tenant_series.reloads.labels(outcome="invalid")._value.get() == 1
+    assert "sets no tenants" in caplog.text
+    _write(path, [])
+    assert await reloader.reload("test") == "applied"
+    assert services.policies.policy_for(A) is None
+    path.write_text(text)  # nothing in force: nothing to keep
+    assert await reloader.reload("test") == "unchanged"
+
+
 async def test_a_file_that_breaks_the_reader_is_invalid_and_the_next_good_one_applies(
     tmp_path: Path,
 ) -> None:
