@@ -34,11 +34,7 @@ from proxy.core.ledger import find_cached_tokens
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
-from proxy.core.session import (
-    session_name,
-    slot_count,
-    tenant_from_headers,
-)
+from proxy.core.session import session_name, slot_count
 from proxy.core.tokens import output_reserve
 from proxy.errors import ClientDisconnected
 from proxy.observe.record import current_record, record_of
@@ -69,7 +65,7 @@ async def handle(
         data, chat = await asyncio.to_thread(api.parse, body, *limits)
     else:
         data, chat = api.parse(body, *limits)
-    tenant = tenant or tenant_from_headers(request.headers)
+    tenant = tenant or services.tenant_ids.of(request.headers)
     deal = api.contract(body, data, chat, tenant, settings)  # its own compaction contract
     if deal is not None:
         body, data, chat = deal.body, deal.data, deal.chat
