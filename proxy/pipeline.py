@@ -66,7 +66,9 @@ async def handle(
     else:
         data, chat = api.parse(body, *limits)
     tenant = tenant or services.tenant_ids.of(request.headers)
-    deal = api.contract(body, data, chat, tenant, settings)  # its own compaction contract
+    legacy = services.tenant_ids.legacy_of(tenant)  # what items sealed before a move name
+    tenants = (tenant,) if legacy is None else (tenant, legacy)
+    deal = api.contract(body, data, chat, tenants, settings)  # its own compaction contract
     if deal is not None:
         body, data, chat = deal.body, deal.data, deal.chat
     else:  # the request as it came (no Contract built: the common case)

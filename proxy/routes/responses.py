@@ -151,9 +151,13 @@ def _contract(compact: bool) -> Any:
     ``/responses/compact`` when ``compact``."""
 
     def contract(
-        body: bytes, data: dict[str, Any], chat: ChatRequest, tenant: str, settings: Settings
+        body: bytes,
+        data: dict[str, Any],
+        chat: ChatRequest,
+        tenants: tuple[str, ...],
+        settings: Settings,
     ) -> Contract:
-        admitted = admit(data, tenant, settings, compact)  # its carried items checked too
+        admitted = admit(data, tenants, settings, compact)  # its carried items checked too
         if not admitted.changed:
             return Contract(body, data, chat, untouched=admitted.untouched)
         new = admitted.data

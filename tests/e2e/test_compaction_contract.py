@@ -319,3 +319,25 @@ def test_the_simulator_refuses_an_item_it_did_not_write(sim_reset: str) -> None:
     answer = httpx.post(f"{sim_reset}/v1/responses", json=body)
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] == "invalid_encrypted_content"
+
+
+def test_an_item_sealed_before_a_tenant_id_secret_was_set_still_opens(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """A deployment that sets server.tenant_id_secret moves its tenants' ids; an item its
+    clients hold, sealed for the old id, opens for the same key while legacy ids are
+    matched (a conversation kept only in that item is not lost), and no longer once
+    server.legacy_tenant_ids is false."""
+    before = _proxy(start_proxy, sim_reset, "auto")
+    item = client(before).responses.create(model=MODEL, input=[*history(), TRIGGER]).output[0]
+    sealed = item.model_dump(exclude_none=True, warnings=False)
+    secret = {"tenant_id_secret": "a-new-tenant-id-secret-0123456789"}
+    after = _proxy(start_proxy, sim_reset, "auto", server=secret)
+    assert _recall(client(after), [sealed]) == "code=k7q2"
+    with pytest.raises(openai.BadRequestError):  # still only for its own key
+        _recall(client(after, key="sk-contract-b"), [sealed])
+    done = _proxy(start_proxy, sim_reset, "auto", server={**secret, "legacy_tenant_ids": False})
+    with pytest.raises(openai.BadRequestError) as caught:
+        _recall(client(done), [sealed])
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["code"] == "invalid_encrypted_content"
