@@ -153,10 +153,10 @@ def check_tenants(settings: Settings) -> Settings:
 class TenantPolicies:
     """The table in force in this process, swapped whole by a reload (serve/reload.py).
 
-    ``legacy_of`` gives a tenant's legacy id (``TenantIds.legacy_of``, core/session.py)
+    ``legacy_of`` gives a tenant's legacy id (``TenantIds.legacy_of``, core/tenant_ids.py)
     while a deployment whose ids moved to a key of its own still matches entries written
-    with the old ones: such a match is used, and the log says once per entry what the
-    tenant's id is now (never the legacy id: that one anyone can compute from a key)."""
+    with the old ones: such a match is used, and the log says once per tenant what its
+    id is now (never the legacy id: that one anyone can compute from a key)."""
 
     def __init__(
         self, settings: Settings, legacy_of: Callable[[str], str | None] | None = None

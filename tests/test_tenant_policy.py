@@ -450,3 +450,28 @@ async def test_a_tenants_caps_count_once_for_every_replica_on_a_cluster_and_behi
     finally:
         for store in stores:
             await store.aclose()
+
+
+@pytest.mark.parametrize("legacy", [True, False])
+def test_an_entry_naming_a_legacy_id_matches_while_migrating(
+    caplog: pytest.LogCaptureFixture, legacy: bool
+) -> None:
+    """Under server.tenant_id_secret, A (sk-a's legacy id) is not sk-a's id any more: its
+    entry still applies to sk-a while legacy ids are matched, with one warning naming the
+    new id (never the legacy one), and to no one once they are not."""
+    server = {"tenant_id_secret": "s" * 32, "legacy_tenant_ids": legacy}
+    s = Settings(server=server, tenants=[{"label": "old", "ids": [A[:12]], "mode": "off"}])
+    services = make_services(s, FakeUpstream(), FakeClock())
+    caplog.set_level(logging.WARNING, logger="proxy.tenants")
+    tenant = services.tenant_ids.of({"authorization": "Bearer sk-a"})
+    assert tenant != A
+    for _ in range(3):
+        found = services.policies.policy_for(tenant)
+        assert (found.name if found else None) == ("old" if legacy else None)
+    assert services.policies.policy_for(services.tenant_ids.of({"x-api-key": "sk-b"})) is None
+    warnings = [r.getMessage() for r in caplog.records if r.name == "proxy.tenants"]
+    assert len(warnings) == int(legacy)  # once, not once a request
+    for warning in warnings:
+        assert warning.startswith("tenants entry (old) names a tenant by its legacy id")
+        assert f"its id is now {tenant[:12]}:" in warning
+    assert all(A[:12] not in w for w in warnings)
