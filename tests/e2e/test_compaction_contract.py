@@ -329,15 +329,17 @@ def test_an_item_sealed_before_a_tenant_id_secret_was_set_still_opens(
     matched (a conversation kept only in that item is not lost), and no longer once
     server.legacy_tenant_ids is false."""
     before = _proxy(start_proxy, sim_reset, "auto")
-    item = client(before).responses.create(model=MODEL, input=[*history(), TRIGGER]).output[0]
+    with client(before) as api:
+        item = api.responses.create(model=MODEL, input=[*history(), TRIGGER]).output[0]
     sealed = item.model_dump(exclude_none=True, warnings=False)
     secret = {"tenant_id_secret": "a-new-tenant-id-secret-0123456789"}
     after = _proxy(start_proxy, sim_reset, "auto", server=secret)
-    assert _recall(client(after), [sealed]) == "code=k7q2"
-    with pytest.raises(openai.BadRequestError):  # still only for its own key
-        _recall(client(after, key="sk-contract-b"), [sealed])
+    with client(after) as owner, client(after, key="sk-contract-b") as other:
+        assert _recall(owner, [sealed]) == "code=k7q2"
+        with pytest.raises(openai.BadRequestError):  # still only for its own key
+            _recall(other, [sealed])
     done = _proxy(start_proxy, sim_reset, "auto", server={**secret, "legacy_tenant_ids": False})
-    with pytest.raises(openai.BadRequestError) as caught:
-        _recall(client(done), [sealed])
+    with client(done) as api, pytest.raises(openai.BadRequestError) as caught:
+        _recall(api, [sealed])
     assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == "invalid_encrypted_content"
