@@ -36,6 +36,9 @@ def _check_config(settings: Settings) -> None:
         f"target {c.target_ratio:.0%}"
     )
     _print_tenants(settings)
+    from proxy.core.tenant_ids import tenant_key
+
+    print(f"tenant ids: keyed by {_TENANT_KEYS[tenant_key(settings)[1]]}")
     print(f"{'match':<28} {'window':>9} {'max out':>8}  tokenizer")
     rules = [(s.match, s.context_window, s.max_output_tokens) for s in settings.models]
     rules.append(("(default)", settings.default_model.context_window, 0))
@@ -174,17 +177,45 @@ def _warn_unencrypted(settings: Settings) -> None:
         )
 
 
-def _tenant_id() -> int:
+_TENANT_KEYS = {
+    "secret": "server.tenant_id_secret",
+    "upstream_key": "a key derived from upstream.api_key (no server.tenant_id_secret)",
+    "legacy": "the legacy key (neither server.tenant_id_secret nor upstream.api_key is set)",
+}
+
+
+def _warn_tenant_key(settings: Settings) -> None:
+    """Once per start: tenant ids anyone can compute, or that move with the upstream key."""
+    from proxy.core.tenant_ids import tenant_key
+
+    _, source = tenant_key(settings)
+    if source == "upstream_key":
+        log.warning(
+            "server.tenant_id_secret is not set: tenant ids are keyed by upstream.api_key "
+            "and change when it does (sessions start over, tenants: entries no longer "
+            "match); set a secret of their own"
+        )
+    elif source == "legacy":
+        log.warning(
+            "server.tenant_id_secret is not set: tenant ids are the legacy ones, which "
+            "anyone can compute from a key (in logs, /admin, tenants:); set it"
+        )
+
+
+def _tenant_id(settings: Settings) -> int:
     """The id ``GET /admin/tenants`` shows for the key on stdin (kept out of argv: a
-    command line is visible to every user of the machine, and kept in shell history)."""
-    from proxy.core.session import tenant_from_headers
+    command line is visible to every user of the machine, and kept in shell history),
+    under the deployment's key, as ``settings`` (its config file, the environment) say."""
+    from proxy.core.tenant_ids import TenantIds, tenant_key
     from proxy.tenants import SHOWN
 
     key = sys.stdin.readline().strip()
     if not key:
         print("compaction-proxy: no API key on stdin", file=sys.stderr)
         return 2
-    print(tenant_from_headers({"authorization": f"Bearer {key}"})[:SHOWN])
+    secret, source = tenant_key(settings)
+    print(TenantIds(secret).of({"authorization": f"Bearer {key}"})[:SHOWN])
+    print(f"compaction-proxy: keyed by {_TENANT_KEYS[source]}", file=sys.stderr)
     return 0
 
 
@@ -200,8 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument(
         "--store", action="store_true", help="connect to the store and write to it (exit 1 if not)"
     )
-    sub.add_parser(
+    tenant = sub.add_parser(
         "tenant-id", help="print the tenant id (for `tenants:`) of the API key read from stdin"
+    )
+    tenant.add_argument(
+        "--config", help="YAML config file (its server.tenant_id_secret; the environment's too)"
     )
     sim = sub.add_parser("simulate-upstream", help="run the local OpenAI-compatible simulator")
     sim.add_argument("--config", help="simulator YAML config")
@@ -210,8 +244,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         _exit_on_sigterm()
-    if args.command == "tenant-id":
-        return _tenant_id()
     from proxy.config import LoggingSettings, load_settings
     from proxy.errors import ConfigError
 
@@ -223,6 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             serve_simulator(load_simulator_config(args.config), args.host, args.port)
             return 0
         settings = load_settings(getattr(args, "config", None))
+        if args.command == "tenant-id":
+            return _tenant_id(settings)
         if args.command == "check-config":
             _setup_logging(LoggingSettings(format="text", level="warning"))
             _check_config(settings)
@@ -234,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         _setup_logging(settings.logging)
         _warn_unencrypted(settings)
+        _warn_tenant_key(settings)
         from proxy.serve.server import serve as serve_proxy
 
         return serve_proxy(settings)

@@ -18,7 +18,7 @@ from starlette.routing import Route
 from proxy import pipeline
 from proxy.config import Settings
 from proxy.core.outcome import rejected_headers
-from proxy.core.session import ANONYMOUS, has_credential, tenant_from_headers
+from proxy.core.tenant_ids import ANONYMOUS
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, Overloaded, ProxyError
 from proxy.observe.metrics import CONTENT_TYPE_LATEST
 from proxy.observe.record import RecordRequests, record_of
@@ -78,7 +78,9 @@ def _scoped(request: Request) -> Services:
     the caller's credential is its tenant, so without one there is nothing to scope by
     (DESIGN invariant 6)."""
     services = services_of(request)
-    if services.settings.requires_client_key and not has_credential(request.headers):
+    if services.settings.requires_client_key and not services.tenant_ids.has_credential(
+        request.headers
+    ):
         raise MissingCredential(_NO_KEY)
     return services
 
@@ -90,7 +92,8 @@ def _compacting(api: Api) -> Route:
     def handle(request: Request) -> Awaitable[Response]:
         # Not a coroutine of its own: one frame less for every resumption of the request.
         # ``_scoped``'s check, with the tenant found once for it and for the pipeline.
-        services, tenant = services_of(request), tenant_from_headers(request.headers)
+        services = services_of(request)
+        tenant = services.tenant_ids.of(request.headers)
         if tenant == ANONYMOUS and services.settings.requires_client_key:
             raise MissingCredential(_NO_KEY)
         return pipeline.handle(request, services, api, tenant)

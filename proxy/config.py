@@ -41,6 +41,8 @@ class ServerSettings(_Section):
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     admin_key: SecretStr = SecretStr("")
+    tenant_id_secret: config_file.TenantSecret = SecretStr("")  # README "Tenant ids"
+    legacy_tenant_ids: bool = True  # tenants: entries naming a legacy id still match it
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # false: /readyz stays 200 while the store fails (down, read-only, full...: the
     # proxy degrades and keeps serving); true: it answers 503, out of rotation.

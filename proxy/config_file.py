@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import SecretStr, ValidationError
+from pydantic import AfterValidator, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import PydanticBaseSettingsSource
 
@@ -108,3 +108,15 @@ def fernet_keys(keys: list[SecretStr]) -> list[SecretStr]:
         if len(raw) != 32:
             raise ValueError(f"encryption_keys[{i}] is not a Fernet key (32 base64url bytes)")
     return keys
+
+
+def _tenant_secret(secret: SecretStr) -> SecretStr:
+    if 0 < len(secret.get_secret_value().encode()) < 16:  # guessable in its turn
+        raise ValueError("shorter than 16 bytes (openssl rand -hex 32 makes one)")
+    return secret
+
+
+# server.tenant_id_secret, the key tenant ids are hashed under (core/tenant_ids.py): the
+# same on every replica, kept across restarts (a new one moves every tenant); empty, or
+# at least 16 bytes.
+TenantSecret = Annotated[SecretStr, AfterValidator(_tenant_secret)]

@@ -34,11 +34,7 @@ from proxy.core.ledger import find_cached_tokens
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
-from proxy.core.session import (
-    session_name,
-    slot_count,
-    tenant_from_headers,
-)
+from proxy.core.session import session_name, slot_count
 from proxy.core.tokens import output_reserve
 from proxy.errors import ClientDisconnected
 from proxy.observe.record import current_record, record_of
@@ -69,8 +65,10 @@ async def handle(
         data, chat = await asyncio.to_thread(api.parse, body, *limits)
     else:
         data, chat = api.parse(body, *limits)
-    tenant = tenant or tenant_from_headers(request.headers)
-    deal = api.contract(body, data, chat, tenant, settings)  # its own compaction contract
+    tenant = tenant or services.tenant_ids.of(request.headers)
+    legacy = services.tenant_ids.legacy_of(tenant)  # what items sealed before a move name
+    tenants = (tenant,) if legacy is None else (tenant, legacy)
+    deal = api.contract(body, data, chat, tenants, settings)  # its own compaction contract
     if deal is not None:
         body, data, chat = deal.body, deal.data, deal.chat
     else:  # the request as it came (no Contract built: the common case)

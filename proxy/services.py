@@ -23,6 +23,7 @@ from proxy.compaction.sightings import SessionSightings
 from proxy.config import Settings
 from proxy.core.encodings import Encoder, load_encoders
 from proxy.core.models import ModelTable, ResolvedModel
+from proxy.core.tenant_ids import TenantIds
 from proxy.core.tokens import TokenCounter
 from proxy.observe.ledger import Ledger
 from proxy.observe.log_series import count_unformatted_lines
@@ -59,6 +60,7 @@ class Services:
     references: ReferenceMetrics
     ledger: Ledger  # does compaction pay: per session and tenant (this process), and series
     policies: TenantPolicies  # `tenants:` in force, swapped by a reload (serve/reload.py)
+    tenant_ids: TenantIds  # the tenant of a request, under this deployment's key
     tenant_series: TenantSeries  # caps hit, config reloads
     held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
     loop: asyncio.AbstractEventLoop | None = None  # the one it was built in and serves on
@@ -118,6 +120,7 @@ async def build_services(settings: Settings) -> Services:
         opened.push_async_callback(store.aclose)
         await refuse_cluster_node(settings.store.url)  # an app served without serve()
         tenant_series = TenantSeries(metrics.registry)
+        tenant_ids = TenantIds.from_settings(settings)
         compactor = Compactor(
             settings=settings,
             store=store,
@@ -145,7 +148,8 @@ async def build_services(settings: Settings) -> Services:
             items=build_item_store(settings, store),
             references=ReferenceMetrics(metrics.registry),
             ledger=Ledger(metrics.registry, settings.pricing),
-            policies=TenantPolicies(settings),
+            policies=TenantPolicies(settings, tenant_ids.legacy_of),
+            tenant_ids=tenant_ids,
             tenant_series=tenant_series,
             loop=asyncio.get_running_loop(),
         )

@@ -14,6 +14,9 @@ same share of the trigger).
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -21,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 if TYPE_CHECKING:
     from proxy.config import CompactionSettings, Settings
+
+log = logging.getLogger("proxy.tenants")
 
 MAX_TENANTS = 1000  # entries
 MAX_IDS = 1000  # ids under one label
@@ -146,10 +151,41 @@ def check_tenants(settings: Settings) -> Settings:
 
 
 class TenantPolicies:
-    """The table in force in this process, swapped whole by a reload (serve/reload.py)."""
+    """The table in force in this process, swapped whole by a reload (serve/reload.py).
 
-    def __init__(self, settings: Settings) -> None:
+    ``legacy_of`` gives a tenant's legacy id (``TenantIds.legacy_of``, core/tenant_ids.py)
+    while a deployment whose ids moved to a key of its own still matches entries written
+    with the old ones: such a match is used, and the log says once per tenant what its
+    id is now (never the legacy id: that one anyone can compute from a key)."""
+
+    def __init__(
+        self, settings: Settings, legacy_of: Callable[[str], str | None] | None = None
+    ) -> None:
         self.table = PolicyTable.build(settings.tenants, settings.compaction)
+        self._legacy_of = legacy_of
+        # Tenants warned of: each the one whose legacy id an entry names, so no more of
+        # them than ids in the tables this process held.
+        self._warned: set[str] = set()
 
     def policy_for(self, tenant: str) -> Policy | None:
-        return self.table.policy_for(tenant) if self.table.by_id else None
+        if not self.table.by_id:
+            return None
+        found = self.table.policy_for(tenant)
+        if found is not None or self._legacy_of is None:
+            return found
+        legacy = self._legacy_of(tenant)
+        found = None if legacy is None else self.table.policy_for(legacy)
+        if found is not None and tenant not in self._warned:
+            self._deprecated(found, tenant)
+        return found
+
+    def _deprecated(self, policy: Policy, tenant: str) -> None:
+        self._warned.add(tenant)
+        # An entry named by id is named by the legacy id itself: not repeated here.
+        entry = "named by id" if re.match(_ID, policy.name) else policy.name
+        log.warning(
+            "tenants entry (%s) names a tenant by its legacy id; its id is now %s: write "
+            "that instead (legacy ids match until server.legacy_tenant_ids is false)",
+            entry,
+            tenant[:SHOWN],
+        )

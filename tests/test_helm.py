@@ -39,6 +39,7 @@ def test_schema_leaves_secrets_out_of_config() -> None:
     props = schema["properties"]
     assert "api_key" not in props["upstream"]["properties"]
     assert "admin_key" not in props["server"]["properties"]
+    assert "tenant_id_secret" not in props["server"]["properties"]
     assert "encryption_keys" not in props["store"]["properties"]
     assert props["upstream"]["additionalProperties"] is False
     assert "$ref" not in json.dumps(schema)
@@ -50,7 +51,12 @@ def _leaf_keys(node: Any, prefix: str = "") -> set[str]:
     return {prefix}
 
 
-SECRET_KEYS = {"server.admin_key", "upstream.api_key", "store.encryption_keys"}
+SECRET_KEYS = {
+    "server.admin_key",
+    "server.tenant_id_secret",
+    "upstream.api_key",
+    "store.encryption_keys",
+}
 
 
 def test_values_config_mirrors_config_example() -> None:

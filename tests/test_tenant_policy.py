@@ -268,6 +268,33 @@ async def test_a_reload_applies_tenants_and_a_bad_one_keeps_the_old_policy(
     assert "sk-not-logged" not in text
 
 
+@pytest.mark.parametrize(
+    "text", ["", "# being rewritten\n", "server: {reload_poll_s: 1}\n"], ids=repr
+)
+async def test_a_file_without_tenants_keeps_the_entries_in_force(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str
+) -> None:
+    """An empty, comment-only or tenants-less file (a truncate-then-write caught between
+    the two) is refused while entries are in force; ``tenants: []`` still clears them."""
+    path = tmp_path / "config.yaml"
+    _write(path, [{"id": A, "mode": "off", "summaries_per_hour": 0}])
+    services = make_services(load_settings(path), FakeUpstream(), FakeClock())
+    reloader = Reloader(services, path)
+    caplog.set_level(logging.WARNING, logger="proxy.reload")
+    path.write_text(text)
+    assert await reloader.reload("test") == "invalid"
+    kept = services.policies.policy_for(A)
+    assert kept is not None
+    assert (kept.compaction.effective_mode, kept.capped) == ("off", True)
+    assert services.tenant_series.reloads.labels(outcome="invalid")._value.get() == 1
+    assert "sets no tenants" in caplog.text
+    _write(path, [])
+    assert await reloader.reload("test") == "applied"
+    assert services.policies.policy_for(A) is None
+    path.write_text(text)  # nothing in force: nothing to keep
+    assert await reloader.reload("test") == "unchanged"
+
+
 async def test_a_file_that_breaks_the_reader_is_invalid_and_the_next_good_one_applies(
     tmp_path: Path,
 ) -> None:
@@ -423,3 +450,28 @@ async def test_a_tenants_caps_count_once_for_every_replica_on_a_cluster_and_behi
     finally:
         for store in stores:
             await store.aclose()
+
+
+@pytest.mark.parametrize("legacy", [True, False])
+def test_an_entry_naming_a_legacy_id_matches_while_migrating(
+    caplog: pytest.LogCaptureFixture, legacy: bool
+) -> None:
+    """Under server.tenant_id_secret, A (sk-a's legacy id) is not sk-a's id any more: its
+    entry still applies to sk-a while legacy ids are matched, with one warning naming the
+    new id (never the legacy one), and to no one once they are not."""
+    server = {"tenant_id_secret": "s" * 32, "legacy_tenant_ids": legacy}
+    s = Settings(server=server, tenants=[{"label": "old", "ids": [A[:12]], "mode": "off"}])
+    services = make_services(s, FakeUpstream(), FakeClock())
+    caplog.set_level(logging.WARNING, logger="proxy.tenants")
+    tenant = services.tenant_ids.of({"authorization": "Bearer sk-a"})
+    assert tenant != A
+    for _ in range(3):
+        found = services.policies.policy_for(tenant)
+        assert (found.name if found else None) == ("old" if legacy else None)
+    assert services.policies.policy_for(services.tenant_ids.of({"x-api-key": "sk-b"})) is None
+    warnings = [r.getMessage() for r in caplog.records if r.name == "proxy.tenants"]
+    assert len(warnings) == int(legacy)  # once, not once a request
+    for warning in warnings:
+        assert warning.startswith("tenants entry (old) names a tenant by its legacy id")
+        assert f"its id is now {tenant[:12]}:" in warning
+    assert all(A[:12] not in w for w in warnings)

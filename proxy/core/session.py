@@ -1,7 +1,7 @@
 """Step 3: which session a request belongs to, scoped by tenant.
 
-The tenant is a keyed hash of the caller's credential, so the store never
-holds a key and one tenant can never name another's session (DESIGN
+The tenant is a keyed hash of the caller's credential (tenant_ids.py), so the store
+never holds a key and one tenant can never name another's session (DESIGN
 invariant 6). With no session header, the id is derived from the
 conversation's opening messages (system prompt, first user message and the
 first reply), so unmodified clients still get compaction while two
@@ -31,10 +31,14 @@ import orjson
 
 from proxy.config import SessionSettings
 from proxy.core.digest import legacy_digests
+
+# Re-exported: the tenant is where a session key starts, and callers read it here.
+from proxy.core.tenant_ids import ANONYMOUS as ANONYMOUS
+from proxy.core.tenant_ids import tenant_from_headers as tenant_from_headers
+from proxy.core.tenant_ids import tenant_of as tenant_of
 from proxy.errors import check_length
 from proxy.types import ChatMessage
 
-_TENANT_SALT = b"compaction-proxy/tenant/v1"
 _LEADING = frozenset({"system", "developer"})
 # Opening messages after the system prompt that identify a header-less conversation.
 _DERIVE_FROM = 2
@@ -70,73 +74,6 @@ class SessionKey:
     def log_id(self) -> str:
         """Short, non-reversible id for logs."""
         return blake2b(self.storage_key.encode(), digest_size=6).hexdigest()
-
-
-ANONYMOUS = "anonymous"
-
-
-def tenant_of(authorization: str | None) -> str:
-    # Without a credential every caller shares the "anonymous" tenant. That is only
-    # reachable with server.require_client_key off (the default when the upstream needs
-    # no key of the proxy's): a single-user setup, as the README's security section says.
-    if not authorization:
-        return ANONYMOUS
-    return blake2b(authorization.encode(), key=_TENANT_SALT, digest_size=16).hexdigest()
-
-
-# Every header a provider accepts as the caller's key (OpenAI, Azure, Anthropic style).
-CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
-# What SDKs send for "no key": an empty bearer token is no credential.
-_EMPTY = frozenset({"", "bearer"})
-
-
-def _credentials(headers: Mapping[str, str]) -> list[str]:
-    """The keys ``headers`` carry, each as the ``Authorization`` header that would carry
-    it: one key is one tenant whichever header names it (an OpenAI SDK's Bearer token,
-    Claude Code's ``x-api-key``, Azure's ``api-key``), so a session crosses APIs; a
-    Bearer token hashes as it always did, so those tenants stay where they were."""
-    found: list[str] = []
-    for name in CREDENTIAL_HEADERS:
-        value = headers.get(name)
-        if not value or value.strip().lower() in _EMPTY:
-            continue
-        entry = f"authorization:{value if name == 'authorization' else f'Bearer {value}'}"
-        if entry not in found:
-            found.append(entry)
-    return found
-
-
-def has_credential(headers: Mapping[str, str]) -> bool:
-    # The tenant without a credential is "anonymous", never a digest's hex: one lookup in
-    # the tenants seen lately, which the request's tenant then finds again.
-    return tenant_from_headers(headers) != ANONYMOUS
-
-
-# The tenants of the credentials seen lately, by the credential headers' values: a client
-# sends the same key on every request, and a lookup costs a fraction of the salted hash.
-# In process memory only (never stored, logged or exposed), at most TENANT_CACHE_SIZE
-# entries, the oldest dropped first. Keyed by the values themselves, not a cheaper hash of
-# them: a collision would put one caller in another's tenant.
-_TENANTS: dict[tuple[str | None, str | None, str | None], str] = {}
-TENANT_CACHE_SIZE = 1024
-# A longer credential (real keys are under 200 bytes) is hashed every time: a client
-# sending 64 KB "keys" must not make the cache hold 64 MB of them.
-TENANT_CACHE_MAX_KEY = 1024
-
-
-def tenant_from_headers(headers: Mapping[str, str]) -> str:
-    """The tenant of a request: all the credentials it carries, hashed together."""
-    key = (headers.get("authorization"), headers.get("api-key"), headers.get("x-api-key"))
-    tenant = _TENANTS.get(key)
-    if tenant is None:
-        joined = "\n".join(_credentials(headers))
-        tenant = tenant_of(joined or None)
-        if len(joined) > TENANT_CACHE_MAX_KEY:
-            return tenant
-        if len(_TENANTS) >= TENANT_CACHE_SIZE:
-            _TENANTS.pop(next(iter(_TENANTS)), None)
-        _TENANTS[key] = tenant
-    return tenant
 
 
 def session_from_header(tenant: str, value: str) -> SessionKey:

@@ -45,7 +45,7 @@ import orjson
 
 from proxy.config import Settings
 from proxy.errors import InvalidRequest, StoreError
-from proxy.routes.items import ItemMessage, to_items
+from proxy.routes.items import ItemMessage, check_count, to_items
 from proxy.store.codec import SnapshotCipher
 from proxy.types import ChatMessage
 
@@ -120,9 +120,13 @@ class Admitted:
     threshold: int | None = None
 
 
-def admit(data: dict[str, Any], tenant: str, settings: Settings, compact: bool) -> Admitted:
+def admit(
+    data: dict[str, Any], tenants: tuple[str, ...], settings: Settings, compact: bool
+) -> Admitted:
     """``data`` (a ``/responses`` request, or ``/responses/compact``'s when ``compact``)
-    under the contract; raises InvalidRequest (the client's 400)."""
+    under the contract, for the caller's tenant (then the legacy id it is still known
+    by: an item sealed before the deployment's ids moved opens too); raises
+    InvalidRequest (the client's 400)."""
     raw = data.get("input")
     items: list[dict[str, Any]] = raw if isinstance(raw, list) else []
     trigger = _trigger(items)
@@ -135,7 +139,8 @@ def admit(data: dict[str, Any], tenant: str, settings: Settings, compact: bool) 
         return Admitted(data)
     if trigger:
         items = items[:-1]
-    expanded = _expand(items, tenant, Sealer(settings))
+    expanded = _expand(items, tenants, Sealer(settings))
+    check_count(len(expanded), settings.server.max_messages, expanded=True)
     new = {k: v for k, v in data.items() if k != "context_management"}
     if isinstance(raw, list):
         new["input"] = expanded
@@ -188,9 +193,14 @@ def _threshold(raw: object) -> int | None:
     return found
 
 
-def _expand(items: Sequence[dict[str, Any]], tenant: str, sealer: Sealer) -> list[dict[str, Any]]:
-    """Each ``compaction`` item as the items it carries; one not sealed here for
-    ``tenant`` is a 400."""
+def _expand(
+    items: Sequence[dict[str, Any]], tenants: tuple[str, ...], sealer: Sealer
+) -> list[dict[str, Any]]:
+    """Each ``compaction`` item as the items it carries; one not sealed here for one of
+    ``tenants`` is a 400, and so is one that carries anything but objects: a payload
+    that verifies was still written by whoever holds the key, which without
+    ``upstream.api_key`` or ``store.encryption_keys`` anyone may derive, so what it
+    carries is checked as ``input`` is (the count, by the caller, on the whole)."""
     out: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         if item.get("type") != "compaction":
@@ -199,13 +209,20 @@ def _expand(items: Sequence[dict[str, Any]], tenant: str, sealer: Sealer) -> lis
         content = item.get("encrypted_content")
         payload = sealer.open(content) if isinstance(content, str) else None
         carried = payload.get("items") if payload is not None else None
-        if payload is None or payload.get("t") != tenant or not isinstance(carried, list):
+        if payload is None or payload.get("t") not in tenants or not isinstance(carried, list):
             raise InvalidRequest(
                 f"The encrypted content for item {item.get('id') or f'input[{i}]'} could not "
                 "be verified.",
                 param=f"input[{i}]",
                 code="invalid_encrypted_content",
             )
+        for k, carried_item in enumerate(carried):
+            if not isinstance(carried_item, dict):
+                raise InvalidRequest(
+                    f"input[{i}] carries items[{k}], which must be an object.",
+                    param=f"input[{i}]",
+                    code="invalid_encrypted_content",
+                )
         out.extend(cast(list[dict[str, Any]], carried))
     return out
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from proxy.errors import InvalidRequest
 from proxy.types import UNSEEN_ITEM, ChatMessage, ToolCall
 
 Item = dict[str, Any]
@@ -100,6 +101,17 @@ def references(items: object) -> list[str]:
         for item in items
         if item.get("type") == "item_reference" and isinstance(item.get("id"), str)
     ]
+
+
+def check_count(count: int, max_items: int, expanded: bool = False) -> None:
+    """The client's 400 when ``input`` holds more than ``max_items`` items (``expanded``:
+    once its ``compaction`` items are read as the items they carry)."""
+    if count > max_items:
+        once = " once its compaction items are expanded" if expanded else ""
+        raise InvalidRequest(
+            f"'input' has {count} items{once}; this proxy accepts at most {max_items}.",
+            param="input",
+        )
 
 
 def _shown(item: Item, found: Mapping[str, Item] | None) -> Item:

@@ -36,7 +36,7 @@ from proxy.core.digest import tenant_seed
 from proxy.core.outcome import Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
-from proxy.core.session import session_name, slot_count, tenant_from_headers
+from proxy.core.session import session_name, slot_count
 from proxy.core.snapshot import view_of
 from proxy.core.tokens import output_reserve
 from proxy.errors import ProxyError
@@ -73,7 +73,7 @@ async def _view(
     settings = services.settings
     server = settings.server
     data, chat = api.parse(body, server.max_messages, server.max_model_bytes)
-    tenant = tenant_from_headers(request.headers)
+    tenant = services.tenant_ids.of(request.headers)
     model = await services.effective_model(chat["model"], tenant)
     control = request.headers.get("x-compaction", "").strip().lower()
     turn = Turn(

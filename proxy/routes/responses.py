@@ -41,8 +41,8 @@ from proxy.core.outcome import Outcome
 from proxy.errors import InvalidRequest
 from proxy.routes.compaction_answers import answer
 from proxy.routes.compaction_items import admit
-from proxy.routes.items import Item, references, to_items, to_messages
-from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request
+from proxy.routes.items import Item, check_count, references, to_items, to_messages
+from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, written
 from proxy.services import Services
 from proxy.types import ChatRequest
 from proxy.upstream.api import Api, Contract
@@ -78,11 +78,7 @@ def parse_responses_request(
     data = load_request(body, max_model_bytes)
     items = data.get("input")
     if isinstance(items, list):
-        if len(items) > max_items:
-            raise InvalidRequest(
-                f"'input' has {len(items)} items; this proxy accepts at most {max_items}.",
-                param="input",
-            )
+        check_count(len(items), max_items)
         for i, item in enumerate(items):
             if not isinstance(item, dict):
                 raise InvalidRequest(f"input[{i}] must be an object.", param=f"input[{i}]")
@@ -155,9 +151,13 @@ def _contract(compact: bool) -> Any:
     ``/responses/compact`` when ``compact``."""
 
     def contract(
-        body: bytes, data: dict[str, Any], chat: ChatRequest, tenant: str, settings: Settings
+        body: bytes,
+        data: dict[str, Any],
+        chat: ChatRequest,
+        tenants: tuple[str, ...],
+        settings: Settings,
     ) -> Contract:
-        admitted = admit(data, tenant, settings, compact)
+        admitted = admit(data, tenants, settings, compact)  # its carried items checked too
         if not admitted.changed:
             return Contract(body, data, chat, untouched=admitted.untouched)
         new = admitted.data
@@ -172,7 +172,8 @@ def _contract(compact: bool) -> Any:
         # context_management's threshold, against the body's size (a rough token estimate)
         force = admitted.threshold is not None and len(body) // 4 > admitted.threshold
         reply = None if admitted.local is None else partial(answer, admitted.local, new, settings)
-        return Contract(orjson.dumps(new), new, chat_view(new), force=force, answer=reply)
+        # written(): a carried payload may nest deeper than orjson writes back
+        return Contract(written(new), new, chat_view(new), force=force, answer=reply)
 
     return contract
 

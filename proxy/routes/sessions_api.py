@@ -19,14 +19,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.compaction.shadow import ShadowStore
-from proxy.core.session import SessionKey, session_from_header, session_slots, tenant_from_headers
+from proxy.core.session import SessionKey, session_from_header, session_slots
 from proxy.errors import NotFound, RateLimited
 from proxy.services import Services
 from proxy.store import Snapshot, Snapshots
 
 
-def _key(request: Request) -> SessionKey:
-    tenant = tenant_from_headers(request.headers)
+def _key(request: Request, services: Services) -> SessionKey:
+    tenant = services.tenant_ids.of(request.headers)
     return session_from_header(tenant, request.path_params["session_id"])
 
 
@@ -50,7 +50,7 @@ def _not_found(key: SessionKey) -> NotFound:
 
 
 async def get_session(request: Request, services: Services) -> Response:
-    key = _key(request)
+    key = _key(request, services)
     (_, snapshot), (_, shadow), seen = await asyncio.gather(
         _newest(services, key),
         _newest(services, key, ShadowStore(services.store)),
@@ -89,7 +89,7 @@ def _snapshot_fields(snapshot: Snapshot) -> dict[str, Any]:
 
 
 async def delete_session(request: Request, services: Services) -> Response:
-    key = _key(request)
+    key = _key(request, services)
     slots = session_slots(key, services.settings.session.explicit_slots)
     services.ledger.sessions.pop(key.storage_key, None)  # this process's totals go too
     shadow = ShadowStore(services.store)  # shadow mode's snapshots go too
@@ -102,7 +102,7 @@ async def delete_session(request: Request, services: Services) -> Response:
 async def compact_session(request: Request, services: Services) -> Response:
     # The proxy holds no history, so compaction happens on the session's next
     # request, which carries it.
-    key = _key(request)
+    key = _key(request, services)
     schedule = services.schedule
     wait = schedule.schedule_wait_s(key)
     if wait > 0:

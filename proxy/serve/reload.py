@@ -7,7 +7,11 @@ workers.py). The whole file is validated as at start-up, environment overrides
 included; only ``tenants`` is applied, resolved over the ``compaction`` the process
 started with (any other change waits for a restart, and is said so). A file that does
 not validate keeps the policy in force, and the log says why, naming keys, never
-values. Each re-read is counted: ``config_reloads_total{outcome}``.
+values. So does a file that sets no ``tenants`` at all (neither the file nor the
+environment) while entries are in force: editors and ``> file`` truncate before they
+write, and a poll that catches the empty (or comment-only) file must not read it as
+"no entries"; ``tenants: []`` says that. Each re-read is counted:
+``config_reloads_total{outcome}``.
 """
 
 from __future__ import annotations
@@ -97,6 +101,9 @@ class Reloader:
             # that breaks the reader must not end the watch (the next good file applies)
             return self._count("invalid", why, f"unreadable ({type(exc).__name__})")
         policies = self.services.policies
+        if "tenants" not in fresh.model_fields_set and policies.table.entries:
+            detail = "the file sets no tenants (empty, or caught mid-write?); tenants: [] clears"
+            return self._count("invalid", why, detail)
         if table.entries == policies.table.entries:
             return self._count("unchanged", why)
         policies.table = table

@@ -96,11 +96,12 @@ class Api:
     # Whether its answers' output items are remembered for later references
     # (upstream/output_items.py).
     keeps_items: bool = False
-    # The request (its body, object, chat view), its tenant and the settings under the
-    # API's own compaction contract; None: the request as it came (the default: none).
-    contract: Callable[[bytes, dict[str, Any], ChatRequest, str, Settings], Contract | None] = (
-        lambda body, data, chat, tenant, settings: None
-    )
+    # The request (its body, object, chat view), its tenant (then the legacy id it is still
+    # known by, while a deployment's ids move: tenants.py) and the settings under the API's
+    # own compaction contract; None: the request as it came (the default: none).
+    contract: Callable[
+        [bytes, dict[str, Any], ChatRequest, tuple[str, ...], Settings], Contract | None
+    ] = lambda body, data, chat, tenants, settings: None
     # An overflow answer as this API's recovery reads it: Messages reads Anthropic's
     # "input length and `max_tokens` exceed context limit" as an output budget refusal.
     as_budget: Callable[[Overflow], Overflow] = as_stated

@@ -9,17 +9,16 @@ import orjson
 import pytest
 
 from proxy.config import SessionSettings
-from proxy.core import session
+from proxy.core import tenant_ids
 from proxy.core.session import (
-    CREDENTIAL_HEADERS,
     SessionKey,
-    _credentials,
     session_from_header,
     session_from_history,
     session_name,
     tenant_from_headers,
     tenant_of,
 )
+from proxy.core.tenant_ids import CREDENTIAL_HEADERS, TenantIds, _credentials
 from proxy.errors import InvalidRequest
 from proxy.types import ChatMessage
 
@@ -84,26 +83,24 @@ def test_a_cached_tenant_is_not_reused_for_a_changed_key(header: str) -> None:
 
 
 def test_the_tenant_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(session, "_TENANTS", {})
-    monkeypatch.setattr(session, "TENANT_CACHE_SIZE", 3)
+    monkeypatch.setattr(tenant_ids, "TENANT_CACHE_SIZE", 3)
+    ids = TenantIds()
     for i in range(10):
         key = f"Bearer {RAW_KEY}{i}"
-        assert tenant_from_headers({"authorization": key}) == tenant_of(f"authorization:{key}")
-        assert len(session._TENANTS) <= 3
+        assert ids.of({"authorization": key}) == tenant_of(f"authorization:{key}")
+        assert len(ids.cache) <= 3
     # The oldest went first: the newest are still there.
-    assert (f"Bearer {RAW_KEY}9", None, None) in session._TENANTS
+    assert (f"Bearer {RAW_KEY}9", None, None) in ids.cache
 
 
-def test_a_credential_too_long_for_a_key_is_hashed_but_not_kept(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_credential_too_long_for_a_key_is_hashed_but_not_kept() -> None:
     """A client's 64 KB "keys" must not fill the cache with 64 MB (found in review)."""
-    monkeypatch.setattr(session, "_TENANTS", {})
+    ids = TenantIds()
     huge = "Bearer " + "k" * 60_000
-    assert tenant_from_headers({"authorization": huge}) == tenant_of(f"authorization:{huge}")
-    assert session._TENANTS == {}
-    tenant_from_headers({"authorization": f"Bearer {RAW_KEY}"})  # a real key's size: kept
-    assert len(session._TENANTS) == 1
+    assert ids.of({"authorization": huge}) == tenant_of(f"authorization:{huge}")
+    assert ids.cache == {}
+    ids.of({"authorization": f"Bearer {RAW_KEY}"})  # a real key's size: kept
+    assert len(ids.cache) == 1
 
 
 def test_storage_keys_never_hold_the_raw_credential() -> None:

@@ -13,6 +13,9 @@ comes back to it untouched.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -47,13 +50,14 @@ def client(base: str, key: str = "sk-contract-a", session: str = "contract") -> 
     )
 
 
-def _proxy(start_proxy: Callable[..., str], sim: str, mode: str) -> str:
+def _proxy(start_proxy: Callable[..., str], sim: str, mode: str, **sections: Any) -> str:
     plain = small_window_settings(sim)
     settings = proxy_settings(
         sim,
         upstream={"compaction": mode},
         models=[m.model_dump() for m in plain.models],
         compaction={**plain.compaction.model_dump(), "force_interval_s": 0},
+        **sections,
     )
     return start_proxy(settings)
 
@@ -166,6 +170,98 @@ def test_a_forged_or_foreign_item_is_refused(proxied: str, sim_reset: str) -> No
     assert stats(sim_reset)["requests"] == requests  # nothing went upstream
 
 
+def _resigned(item: dict[str, Any], base_url: str, carried: list[Any]) -> dict[str, Any]:
+    """``item`` carrying ``carried`` instead, signed as anyone can sign it when the proxy
+    has neither ``upstream.api_key`` nor ``store.encryption_keys``: the key derives from
+    the documented ``base_url`` alone."""
+    head, payload, _ = item["encrypted_content"].split(".")
+    data = json.loads(base64.urlsafe_b64decode(payload + "=="))
+    data["items"] = carried
+    raw = json.dumps(data).encode()
+    key = hashlib.sha256(f"compaction-proxy compaction item\0\0{base_url}".encode()).digest()
+    tag = hmac.new(key, raw, hashlib.sha256).digest()
+
+    def b64(value: bytes) -> str:
+        return base64.urlsafe_b64encode(value).decode().rstrip("=")
+
+    return {**item, "encrypted_content": f"{head}.{b64(raw)}.{b64(tag)}"}
+
+
+@pytest.fixture
+def capped(sim_reset: str, start_proxy: Callable[..., str]) -> str:
+    """A proxy serving the contract, at most ``CAP`` input items a request."""
+    return _proxy(start_proxy, sim_reset, "auto", server={"max_messages": CAP})
+
+
+CAP = 50
+
+
+@pytest.mark.parametrize("carried", [[42], ["x"], [None], [[]]], ids=repr)
+def test_a_resigned_item_carrying_a_non_object_is_a_400(
+    capped: str, sim_reset: str, carried: list[Any]
+) -> None:
+    """A forged payload that verifies is still checked as ``input`` is: each carried item an
+    object, in OpenAI's error shape, naming the compaction item; nothing goes upstream."""
+    api = client(capped)
+    item = api.responses.create(model=MODEL, input=[*history(), TRIGGER]).output[0]
+    forged = _resigned(item.model_dump(exclude_none=True, warnings=False), f"{sim_reset}/v1", [])
+    assert _recall(api, [forged]) is not None  # the re-signed item verifies
+    forged = _resigned(forged, f"{sim_reset}/v1", carried)
+    requests = stats(sim_reset)["requests"]
+    answer = httpx.post(
+        f"{capped}/v1/responses",
+        json={"model": MODEL, "input": [{"role": "user", "content": "hi"}, forged]},
+        headers={"Authorization": "Bearer sk-contract-a", "X-Session-Id": "contract"},
+    )
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "input[1]")
+    assert "items[0]" in error["message"]
+    assert stats(sim_reset)["requests"] == requests
+
+
+def test_a_resigned_item_nested_deeper_than_json_is_written_is_a_400(
+    capped: str, sim_reset: str
+) -> None:
+    """A carried payload may nest deeper than orjson writes (the body the proxy sends on)."""
+    api = client(capped)
+    item = api.responses.create(model=MODEL, input=[*history(), TRIGGER]).output[0]
+    deep: Any = "x"
+    for _ in range(300):
+        deep = [deep]
+    carried = [{"type": "message", "role": "user", "content": deep}]
+    forged = _resigned(
+        item.model_dump(exclude_none=True, warnings=False), f"{sim_reset}/v1", carried
+    )
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.responses.create(model=MODEL, input=[forged])
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["code"] == "invalid_json"
+
+
+def test_carried_items_count_toward_the_input_limit(capped: str, sim_reset: str) -> None:
+    """``server.max_messages`` bounds the input once its compaction items are expanded."""
+    api = client(capped)
+    item = api.responses.create(model=MODEL, input=[*history(), TRIGGER]).output[0]
+    dumped = item.model_dump(exclude_none=True, warnings=False)
+    carried = [{"role": "user", "content": f"m{i}"} for i in range(CAP + 10)]
+    requests = stats(sim_reset)["requests"]
+    for sent in (
+        [_resigned(dumped, f"{sim_reset}/v1", carried)],
+        [
+            _resigned(dumped, f"{sim_reset}/v1", carried[: CAP - 5]),
+            *carried[:10],
+        ],
+    ):
+        with pytest.raises(openai.BadRequestError) as caught:
+            api.responses.create(model=MODEL, input=sent)
+        error = caught.value.body
+        assert isinstance(error, dict)
+        assert error["param"] == "input"
+        assert f"at most {CAP}" in error["message"]
+    assert stats(sim_reset)["requests"] == requests
+
+
 def test_context_management_is_checked_and_compacts_past_its_threshold(
     proxied: str, sim_reset: str
 ) -> None:
@@ -223,3 +319,27 @@ def test_the_simulator_refuses_an_item_it_did_not_write(sim_reset: str) -> None:
     answer = httpx.post(f"{sim_reset}/v1/responses", json=body)
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] == "invalid_encrypted_content"
+
+
+def test_an_item_sealed_before_a_tenant_id_secret_was_set_still_opens(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """A deployment that sets server.tenant_id_secret moves its tenants' ids; an item its
+    clients hold, sealed for the old id, opens for the same key while legacy ids are
+    matched (a conversation kept only in that item is not lost), and no longer once
+    server.legacy_tenant_ids is false."""
+    before = _proxy(start_proxy, sim_reset, "auto")
+    with client(before) as api:
+        item = api.responses.create(model=MODEL, input=[*history(), TRIGGER]).output[0]
+    sealed = item.model_dump(exclude_none=True, warnings=False)
+    secret = {"tenant_id_secret": "a-new-tenant-id-secret-0123456789"}
+    after = _proxy(start_proxy, sim_reset, "auto", server=secret)
+    with client(after) as owner, client(after, key="sk-contract-b") as other:
+        assert _recall(owner, [sealed]) == "code=k7q2"
+        with pytest.raises(openai.BadRequestError):  # still only for its own key
+            _recall(other, [sealed])
+    done = _proxy(start_proxy, sim_reset, "auto", server={**secret, "legacy_tenant_ids": False})
+    with client(done) as api, pytest.raises(openai.BadRequestError) as caught:
+        _recall(api, [sealed])
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["code"] == "invalid_encrypted_content"

@@ -99,8 +99,11 @@ def test_every_declared_secret_key_is_required_and_a_missing_one_stops_the_pod(
 @pytest.mark.e2e
 def test_keys_set_in_values_are_required_too(helm: Helm) -> None:
     docs = helm.render(sets={"secrets.encryptionKey": Fernet.generate_key().decode()})
-    [ref] = [e["valueFrom"]["secretKeyRef"] for e in _env(docs).values() if "valueFrom" in e]
-    assert ref == {"name": "rel-compaction-proxy", "key": "encryption-key"}
+    refs = [e["valueFrom"]["secretKeyRef"] for e in _env(docs).values() if "valueFrom" in e]
+    assert refs == [
+        {"name": "rel-compaction-proxy", "key": "encryption-key"},
+        {"name": "rel-compaction-proxy", "key": "tenant-id-secret"},  # generated there
+    ]
     assert "optional" not in json.dumps(container(docs))
 
 

@@ -283,6 +283,8 @@ PLANTED = {
 def test_secrets_reach_the_secret_and_never_the_configmap(helm: Helm) -> None:
     docs = helm.render(sets={**PLANTED, "replicaCount": 2})
     secret = _one(docs, "Secret")
+    generated = base64.b64decode(secret["data"].pop("tenant-id-secret")).decode()
+    assert len(generated) >= 16  # the tenant ids' key, generated (README "Security")
     stored = {base64.b64decode(v).decode() for v in secret["data"].values()}
     assert stored == set(PLANTED.values())
     for doc in docs:
@@ -296,6 +298,30 @@ def test_secrets_reach_the_secret_and_never_the_configmap(helm: Helm) -> None:
     rotated = helm.render(sets={**PLANTED, "replicaCount": 2, "secrets.adminKey": "other"})
     assert _pod_annotations(rotated)["checksum/secret"] != _pod_annotations(docs)["checksum/secret"]
     assert _pod_annotations(rotated)["checksum/config"] == _pod_annotations(docs)["checksum/config"]
+
+
+@pytest.mark.e2e
+def test_the_tenant_id_secret_is_generated_once_and_kept(helm: Helm) -> None:
+    """Tenant ids are keyed by a secret of the deployment's (README "Security"): the chart
+    generates one into its Secret (when it makes one), every pod reads it, and an upgrade
+    keeps it."""
+    lent = {"secrets.upstreamApiKey": "sk-lent-upstream-key"}
+    docs = helm.render(sets=lent)
+    generated = _one(docs, "Secret")["data"]["tenant-id-secret"]
+    assert len(base64.b64decode(generated)) >= 16
+    assert yaml.safe_load(_config(docs))["server"]["tenant_id_secret"] == (
+        "${COMPACTION_PROXY_TENANT_ID_SECRET}"
+    )
+    keys = {"upstream-api-key": "sk-lent-upstream-key", "tenant-id-secret": "s" * 16}
+    env = _pod_env(_container(docs), {"rel-compaction-proxy": keys})
+    assert env["COMPACTION_PROXY_TENANT_ID_SECRET"] == "s" * 16
+    # Generated per install (helm template has no cluster to look the old one up in)...
+    assert _one(helm.render(sets=lent), "Secret")["data"]["tenant-id-secret"] != generated
+    # ...and kept across upgrades: the template reads the installed Secret back first.
+    template = (CHART / "templates" / "secret.yaml").read_text(encoding="utf-8")
+    assert 'lookup "v1" "Secret" .Release.Namespace' in template
+    given = helm.render(sets={"secrets.tenantIdSecret": "g" * 32})
+    assert base64.b64decode(_one(given, "Secret")["data"]["tenant-id-secret"]) == b"g" * 32
 
 
 @pytest.mark.e2e
@@ -361,7 +387,8 @@ def test_the_containers_command_starts_the_proxy_and_answers_its_probes(
     container = _container(docs)
     config = tmp_path / "config.yaml"
     config.write_text(_config(docs), encoding="utf-8")
-    env = _pod_env(container, {"rel-compaction-proxy": {"admin-key": "planted-admin"}})
+    keys = {"admin-key": "planted-admin", "tenant-id-secret": "t" * 32}  # the chart's own
+    env = _pod_env(container, {"rel-compaction-proxy": keys})
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     port = free_port()

@@ -180,6 +180,41 @@ def test_a_file_change_reloads_every_worker_and_a_bad_one_keeps_the_policy(
         assert metric(served.url, "compaction_proxy_config_reloads", outcome="applied") == 2
 
 
+def test_an_emptied_file_keeps_the_policy_on_every_worker(tmp_path: Path, simulator: str) -> None:
+    """A file truncated before it is written (an editor, ``> file``) and caught by the poll,
+    empty or comment-only, is refused while entries are in force (counted invalid, logged):
+    the shadow tenant stays in shadow and the capped one stays capped."""
+    config = _config(simulator, "shadow", 0.2)
+    config["models"] = [{"match": "sim-4k", "context_window": 4096, "max_output_tokens": 256}]
+    config["compaction"] = {"summary_max_tokens": 400, "precompact_ratio": None}
+    config["tenants"].append({"id": tenant_id(CAPPED_KEY), "summaries_per_hour": 0})
+    with serve_process(tmp_path, config) as served:
+        _on_every_worker(served, "shadow")
+        served.config_path.write_text("")  # truncated in place, as `> file` does
+        deadline = time.monotonic() + 15  # read by both workers, whatever they made of it
+        while sum(_reloads(served.url, o, 0) for o in ("applied", "invalid")) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        _on_every_worker(served, "shadow")
+        assert _reloads(served.url, "invalid", 2) == 2  # one per worker
+        capped = Chat(served.url, key=CAPPED_KEY, session="capped", window=4096)
+        degraded = []
+        for turn in range(40):  # bounded: the 4k window is crossed within a dozen turns
+            capped.say(f"Turn {turn}: {FILLER}")
+            assert capped.last is not None
+            degraded.append(capped.last.get("x-compaction-degraded"))
+            if degraded[-1] == "summaries_per_hour":
+                break
+        assert "summaries_per_hour" in degraded  # due a summary, refused by its cap
+        assert capped.statuses["compacted"] == 0
+        assert capped.statuses["trimmed"] >= 1
+        served.config_path.write_text("# being rewritten\n")
+        assert _reloads(served.url, "invalid", 4) == 4
+        _on_every_worker(served, "shadow")
+        assert served.log().count("sets no tenants") == 4
+        assert metric(served.url, "compaction_proxy_config_reloads", outcome="applied") == 0
+
+
 def test_sighup_to_the_supervisor_reloads_every_worker(tmp_path: Path, simulator: str) -> None:
     with serve_process(tmp_path, _config(simulator, "off", 0)) as served:
         _on_every_worker(served, "passthrough")  # both up (a later one reads the file)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
+from hashlib import blake2b
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -245,3 +251,119 @@ def test_one_callers_skewed_counts_do_not_recalibrate_anyone_else(
     assert attacker.status_code == 200
     assert window_of(post(url, "attacker", hello())) < before  # its own counts: its own window
     assert window_of(post(url, "victim", hello())) == before
+
+
+# -- tenant ids are keyed by the deployment ---------------------------------------------
+
+ADMIN = "admin-key-for-tenant-ids"
+GUESSABLE = "sk-alice"  # a caller's key an attacker can guess (lent-key setups choose them)
+SECRETS = ("deployment-one-secret-0123456789", "deployment-two-secret-0123456789")
+
+
+def _from_source(key: str) -> str:
+    """The id anyone computes for ``key`` from the source: blake2b under the constant
+    written there (every id before server.tenant_id_secret)."""
+    joined = f"authorization:Bearer {key}"
+    return blake2b(joined.encode(), key=b"compaction-proxy/tenant/v1", digest_size=16).hexdigest()
+
+
+def _admin_tenants(url: str) -> dict[str, str | None]:
+    """``GET /admin/tenants``: each shown id and the entry it falls under."""
+    answer = httpx.get(f"{url}/admin/tenants", headers={"Authorization": f"Bearer {ADMIN}"})
+    return {t["tenant"]: t.get("policy") for t in answer.json()["data"]}
+
+
+def _served_status(url: str, key: str) -> str:
+    answer = post(url, key, hello())
+    assert answer.status_code == 200, answer.text
+    return str(answer.headers["x-compaction-status"])
+
+
+def test_two_deployments_with_different_secrets_give_one_key_different_ids(
+    sim_reset: str, start_proxy: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Neither id is the one the source computes, so a guessed key cannot be confirmed
+    against /admin/tenants (or a log line); a tenants: entry naming the old id still
+    matches its tenant while the deployment migrates, and the log says its id now."""
+    legacy = _from_source(GUESSABLE)[:12]
+    urls = [
+        start_proxy(
+            proxy_settings(
+                sim_reset,
+                server={"tenant_id_secret": secret, "admin_key": ADMIN},
+                tenants=[{"id": legacy, "mode": "shadow"}],
+            )
+        )
+        for secret in SECRETS
+    ]
+    caplog.set_level(logging.WARNING, logger="proxy.tenants")
+    shown = []
+    for url in urls:
+        assert _served_status(url, GUESSABLE) == "shadow"  # the old id's entry still applies
+        assert _served_status(url, "sk-bob") == "passthrough"  # and only to its tenant
+        tenants = _admin_tenants(url)
+        (mine,) = [t for t, policy in tenants.items() if policy == legacy]
+        assert mine != legacy
+        shown.append(mine)
+    assert shown[0] != shown[1]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "proxy.tenants"]
+    assert len(warnings) == 2  # once a deployment, not once a request
+    for mine, warning in zip(shown, warnings, strict=True):
+        assert f"legacy id; its id is now {mine}" in warning
+        assert legacy not in warning
+
+
+def test_a_lent_keys_deployment_without_a_secret_is_keyed_by_its_upstream_key(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """The setup where callers' keys are the operator's to choose (so guessable): with
+    no tenant_id_secret, ids derive from upstream.api_key, never the source's constant."""
+    url = start_proxy(
+        proxy_settings(sim_reset, upstream={"api_key": "sk-proxy-own"}, server={"admin_key": ADMIN})
+    )
+    assert _served_status(url, GUESSABLE) == "passthrough"
+    (shown,) = _admin_tenants(url)
+    assert shown != _from_source(GUESSABLE)[:12]
+
+
+def test_the_cli_prints_the_id_the_deployment_shows(
+    sim_reset: str, start_proxy: Callable[..., str], tmp_path: Path
+) -> None:
+    """``compaction-proxy tenant-id`` keys by the deployment's secret, from its config file
+    or the environment (PROXY_SERVER__TENANT_ID_SECRET)."""
+    secret = SECRETS[0]
+    url = start_proxy(
+        proxy_settings(sim_reset, server={"tenant_id_secret": secret, "admin_key": ADMIN})
+    )
+    _served_status(url, GUESSABLE)
+    (shown,) = _admin_tenants(url)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"server: {{tenant_id_secret: {secret}}}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXY_")}
+    command = [sys.executable, "-m", "proxy", "tenant-id"]
+    for args, extra in (
+        ([], {"PROXY_SERVER__TENANT_ID_SECRET": secret}),
+        (["--config", str(config)], {}),
+    ):
+        done = subprocess.run(
+            [*command, *args],
+            input=f"{GUESSABLE}\n",
+            capture_output=True,
+            text=True,
+            env={**env, **extra},
+            timeout=60,
+            check=True,
+        )
+        assert done.stdout == f"{shown}\n"
+        assert "server.tenant_id_secret" in done.stderr
+    legacy = subprocess.run(
+        command,
+        input=f"{GUESSABLE}\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    assert legacy.stdout == f"{_from_source(GUESSABLE)[:12]}\n"  # no secret: said so
+    assert "legacy" in legacy.stderr

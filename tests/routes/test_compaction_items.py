@@ -56,23 +56,34 @@ def test_admit_expands_an_item_for_its_tenant_and_refuses_it_for_another() -> No
     config = settings(compaction="proxy")
     item = _item("tenant-a", config)
     data = {"model": "m", "input": [item, {"role": "user", "content": "RECALL code"}]}
-    admitted = admit(data, "tenant-a", config, compact=False)
+    admitted = admit(data, ("tenant-a",), config, compact=False)
     assert admitted.changed
     assert admitted.local is None
     assert admitted.data["input"][0]["content"] == "summary FACT code=k7q2"
     with pytest.raises(InvalidRequest) as caught:
-        admit(data, "tenant-b", config, compact=False)
+        admit(data, ("tenant-b",), config, compact=False)
     assert (caught.value.code, caught.value.param) == ("invalid_encrypted_content", "input[0]")
+
+
+def test_an_item_sealed_for_a_legacy_id_opens_for_the_tenant_still_known_by_it() -> None:
+    """While a deployment's ids move (tenants.py), the caller's legacy id comes second:
+    an item sealed before the move opens for that caller, and only for it."""
+    config = settings(compaction="proxy")
+    data = {"model": "m", "input": [_item("legacy-a", config)]}
+    assert admit(data, ("new-a", "legacy-a"), config, compact=False).changed
+    for tenants in (("new-a",), ("new-b", "legacy-b"), ("legacy-a-longer",)):
+        with pytest.raises(InvalidRequest):
+            admit(data, tenants, config, compact=False)
 
 
 def test_admit_takes_the_trigger_last_only() -> None:
     config = settings(compaction="proxy")
     user = {"role": "user", "content": "hi"}
-    admitted = admit({"model": "m", "input": [user, TRIGGER]}, "t", config, compact=False)
+    admitted = admit({"model": "m", "input": [user, TRIGGER]}, ("t",), config, compact=False)
     assert admitted.local == "trigger"
     assert admitted.data["input"] == [user]
     with pytest.raises(InvalidRequest) as caught:
-        admit({"model": "m", "input": [TRIGGER, user]}, "t", config, compact=False)
+        admit({"model": "m", "input": [TRIGGER, user]}, ("t",), config, compact=False)
     assert caught.value.param == "input[0]"
 
 
@@ -84,8 +95,8 @@ def test_passthrough_leaves_every_use_of_the_contract_untouched() -> None:
         {"model": "m", "input": [foreign]},
         {"model": "m", "input": "hi", "context_management": [{"type": "compaction"}]},
     ):
-        admitted = admit(data, "t", config, compact=False)
+        admitted = admit(data, ("t",), config, compact=False)
         assert admitted.untouched
         assert admitted.data is data
-    assert admit({"model": "m", "input": "hi"}, "t", config, compact=True).untouched
-    assert not admit({"model": "m", "input": "hi"}, "t", config, compact=False).untouched
+    assert admit({"model": "m", "input": "hi"}, ("t",), config, compact=True).untouched
+    assert not admit({"model": "m", "input": "hi"}, ("t",), config, compact=False).untouched

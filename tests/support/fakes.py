@@ -43,6 +43,7 @@ from proxy.config import Settings
 from proxy.core.encodings import EstimateEncoder
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Turn
+from proxy.core.tenant_ids import TenantIds
 from proxy.core.tokens import TokenCounter
 from proxy.errors import UpstreamError
 from proxy.observe.ledger import Ledger
@@ -312,6 +313,7 @@ def make_services(
     models = ModelTable(settings)
     counters = {name: TokenCounter(EstimateEncoder(name)) for name in models.tokenizers()}
     series = TenantSeries(metrics.registry)
+    tenant_ids = TenantIds.from_settings(settings)
     compactor = Compactor(
         settings=settings,
         store=store,
@@ -341,7 +343,8 @@ def make_services(
         items=MemoryItems(settings.store.ttl_s, clock=clock),
         references=ReferenceMetrics(metrics.registry),
         ledger=Ledger(metrics.registry, settings.pricing),
-        policies=TenantPolicies(settings),
+        policies=TenantPolicies(settings, tenant_ids.legacy_of),
+        tenant_ids=tenant_ids,
         tenant_series=series,
     )
 

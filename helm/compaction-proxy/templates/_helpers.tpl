@@ -136,9 +136,11 @@ or those set in values. Each is mounted required. */}}
 {{- if $s.existingSecret }}{{ join "," $s.existingSecretKeys }}
 {{- else }}
 {{- $keys := list }}
-{{- range $key, $value := dict "upstream-api-key" $s.upstreamApiKey "admin-key" $s.adminKey "encryption-key" $s.encryptionKey "previous-encryption-key" $s.previousEncryptionKey }}
+{{- range $key, $value := dict "upstream-api-key" $s.upstreamApiKey "admin-key" $s.adminKey "encryption-key" $s.encryptionKey "previous-encryption-key" $s.previousEncryptionKey "tenant-id-secret" $s.tenantIdSecret }}
 {{- if $value }}{{ $keys = append $keys $key }}{{ end }}
 {{- end }}
+{{- /* The chart's own Secret always holds one: generated when not given (secret.yaml). */}}
+{{- if and $keys (not (has "tenant-id-secret" $keys)) }}{{ $keys = append $keys "tenant-id-secret" }}{{ end }}
 {{- join "," $keys }}
 {{- end }}
 {{- end }}
@@ -253,6 +255,9 @@ the environment, or ${COMPACTION_PROXY_STORE_URL} (from a Secret) with the CA fi
 {{- if has "admin-key" $keys }}
 {{- $_ := set $cfg "server" (merge (dict "admin_key" "${COMPACTION_PROXY_ADMIN_KEY}") ($cfg.server | default dict)) }}
 {{- end }}
+{{- if has "tenant-id-secret" $keys }}
+{{- $_ := set $cfg "server" (merge (dict "tenant_id_secret" "${COMPACTION_PROXY_TENANT_ID_SECRET}") ($cfg.server | default dict)) }}
+{{- end }}
 {{- if has "encryption-key" $keys }}
 {{- $enc := list "${COMPACTION_PROXY_ENCRYPTION_KEY}" }}
 {{- if has "previous-encryption-key" $keys }}
@@ -301,7 +306,7 @@ the environment, or ${COMPACTION_PROXY_STORE_URL} (from a Secret) with the CA fi
 {{/* The proxy container's environment: the keys and the store's URL or password from Secrets (the config references them), then extraEnv. Every key is required. */}}
 {{- define "compaction-proxy.env" -}}
 {{- $secret := include "compaction-proxy.keysSecretName" . }}
-{{- $vars := dict "upstream-api-key" "COMPACTION_PROXY_UPSTREAM_API_KEY" "admin-key" "COMPACTION_PROXY_ADMIN_KEY" "encryption-key" "COMPACTION_PROXY_ENCRYPTION_KEY" "previous-encryption-key" "COMPACTION_PROXY_PREVIOUS_ENCRYPTION_KEY" }}
+{{- $vars := dict "upstream-api-key" "COMPACTION_PROXY_UPSTREAM_API_KEY" "admin-key" "COMPACTION_PROXY_ADMIN_KEY" "encryption-key" "COMPACTION_PROXY_ENCRYPTION_KEY" "previous-encryption-key" "COMPACTION_PROXY_PREVIOUS_ENCRYPTION_KEY" "tenant-id-secret" "COMPACTION_PROXY_TENANT_ID_SECRET" }}
 {{- range $key := splitList "," (include "compaction-proxy.secretKeys" .) }}
 {{- if $key }}
 - name: {{ get $vars $key }}
