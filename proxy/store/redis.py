@@ -41,6 +41,7 @@ from proxy.core.snapshot import Snapshot
 from proxy.errors import ConfigError, StoreError
 from proxy.store import Sighting, lua
 from proxy.store import redis_scans as scans
+from proxy.store.cluster import QueuedCluster
 from proxy.store.codec import (
     NewerFormat,
     SnapshotCipher,
@@ -52,6 +53,7 @@ from proxy.store.codec import (
     window_tokens,
 )
 from proxy.store.connect import ERRORS, Client, close_redis, is_cluster, open_redis
+from proxy.store.health import ProbeFailed
 from proxy.store.keys import KeyLayout
 
 if TYPE_CHECKING:
@@ -273,11 +275,36 @@ class RedisStore:
         except ERRORS:
             return False
 
+    @property
+    def one_server(self) -> bool:
+        return not isinstance(self._redis, QueuedCluster)
+
     async def probe(self) -> None:
+        if not isinstance(self._redis, QueuedCluster):
+            try:
+                await self._redis.set(self._keys.probe(), "1", px=10_000)
+            except ERRORS as exc:
+                raise StoreError(f"redis probe failed: {type(exc).__name__}") from exc
+            return
         try:
-            await self._redis.set(self._keys.probe(), "1", px=10_000)
+            names = await self._redis.keys_per_primary(self._keys.probe)
         except ERRORS as exc:
             raise StoreError(f"redis probe failed: {type(exc).__name__}") from exc
+        done = await asyncio.gather(
+            *(self._redis.set(name, "1", px=10_000) for name in names.values()),
+            return_exceptions=True,
+        )
+        failed = [(node, e) for node, e in zip(names, done, strict=True) if e is not True]
+        for _, error in failed:
+            if isinstance(error, BaseException) and not isinstance(error, ERRORS):
+                raise error  # not the store's answer: cancelled, or a bug
+        if failed:
+            first = failed[0][1]
+            cause = first if isinstance(first, BaseException) else None
+            nodes = [node for node, _ in failed]
+            message = f"redis probe failed on {len(nodes)}/{len(names)} primaries"
+            detail = type(first).__name__ if cause else "not written"
+            raise ProbeFailed(f"{message}: {detail}", nodes, len(names)) from cause
 
     async def aclose(self) -> None:
         await close_redis(self._redis)

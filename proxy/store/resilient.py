@@ -3,13 +3,17 @@
 A call that fails with ``StoreError`` (Redis down, slow, a read-only replica, full)
 is served from this replica's own in-process store instead; every failure is counted
 by kind, every call served locally too, and the store reads as failing until a write
-succeeds again (``health.StoreWatch``: which failures leave the store untried for a
-cool-down, so no request waits on a dead server more than once per cool-down; what
-is logged). Reconnection needs no restart. While failing, a snapshot this replica
-saved locally wins over an older one the store still answers with (a replica's or a
-full Redis's reads go on). ``/readyz`` asks ``health``: with no write seen lately it
-writes a probe key (a PING would pass). This is the one place a store outage becomes
-"no snapshot".
+it performed shows it takes writes again (``health.StoreWatch``: which writes prove
+that, which failures leave the store untried for a cool-down, so no request waits on a
+dead server more than once per cool-down; what is logged). Reconnection needs no
+restart. While failing, a snapshot this replica saved locally wins over an older one
+the store still answers with (a replica's or a full Redis's reads go on). ``/readyz``
+asks ``health``: with no write seen lately, or while failing, it writes a probe (a
+PING would pass; on a cluster, one key on every primary). While failing, a call the
+store answered starts such a probe in the background (at most one per
+``SETTLE_S``), so the failure ends without ``/readyz`` polling too, on a cluster (where
+an ordinary write reaches one primary) as well. This is the one place a store outage
+becomes "no snapshot".
 
 A summarization lock taken in Redis is always released there, outage or not: a lock
 left behind would make the session's next turns wait for a holder that is long gone.
@@ -36,7 +40,7 @@ from proxy.store import Remote, Sighting
 from proxy.store.failures import failure_kind
 from proxy.store.health import COOLDOWN_S as COOLDOWN_S  # re-exported: tests' clocks
 from proxy.store.health import LOG_INTERVAL_S as LOG_INTERVAL_S
-from proxy.store.health import Health, Reports, StoreWatch
+from proxy.store.health import Health, Reports, StoreWatch, jittered_cooldown
 from proxy.store.memory import MemoryStore
 
 log = logging.getLogger("proxy.store")
@@ -46,6 +50,16 @@ T = TypeVar("T")
 RELEASE_BACKOFF_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # Leases of locks that were never released (a caller bug) are dropped past this many.
 _LEASE_LIMIT = 10_000
+
+
+def _written(result: object) -> bool:
+    """A save's True, an acquire's token: the store performed the write."""
+    return bool(result)
+
+
+def _always(_: object) -> bool:
+    """A call that returns only once the store performed its write (a ``SET``)."""
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +79,17 @@ class ResilientStore:
         *,
         release_backoff_s: Sequence[float] = RELEASE_BACKOFF_S,
         clock: Callable[[], float] = time.monotonic,
+        cooldown: Callable[[], float] = jittered_cooldown,
     ) -> None:
         self.remote = remote
         self.local = local
         self._metrics = metrics
         self._latency = {op: metrics.store_duration.labels(operation=op) for op in STORE_OPERATIONS}
         self._clock = clock
-        self._watch = StoreWatch(metrics.store, clock)
+        self._watch = StoreWatch(
+            metrics.store, clock, one_server=remote.one_server, cooldown=cooldown
+        )
+        self._prober: asyncio.Task[None] | None = None  # a background probe (a cluster's)
         self._release_backoff_s = tuple(release_backoff_s)
         # Owner token -> lease, for locks taken in the remote store.
         self._leases: dict[str, _Lease] = {}
@@ -87,11 +105,15 @@ class ResilientStore:
         return self._watch.cooling
 
     async def _call(
-        self, op: str, remote: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]]
+        self,
+        op: str,
+        remote: Callable[[], Awaitable[T]],
+        local: Callable[[], Awaitable[T]],
+        wrote: Callable[[T], bool] | None = None,
     ) -> T:
         if not self.degraded:
             with contextlib.suppress(StoreError):
-                return await self._tried(op, remote())
+                return await self._tried(op, remote(), wrote)
         self._watch.fell_back(op)
         return await local()
 
@@ -105,9 +127,13 @@ class ResilientStore:
             return await local()
         return found
 
-    async def _tried(self, op: str, call: Awaitable[T]) -> T:
-        """A remote call, timed (failures included) and told to the watch; ``StoreError``
-        raised on."""
+    async def _tried(
+        self, op: str, call: Awaitable[T], wrote: Callable[[T], bool] | None = None
+    ) -> T:
+        """A remote call, timed (failures included) and told to the watch: a failure, or
+        a write the store performed (``wrote`` of the result: a compare-and-swap that
+        lost, a lock already held, a delete wrote nothing that shows the store takes
+        writes); ``StoreError`` raised on."""
         started = time.perf_counter()
         try:
             result = await call
@@ -116,8 +142,21 @@ class ResilientStore:
             raise
         finally:
             self._latency[op].observe(time.perf_counter() - started)
-        self._watch.succeeded(op)
+        if wrote is not None and wrote(result):
+            self._watch.wrote(op)
+        if self._watch.may_recover:
+            # It answered, but a read, a write that wrote nothing, or one primary's write
+            # does not show that it takes writes again: a probe's write does.
+            self._probe_soon()
         return result
+
+    def _probe_soon(self) -> None:
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.create_task(self._probe_quietly())
+
+    async def _probe_quietly(self) -> None:
+        with contextlib.suppress(StoreError):  # counted and logged by the watch
+            await self.probe()
 
     async def load(self, key: SessionKey) -> Snapshot | None:
         loaded = await self._call(
@@ -145,12 +184,21 @@ class ResilientStore:
         return newest
 
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
-        return await self._call(
-            "save", lambda: self.remote.save(key, snapshot), lambda: self.local.save(key, snapshot)
-        )
+        if not self.degraded:
+            with contextlib.suppress(StoreError):
+                # False: the compare-and-swap lost, nothing written.
+                if await self._tried("save", self.remote.save(key, snapshot), _written):
+                    return True
+                if self._watch.cause is None:
+                    return False  # a concurrent writer's snapshot is as good as this one
+                # Failing: the store refused this replica's last writes, so it is behind
+                # the chain kept here, and loses every compare-and-swap on it.
+        self._watch.fell_back("save")
+        return await self.local.save(key, snapshot)
 
     async def delete(self, key: SessionKey) -> bool:
         await self.local.delete(key)
+        # Not a proof of writes whatever it deleted: a full Redis still deletes.
         return await self._call(
             "delete", lambda: self.remote.delete(key), lambda: self.local.delete(key)
         )
@@ -160,6 +208,7 @@ class ResilientStore:
             "note_seen",
             lambda: self.remote.note_seen(key, sighting),
             lambda: self.local.note_seen(key, sighting),
+            _always,
         )
 
     async def load_seen(self, key: SessionKey) -> Sighting | None:
@@ -174,7 +223,7 @@ class ResilientStore:
             await self._release_remote(key, self._owed[key])
         if not self.degraded:
             with contextlib.suppress(StoreError):
-                token = await self._tried("acquire", self.remote.acquire(key, ttl_s))
+                token = await self._tried("acquire", self.remote.acquire(key, ttl_s), _written)
                 if token is not None:
                     self._lease(key, token, ttl_s)
                 return token
@@ -267,6 +316,7 @@ class ResilientStore:
             "save_window",
             lambda: self.remote.save_window(key, tokens, ttl_s),
             lambda: self.local.save_window(key, tokens, ttl_s),
+            _always,
         )
 
     async def list_sessions(self, limit: int) -> list[tuple[SessionKey, Snapshot]]:
@@ -276,23 +326,32 @@ class ResilientStore:
             lambda: self.local.list_sessions(limit),
         )
 
+    @property
+    def one_server(self) -> bool:
+        return self.remote.one_server
+
     async def ping(self) -> bool:
         return await self.remote.ping()
 
     async def probe(self) -> None:
-        """A write of the probe key, counted like any call (``StoreError`` if refused)."""
-        await self._tried("probe", self.remote.probe())
+        """A write of the probe key (a cluster's: one on every primary), counted like any
+        call (``StoreError`` if refused)."""
+        self._watch.probing()
+        await self._tried("probe", self.remote.probe(), _always)
 
     async def health(self) -> Health:
-        """The store's state as recent calls left it; with no write nor failure seen for
-        ``PROBE_AFTER_S`` (no traffic, or reads only), a probe's first."""
-        if self._watch.stale:
+        """The store's state as recent calls left it; a probe's first when it would tell
+        more (``StoreWatch.probe_due``: with no write nor failure seen for
+        ``PROBE_AFTER_S``, or at most once per ``SETTLE_S`` while failing)."""
+        if self._watch.probe_due:
             with contextlib.suppress(StoreError):
                 await self.probe()
         return self._watch.health
 
     async def aclose(self) -> None:
         retries = list(self._retries.values())
+        if self._prober is not None:
+            retries.append(self._prober)
         for task in retries:
             task.cancel()
         await asyncio.gather(*retries, return_exceptions=True)
