@@ -35,8 +35,10 @@ from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
 
 from proxy.errors import ConfigError
+from proxy.store.health import ProbeFailed
 
 # Set while a task holds a place: a pipeline that retries a redirected command through
 # the client must not wait for a second one (it could wait on itself).
@@ -44,6 +46,8 @@ _holding: ContextVar[bool] = ContextVar("cluster_place_held", default=False)
 # Keys tried to find one per primary: a primary owning a few slots only may go unfound
 # (and unprobed); with slots spread evenly a handful of tries suffice.
 _PROBE_TRIES = 65_536
+# What a call raises (connect.ERRORS: connect.py imports this module).
+ERRORS = (RedisError, RedisClusterException)
 
 
 class QueuedCluster(RedisCluster):
@@ -102,6 +106,26 @@ class QueuedCluster(RedisCluster):
                         break
             found = self._probe_keys = (slots, keys)
         return found[1]
+
+    async def probe_primaries(self, key: Callable[[int], str]) -> None:
+        """The readiness probe: ``SET key(n) 1 PX 10000`` on every primary at once
+        (``keys_per_primary``); ``ProbeFailed`` naming those that refused or did not
+        answer, raised from the first one's error."""
+        names = await self.keys_per_primary(key)
+        done = await asyncio.gather(
+            *(self.set(name, "1", px=10_000) for name in names.values()), return_exceptions=True
+        )
+        failed = [(node, e) for node, e in zip(names, done, strict=True) if e is not True]
+        for _, error in failed:
+            if isinstance(error, BaseException) and not isinstance(error, ERRORS):
+                raise error  # not the store's answer: cancelled, or a bug
+        if failed:
+            first = failed[0][1]
+            cause = first if isinstance(first, BaseException) else None
+            nodes = [node for node, _ in failed]
+            message = f"redis probe failed on {len(nodes)}/{len(names)} primaries"
+            detail = type(first).__name__ if cause else "not written"
+            raise ProbeFailed(f"{message}: {detail}", nodes, len(names)) from cause
 
     def _still_owned(self, keys: dict[str, str]) -> bool:
         slots = self.nodes_manager.slots_cache

@@ -163,7 +163,7 @@ class StoreWatch:
 
     @property
     def may_recover(self) -> bool:
-        """Failing, yet no call failed for ``SETTLE_S``, nor was a probe made: a probe
+        """Failing, yet no call failed and no probe was made for ``SETTLE_S``: a probe
         that succeeds now ends the failure."""
         now = self._clock()
         settled = now - max(self._failed_at, self._probed_at) >= SETTLE_S
@@ -183,10 +183,12 @@ class StoreWatch:
         where = ""
         if isinstance(exc, ProbeFailed):
             self._spread = (len(exc.failing), exc.primaries)
-            where = f" on {len(exc.failing)}/{exc.primaries} primaries: {', '.join(exc.failing)}"
+            where = f" on {', '.join(exc.failing)}"
         if kind not in ANSWERED:
             self._cooling_until = now + self._cooldown()
-        extra = self._reports.due(kind)
+        # Which primaries a probe found failing is reported apart: the call that first
+        # met the cause could not say.
+        extra = self._reports.due(kind + where)
         if extra is None:
             return
         log.warning(

@@ -280,31 +280,15 @@ class RedisStore:
         return not isinstance(self._redis, QueuedCluster)
 
     async def probe(self) -> None:
-        if not isinstance(self._redis, QueuedCluster):
-            try:
-                await self._redis.set(self._keys.probe(), "1", px=10_000)
-            except ERRORS as exc:
-                raise StoreError(f"redis probe failed: {type(exc).__name__}") from exc
-            return
         try:
-            names = await self._redis.keys_per_primary(self._keys.probe)
+            if isinstance(self._redis, QueuedCluster):
+                await self._redis.probe_primaries(self._keys.probe)
+            else:
+                await self._redis.set(self._keys.probe(), "1", px=10_000)
+        except ProbeFailed:
+            raise
         except ERRORS as exc:
             raise StoreError(f"redis probe failed: {type(exc).__name__}") from exc
-        done = await asyncio.gather(
-            *(self._redis.set(name, "1", px=10_000) for name in names.values()),
-            return_exceptions=True,
-        )
-        failed = [(node, e) for node, e in zip(names, done, strict=True) if e is not True]
-        for _, error in failed:
-            if isinstance(error, BaseException) and not isinstance(error, ERRORS):
-                raise error  # not the store's answer: cancelled, or a bug
-        if failed:
-            first = failed[0][1]
-            cause = first if isinstance(first, BaseException) else None
-            nodes = [node for node, _ in failed]
-            message = f"redis probe failed on {len(nodes)}/{len(names)} primaries"
-            detail = type(first).__name__ if cause else "not written"
-            raise ProbeFailed(f"{message}: {detail}", nodes, len(names)) from cause
 
     async def aclose(self) -> None:
         await close_redis(self._redis)

@@ -7,13 +7,11 @@ it performed shows it takes writes again (``health.StoreWatch``: which writes pr
 that, which failures leave the store untried for a cool-down, so no request waits on a
 dead server more than once per cool-down; what is logged). Reconnection needs no
 restart. While failing, a snapshot this replica saved locally wins over an older one
-the store still answers with (a replica's or a full Redis's reads go on). ``/readyz``
-asks ``health``: with no write seen lately, or while failing, it writes a probe (a
-PING would pass; on a cluster, one key on every primary). While failing, a call the
-store answered starts such a probe in the background (at most one per
-``SETTLE_S``), so the failure ends without ``/readyz`` polling too, on a cluster (where
-an ordinary write reaches one primary) as well. This is the one place a store outage
-becomes "no snapshot".
+the store still answers with (a replica's or a full Redis's reads go on), and what the
+store answered or took is kept locally too, so a cool-down (or a primary down, on a
+cluster) does not send a session back to an older snapshot. ``/readyz`` asks
+``health``, which probes with a write (``watched.py``: a PING would pass). This is the
+one place a store outage becomes "no snapshot".
 
 A summarization lock taken in Redis is always released there, outage or not: a lock
 left behind would make the session's next turns wait for a holder that is long gone.
@@ -27,39 +25,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
 from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
-from proxy.observe.series import STORE_OPERATIONS
 from proxy.store import Remote, Sighting
-from proxy.store.failures import failure_kind
 from proxy.store.health import COOLDOWN_S as COOLDOWN_S  # re-exported: tests' clocks
 from proxy.store.health import LOG_INTERVAL_S as LOG_INTERVAL_S
-from proxy.store.health import Health, Reports, StoreWatch, jittered_cooldown
+from proxy.store.health import Reports
 from proxy.store.memory import MemoryStore
+from proxy.store.watched import WatchedRemote, always_written, written
 
 log = logging.getLogger("proxy.store")
 
-T = TypeVar("T")
 # Pauses before each background retry of a failed lock release (~16 s in all).
 RELEASE_BACKOFF_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # Leases of locks that were never released (a caller bug) are dropped past this many.
 _LEASE_LIMIT = 10_000
-
-
-def _written(result: object) -> bool:
-    """A save's True, an acquire's token: the store performed the write."""
-    return bool(result)
-
-
-def _always(_: object) -> bool:
-    """A call that returns only once the store performed its write (a ``SET``)."""
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +55,7 @@ class _Lease:
     expires: float
 
 
-class ResilientStore:
+class ResilientStore(WatchedRemote):
     def __init__(
         self,
         remote: Remote,
@@ -79,17 +64,10 @@ class ResilientStore:
         *,
         release_backoff_s: Sequence[float] = RELEASE_BACKOFF_S,
         clock: Callable[[], float] = time.monotonic,
-        cooldown: Callable[[], float] = jittered_cooldown,
     ) -> None:
-        self.remote = remote
-        self.local = local
+        super().__init__(remote, local, metrics, clock)
         self._metrics = metrics
-        self._latency = {op: metrics.store_duration.labels(operation=op) for op in STORE_OPERATIONS}
         self._clock = clock
-        self._watch = StoreWatch(
-            metrics.store, clock, one_server=remote.one_server, cooldown=cooldown
-        )
-        self._prober: asyncio.Task[None] | None = None  # a background probe (a cluster's)
         self._release_backoff_s = tuple(release_backoff_s)
         # Owner token -> lease, for locks taken in the remote store.
         self._leases: dict[str, _Lease] = {}
@@ -98,65 +76,6 @@ class ResilientStore:
         # Owner token -> the background task retrying its release.
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._reports = Reports(clock)
-
-    @property
-    def degraded(self) -> bool:
-        """In the cool-down after a failure: calls are served locally, the store untried."""
-        return self._watch.cooling
-
-    async def _call(
-        self,
-        op: str,
-        remote: Callable[[], Awaitable[T]],
-        local: Callable[[], Awaitable[T]],
-        wrote: Callable[[T], bool] | None = None,
-    ) -> T:
-        if not self.degraded:
-            with contextlib.suppress(StoreError):
-                return await self._tried(op, remote(), wrote)
-        self._watch.fell_back(op)
-        return await local()
-
-    async def _read(
-        self, op: str, remote: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]]
-    ) -> T:
-        """``_call``; while the store fails, the local value where the store has none (it
-        refused the write that would have put it there)."""
-        found = await self._call(op, remote, local)
-        if found is None and self._watch.cause is not None:
-            return await local()
-        return found
-
-    async def _tried(
-        self, op: str, call: Awaitable[T], wrote: Callable[[T], bool] | None = None
-    ) -> T:
-        """A remote call, timed (failures included) and told to the watch: a failure, or
-        a write the store performed (``wrote`` of the result: a compare-and-swap that
-        lost, a lock already held, a delete wrote nothing that shows the store takes
-        writes); ``StoreError`` raised on."""
-        started = time.perf_counter()
-        try:
-            result = await call
-        except StoreError as exc:
-            self._watch.failed(op, failure_kind(exc), exc)
-            raise
-        finally:
-            self._latency[op].observe(time.perf_counter() - started)
-        if wrote is not None and wrote(result):
-            self._watch.wrote(op)
-        if self._watch.may_recover:
-            # It answered, but a read, a write that wrote nothing, or one primary's write
-            # does not show that it takes writes again: a probe's write does.
-            self._probe_soon()
-        return result
-
-    def _probe_soon(self) -> None:
-        if self._prober is None or self._prober.done():
-            self._prober = asyncio.create_task(self._probe_quietly())
-
-    async def _probe_quietly(self) -> None:
-        with contextlib.suppress(StoreError):  # counted and logged by the watch
-            await self.probe()
 
     async def load(self, key: SessionKey) -> Snapshot | None:
         loaded = await self._call(
@@ -187,7 +106,10 @@ class ResilientStore:
         if not self.degraded:
             with contextlib.suppress(StoreError):
                 # False: the compare-and-swap lost, nothing written.
-                if await self._tried("save", self.remote.save(key, snapshot), _written):
+                if await self._tried("save", self.remote.save(key, snapshot), written):
+                    if self._watch.cause is not None:
+                        # Kept here too: a cool-down next serves this session from here.
+                        await self.local.newest([key], [snapshot])
                     return True
                 if self._watch.cause is None:
                     return False  # a concurrent writer's snapshot is as good as this one
@@ -208,7 +130,7 @@ class ResilientStore:
             "note_seen",
             lambda: self.remote.note_seen(key, sighting),
             lambda: self.local.note_seen(key, sighting),
-            _always,
+            always_written,
         )
 
     async def load_seen(self, key: SessionKey) -> Sighting | None:
@@ -223,7 +145,7 @@ class ResilientStore:
             await self._release_remote(key, self._owed[key])
         if not self.degraded:
             with contextlib.suppress(StoreError):
-                token = await self._tried("acquire", self.remote.acquire(key, ttl_s), _written)
+                token = await self._tried("acquire", self.remote.acquire(key, ttl_s), written)
                 if token is not None:
                     self._lease(key, token, ttl_s)
                 return token
@@ -316,7 +238,7 @@ class ResilientStore:
             "save_window",
             lambda: self.remote.save_window(key, tokens, ttl_s),
             lambda: self.local.save_window(key, tokens, ttl_s),
-            _always,
+            always_written,
         )
 
     async def list_sessions(self, limit: int) -> list[tuple[SessionKey, Snapshot]]:
@@ -326,32 +248,9 @@ class ResilientStore:
             lambda: self.local.list_sessions(limit),
         )
 
-    @property
-    def one_server(self) -> bool:
-        return self.remote.one_server
-
-    async def ping(self) -> bool:
-        return await self.remote.ping()
-
-    async def probe(self) -> None:
-        """A write of the probe key (a cluster's: one on every primary), counted like any
-        call (``StoreError`` if refused)."""
-        self._watch.probing()
-        await self._tried("probe", self.remote.probe(), _always)
-
-    async def health(self) -> Health:
-        """The store's state as recent calls left it; a probe's first when it would tell
-        more (``StoreWatch.probe_due``: with no write nor failure seen for
-        ``PROBE_AFTER_S``, or at most once per ``SETTLE_S`` while failing)."""
-        if self._watch.probe_due:
-            with contextlib.suppress(StoreError):
-                await self.probe()
-        return self._watch.health
-
     async def aclose(self) -> None:
+        await self._stop_probing()
         retries = list(self._retries.values())
-        if self._prober is not None:
-            retries.append(self._prober)
         for task in retries:
             task.cancel()
         await asyncio.gather(*retries, return_exceptions=True)

@@ -290,19 +290,10 @@ def test_one_full_cluster_primary_under_load_keeps_readiness_failed_and_names_it
     sim_reset: str, redis_cluster: RedisCluster, start_proxy: Callable[..., str]
 ) -> None:
     owners = slot_owners(redis_cluster)
-    unprobed = {owners[key_slot(b"cp:health:probe")]}
-    full = next(i for i in range(redis_cluster.PRIMARIES) if i not in unprobed)
-    tenant = tenant_from_headers({"authorization": AUTH["Authorization"]})
-
-    def on(name: str) -> int:
-        key = session_from_header(tenant, name).storage_key
-        return owners[key_slot(f"cp:snap:{{{key}}}".encode())]
-
-    # Half the sessions on the primary made full, half elsewhere.
-    candidates = names(200, "cluster")
-    sessions = [s for s in candidates if on(s) == full][:2]
-    sessions += [s for s in candidates if on(s) != full][:2]
-    own = next(n for n in candidates if owners[key_slot(n.encode())] == full)
+    probed = owners[key_slot(b"cp:health:probe")]
+    full = next(i for i in range(redis_cluster.PRIMARIES) if i != probed)
+    sessions = sessions_on(owners, full, "cluster")
+    own = next(n for n in names(200, "own") if owners[key_slot(n.encode())] == full)
     url = start_proxy(settings(sim_reset, redis_cluster.url))
     node = redis.Redis.from_url(redis_cluster.node_urls[full], socket_timeout=5)
     try:
@@ -318,3 +309,71 @@ def test_one_full_cluster_primary_under_load_keeps_readiness_failed_and_names_it
         node.close()
     print(f"cluster: {summaries} summaries for {versions} versions, {len(polls.ready)} polls")
     assert_held(polls, summaries, versions, "degraded (oom, 1/3 primaries)")
+
+
+def sessions_on(owners: dict[int, int], primary: int, prefix: str) -> list[str]:
+    """Two sessions whose snapshots are on ``primary``, two on other primaries."""
+    tenant = tenant_from_headers({"authorization": AUTH["Authorization"]})
+
+    def on(name: str) -> int:
+        key = session_from_header(tenant, name).storage_key
+        return owners[key_slot(f"cp:snap:{{{key}}}".encode())]
+
+    candidates = names(200, prefix)
+    return [s for s in candidates if on(s) == primary][:2] + [
+        s for s in candidates if on(s) != primary
+    ][:2]
+
+
+def test_a_killed_cluster_primary_keeps_readiness_failed_until_its_replica_serves(
+    sim_reset: str, tmp_path: Any, start_proxy: Callable[..., str]
+) -> None:
+    """Each primary with a replica; one primary killed under load: not ok until the
+    replica has taken its slots (a probe write on every primary), and not ok meanwhile
+    whatever the other primaries take."""
+    cluster = RedisCluster(redis_binary(), tmp_path, full_coverage=False, replicas=1)
+    cluster.start()
+    try:
+        owners = slot_owners(cluster)
+        before = cluster.primaries()
+        assert len(before) == RedisCluster.PRIMARIES
+        victim = next(i for i in before if i != owners[key_slot(b"cp:health:probe")])
+        sessions = sessions_on(owners, victim, "failover")
+        url = start_proxy(settings(sim_reset, cluster.url))
+        said: list[tuple[int, str]] = []
+        with httpx.Client(timeout=5) as http, Load(url, sessions) as load:
+            until(
+                lambda: {s for s, _ in load.compacted()} == set(sessions),
+                30,
+                "every session compacted before the fault",
+            )
+            summaries, killed = stats(sim_reset)["summaries"], time.monotonic()
+            cluster.kill_node(victim)  # SIGKILL, by PID
+            until(
+                lambda: http.get(f"{url}/readyz").status_code == 503,
+                FAILS_WITHIN_S,
+                "never not-ok",
+            )
+            deadline = time.monotonic() + 30
+            while not said or said[-1][0] != 200:
+                assert time.monotonic() < deadline, f"never ok again: {said[-3:]}"
+                r = http.get(f"{url}/readyz")
+                said.append((r.status_code, r.json()["store"]))
+                if r.status_code == 200:
+                    promoted = cluster.primaries()  # at once: has the replica taken over?
+                    break
+                time.sleep(POLL_S)
+            summaries, ok_at = stats(sim_reset)["summaries"] - summaries, time.monotonic()
+        versions = len(load.compacted(killed, ok_at))
+        assert load.failures == [], load.failures[:3]
+    finally:
+        cluster.stop()
+    print(f"failover: {summaries} summaries for {versions} versions, {len(said)} polls")
+    assert victim not in promoted
+    assert len(promoted) == RedisCluster.PRIMARIES, (
+        f"ok after {len(said)} polls, before a replica took the slots: {said[-3:]}"
+    )
+    assert "unreachable (connection, 1/3 primaries)" in {store for _, store in said}, said
+    assert summaries <= SUMMARIES_PER_VERSION * max(versions, 1), (
+        f"{summaries} summaries for {versions} versions"
+    )

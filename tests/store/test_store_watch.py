@@ -416,3 +416,21 @@ def test_the_cool_down_is_jittered_between_half_of_cooldown_s_and_all_of_it(
     assert w.cooling
     clock.advance(0.01)
     assert not w.cooling
+
+
+async def test_while_failing_what_the_store_took_is_kept_here_for_the_next_cool_down(
+    store: ResilientStore, remote: RefusingStore, clock: FakeClock
+) -> None:
+    """A cluster with a primary down: other primaries take writes between cool-downs; in
+    the next one the session goes on from its newest snapshot, not from an older one."""
+    remote.refusal = OOM
+    await store.note_seen(KEY, Sighting(1, 10, "m", 0.0))  # failing
+    remote.refusal = None
+    assert await store.save(KEY, snap(1, "taken"))  # written there, failing still
+    assert str(store._watch.health) == "degraded (oom)"
+    remote.refusal, remote.reads_refused = REFUSED, True
+    assert await store.load_window("up|m") is None  # the cool-down starts
+    assert store.degraded
+    loaded = await store.load(KEY)
+    assert loaded is not None
+    assert (loaded.version, loaded.summary) == (1, "taken")
