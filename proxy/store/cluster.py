@@ -34,8 +34,9 @@ from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisClusterException, RedisError, SlotNotCoveredError
 
 from proxy.errors import ConfigError
 from proxy.store.health import ProbeFailed
@@ -110,8 +111,12 @@ class QueuedCluster(RedisCluster):
     async def probe_primaries(self, key: Callable[[int], str]) -> None:
         """The readiness probe: ``SET key(n) 1 PX 10000`` on every primary at once
         (``keys_per_primary``); ``ProbeFailed`` naming those that refused or did not
-        answer, raised from the first one's error."""
+        answer, raised from the first one's error; ``SlotNotCoveredError`` if some slots
+        have no primary in the slot map."""
         names = await self.keys_per_primary(key)
+        covered = len(self.nodes_manager.slots_cache)
+        if covered < REDIS_CLUSTER_HASH_SLOTS:  # slots no primary serves: none to probe
+            raise SlotNotCoveredError(f"{covered} of {REDIS_CLUSTER_HASH_SLOTS} slots served")
         done = await asyncio.gather(
             *(self.set(name, "1", px=10_000) for name in names.values()), return_exceptions=True
         )
