@@ -41,7 +41,7 @@ STORE_OPERATIONS = (
     "load_seen",
     "remember_items",
     "recall_items",
-    "probe",  # /readyz's write when none was seen lately (store/resilient.py)
+    "probe",  # the readiness write (every primary of a cluster): store/resilient.py
 )
 # What a failed store operation met (store/failures.py): a redirect to another cluster
 # node, a read-only replica, a full Redis (maxmemory, noeviction), a cross-slot call, an

@@ -107,13 +107,24 @@ class ItemStore(Protocol):
 
 
 class Remote(Snapshots, Sightings, LockStore, WindowStore, Protocol):
-    """What a shared store does (``RedisStore``), which ``ResilientStore`` wraps."""
+    """What a shared store does (``RedisStore``), which ``ResilientStore`` wraps.
+
+    A write (``save``, ``note_seen``, ``acquire``, ``save_window``, ``probe``) that
+    returns without ``StoreError`` was performed, except where its result says it was
+    not: a ``save`` that lost the race (False), an ``acquire`` of a held lock (None)."""
+
+    @property
+    def one_server(self) -> bool:
+        """Every key on one server, so a write it performed shows the whole store takes
+        writes; False for a cluster, where only ``probe`` (every primary) shows that."""
+        ...
 
     async def ping(self) -> bool: ...
 
     async def probe(self) -> None:
-        """One small write that expires by itself; ``StoreError`` if the store refuses
-        it. A PING does not tell: a read-only replica and a full Redis answer it."""
+        """Small writes that expire by themselves, one on every primary of a cluster;
+        ``StoreError`` if the store refuses any (``health.ProbeFailed``: which
+        primaries). A PING does not tell: a read-only replica and a full Redis answer it."""
         ...
 
     async def aclose(self) -> None: ...

@@ -16,13 +16,14 @@ a replica off Redis (``ResilientStore``) with nothing wrong with Redis, so calls
 wait for one of ``places`` (each holds at most one connection per node) for up to
 ``wait_s`` instead. And the slot map is read before the first call, not by each of a
 burst of first calls at once (``QueuedCluster.place``); a primary that goes down fails
-the calls to its own slots only (``_CommandTable``).
+the calls to its own slots only (``_CommandTable``). ``keys_per_primary`` finds the
+readiness probe a key on each primary: a write to one key shows one primary only.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -33,13 +34,21 @@ from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError, SlotNotCoveredError
 
 from proxy.errors import ConfigError
+from proxy.store.health import ProbeFailed
 
 # Set while a task holds a place: a pipeline that retries a redirected command through
 # the client must not wait for a second one (it could wait on itself).
 _holding: ContextVar[bool] = ContextVar("cluster_place_held", default=False)
+# Keys tried to find one per primary: a primary owning a few slots only may go unfound
+# (and unprobed); with slots spread evenly a handful of tries suffice.
+_PROBE_TRIES = 65_536
+# What a call raises (connect.ERRORS: connect.py imports this module).
+ERRORS = (RedisError, RedisClusterException)
 
 
 class QueuedCluster(RedisCluster):
@@ -50,6 +59,8 @@ class QueuedCluster(RedisCluster):
         self.commands_parser = _CommandTable()
         self._places = asyncio.Semaphore(places)
         self._wait_s = wait_s
+        # The slot map the probe's keys were found for, and the keys (keys_per_primary).
+        self._probe_keys: tuple[dict[int, Any], dict[str, str]] | None = None
 
     @asynccontextmanager
     async def place(self) -> AsyncIterator[None]:
@@ -75,6 +86,58 @@ class QueuedCluster(RedisCluster):
         finally:
             _holding.reset(held)
             self._places.release()
+
+    async def keys_per_primary(self, key: Callable[[int], str]) -> dict[str, str]:
+        """For each primary that owns slots (by its ``host:port``), a key ``key(n)`` that
+        hashes to one of its slots: the readiness probe writes one to each. Searched
+        again only when the slot map changed under the last ones found."""
+        async with self.place():
+            pass  # the slot map read first, as for any call
+        slots = self.nodes_manager.slots_cache
+        found = self._probe_keys
+        if found is None or found[0] is not slots or not self._still_owned(found[1]):
+            owners = {nodes[0].name for nodes in slots.values() if nodes}
+            keys: dict[str, str] = {}
+            for n in range(_PROBE_TRIES):
+                name = key(n)
+                owner = slots.get(self.keyslot(name))
+                if owner and owner[0].name not in keys:
+                    keys[owner[0].name] = name
+                    if len(keys) == len(owners):
+                        break
+            found = self._probe_keys = (slots, keys)
+        return found[1]
+
+    async def probe_primaries(self, key: Callable[[int], str]) -> None:
+        """The readiness probe: ``SET key(n) 1 PX 10000`` on every primary at once
+        (``keys_per_primary``); ``ProbeFailed`` naming those that refused or did not
+        answer, raised from the first one's error; ``SlotNotCoveredError`` if some slots
+        have no primary in the slot map."""
+        names = await self.keys_per_primary(key)
+        covered = len(self.nodes_manager.slots_cache)
+        if covered < REDIS_CLUSTER_HASH_SLOTS:  # slots no primary serves: none to probe
+            raise SlotNotCoveredError(f"{covered} of {REDIS_CLUSTER_HASH_SLOTS} slots served")
+        done = await asyncio.gather(
+            *(self.set(name, "1", px=10_000) for name in names.values()), return_exceptions=True
+        )
+        failed = [(node, e) for node, e in zip(names, done, strict=True) if e is not True]
+        for _, error in failed:
+            if isinstance(error, BaseException) and not isinstance(error, ERRORS):
+                raise error  # not the store's answer: cancelled, or a bug
+        if failed:
+            first = failed[0][1]
+            cause = first if isinstance(first, BaseException) else None
+            nodes = [node for node, _ in failed]
+            message = f"redis probe failed on {len(nodes)}/{len(names)} primaries"
+            detail = type(first).__name__ if cause else "not written"
+            raise ProbeFailed(f"{message}: {detail}", nodes, len(names)) from cause
+
+    def _still_owned(self, keys: dict[str, str]) -> bool:
+        slots = self.nodes_manager.slots_cache
+        return all(
+            (owner := slots.get(self.keyslot(name))) and owner[0].name == node
+            for node, name in keys.items()
+        )
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         async with self.place():

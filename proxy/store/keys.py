@@ -13,13 +13,14 @@ one server (redis://)             a cluster (redis+cluster://)
 {prefix}:shadow-snap:{key}        {prefix}:shadow-snap:{{key}}   shadow mode's snapshot
 {prefix}:shadow-lock:{key}        {prefix}:shadow-lock:{{key}}   its summarization lock
 {prefix}:win:{key}                {prefix}:win:{key}       string learned window, PX ttl
-{prefix}:health:probe             (the same)               string "1", PX 10 s (/readyz)
+{prefix}:health:probe             {prefix}:health:probe:{n}   string "1", PX 10 s (/readyz)
 ```
 
 On a cluster a session's keys carry its storage key as a hash tag (the braces), so they
 share one slot: the ``DEL`` of a snapshot and its sighting is one command on one node.
 Every Lua script touches one key. A window is one key read or written alone, so it needs
-no tag.
+no tag. A cluster's probe writes one key on each primary, ``n`` (a number) chosen so that
+its slot is that primary's.
 
 One server keeps the layout it always had, untagged: an upgrade finds every snapshot
 where the previous release left it and no session is summarized again, with no
@@ -49,9 +50,10 @@ class KeyLayout:
     def window(self, key: str) -> str:
         return f"{self.prefix}:win:{key}"
 
-    def probe(self) -> str:
-        """``/readyz``'s write when no other was seen lately (resilient.py)."""
-        return f"{self.prefix}:health:probe"
+    def probe(self, tag: int | None = None) -> str:
+        """``/readyz``'s write (resilient.py); a cluster's, hash-tagged ``tag``."""
+        name = f"{self.prefix}:health:probe"
+        return name if tag is None else f"{name}:{{{tag}}}"
 
     def snapshots(self) -> str:
         """What every snapshot key starts with (a scan's pattern, before its ``*``)."""

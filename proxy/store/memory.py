@@ -223,6 +223,10 @@ class MemoryStore:
         live = ((k, snap) for k, (expires, snap) in data if expires >= now and not k.shadow)
         return [entry for _, entry in zip(range(limit), live, strict=False)]
 
+    @property
+    def one_server(self) -> bool:
+        return True
+
     async def ping(self) -> bool:
         return True
 

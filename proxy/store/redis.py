@@ -41,6 +41,7 @@ from proxy.core.snapshot import Snapshot
 from proxy.errors import ConfigError, StoreError
 from proxy.store import Sighting, lua
 from proxy.store import redis_scans as scans
+from proxy.store.cluster import QueuedCluster
 from proxy.store.codec import (
     NewerFormat,
     SnapshotCipher,
@@ -52,6 +53,7 @@ from proxy.store.codec import (
     window_tokens,
 )
 from proxy.store.connect import ERRORS, Client, close_redis, is_cluster, open_redis
+from proxy.store.health import ProbeFailed
 from proxy.store.keys import KeyLayout
 
 if TYPE_CHECKING:
@@ -273,9 +275,18 @@ class RedisStore:
         except ERRORS:
             return False
 
+    @property
+    def one_server(self) -> bool:
+        return not isinstance(self._redis, QueuedCluster)
+
     async def probe(self) -> None:
         try:
-            await self._redis.set(self._keys.probe(), "1", px=10_000)
+            if isinstance(self._redis, QueuedCluster):
+                await self._redis.probe_primaries(self._keys.probe)
+            else:
+                await self._redis.set(self._keys.probe(), "1", px=10_000)
+        except ProbeFailed:
+            raise
         except ERRORS as exc:
             raise StoreError(f"redis probe failed: {type(exc).__name__}") from exc
 

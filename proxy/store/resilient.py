@@ -3,13 +3,15 @@
 A call that fails with ``StoreError`` (Redis down, slow, a read-only replica, full)
 is served from this replica's own in-process store instead; every failure is counted
 by kind, every call served locally too, and the store reads as failing until a write
-succeeds again (``health.StoreWatch``: which failures leave the store untried for a
-cool-down, so no request waits on a dead server more than once per cool-down; what
-is logged). Reconnection needs no restart. While failing, a snapshot this replica
-saved locally wins over an older one the store still answers with (a replica's or a
-full Redis's reads go on). ``/readyz`` asks ``health``: with no write seen lately it
-writes a probe key (a PING would pass). This is the one place a store outage becomes
-"no snapshot".
+it performed shows it takes writes again (``health.StoreWatch``: which writes prove
+that, which failures leave the store untried for a cool-down, so no request waits on a
+dead server more than once per cool-down; what is logged). Reconnection needs no
+restart. While failing, a snapshot this replica saved locally wins over an older one
+the store still answers with (a replica's or a full Redis's reads go on), and what the
+store answered or took is kept locally too, so a cool-down (or a primary down, on a
+cluster) does not send a session back to an older snapshot. ``/readyz`` asks
+``health``, which probes with a write (``watched.py``: a PING would pass). This is the
+one place a store outage becomes "no snapshot".
 
 A summarization lock taken in Redis is always released there, outage or not: a lock
 left behind would make the session's next turns wait for a holder that is long gone.
@@ -23,25 +25,22 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
 from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
-from proxy.observe.series import STORE_OPERATIONS
 from proxy.store import Remote, Sighting
-from proxy.store.failures import failure_kind
 from proxy.store.health import COOLDOWN_S as COOLDOWN_S  # re-exported: tests' clocks
 from proxy.store.health import LOG_INTERVAL_S as LOG_INTERVAL_S
-from proxy.store.health import Health, Reports, StoreWatch
+from proxy.store.health import Reports
 from proxy.store.memory import MemoryStore
+from proxy.store.watched import WatchedRemote, always_written, written
 
 log = logging.getLogger("proxy.store")
 
-T = TypeVar("T")
 # Pauses before each background retry of a failed lock release (~16 s in all).
 RELEASE_BACKOFF_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # Leases of locks that were never released (a caller bug) are dropped past this many.
@@ -56,7 +55,7 @@ class _Lease:
     expires: float
 
 
-class ResilientStore:
+class ResilientStore(WatchedRemote):
     def __init__(
         self,
         remote: Remote,
@@ -66,12 +65,9 @@ class ResilientStore:
         release_backoff_s: Sequence[float] = RELEASE_BACKOFF_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.remote = remote
-        self.local = local
+        super().__init__(remote, local, metrics, clock)
         self._metrics = metrics
-        self._latency = {op: metrics.store_duration.labels(operation=op) for op in STORE_OPERATIONS}
         self._clock = clock
-        self._watch = StoreWatch(metrics.store, clock)
         self._release_backoff_s = tuple(release_backoff_s)
         # Owner token -> lease, for locks taken in the remote store.
         self._leases: dict[str, _Lease] = {}
@@ -80,44 +76,6 @@ class ResilientStore:
         # Owner token -> the background task retrying its release.
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._reports = Reports(clock)
-
-    @property
-    def degraded(self) -> bool:
-        """In the cool-down after a failure: calls are served locally, the store untried."""
-        return self._watch.cooling
-
-    async def _call(
-        self, op: str, remote: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]]
-    ) -> T:
-        if not self.degraded:
-            with contextlib.suppress(StoreError):
-                return await self._tried(op, remote())
-        self._watch.fell_back(op)
-        return await local()
-
-    async def _read(
-        self, op: str, remote: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]]
-    ) -> T:
-        """``_call``; while the store fails, the local value where the store has none (it
-        refused the write that would have put it there)."""
-        found = await self._call(op, remote, local)
-        if found is None and self._watch.cause is not None:
-            return await local()
-        return found
-
-    async def _tried(self, op: str, call: Awaitable[T]) -> T:
-        """A remote call, timed (failures included) and told to the watch; ``StoreError``
-        raised on."""
-        started = time.perf_counter()
-        try:
-            result = await call
-        except StoreError as exc:
-            self._watch.failed(op, failure_kind(exc), exc)
-            raise
-        finally:
-            self._latency[op].observe(time.perf_counter() - started)
-        self._watch.succeeded(op)
-        return result
 
     async def load(self, key: SessionKey) -> Snapshot | None:
         loaded = await self._call(
@@ -145,12 +103,24 @@ class ResilientStore:
         return newest
 
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
-        return await self._call(
-            "save", lambda: self.remote.save(key, snapshot), lambda: self.local.save(key, snapshot)
-        )
+        if not self.degraded:
+            with contextlib.suppress(StoreError):
+                # False: the compare-and-swap lost, nothing written.
+                if await self._tried("save", self.remote.save(key, snapshot), written):
+                    if self._watch.cause is not None:
+                        # Kept here too: a cool-down next serves this session from here.
+                        await self.local.newest([key], [snapshot])
+                    return True
+                if self._watch.cause is None:
+                    return False  # a concurrent writer's snapshot is as good as this one
+                # Failing: the store refused this replica's last writes, so it is behind
+                # the chain kept here, and loses every compare-and-swap on it.
+        self._watch.fell_back("save")
+        return await self.local.save(key, snapshot)
 
     async def delete(self, key: SessionKey) -> bool:
         await self.local.delete(key)
+        # Not a proof of writes whatever it deleted: a full Redis still deletes.
         return await self._call(
             "delete", lambda: self.remote.delete(key), lambda: self.local.delete(key)
         )
@@ -160,6 +130,7 @@ class ResilientStore:
             "note_seen",
             lambda: self.remote.note_seen(key, sighting),
             lambda: self.local.note_seen(key, sighting),
+            always_written,
         )
 
     async def load_seen(self, key: SessionKey) -> Sighting | None:
@@ -174,7 +145,7 @@ class ResilientStore:
             await self._release_remote(key, self._owed[key])
         if not self.degraded:
             with contextlib.suppress(StoreError):
-                token = await self._tried("acquire", self.remote.acquire(key, ttl_s))
+                token = await self._tried("acquire", self.remote.acquire(key, ttl_s), written)
                 if token is not None:
                     self._lease(key, token, ttl_s)
                 return token
@@ -267,6 +238,7 @@ class ResilientStore:
             "save_window",
             lambda: self.remote.save_window(key, tokens, ttl_s),
             lambda: self.local.save_window(key, tokens, ttl_s),
+            always_written,
         )
 
     async def list_sessions(self, limit: int) -> list[tuple[SessionKey, Snapshot]]:
@@ -276,22 +248,8 @@ class ResilientStore:
             lambda: self.local.list_sessions(limit),
         )
 
-    async def ping(self) -> bool:
-        return await self.remote.ping()
-
-    async def probe(self) -> None:
-        """A write of the probe key, counted like any call (``StoreError`` if refused)."""
-        await self._tried("probe", self.remote.probe())
-
-    async def health(self) -> Health:
-        """The store's state as recent calls left it; with no write nor failure seen for
-        ``PROBE_AFTER_S`` (no traffic, or reads only), a probe's first."""
-        if self._watch.stale:
-            with contextlib.suppress(StoreError):
-                await self.probe()
-        return self._watch.health
-
     async def aclose(self) -> None:
+        await self._stop_probing()
         retries = list(self._retries.values())
         for task in retries:
             task.cancel()

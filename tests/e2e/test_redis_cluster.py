@@ -249,3 +249,35 @@ async def build_and_close(settings: Settings) -> None:
 def test_a_standalone_server_is_not_refused(tmp_path: Path, redis_server: Any) -> None:
     out = cli("check-config", write_config(tmp_path, {"store": {"url": redis_server.url}}))
     assert out.returncode == 0, out.stderr
+
+
+async def test_the_readiness_probe_writes_on_every_primary_and_names_the_one_refusing(
+    redis_cluster: RedisCluster,
+) -> None:
+    """One key hashes to one primary: the probe writes a key of its own on each, and a
+    full one is named (the proxy's /readyz: 'degraded (oom, 1/3 primaries)')."""
+    from proxy.store.health import ProbeFailed
+
+    store = RedisStore(redis_cluster.url, ttl_s=3600)
+    full = redis.Redis.from_url(redis_cluster.node_urls[1], socket_timeout=2)
+    try:
+        assert not store.one_server
+        await store.probe()
+        probes = keys_by_node(redis_cluster, "cp:health:probe*")
+        assert all(len(keys) == 1 for keys in probes), probes
+        full.config_set("maxmemory-policy", "noeviction")
+        full.config_set("maxmemory", 1)
+        with pytest.raises(ProbeFailed) as failed:
+            await store.probe()
+        assert failed.value.failing == (f"127.0.0.1:{redis_cluster.ports[1]}",)
+        assert failed.value.primaries == 3
+        assert isinstance(failed.value.__cause__, redis.exceptions.OutOfMemoryError)
+    finally:
+        full.config_set("maxmemory", 0)
+        full.close()
+        await store.aclose()
+    again = RedisStore(redis_cluster.url, ttl_s=3600)
+    try:
+        await again.probe()  # room again: every primary takes it
+    finally:
+        await again.aclose()

@@ -6,6 +6,7 @@ seen lately. (Against real redis-servers: tests/e2e/test_store_health_e2e.py.)""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -17,7 +18,15 @@ from proxy.core.session import SessionKey, session_from_header
 from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
 from proxy.store import Sighting, Snapshot
-from proxy.store.health import COOLDOWN_S, PROBE_AFTER_S
+from proxy.store.health import (
+    COOLDOWN_S,
+    PROBE_AFTER_S,
+    SETTLE_S,
+    Health,
+    ProbeFailed,
+    StoreWatch,
+    jittered_cooldown,
+)
 from proxy.store.memory import MemoryStore
 from proxy.store.resilient import ResilientStore
 from tests.support.fakes import TENANT, FakeClock
@@ -33,11 +42,19 @@ class RefusingStore(MemoryStore):
     """The remote store: while ``refusal`` is set, its writes (and its reads too with
     ``reads_refused``) raise ``StoreError`` from it, as RedisStore does."""
 
-    def __init__(self, clock: FakeClock) -> None:
+    def __init__(self, clock: FakeClock, *, one_server: bool = True) -> None:
         super().__init__(ttl_s=3600, clock=clock)
         self.refusal: Exception | None = None
         self.reads_refused = False
+        # A full Redis or a replica still runs a script that returns before its write:
+        # a compare-and-swap that lost answers 0, no error.
+        self.scripts_run = False
         self.calls: Counter[str] = Counter()
+        self._one_server = one_server
+
+    @property
+    def one_server(self) -> bool:
+        return self._one_server
 
     def _check(self, op: str, *, write: bool = True) -> None:
         self.calls[op] += 1
@@ -61,8 +78,17 @@ class RefusingStore(MemoryStore):
         await super().save_window(key, tokens, ttl_s)
 
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
-        self._check("save")
+        current = await super().load(key)
+        lost = (current.version if current else 0) != snapshot.version - 1
+        if lost and self.scripts_run:
+            self.calls["save"] += 1
+        else:
+            self._check("save")
         return await super().save(key, snapshot)
+
+    async def release(self, key: SessionKey, token: str) -> None:
+        self.calls["release"] += 1  # a DEL: a full Redis still deletes
+        await super().release(key, token)
 
     async def note_seen(self, key: SessionKey, sighting: Sighting) -> None:
         self._check("note_seen")
@@ -151,6 +177,8 @@ async def test_reads_that_succeed_neither_end_the_failure_nor_say_shared_again(
 
         remote.refusal = None  # promoted: writes succeed
         await store.note_seen(KEY, Sighting(9, 10, "m", 0.0))
+        assert value(metrics, "store_degraded") == 1, "a failure just met: not yet"
+        clock.advance(SETTLE_S)
         await store.note_seen(KEY, Sighting(10, 10, "m", 0.0))
     assert value(metrics, "store_degraded") == 0
     assert str(await store.health()) == "ok"
@@ -241,3 +269,168 @@ async def test_while_failing_a_snapshot_saved_locally_wins_over_the_stores_older
     loaded = await store.load(KEY)
     assert loaded is not None
     assert loaded.summary == "theirs", "once writes succeed the store is the truth again"
+
+
+# Only a write the store performed ends a failure, and only once no call failed for
+# SETTLE_S: a full Redis or a replica runs a compare-and-swap that lost (0, no error) and
+# deletes, and readiness must not flap with those.
+
+
+async def test_a_compare_and_swap_that_wrote_nothing_does_not_end_the_failure(
+    store: ResilientStore,
+    remote: RefusingStore,
+    clock: FakeClock,
+    metrics: Metrics,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert await store.save(KEY, snap(1, "shared"))
+    remote.refusal, remote.scripts_run = OOM, True  # full: the CAS that loses still runs
+    with caplog.at_level(logging.WARNING, "proxy.store"):
+        await store.note_seen(KEY, Sighting(1, 10, "m", 0.0))  # refused: failing
+        assert (await store.load(KEY)) == snap(1, "shared")  # kept locally too now
+        assert await store.save(KEY, snap(2, "mine"))  # refused, kept locally
+        for version in range(3, 8):
+            clock.advance(SETTLE_S)
+            # The store is at v1: its CAS of each later version returns 0, no error.
+            assert await store.save(KEY, snap(version, "mine"))
+            assert remote.calls["save"] == version
+            token = await store.acquire(session_from_header(TENANT, f"l{version}"), 60)
+            assert token is not None  # refused remotely: a local lock
+            await store.delete(session_from_header(TENANT, "gone"))
+            assert str(store._watch.health) == "degraded (oom)"
+            assert value(metrics, "store_degraded") == 1
+        loaded = await store.load(KEY)
+        assert loaded is not None
+        assert (loaded.version, loaded.summary) == (7, "mine"), "the stale v1 not served"
+        assert str(await store.health()) == "degraded (oom)", "the probe is refused too"
+    assert lines(caplog, "reachable again") == []
+
+
+def watch(clock: FakeClock, metrics: Metrics, *, one_server: bool = True) -> StoreWatch:
+    return StoreWatch(metrics.store, clock, one_server=one_server, cooldown=lambda: COOLDOWN_S)
+
+
+def test_a_performed_write_ends_a_failure_only_settle_s_after_the_last_failure(
+    clock: FakeClock, metrics: Metrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = watch(clock, metrics)
+    with caplog.at_level(logging.WARNING, "proxy.store"):
+        w.failed("save", "oom", StoreError("full"))
+        clock.advance(SETTLE_S * 0.9)
+        w.failed("note_seen", "oom", StoreError("full"))  # the window starts again
+        clock.advance(SETTLE_S * 0.5)
+        w.wrote("note_seen")  # taken while memory freed for an instant
+        assert str(w.health) == "degraded (oom)"
+        assert value(metrics, "store_degraded") == 1
+        clock.advance(SETTLE_S * 0.5)
+        w.wrote("save")  # SETTLE_S since the last failure
+    assert w.health == Health()
+    assert value(metrics, "store_degraded") == 0
+    assert len(lines(caplog, "reachable again")) == 1
+    w.wrote("save")
+    assert len(lines(caplog, "reachable again")) == 1, "said once"
+
+
+def test_readiness_probes_at_most_once_per_settle_s_while_failing(
+    clock: FakeClock, metrics: Metrics
+) -> None:
+    w = watch(clock, metrics)
+    assert w.probe_due  # nothing seen yet
+    w.probing()
+    w.wrote("probe")
+    assert not w.probe_due
+    clock.advance(PROBE_AFTER_S - 0.1)
+    w.wrote("save")
+    clock.advance(PROBE_AFTER_S - 0.1)
+    assert not w.probe_due, "a write seen lately says enough"
+    w.failed("note_seen", "readonly", StoreError("replica"))
+    assert w.probe_due, "failing: a probe names it, and may end it"
+    w.probing()
+    w.failed("probe", "readonly", StoreError("replica"))
+    clock.advance(SETTLE_S * 0.9)
+    assert not w.probe_due
+    clock.advance(SETTLE_S * 0.1)
+    assert w.probe_due
+
+
+def test_on_a_cluster_only_a_probe_of_every_primary_ends_a_failure(
+    clock: FakeClock, metrics: Metrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = watch(clock, metrics, one_server=False)
+    full = ProbeFailed("redis probe failed on 1/3 primaries", ["127.0.0.1:7002"], 3)
+    with caplog.at_level(logging.WARNING, "proxy.store"):
+        w.probing()
+        w.failed("probe", "oom", full)
+    assert str(w.health) == "degraded (oom, 1/3 primaries)"
+    assert [line for line in lines(caplog, "store unavailable") if "127.0.0.1:7002" in line]
+    for _ in range(5):
+        clock.advance(SETTLE_S)
+        w.wrote("save")  # a write to another primary's slots
+        assert str(w.health) == "degraded (oom, 1/3 primaries)"
+    assert w.probe_due
+    w.probing()
+    w.wrote("probe")
+    assert w.health == Health()
+    clock.advance(PROBE_AFTER_S - 0.1)
+    w.wrote("save")
+    clock.advance(0.1)
+    assert w.probe_due, "a write to one primary says nothing of the others"
+    down = ProbeFailed("redis probe failed on 1/3 primaries", ["127.0.0.1:7001"], 3)
+    w.failed("probe", "connection", down)
+    assert str(w.health) == "unreachable (connection, 1/3 primaries)"
+    assert w.cooling
+
+
+async def test_on_a_cluster_a_write_performed_while_failing_starts_a_probe(
+    clock: FakeClock, metrics: Metrics
+) -> None:
+    """No /readyz polling needed: the store finds its way back with traffic alone."""
+    remote = RefusingStore(clock, one_server=False)
+    store = ResilientStore(remote, MemoryStore(ttl_s=3600, clock=clock), metrics, clock=clock)
+    try:
+        remote.refusal = OOM
+        await store.note_seen(KEY, Sighting(1, 10, "m", 0.0))
+        remote.refusal = None
+        await store.note_seen(KEY, Sighting(2, 10, "m", 0.0))
+        clock.advance(SETTLE_S)
+        await store.note_seen(KEY, Sighting(3, 10, "m", 0.0))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert remote.calls["probe"] == 1
+        assert value(metrics, "store_degraded") == 0
+        assert str(await store.health()) == "ok"
+    finally:
+        await store.aclose()
+
+
+def test_the_cool_down_is_jittered_between_half_of_cooldown_s_and_all_of_it(
+    clock: FakeClock, metrics: Metrics
+) -> None:
+    draws = [jittered_cooldown() for _ in range(200)]
+    assert min(draws) > COOLDOWN_S / 2
+    assert max(draws) <= COOLDOWN_S
+    assert max(draws) - min(draws) > COOLDOWN_S / 4, "replicas do not reconnect at once"
+    w = StoreWatch(metrics.store, clock, cooldown=lambda: 1.3)
+    w.failed("load", "timeout", StoreError("timed out"))
+    clock.advance(1.29)
+    assert w.cooling
+    clock.advance(0.01)
+    assert not w.cooling
+
+
+async def test_while_failing_what_the_store_took_is_kept_here_for_the_next_cool_down(
+    store: ResilientStore, remote: RefusingStore, clock: FakeClock
+) -> None:
+    """A cluster with a primary down: other primaries take writes between cool-downs; in
+    the next one the session goes on from its newest snapshot, not from an older one."""
+    remote.refusal = OOM
+    await store.note_seen(KEY, Sighting(1, 10, "m", 0.0))  # failing
+    remote.refusal = None
+    assert await store.save(KEY, snap(1, "taken"))  # written there, failing still
+    assert str(store._watch.health) == "degraded (oom)"
+    remote.refusal, remote.reads_refused = REFUSED, True
+    assert await store.load_window("up|m") is None  # the cool-down starts
+    assert store.degraded
+    loaded = await store.load(KEY)
+    assert loaded is not None
+    assert (loaded.version, loaded.summary) == (1, "taken")

@@ -13,7 +13,9 @@ from tests.support.servers import TestCA, check_server_allowed
 
 class RedisCluster:
     """A real 3-primary Redis Cluster on loopback (``redis-server --cluster-enabled yes``
-    x3, joined by ``redis-cli --cluster create``), killed by PID on ``stop``.
+    x3, joined by ``redis-cli --cluster create``), killed by PID on ``stop``; with
+    ``replicas``, that many replicas of each primary too (``primaries`` says which nodes
+    are primaries now).
 
     ``url`` is the proxy's ``redis+cluster://`` URL naming every node; ``node_urls``
     each node's plain ``redis://`` URL. With ``tls``, nodes speak TLS only (clients and
@@ -30,12 +32,15 @@ class RedisCluster:
         full_coverage: bool = True,
         password: str = "",
         tls: bool = False,
+        replicas: int = 0,
     ) -> None:
         self.binary = binary
         self.workdir = workdir
         # no: the nodes still up keep serving their slots while one is down.
         self.full_coverage = full_coverage
         self.password = password
+        self.replicas = replicas
+        self.nodes = self.PRIMARIES * (1 + replicas)
         self.certs = TestCA(Path(workdir)) if tls else None
         self.ports: list[int] = []
         # Each node's cluster bus: its own free port (the default, port + 10000, may be
@@ -45,8 +50,8 @@ class RedisCluster:
         self.processes: list[LoggedProcess] = []
 
     def _pick_ports(self) -> None:
-        ports = free_ports(2 * self.PRIMARIES)
-        self.ports, self.bus_ports = ports[: self.PRIMARIES], ports[self.PRIMARIES :]
+        ports = free_ports(2 * self.nodes)
+        self.ports, self.bus_ports = ports[: self.nodes], ports[self.nodes :]
 
     def _urls(self) -> tuple[str, str, str]:
         scheme = "rediss" if self.certs else "redis"
@@ -104,7 +109,15 @@ class RedisCluster:
             cli += ["-a", self.password, "--no-auth-warning"]
         nodes = [f"127.0.0.1:{p}" for p in self.ports]
         joined = subprocess.run(
-            [*cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            [
+                *cli,
+                "--cluster",
+                "create",
+                *nodes,
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
             capture_output=True,
             text=True,
             timeout=max(deadline - time.monotonic(), 1),
@@ -126,7 +139,8 @@ class RedisCluster:
         return args
 
     def _wait_until_ok(self, deadline: float) -> None:
-        """Every node says ``cluster_state:ok`` and knows every other one."""
+        """Every node says ``cluster_state:ok`` and knows every other one; every replica
+        is in sync with its primary."""
         import redis
 
         for url in self.node_urls:
@@ -134,8 +148,10 @@ class RedisCluster:
             try:
                 while True:
                     info = client.execute_command("CLUSTER", "INFO").decode()
-                    known = f"cluster_known_nodes:{self.PRIMARIES}" in info
-                    if "cluster_state:ok" in info and known:
+                    known = f"cluster_known_nodes:{self.nodes}" in info
+                    role = client.info("replication")
+                    synced = role["role"] == "master" or role.get("master_link_status") == "up"
+                    if "cluster_state:ok" in info and known and synced:
                         break
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"redis cluster did not become ok: {info[:200]}")
@@ -153,6 +169,22 @@ class RedisCluster:
                 client.flushall()
             finally:
                 client.close()
+
+    def primaries(self) -> list[int]:
+        """The indexes (in ``ports``, ``node_urls``) of the nodes that are primaries now."""
+        import redis
+
+        found = []
+        for i, url in enumerate(self.node_urls):
+            client = redis.Redis.from_url(url, socket_timeout=0.5)
+            try:
+                if client.execute_command("ROLE")[0] == b"master":
+                    found.append(i)
+            except redis.ConnectionError:
+                pass  # killed
+            finally:
+                client.close()
+        return found
 
     def kill_node(self, index: int) -> None:
         """Kill one node (by PID), as a crashed primary."""
