@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -18,18 +19,21 @@ if TYPE_CHECKING:  # imported once SIGTERM is handled (main): pydantic, orjson t
 log = logging.getLogger("proxy")
 
 
-def _check_config(settings: Settings) -> None:
+def _check_config(settings: Settings, *, contact: bool = True, write: bool = False) -> int:
+    """``check-config``: the config as it resolves; 1 when the store it names cannot be
+    used (``contact``: reached, its credentials accepted; ``write``: written to as well),
+    so a deploy step or a post-install check fails on the store as on a bad key."""
     import asyncio
 
     from proxy.services import load_models
-    from proxy.store import refuse_cluster_node
 
-    # The model table and tokenizers, built as the server's lifespan builds them; a store
-    # URL naming one node of a Redis Cluster refused as serve refuses it.
+    # The model table and tokenizers, built as the server's lifespan builds them.
     table, encoders = asyncio.run(load_models(settings))
-    asyncio.run(refuse_cluster_node(settings.store.url))
+    url = redact_url(settings.store.url)
+    remote = not settings.store.url.startswith("memory://")
+    report = asyncio.run(_inspect_store(settings, write)) if remote and contact else None
     print(f"upstream: {redact_url(settings.upstream.base_url)}")
-    print(f"store:    {redact_url(settings.store.url)}")
+    print(f"store:    {url}")
     c = settings.compaction
     print(
         f"compaction: {c.effective_mode}, trigger {c.trigger_ratio:.0%}, "
@@ -45,7 +49,21 @@ def _check_config(settings: Settings) -> None:
         quality = "exact" if enc.exact else "approximate"
         max_out = max_out or resolved.max_output_tokens
         print(f"{match:<28} {window:>9} {max_out:>8}  {resolved.tokenizer} ({quality})")
-    _print_learned_windows(settings)
+    if not remote:
+        print("learned windows: kept in each serving process (see /metrics)")
+        if write:
+            print(f"store check: {url} is in-process, nothing to reach")
+        return 0
+    if report is None:
+        print("store check: not contacted (--no-store)")
+        return 0
+    if report.windows is not None:
+        _print_learned_windows(report.windows)
+    if report.problem is not None:
+        print(f"store check: {url} {report.problem}", file=sys.stderr)
+        return 1
+    print(f"store check: {url} answers PING{' and takes writes' if write else ''}")
+    return 0
 
 
 def _print_tenants(settings: Settings) -> None:
@@ -67,70 +85,95 @@ def _print_tenants(settings: Settings) -> None:
         )
 
 
-def _check_store(settings: Settings) -> int:
-    """``check-config --store``: connect, PING, take and release a lock (a write, a delete
-    and a script, as serving does); 0 when all of it worked, 1 otherwise."""
-    import asyncio
+# check-config waits at least this long for the store (store.timeout_s if longer): a
+# first connect (TLS, AUTH) from a cold process may take longer than calls do.
+_CHECK_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class _StoreReport:
+    problem: str | None  # what makes the store unusable, for "store check: <url> ..."
+    windows: dict[str, int] | None = None  # the learned windows, when they could be read
+
+
+async def _inspect_store(settings: Settings, write: bool) -> _StoreReport:
+    """Reach the store as serving does (its client, its credentials): PING, refuse a
+    cluster node named as one server (``ConfigError``), read the learned windows, and
+    with ``write`` take and release a lock (a write, a delete and a script)."""
     import secrets
 
     from proxy.core.session import SessionKey
     from proxy.errors import StoreError
+    from proxy.store import refuse_cluster_node
+    from proxy.store.connect import ERRORS
     from proxy.store.redis import RedisOptions, RedisStore
 
-    url = redact_url(settings.store.url)
-    if settings.store.url.startswith("memory://"):
-        print(f"store check: {url} is in-process, nothing to reach")
-        return 0
-
-    async def probe() -> str | None:
-        options = RedisOptions(prefix=settings.store.prefix, timeout_s=2.0)
-        store = RedisStore(settings.store.url, settings.store.ttl_s, options)
+    timeout_s = max(settings.store.timeout_s, _CHECK_TIMEOUT_S)
+    options = RedisOptions(prefix=settings.store.prefix, timeout_s=timeout_s, max_connections=4)
+    store = RedisStore(settings.store.url, settings.store.ttl_s, options)
+    try:
         try:
-            if not await store.ping():
-                return "PING failed"
-            key = SessionKey("check-config", secrets.token_hex(8), "header")
-            token = await store.acquire(key, ttl_s=10)
-            if token is None:
-                return "a test write did not take"
-            await store.release(key, token)
-            return None
+            await store.client.ping()
+        except ERRORS as exc:
+            return _StoreReport(_unusable(exc, timeout_s))
+        await refuse_cluster_node(settings.store.url)
+        try:
+            windows: dict[str, int] | None = await store.learned_windows()
         except StoreError as exc:
-            return exc.message
-        finally:
-            await store.aclose()
+            print(f"learned windows: not read ({exc.message})")
+            windows = None
+        if write:
+            key = SessionKey("check-config", secrets.token_hex(8), "header")
+            try:
+                token = await store.acquire(key, ttl_s=10)
+                if token is None:
+                    return _StoreReport("refuses writes (a test write did not take)", windows)
+                await store.release(key, token)
+            except StoreError as exc:
+                return _StoreReport(f"refuses writes ({_cause(exc)})", windows)
+        return _StoreReport(None, windows)
+    finally:
+        await store.aclose()
 
-    problem = asyncio.run(probe())
-    if problem is not None:
-        print(f"store check: {url} is unreachable or refuses writes ({problem})", file=sys.stderr)
-        return 1
-    print(f"store check: {url} answers PING and takes writes")
-    return 0
+
+def _unusable(exc: BaseException, timeout_s: float) -> str:
+    """Why a store that failed PING with ``exc`` cannot be used, in words: the most
+    specific failure in ``exc``'s chain (a cluster client wraps what its nodes said),
+    never an exception's own text (a client may quote its options)."""
+    from proxy.store.failures import failure_kind
+
+    chain = [exc]
+    while (link := chain[-1].__cause__ or chain[-1].__context__) and link not in chain:
+        chain.append(link)
+    kinds = [(failure_kind(link), link) for link in chain]
+    kind, origin = next(((k, e) for k, e in kinds if k != "other"), ("other", chain[-1]))
+    if kind == "auth":
+        return "refuses the credentials (NOAUTH/WRONGPASS: the user or password in store.url)"
+    if "AuthenticationError" in str(origin):
+        # MasterNotFoundError: what each sentinel said is only in its text.
+        return "refuses the credentials (the sentinels': sentinel_password in store.url)"
+    if kind == "timeout":
+        return f"is unreachable (no answer within {timeout_s:g} s)"
+    if kind == "connection":
+        return f"is unreachable (connection: {type(origin).__name__})"
+    if "cluster support disabled" in str(origin):
+        return "is one server, not a Redis Cluster (use redis://host:port/db)"
+    return f"answers, but cannot be used ({kind}: {type(origin).__name__})"
 
 
-def _print_learned_windows(settings: Settings) -> None:
-    """Windows learned from overflow errors live in a shared store only."""
-    import asyncio
+def _cause(exc: BaseException) -> str:
+    """``exc``'s failure kind and the class of what it was raised from."""
+    from proxy.store.failures import failure_kind
 
-    if settings.store.url.startswith("memory://"):
-        print("learned windows: kept in each serving process (see /metrics)")
-        return
-    from proxy.errors import StoreError
-    from proxy.store.redis import RedisOptions, RedisStore
+    origin = exc.__cause__ or exc
+    return f"{failure_kind(exc)}: {type(origin).__name__}"
+
+
+def _print_learned_windows(learned: dict[str, int]) -> None:
+    """The windows learned from overflow errors (a shared store's; memory://'s live in
+    each serving process)."""
     from proxy.upstream.windows import parse_window_key
 
-    async def read() -> dict[str, int]:
-        options = RedisOptions(prefix=settings.store.prefix)
-        store = RedisStore(settings.store.url, settings.store.ttl_s, options)
-        try:
-            return await store.learned_windows()
-        finally:
-            await store.aclose()
-
-    try:
-        learned = asyncio.run(read())
-    except StoreError as exc:
-        print(f"learned windows: store unreachable ({exc.message})")
-        return
     # Only windows: a shared window's "lowered recently" marker is bookkeeping, and keys
     # of the old layout are no longer read (they expire).
     parsed = {parse_window_key(k): v for k, v in learned.items()}
@@ -197,8 +240,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="listen port (overrides server.port)")
     check = sub.add_parser("check-config", help="validate a config and print the model table")
     check.add_argument("config", help="YAML config file")
-    check.add_argument(
-        "--store", action="store_true", help="connect to the store and write to it (exit 1 if not)"
+    reach = check.add_mutually_exclusive_group()
+    reach.add_argument(
+        "--store", action="store_true", help="write to the store too (exit 1 if it refuses)"
+    )
+    reach.add_argument(
+        "--no-store",
+        action="store_true",
+        help="do not contact the store (by default: exit 1 if it cannot be reached or "
+        "refuses the credentials)",
     )
     sub.add_parser(
         "tenant-id", help="print the tenant id (for `tenants:`) of the API key read from stdin"
@@ -225,8 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(getattr(args, "config", None))
         if args.command == "check-config":
             _setup_logging(LoggingSettings(format="text", level="warning"))
-            _check_config(settings)
-            return _check_store(settings) if args.store else 0
+            return _check_config(settings, contact=not args.no_store, write=args.store)
         server = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
         if server:
             settings = settings.model_copy(
