@@ -7,7 +7,6 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -31,7 +30,11 @@ def _check_config(settings: Settings, *, contact: bool = True, write: bool = Fal
     table, encoders = asyncio.run(load_models(settings))
     url = redact_url(settings.store.url)
     remote = not settings.store.url.startswith("memory://")
-    report = asyncio.run(_inspect_store(settings, write)) if remote and contact else None
+    report = None
+    if remote and contact:
+        from proxy.store.check import inspect_store
+
+        report = asyncio.run(inspect_store(settings.store, write))
     print(f"upstream: {redact_url(settings.upstream.base_url)}")
     print(f"store:    {url}")
     c = settings.compaction
@@ -59,6 +62,8 @@ def _check_config(settings: Settings, *, contact: bool = True, write: bool = Fal
         return 0
     if report.windows is not None:
         _print_learned_windows(report.windows)
+    elif report.windows_problem is not None:
+        print(f"learned windows: not read ({report.windows_problem})")
     if report.problem is not None:
         print(f"store check: {url} {report.problem}", file=sys.stderr)
         return 1
@@ -83,90 +88,6 @@ def _print_tenants(settings: Settings) -> None:
             f"  {entry.name}: {ids} id(s), {c.effective_mode}, trigger {c.trigger_ratio:.0%}, "
             f"target {c.target_ratio:.0%}, caps: {', '.join(caps) or 'none'}"
         )
-
-
-# check-config waits at least this long for the store (store.timeout_s if longer): a
-# first connect (TLS, AUTH) from a cold process may take longer than calls do.
-_CHECK_TIMEOUT_S = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class _StoreReport:
-    problem: str | None  # what makes the store unusable, for "store check: <url> ..."
-    windows: dict[str, int] | None = None  # the learned windows, when they could be read
-
-
-async def _inspect_store(settings: Settings, write: bool) -> _StoreReport:
-    """Reach the store as serving does (its client, its credentials): PING, refuse a
-    cluster node named as one server (``ConfigError``), read the learned windows, and
-    with ``write`` take and release a lock (a write, a delete and a script)."""
-    import secrets
-
-    from proxy.core.session import SessionKey
-    from proxy.errors import StoreError
-    from proxy.store import refuse_cluster_node
-    from proxy.store.connect import ERRORS
-    from proxy.store.redis import RedisOptions, RedisStore
-
-    timeout_s = max(settings.store.timeout_s, _CHECK_TIMEOUT_S)
-    options = RedisOptions(prefix=settings.store.prefix, timeout_s=timeout_s, max_connections=4)
-    store = RedisStore(settings.store.url, settings.store.ttl_s, options)
-    try:
-        try:
-            await store.client.ping()
-        except ERRORS as exc:
-            return _StoreReport(_unusable(exc, timeout_s))
-        await refuse_cluster_node(settings.store.url)
-        try:
-            windows: dict[str, int] | None = await store.learned_windows()
-        except StoreError as exc:
-            print(f"learned windows: not read ({exc.message})")
-            windows = None
-        if write:
-            key = SessionKey("check-config", secrets.token_hex(8), "header")
-            try:
-                token = await store.acquire(key, ttl_s=10)
-                if token is None:
-                    return _StoreReport("refuses writes (a test write did not take)", windows)
-                await store.release(key, token)
-            except StoreError as exc:
-                return _StoreReport(f"refuses writes ({_cause(exc)})", windows)
-        return _StoreReport(None, windows)
-    finally:
-        await store.aclose()
-
-
-def _unusable(exc: BaseException, timeout_s: float) -> str:
-    """Why a store that failed PING with ``exc`` cannot be used, in words: the most
-    specific failure in ``exc``'s chain (a cluster client wraps what its nodes said),
-    never an exception's own text (a client may quote its options)."""
-    from proxy.store.failures import failure_kind
-
-    chain = [exc]
-    while (link := chain[-1].__cause__ or chain[-1].__context__) and link not in chain:
-        chain.append(link)
-    kinds = [(failure_kind(link), link) for link in chain]
-    kind, origin = next(((k, e) for k, e in kinds if k != "other"), ("other", chain[-1]))
-    if kind == "auth":
-        return "refuses the credentials (NOAUTH/WRONGPASS: the user or password in store.url)"
-    if "AuthenticationError" in str(origin):
-        # MasterNotFoundError: what each sentinel said is only in its text.
-        return "refuses the credentials (the sentinels': sentinel_password in store.url)"
-    if kind == "timeout":
-        return f"is unreachable (no answer within {timeout_s:g} s)"
-    if kind == "connection":
-        return f"is unreachable (connection: {type(origin).__name__})"
-    if "cluster support disabled" in str(origin):
-        return "is one server, not a Redis Cluster (use redis://host:port/db)"
-    return f"answers, but cannot be used ({kind}: {type(origin).__name__})"
-
-
-def _cause(exc: BaseException) -> str:
-    """``exc``'s failure kind and the class of what it was raised from."""
-    from proxy.store.failures import failure_kind
-
-    origin = exc.__cause__ or exc
-    return f"{failure_kind(exc)}: {type(origin).__name__}"
 
 
 def _print_learned_windows(learned: dict[str, int]) -> None:

