@@ -47,7 +47,9 @@ async def inspect_store(settings: StoreSettings, write: bool) -> StoreReport:
         try:
             await store.client.ping()
         except ERRORS as exc:
-            return StoreReport(unusable(exc, timeout_s))
+            # NOPERM comes after AUTH passed: an ACL user serving needs no PING for.
+            if _specific(exc)[0] != "noperm":
+                return StoreReport(unusable(exc, timeout_s))
         await refuse_cluster_node(settings.url)
         try:
             windows: dict[str, int] | None = await store.learned_windows()
@@ -71,13 +73,8 @@ async def inspect_store(settings: StoreSettings, write: bool) -> StoreReport:
 
 
 def unusable(exc: BaseException, timeout_s: float) -> str:
-    """Why a store whose PING raised ``exc`` cannot be used: the most specific failure
-    in ``exc``'s chain (a cluster client wraps what its nodes said)."""
-    chain = [exc]
-    while (link := chain[-1].__cause__ or chain[-1].__context__) and link not in chain:
-        chain.append(link)
-    kinds = [(failure_kind(link), link) for link in chain]
-    kind, origin = next(((k, e) for k, e in kinds if k != "other"), ("other", chain[-1]))
+    """Why a store whose PING raised ``exc`` cannot be used, in words."""
+    kind, origin = _specific(exc)
     if kind == "auth":
         return "refuses the credentials (NOAUTH/WRONGPASS: the user or password in store.url)"
     if "AuthenticationError" in str(origin):
@@ -90,6 +87,16 @@ def unusable(exc: BaseException, timeout_s: float) -> str:
     if "cluster support disabled" in str(origin):
         return "is one server, not a Redis Cluster (use redis://host:port/db)"
     return f"answers, but cannot be used ({kind}: {type(origin).__name__})"
+
+
+def _specific(exc: BaseException) -> tuple[str, BaseException]:
+    """The most specific failure in ``exc``'s chain (a cluster client wraps what its nodes
+    said), and the exception that is it."""
+    chain = [exc]
+    while (link := chain[-1].__cause__ or chain[-1].__context__) and link not in chain:
+        chain.append(link)
+    kinds = [(failure_kind(link), link) for link in chain]
+    return next(((k, e) for k, e in kinds if k != "other"), ("other", chain[-1]))
 
 
 def _cause(exc: BaseException) -> str:

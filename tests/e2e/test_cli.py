@@ -221,6 +221,17 @@ def test_check_config_fails_when_the_store_refuses_the_password(tmp_path: Path) 
             out = _store_check(tmp_path, url, *args)
             _refused(out, "refuses the credentials", STORE_PASSWORD)
             assert "127.0.0.1:" in out.stderr  # which store
+        # An ACL user that may not PING (serving never does) is let through: it logged in.
+        client = server.client()
+        try:
+            client.acl_setuser(
+                "app", enabled=True, passwords=["+app-pw"], keys=["*"], commands=["+@all", "-ping"]
+            )
+        finally:
+            client.close()
+        out = _store_check(tmp_path, f"redis://app:app-pw@127.0.0.1:{server.port}/0", "--store")
+        assert out.returncode == 0, out.stderr
+        assert "takes writes" in out.stdout
 
 
 @pytest.mark.parametrize(
