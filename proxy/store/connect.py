@@ -43,7 +43,9 @@ ERRORS = (RedisError, RedisClusterException)
 # once more on a new one after a pause of RECONNECT_BASE_S to twice that, drawn anew
 # each time (equal jitter: never less than the floor, never in step): after an outage
 # every process's first calls reconnect spread out, not at one instant. Timeouts are
-# not retried: a call stays bounded by about twice timeout_s.
+# not retried: a call stays bounded by about twice timeout_s. A command the server ran
+# just before its connection dropped may run twice, as on a cluster: the writes are
+# compare-and-set or idempotent, and a quota count errs high, on the capped side.
 RECONNECT_BASE_S = 0.05
 
 
