@@ -18,18 +18,25 @@ if TYPE_CHECKING:  # imported once SIGTERM is handled (main): pydantic, orjson t
 log = logging.getLogger("proxy")
 
 
-def _check_config(settings: Settings) -> None:
+def _check_config(settings: Settings, *, contact: bool = True, write: bool = False) -> int:
+    """``check-config``: the config as it resolves; 1 when the store it names cannot be
+    used (``contact``: reached, its credentials accepted; ``write``: written to as well),
+    so a deploy step or a post-install check fails on the store as on a bad key."""
     import asyncio
 
     from proxy.services import load_models
-    from proxy.store import refuse_cluster_node
 
-    # The model table and tokenizers, built as the server's lifespan builds them; a store
-    # URL naming one node of a Redis Cluster refused as serve refuses it.
+    # The model table and tokenizers, built as the server's lifespan builds them.
     table, encoders = asyncio.run(load_models(settings))
-    asyncio.run(refuse_cluster_node(settings.store.url))
+    url = redact_url(settings.store.url)
+    remote = not settings.store.url.startswith("memory://")
+    report = None
+    if remote and contact:
+        from proxy.store.check import inspect_store
+
+        report = asyncio.run(inspect_store(settings.store, write))
     print(f"upstream: {redact_url(settings.upstream.base_url)}")
-    print(f"store:    {redact_url(settings.store.url)}")
+    print(f"store:    {url}")
     c = settings.compaction
     print(
         f"compaction: {c.effective_mode}, trigger {c.trigger_ratio:.0%}, "
@@ -48,7 +55,23 @@ def _check_config(settings: Settings) -> None:
         quality = "exact" if enc.exact else "approximate"
         max_out = max_out or resolved.max_output_tokens
         print(f"{match:<28} {window:>9} {max_out:>8}  {resolved.tokenizer} ({quality})")
-    _print_learned_windows(settings)
+    if not remote:
+        print("learned windows: kept in each serving process (see /metrics)")
+        if write:
+            print(f"store check: {url} is in-process, nothing to reach")
+        return 0
+    if report is None:
+        print("store check: not contacted (--no-store)")
+        return 0
+    if report.windows is not None:
+        _print_learned_windows(report.windows)
+    elif report.windows_problem is not None:
+        print(f"learned windows: not read ({report.windows_problem})")
+    if report.problem is not None:
+        print(f"store check: {url} {report.problem}", file=sys.stderr)
+        return 1
+    print(f"store check: {url} answers PING{' and takes writes' if write else ''}")
+    return 0
 
 
 def _print_tenants(settings: Settings) -> None:
@@ -70,70 +93,11 @@ def _print_tenants(settings: Settings) -> None:
         )
 
 
-def _check_store(settings: Settings) -> int:
-    """``check-config --store``: connect, PING, take and release a lock (a write, a delete
-    and a script, as serving does); 0 when all of it worked, 1 otherwise."""
-    import asyncio
-    import secrets
-
-    from proxy.core.session import SessionKey
-    from proxy.errors import StoreError
-    from proxy.store.redis import RedisOptions, RedisStore
-
-    url = redact_url(settings.store.url)
-    if settings.store.url.startswith("memory://"):
-        print(f"store check: {url} is in-process, nothing to reach")
-        return 0
-
-    async def probe() -> str | None:
-        options = RedisOptions(prefix=settings.store.prefix, timeout_s=2.0)
-        store = RedisStore(settings.store.url, settings.store.ttl_s, options)
-        try:
-            if not await store.ping():
-                return "PING failed"
-            key = SessionKey("check-config", secrets.token_hex(8), "header")
-            token = await store.acquire(key, ttl_s=10)
-            if token is None:
-                return "a test write did not take"
-            await store.release(key, token)
-            return None
-        except StoreError as exc:
-            return exc.message
-        finally:
-            await store.aclose()
-
-    problem = asyncio.run(probe())
-    if problem is not None:
-        print(f"store check: {url} is unreachable or refuses writes ({problem})", file=sys.stderr)
-        return 1
-    print(f"store check: {url} answers PING and takes writes")
-    return 0
-
-
-def _print_learned_windows(settings: Settings) -> None:
-    """Windows learned from overflow errors live in a shared store only."""
-    import asyncio
-
-    if settings.store.url.startswith("memory://"):
-        print("learned windows: kept in each serving process (see /metrics)")
-        return
-    from proxy.errors import StoreError
-    from proxy.store.redis import RedisOptions, RedisStore
+def _print_learned_windows(learned: dict[str, int]) -> None:
+    """The windows learned from overflow errors (a shared store's; memory://'s live in
+    each serving process)."""
     from proxy.upstream.windows import parse_window_key
 
-    async def read() -> dict[str, int]:
-        options = RedisOptions(prefix=settings.store.prefix)
-        store = RedisStore(settings.store.url, settings.store.ttl_s, options)
-        try:
-            return await store.learned_windows()
-        finally:
-            await store.aclose()
-
-    try:
-        learned = asyncio.run(read())
-    except StoreError as exc:
-        print(f"learned windows: store unreachable ({exc.message})")
-        return
     # Only windows: a shared window's "lowered recently" marker is bookkeeping, and keys
     # of the old layout are no longer read (they expire).
     parsed = {parse_window_key(k): v for k, v in learned.items()}
@@ -228,8 +192,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="listen port (overrides server.port)")
     check = sub.add_parser("check-config", help="validate a config and print the model table")
     check.add_argument("config", help="YAML config file")
-    check.add_argument(
-        "--store", action="store_true", help="connect to the store and write to it (exit 1 if not)"
+    reach = check.add_mutually_exclusive_group()
+    reach.add_argument(
+        "--store", action="store_true", help="write to the store too (exit 1 if it refuses)"
+    )
+    reach.add_argument(
+        "--no-store",
+        action="store_true",
+        help="do not contact the store (by default: exit 1 if it cannot be reached or "
+        "refuses the credentials)",
     )
     tenant = sub.add_parser(
         "tenant-id", help="print the tenant id (for `tenants:`) of the API key read from stdin"
@@ -259,8 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _tenant_id(settings)
         if args.command == "check-config":
             _setup_logging(LoggingSettings(format="text", level="warning"))
-            _check_config(settings)
-            return _check_store(settings) if args.store else 0
+            return _check_config(settings, contact=not args.no_store, write=args.store)
         server = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
         if server:
             settings = settings.model_copy(

@@ -128,6 +128,11 @@ class StoreSettings(_Section):
     encryption_keys: Annotated[list[SecretStr], AfterValidator(config_file.fernet_keys)] = []
     # true: no snapshot read or written in plaintext; a remote store needs encryption_keys.
     require_encryption: bool = False
+    # A remote store's calls, connects too, give up after timeout_s (raise it across zones
+    # or with TLS); a call finding all max_connections (per process, per cluster node) busy
+    timeout_s: float = Field(0.25, gt=0, le=30)
+    max_connections: int = Field(100, gt=0, le=10_000)
+    pool_wait_s: float = Field(2.0, gt=0, le=60)  # waits this long for one, then fails
 
     @model_validator(mode="after")
     def _check_url(self) -> StoreSettings:

@@ -169,6 +169,9 @@ def build_store(settings: Settings, metrics: Metrics) -> Store:
         settings.store.ttl_s,
         RedisOptions(
             prefix=settings.store.prefix,
+            timeout_s=settings.store.timeout_s,
+            max_connections=settings.store.max_connections,
+            pool_wait_s=settings.store.pool_wait_s,
             encryption_keys=[k.get_secret_value() for k in settings.store.encryption_keys],
             require_encryption=settings.store.require_encryption,
         ),

@@ -22,6 +22,9 @@ import logging
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import EqualJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from proxy.errors import ConfigError
@@ -36,30 +39,44 @@ CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 # RedisClusterException, which is not a RedisError.
 ERRORS = (RedisError, RedisClusterException)
 
-# Connections to Redis per process (per node of a cluster), and how long a call waits
-# for one when all are busy (each call holds one for a millisecond or so).
-_POOL_SIZE = 100
-_POOL_WAIT_S = 2.0
+# A command whose connection failed (the server restarted, a failover closed it) is sent
+# once more on a new one after a pause of RECONNECT_BASE_S to twice that, drawn anew
+# each time (equal jitter: never less than the floor, never in step): after an outage
+# every process's first calls reconnect spread out, not at one instant. Timeouts are
+# not retried: a call stays bounded by about twice timeout_s. A command the server ran
+# just before its connection dropped may run twice, as on a cluster: the writes are
+# compare-and-set or idempotent, and a quota count errs high, on the capped side.
+RECONNECT_BASE_S = 0.05
+
+
+def reconnect_retry() -> Retry:
+    """The retry of a standalone or Sentinel client's connections (cluster.py has its own,
+    also jittered, for redirections)."""
+    backoff = EqualJitterBackoff(cap=2 * RECONNECT_BASE_S, base=RECONNECT_BASE_S)
+    return Retry(backoff, retries=1, supported_errors=(RedisConnectionError,))
 
 
 def is_cluster(url: str) -> bool:
     return url.startswith(CLUSTER_SCHEMES)
 
 
-def open_redis(url: str, timeout_s: float) -> Client:
-    """The client for ``url``, each call bounded by ``timeout_s``; the caller closes it."""
+def open_redis(url: str, timeout_s: float, max_connections: int, wait_s: float) -> Client:
+    """The client for ``url``, each call bounded by ``timeout_s``, with at most
+    ``max_connections`` to each server (a call waits up to ``wait_s`` for a free one);
+    the caller closes it."""
     if is_cluster(url):
-        return open_cluster(url, timeout_s, places=_POOL_SIZE, wait_s=_POOL_WAIT_S)
+        return open_cluster(url, timeout_s, places=max_connections, wait_s=wait_s)
     # Blocking: a call that finds every connection busy waits for one. The default
     # pool fails it at once, and a burst of turns would take this replica off Redis
     # (ResilientStore) with nothing wrong with Redis.
     pool = dict(
-        max_connections=_POOL_SIZE,
-        timeout=_POOL_WAIT_S,
+        max_connections=max_connections,
+        timeout=wait_s,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         health_check_interval=30,
         retry_on_timeout=False,
+        retry=reconnect_retry(),
     )
     if is_sentinel_url(url):
         return sentinel_client(url, pool)

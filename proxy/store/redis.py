@@ -76,11 +76,15 @@ def log_id(key: str) -> str:
 @dataclass(frozen=True, slots=True)
 class RedisOptions:
     """How a ``RedisStore`` uses its Redis: the prefix of its keys, each call's timeout,
-    and the keys snapshots are encrypted with (none: stored in the clear, and refused with
-    ``require_encryption``, which also makes a snapshot stored in the clear unreadable)."""
+    its connections (``store.max_connections``, ``store.pool_wait_s``), and the keys
+    snapshots are encrypted with (none: stored in the clear, and refused with
+    ``require_encryption``, which also makes a snapshot stored in the clear unreadable).
+    The defaults are ``StoreSettings``'."""
 
     prefix: str = "cp"
     timeout_s: float = 0.25
+    max_connections: int = 100
+    pool_wait_s: float = 2.0
     encryption_keys: Sequence[str] = ()
     require_encryption: bool = False
 
@@ -104,7 +108,9 @@ class RedisStore:
         plain = not options.require_encryption
         self._cipher = SnapshotCipher(keys, read_plaintext=plain) if keys else None
         self._ttl_ms = max(int(ttl_s * 1000), 1)
-        self._redis = open_redis(url, options.timeout_s)
+        self._redis = open_redis(
+            url, options.timeout_s, options.max_connections, options.pool_wait_s
+        )
         self._keys = KeyLayout(options.prefix, tagged=is_cluster(url))
         self._cas = self._redis.register_script(lua.CAS)
         self._delete_if_equal = self._redis.register_script(lua.DELETE_IF_EQUAL)

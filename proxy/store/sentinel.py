@@ -120,7 +120,8 @@ def _hosts(hosts: str) -> tuple[tuple[str, int], ...]:
 
 def sentinel_client(url: str, pool: Mapping[str, Any]) -> aioredis.Redis:
     """A client of the primary the sentinels of ``url`` name, following failovers.
-    ``pool``: the options of the standalone store's pool (size, wait, timeouts)."""
+    ``pool``: the options of the standalone store's pool (size, wait, timeouts, and the
+    retry of a failed connection, which covers a demoted primary's READONLY too)."""
     target = parse_sentinel_url(url)
     timeouts = {k: v for k, v in pool.items() if k.startswith("socket_")}
     # Each sentinel asked once: redis-py's default retries with backoff made a call wait
@@ -133,7 +134,6 @@ def sentinel_client(url: str, pool: Mapping[str, Any]) -> aioredis.Redis:
         redis_class=_Client,
         connection_pool_class=_Pool,
         connection_class=connection,
-        retry=Retry(NoBackoff(), 1, supported_errors=(_Demoted,)),
         **{**pool, **target.node},
     )
     return client

@@ -14,7 +14,9 @@ import pytest
 from proxy.core.session import tenant_from_headers
 from tests.support.chat import FILLER, WINDOW, Chat
 from tests.support.processes import cli, write_config
-from tests.support.servers import RedisServer
+from tests.support.redis_cluster import RedisCluster
+from tests.support.sentinels import SentinelGroup
+from tests.support.servers import RedisServer, free_port, redis_binary
 
 # Every test here runs the CLI as a process of its own.
 pytestmark = pytest.mark.e2e
@@ -184,3 +186,93 @@ def test_check_config_shows_each_tenants_entry_as_it_resolves(tmp_path: Path) ->
     assert "tenants: 2\n" in out.stdout
     assert f"  {off}: 1 id(s), off, trigger 80%" in out.stdout
     assert "  batch: 2 id(s), on, trigger 60%, target 50%, caps: 5 summaries/h\n" in out.stdout
+
+
+STORE_PASSWORD = "cli-store-secret"
+
+
+def _store_check(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return cli("check-config", write_config(tmp_path, {"store": {"url": url}}), *args)
+
+
+def _refused(out: subprocess.CompletedProcess[str], why: str, *secrets: str) -> None:
+    """``check-config`` failed on the store: exit 1, one line on stderr saying ``why``,
+    the model table still shown, no secret anywhere."""
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert len(out.stderr.splitlines()) == 1, out.stderr
+    assert why in out.stderr, out.stderr
+    assert "(default)" in out.stdout
+    assert "Traceback" not in out.stderr
+    for secret in secrets:
+        assert secret not in out.stdout + out.stderr
+
+
+@pytest.mark.redis
+def test_check_config_fails_when_the_store_refuses_the_password(tmp_path: Path) -> None:
+    """A store with ``requirepass``: the right password passes, a wrong one (WRONGPASS)
+    and none (NOAUTH) fail, with and without ``--store``."""
+    with RedisServer(redis_binary(), password=STORE_PASSWORD).running() as server:
+        good = f"redis://:{STORE_PASSWORD}@127.0.0.1:{server.port}/0"
+        out = _store_check(tmp_path, good)
+        assert out.returncode == 0, out.stderr
+        assert "answers PING" in out.stdout
+        wrong = f"redis://:not-{STORE_PASSWORD}@127.0.0.1:{server.port}/0"
+        for url, args in ((wrong, ()), (wrong, ("--store",)), (server.url, ())):
+            out = _store_check(tmp_path, url, *args)
+            _refused(out, "refuses the credentials", STORE_PASSWORD)
+            assert "127.0.0.1:" in out.stderr  # which store
+        # An ACL user that may not PING (serving never does) is let through: it logged in.
+        client = server.client()
+        try:
+            client.acl_setuser(
+                "app", enabled=True, passwords=["+app-pw"], keys=["*"], commands=["+@all", "-ping"]
+            )
+        finally:
+            client.close()
+        out = _store_check(tmp_path, f"redis://app:app-pw@127.0.0.1:{server.port}/0", "--store")
+        assert out.returncode == 0, out.stderr
+        assert "takes writes" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:{pw}@127.0.0.1:{port}/0",
+        "redis+cluster://:{pw}@127.0.0.1:{port}",
+        "redis+sentinel://:{pw}@127.0.0.1:{port}/cp-test?sentinel_password={pw}",
+    ],
+    ids=["standalone", "cluster", "sentinel"],
+)
+def test_check_config_fails_when_the_store_cannot_be_reached(tmp_path: Path, url: str) -> None:
+    """A closed port: exit 1 naming the store; ``--no-store`` validates without it."""
+    url = url.format(pw=STORE_PASSWORD, port=free_port())
+    _refused(_store_check(tmp_path, url), "is unreachable", STORE_PASSWORD)
+    offline = _store_check(tmp_path, url, "--no-store")
+    assert offline.returncode == 0, offline.stderr
+    assert "not contacted (--no-store)" in offline.stdout
+
+
+@pytest.mark.redis
+def test_check_config_fails_when_a_cluster_refuses_the_credentials(
+    tmp_path: Path, redis_cluster: RedisCluster
+) -> None:
+    ports = ",".join(f"127.0.0.1:{port}" for port in redis_cluster.ports)
+    wrong = f"redis+cluster://nobody:{STORE_PASSWORD}@{ports}"  # no such ACL user: WRONGPASS
+    _refused(_store_check(tmp_path, wrong), "refuses the credentials", STORE_PASSWORD)
+    out = _store_check(tmp_path, redis_cluster.url)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.redis
+def test_check_config_fails_when_sentinel_nodes_refuse_the_credentials(
+    tmp_path: Path, sentinel_shared: SentinelGroup
+) -> None:
+    """The data nodes' password wrong, then the sentinels' own."""
+    good = sentinel_shared.url
+    out = _store_check(tmp_path, good)
+    assert out.returncode == 0, out.stderr
+    data, sentinels = sentinel_shared.password, sentinel_shared.sentinel_password
+    wrong_data = good.replace(f":{data}@", ":not-the-data-password@")
+    _refused(_store_check(tmp_path, wrong_data), "refuses the credentials", data, sentinels)
+    wrong_sentinel = good.replace(f"={sentinels}", "=not-the-sentinel-password")
+    _refused(_store_check(tmp_path, wrong_sentinel), "refuses the credentials", data, sentinels)
