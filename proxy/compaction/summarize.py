@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.compaction.chunking import ChunkSize, cut
+from proxy.compaction.count import INLINE_COUNT_BYTES
 from proxy.compaction.summary_api import PATHS, SummarizerApi, read_answer, request_body
 from proxy.config import Settings
 from proxy.core.budget import summary_limit
@@ -174,9 +175,7 @@ class _Run:
         marker = framed_marker(framed)
         copied = answer.finish_reason == "length" or (bool(marker) and marker in answer.text)
         reason: Reason | None = "echo" if copied else None
-        reason = reason or check_summary(
-            answer.text, req.prompt, answer.max_tokens, span_chars, turns
-        )
+        reason = reason or await _checked(answer.text, req.prompt, answer, span_chars, turns)
         if reason is None:
             return answer.text
         self.rejected.append(reason)
@@ -189,9 +188,7 @@ class _Run:
         retried: Reason | None = "truncated" if answer.finish_reason == "length" else None
         if retried is None and marker and marker in answer.text:
             retried = "echo"
-        retried = retried or check_summary(
-            answer.text, SIMPLE, answer.max_tokens, span_chars, turns
-        )
+        retried = retried or await _checked(answer.text, SIMPLE, answer, span_chars, turns)
         if retried is not None:
             self.rejected.append(retried)
             raise SummaryRejected(f"summary rejected ({reason}, then {retried} when retried)")
@@ -217,6 +214,17 @@ class _Run:
             self.rejected.append("truncated")
             raise _cut_off(f"cut off at {limit} tokens twice", self.retries)
         return answer
+
+
+async def _checked(
+    text: str, prompt: Prompt, answer: _Answer, span_chars: int, turns: list[tuple[str, str]]
+) -> Reason | None:
+    """``check_summary``, in a worker thread for a large span (it reads the span's words)."""
+    if span_chars > INLINE_COUNT_BYTES:
+        return await asyncio.to_thread(
+            check_summary, text, prompt, answer.max_tokens, span_chars, turns
+        )
+    return check_summary(text, prompt, answer.max_tokens, span_chars, turns)
 
 
 def _cut_off(what: str, retries: int) -> SummaryTruncated:

@@ -40,9 +40,11 @@ REASONS: tuple[str, ...] = get_args(Reason)
 _N = 4  # words per n-gram compared with the instructions
 _ECHO_SHARE = 0.35  # of an answer's n-grams found in the instructions: an echo
 # Of an answer's n-grams found only in the span's assistant turns: a copy of them. A
-# summary restates what the assistant did in fewer words; it shares runs with the
-# user's and tools' turns (the values, quoted), seldom more than a few with replies.
-_COPY_SHARE = 0.5
+# summary restates what the assistant did in fewer words and quotes the user's and
+# tools' values; even an extractive one of an agent's session, which lifts the
+# assistant's own sentences, keeps words of its own. Set high: a summary rejected
+# costs the session its summary (trimmed), one kept loses no identifier (restored).
+_COPY_SHARE = 0.7
 _COPY_MIN_GRAMS = 8  # fewer than this: too little text to call it a copy
 # What frames an accepted answer that has no heading of its own (SIMPLE's first section).
 SUMMARY_HEADING = "## Summary"

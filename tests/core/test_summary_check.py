@@ -120,6 +120,13 @@ def test_a_copy_of_the_assistants_own_turns_is_rejected() -> None:
     # The user's words copied are the facts, kept: not a copy of the replies.
     said = "\n".join(text for role, text in TURNS if role == "user")
     assert check_summary(said, CORE, 400, SPAN_CHARS, TURNS) is None
+    # A summary that lifts a reply or two among words of its own is a summary.
+    lifted = (
+        "Noted, I have recorded the budget and the deadline for later reference. "
+        "The user plans the release with Priya Natarajan; the budget for the quarter is "
+        "37,500 dollars, due March 14, and the settings file is /etc/ledger/service.toml."
+    )
+    assert check_summary(lifted, CORE, 400, SPAN_CHARS, TURNS) is None
     # What the previous summary already said is no copy either.
     carried = [("summary", replies), *TURNS]
     assert check_summary(replies, CORE, 400, SPAN_CHARS, carried) is None
