@@ -254,7 +254,8 @@ def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Vo
         content = "\n".join([f"SUMMARY of {count} messages.", *(f"## {s}" for s in sections)])
         return Reply(content, (), "stop", encoder.count(content))
     if voice.summary_style == "plain":
-        return _plain(prompt, count, seed, budget, voice)
+        said = [m for m in messages if m.get("role") not in ("system", "developer")]
+        return _plain(prompt_text(said), count, seed, budget, voice)
     if voice.summary_forgets:
         keys = [k for i, k in enumerate(keys) if (i + 1) % voice.summary_forgets]
     fact_lines = [f"FACT {key}={facts[key]}" for key in keys]
@@ -282,10 +283,11 @@ def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Vo
     return Reply(content, (), "stop", encoder.count(content))
 
 
-def _plain(prompt: str, count: int, seed: bytes, budget: int, voice: Voice) -> Reply:
-    """A summary that keeps every fact the prompt states and writes no heading: prose
-    only, the facts never cut, the filler after them cut to fit."""
-    facts = stated_facts(prompt)
+def _plain(said: str, count: int, seed: bytes, budget: int, voice: Voice) -> Reply:
+    """A summary that keeps every fact ``said`` (the request's text but its
+    instructions) states and writes no heading: prose only, the facts never cut, the
+    filler after them cut to fit."""
+    facts = stated_facts(said)
     if voice.summary_forgets:
         facts = {k: v for i, (k, v) in enumerate(facts.items()) if (i + 1) % voice.summary_forgets}
     stated = "; ".join(f"{key} is {value}" for key, value in facts.items())
