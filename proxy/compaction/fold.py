@@ -21,7 +21,13 @@ from proxy.compaction.count import INLINE_COUNT_BYTES, count_text
 from proxy.compaction.summarize import SummaryRequest, summarize
 from proxy.config import Settings
 from proxy.core.budget import FRAME_TOKENS, summary_limit
-from proxy.core.identifiers import SUMMARY_ROLE, Restored, restore_identifiers, split_carried
+from proxy.core.identifiers import (
+    SUMMARY_ROLE,
+    Restored,
+    restore_identifiers,
+    split_carried,
+    strip_carried,
+)
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Turn
 from proxy.core.session import SessionKey
@@ -104,8 +110,9 @@ class Folder:
             self.metrics.summary_length_retries.inc(made.length_retries)
         limit = summary_limit(turn.model, turn.compaction(self.settings.compaction))
         most = self.settings.compaction.restored_identifiers_max
-        # A summary in prose of its own is kept under the proxy's heading (summary_check.py).
-        summary = framed(made.text, request.prompt)
+        # A summary in prose of its own is kept under the proxy's heading (summary_check.py),
+        # judged without a quoted section it copied (restoring drops and rebuilds those).
+        summary = framed(strip_carried(made.text), request.prompt)
         kept = await _restore(summary, previous, span, limit, most)
         if kept.restored:
             self.metrics.identifiers_restored.inc(kept.restored)

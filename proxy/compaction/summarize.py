@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.compaction.chunking import ChunkSize, cut
-from proxy.compaction.count import INLINE_COUNT_BYTES
 from proxy.compaction.summary_api import PATHS, SummarizerApi, read_answer, request_body
 from proxy.config import Settings
 from proxy.core.budget import summary_limit
@@ -57,6 +56,9 @@ from proxy.upstream.overflow import classify_error
 from proxy.upstream.urls import upstream_url
 
 PURPOSE_HEADER = (b"x-compaction-purpose", b"summarize")
+# Checking an answer against a span larger than this runs in a worker thread (the copy
+# check reads the span's words), as tokenizing one does (count.py, chunking.py).
+_INLINE_CHECK_CHARS = 32 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +222,7 @@ async def _checked(
     text: str, prompt: Prompt, answer: _Answer, span_chars: int, turns: list[tuple[str, str]]
 ) -> Reason | None:
     """``check_summary``, in a worker thread for a large span (it reads the span's words)."""
-    if span_chars > INLINE_COUNT_BYTES:
+    if span_chars > _INLINE_CHECK_CHARS:
         return await asyncio.to_thread(
             check_summary, text, prompt, answer.max_tokens, span_chars, turns
         )
