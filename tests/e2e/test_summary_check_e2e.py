@@ -120,7 +120,7 @@ def test_a_good_summarizer_still_passes_with_the_headings_it_was_asked_for(
     text = summary.json()["summary"]
     assert all(f"## {s}" in text for s in CORE.sections)
     assert "port=8443" in text
-    assert all(rejected(url, r) == 0 for r in ("echo", "structure", "too_short", "empty"))
+    assert all(rejected(url, r) == 0 for r in ("echo", "copied", "too_short", "empty"))
 
 
 def test_a_raised_budget_share_asks_a_small_window_for_a_longer_fuller_summary(
