@@ -2,11 +2,11 @@
 history into the session's summary.
 
 The upstream writes the new summary (summarize.py), which checks each answer
-(summary_check.py: rejected ones are counted and logged here); what it dropped of the
-identifiers in the previous summary and the span is put back
-(identifiers.py); the result is counted as the upstream will see it. A
-summary counted far over its budget is not kept. The caller decides what a
-failure means for the turn (compact.py trims instead).
+(summary_check.py: rejected ones are counted and logged here; one with no heading of
+its own is framed under the proxy's); what it dropped of the identifiers in the
+previous summary and the span is put back (identifiers.py); the result is counted as
+the upstream will see it. A summary counted far over its budget is not kept. The
+caller decides what a failure means for the turn (compact.py trims instead).
 """
 
 from __future__ import annotations
@@ -21,10 +21,17 @@ from proxy.compaction.count import INLINE_COUNT_BYTES, count_text
 from proxy.compaction.summarize import SummaryRequest, summarize
 from proxy.config import Settings
 from proxy.core.budget import FRAME_TOKENS, summary_limit
-from proxy.core.identifiers import SUMMARY_ROLE, Restored, restore_identifiers, split_carried
+from proxy.core.identifiers import (
+    SUMMARY_ROLE,
+    Restored,
+    restore_identifiers,
+    split_carried,
+    strip_carried,
+)
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Turn
 from proxy.core.session import SessionKey
+from proxy.core.summary_check import framed
 from proxy.core.tokens import TokenCounter
 from proxy.core.transcript import span_sources
 from proxy.core.wording import ACKNOWLEDGEMENT, QUOTED_INTRO, handoff_text
@@ -103,7 +110,10 @@ class Folder:
             self.metrics.summary_length_retries.inc(made.length_retries)
         limit = summary_limit(turn.model, turn.compaction(self.settings.compaction))
         most = self.settings.compaction.restored_identifiers_max
-        kept = await _restore(made.text, previous, span, limit, most)
+        # A summary in prose of its own is kept under the proxy's heading (summary_check.py),
+        # judged without a quoted section it copied (restoring drops and rebuilds those).
+        summary = framed(strip_carried(made.text), request.prompt)
+        kept = await _restore(summary, previous, span, limit, most)
         if kept.restored:
             self.metrics.identifiers_restored.inc(kept.restored)
         counter = self.counters[turn.model.tokenizer]

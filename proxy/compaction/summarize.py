@@ -16,9 +16,10 @@ An upstream that refuses ``max_tokens`` as more than the model can write is
 asked again once with the limit it states.
 
 Every answer is checked before it is kept (summary_check.py: an echo of the
-prompt, missing headings, too short for its span, empty); one that fails is
-asked for once more with the simple prompt (prompts.py), and a second failure
-raises ``SummaryRejected``: nothing is stored, the caller trims and backs off.
+prompt, a copy of the assistant's replies, too short for its span, empty; its
+layout is not judged); one that fails is asked for once more with the simple
+prompt (prompts.py), and a second failure raises ``SummaryRejected``: nothing is
+stored, the caller trims and backs off.
 The instructions ask for fewer sections when the budget is small. An answer is read
 only up to a bound from its ``max_tokens`` (summary_api.answer_limit): past it, it is
 ``oversize``, unparsed and not asked for again; a long one is vetted off the event loop.
@@ -54,7 +55,7 @@ from proxy.core.outcome import Turn
 from proxy.core.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
 from proxy.core.summary_check import Reason
 from proxy.core.tokens import TokenCounter
-from proxy.core.transcript import frame_prompt, framed_marker
+from proxy.core.transcript import Entry, frame_prompt, framed_marker
 from proxy.core.wording import omitted_marker
 from proxy.errors import (
     SummaryError,
@@ -152,7 +153,7 @@ async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessa
             for chunk in chunks:
                 if run.calls >= req.max_calls:  # retries took the last chunks' calls
                     raise SummaryError(f"summary needs more than {req.max_calls} calls")
-                text = await run.chunk(frame_prompt(text, chunk), sum(len(e.text) for e in chunk))
+                text = await run.chunk(frame_prompt(text, chunk), text, chunk)
     except TimeoutError as exc:
         failed = SummaryError("summarizer timed out")
         failed.rejected = tuple(run.rejected)
@@ -177,15 +178,20 @@ class _Run:
     def _spare(self) -> bool:
         return self.calls + 2 <= self.req.max_calls
 
-    async def chunk(self, framed: str, span_chars: int) -> str:
-        """The summary updated with one framed chunk of ``span_chars`` characters."""
+    async def chunk(self, framed: str, previous: str, entries: Sequence[Entry]) -> str:
+        """The summary ``previous`` updated with one chunk of ``entries``, ``framed``."""
         req = self.req
+        span_chars = sum(len(e.text) for e in entries)
+        # What the copy check reads: a tool call is the assistant's, but not a reply.
+        turns = [("summary", previous), *(("call" if e.call else e.role, e.text) for e in entries)]
         answer = await self._finished(framed)
         # The call's marker is in no quoted text: an answer holding it copied the framing.
         marker = framed_marker(framed)
         copied = answer.finish_reason == "length" or (bool(marker) and marker in answer.text)
         reason: Reason | None = "echo" if copied else None
-        reason = reason or await rejection(answer.text, req.prompt, answer.max_tokens, span_chars)
+        reason = reason or await rejection(
+            answer.text, req.prompt, answer.max_tokens, span_chars, turns
+        )
         if reason is None:
             return await kept(answer.text)
         self.rejected.append(reason)
@@ -197,7 +203,9 @@ class _Run:
         retried: Reason | None = "truncated" if answer.finish_reason == "length" else None
         if retried is None and marker and marker in answer.text:
             retried = "echo"
-        retried = retried or await rejection(answer.text, SIMPLE, answer.max_tokens, span_chars)
+        retried = retried or await rejection(
+            answer.text, SIMPLE, answer.max_tokens, span_chars, turns
+        )
         if retried is not None:
             self.rejected.append(retried)
             raise SummaryRejected(f"summary rejected ({reason}, then {retried} when retried)")

@@ -1,15 +1,16 @@
 """Vetting a summarizer's answer (summarize.py asks, core/summary_check.py and
 core/neutral.py judge), off the event loop when the answer is long.
 
-The checks cost time in proportion to the answer, and the event loop serves every
-tenant: an answer longer than ``_INLINE_CHARS`` is vetted in a worker thread. Its
-length is bounded before this (summary_api.answer_limit), so the thread's work is too.
+The checks cost time in proportion to the answer (the copy check also to the span it
+covers), and the event loop serves every tenant: an answer or span longer than
+``_INLINE_CHARS`` is vetted in a worker thread. The answer's length is bounded before
+this (summary_api.answer_limit), and the span's by the summarizer's window.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
 from proxy.core.neutral import neutralised
@@ -24,9 +25,17 @@ T = TypeVar("T")
 _INLINE_CHARS = 32 * 1024
 
 
-async def rejection(text: str, prompt: Prompt, max_tokens: int, span_chars: int) -> Reason | None:
-    """Why ``text`` is not a summary to keep (summary_check.check_summary); None: it is."""
-    return await _off_loop(len(text), check_summary, text, prompt, max_tokens, span_chars)
+async def rejection(
+    text: str,
+    prompt: Prompt,
+    max_tokens: int,
+    span_chars: int,
+    turns: Sequence[tuple[str, str]] = (),
+) -> Reason | None:
+    """Why ``text`` is not a summary to keep (summary_check.check_summary); None: it is.
+    The copy check reads the span's words too, so a long span also moves it off the loop."""
+    size = max(len(text), span_chars)
+    return await _off_loop(size, check_summary, text, prompt, max_tokens, span_chars, turns)
 
 
 async def echoed(text: str, prompt: Prompt) -> bool:

@@ -15,9 +15,10 @@ summary's own words nor an instruction, and a system handoff never carries it
 The carried section is bounded (``max_chars``, and ``max_count`` values,
 ``compaction.restored_identifiers_max``); when it would overflow, a log's repeated
 fields go first, then values used least recently (earliest last occurrence in the
-previous summary followed by the new turns), settings and labelled facts last
-(salience.py). A previous summary's carried lines are carried as
-they are, role and all, while the new summary still lacks their values.
+previous summary followed by the new turns), settings and labelled facts last; values
+only the assistant's turns held go before all of them (salience.py). A previous
+summary's carried lines are carried as they are, role and all, while the new summary
+still lacks their values.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proxy.core.salience import base_tier, keep_order, tiers
+from proxy.core.salience import ASSISTANT, base_tier, heard, keep_order, tiers
 from proxy.core.values import MAX_SCANNED, find_values, quoted_line, values_by_role
 from proxy.core.wording import CARRIED_HEADING, OMITTED_HEADING
 
@@ -113,10 +114,10 @@ def _wanted(sources: list[tuple[str, str]]) -> list[_Wanted]:
             text = written
         texts.append((role, text))
     found = values_by_role(texts, MAX_SCANNED)
-    fresh = {value.key for value, _ in found}
+    fresh = {value.key for value, _, _ in found}
     wanted = [w for w in carried if not w.keys & fresh]  # a newer mention supersedes it
-    ranks = tiers([value for value, _ in found])
-    for (value, role), tier in zip(found, ranks, strict=True):
+    ranks = heard(tiers([value for value, _, _ in found]), [said for _, _, said in found])
+    for (value, role, _), tier in zip(found, ranks, strict=True):
         line = quoted_line(role, value, context=not value.labelled)
         wanted.append(_Wanted(line, frozenset({value.key}), (value.needles,), tier))
     return wanted
@@ -129,7 +130,7 @@ def _carried_lines(section: str) -> list[_Wanted]:
         values = find_values(m.group(3))
         keys = frozenset(v.key for v in values) or frozenset({m.group(3)})
         needles = tuple(v.needles for v in values) or ((m.group(3),),)
-        tier = min(map(base_tier, values), default=1)
+        tier = heard([min(map(base_tier, values), default=1)], [m.group(1) != ASSISTANT])[0]
         out.append(_Wanted(m.group(0).rstrip(), keys, needles, tier))
     return out
 

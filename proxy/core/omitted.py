@@ -8,8 +8,9 @@ values those messages held (values.py), deterministically:
 
 * a trimmed view carries a digest of the dropped span after the one-line marker:
   ``OMITTED_HEADING``, then one line per value (within the bounds settings and
-  labelled facts are kept first, a log's repeated fields last, the most recent
-  first within each: salience.py), each with its label, a few words of its
+  labelled facts are kept first, a log's repeated fields last, values only the
+  assistant's turns hold after all of them, the most recent first within each:
+  salience.py), each with its label, a few words of its
   sentence and the role of its message (``- user: `port: 8443` (from `so the port
   is 8443 on staging`)``). It is
   quoted data under a heading that says so, never part of a system message
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 
 from cachetools import LRUCache
 
-from proxy.core.salience import keep_order, tiers
+from proxy.core.salience import ASSISTANT, heard, keep_order, tiers
 from proxy.core.transcript import span_sources
 from proxy.core.values import SLICE_CHARS, Value, find_values, quoted, quoted_line
 from proxy.core.wording import OMITTED_HEADING
@@ -81,11 +82,13 @@ def omitted_digest(
     found = _values(messages, digests)
     chosen: dict[int, str] = {}
     size = len(OMITTED_HEADING) + 1
-    # Settings and labelled facts first, a log's repeated fields last (salience.py).
-    for i in keep_order(tiers([value for value, _ in found])):
+    # Settings and labelled facts first, a log's repeated fields last, what only the
+    # assistant said after all of them (salience.py).
+    ranks = heard(tiers([value for value, _, _ in found]), [said for _, _, said in found])
+    for i in keep_order(ranks):
         if len(chosen) >= max_count or max_chars - size < _SHORTEST_LINE:
             break
-        value, role = found[i]
+        value, role, _ = found[i]
         if value.kept_in(kept):
             continue
         line = _fitted_line(role, value, max_chars - size - 1)
@@ -97,10 +100,13 @@ def omitted_digest(
     return "\n".join((OMITTED_HEADING, *(chosen[i] for i in sorted(chosen))))
 
 
-def _values(messages: Sequence[ChatMessage], digests: Sequence[bytes]) -> list[tuple[Value, str]]:
-    """Each value ``messages`` held with the role it was last seen under, in order of
-    last occurrence; what no earlier call read is read newest first, ``DIGEST_SCANNED``
-    characters at most (the rest on later calls)."""
+def _values(
+    messages: Sequence[ChatMessage], digests: Sequence[bytes]
+) -> list[tuple[Value, str, bool]]:
+    """Each value ``messages`` held with the role it was last seen under and whether a
+    turn not the assistant's holds it, in order of last occurrence; what no earlier call
+    read is read newest first, ``DIGEST_SCANNED`` characters at most (the rest on later
+    calls)."""
     budget = DIGEST_SCANNED
     held: list[tuple[str, tuple[Value, ...]]] = []
     for message, digest in zip(reversed(messages), reversed(digests), strict=True):
@@ -116,13 +122,14 @@ def _values(messages: Sequence[ChatMessage], digests: Sequence[bytes]) -> list[t
             if digest and whole:
                 _held[digest] = known
         held.append(known)
-    last: dict[str, tuple[Value, str]] = {}
+    last: dict[str, tuple[Value, str, bool]] = {}
     for role, values in reversed(held):
         for value in values:
             earlier = last.pop(value.key, None)  # re-inserted: dict order is order of use
+            said = role != ASSISTANT or (earlier is not None and earlier[2])
             if earlier and earlier[0].labelled and not value.labelled:
                 value = earlier[0]
-            last[value.key] = (value, role)
+            last[value.key] = (value, role, said)
     return list(last.values())
 
 

@@ -16,6 +16,12 @@ bench, 0/10 recalled). So values are kept by tier, newest first within a tier:
    values in what is ranked (``pid=…``; ``build: 10``, ``build: 11``, … when every
    request names a build); its newest value stays in its own tier.
 
+Below all of these (``heard``): values only the assistant's own turns hold. A value
+the user or a tool stated is a fact the conversation was given; one only the
+assistant wrote is its own bookkeeping (an id it tags each acknowledgement with) or
+a guess. Kept newest first alone, an assistant's acknowledgement ids filled a
+trimmed view's digest and crowded out the facts the user had stated.
+
 Pure: values in, an order out.
 """
 
@@ -31,6 +37,9 @@ if TYPE_CHECKING:  # for annotations: ranks what values.py found
 
 # A name given this many different values in one span is a log's field, not a setting.
 LOG_FIELD_VALUES = 3
+# The role whose turns state no fact by themselves: the model's own.
+ASSISTANT = "assistant"
+_UNHEARD = 3  # added to a value's tier when only the assistant's turns hold it
 _SETTING_KINDS = frozenset({"kv", "spaced", "assign", "colon"})
 _LABELLED_KINDS = frozenset({"spaced", "assign", "colon", "labelled", "named"})
 # A setting's name: constant case (PORT, SERVER_PORT), dotted or snake case (db.port).
@@ -65,6 +74,12 @@ def tiers(values: Sequence[Value]) -> list[int]:
         repeated = name is not None and counts[name] >= LOG_FIELD_VALUES and newest[name] != i
         out.append(2 if repeated else base_tier(value))
     return out
+
+
+def heard(ranks: Sequence[int], stated: Sequence[bool]) -> list[int]:
+    """``ranks`` with every value no user, tool or previous summary ``stated`` (only
+    assistant turns hold it) ranked after all the others."""
+    return [rank if said else rank + _UNHEARD for rank, said in zip(ranks, stated, strict=True)]
 
 
 def keep_order(ranks: Sequence[int], *, newest_first: bool = True) -> list[int]:

@@ -23,6 +23,7 @@ VALUE_LABELS = (
     *("due", "due date", "deadline", "date", "launch", "launch date", "go-live", "cutoff"),
     *("cut-off", "expiry", "expiry date", "expires", "expiration", "expiration date"),
     *("release date", "order", "request", "job", "run", "task", "trace", "case", "user"),
+    *("timeout", "limit", "quota", "threshold", "ttl", "capacity", "rate limit"),
 )
 # "ticket id", "order id": any label may end in id; "order 66" alone is not a label.
 ID_ONLY = frozenset({"order", "request", "job", "run", "task", "trace", "case", "user"})
@@ -65,12 +66,27 @@ def _render(node: _Node) -> str:
 
 ERROR_WORDS = r"(?i:error|exception|failed|failure|denied|refused|invalid|not found|timed? ?out)"
 _MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]{0,6}\.?"
-# What a label's value looks like: an amount, a date, a token with a digit in it
-# (8443, TCK-90417, 2026-03-14, db-01:5432), a dotted host name.
+# What a label's value looks like: an amount, a date, a quantity (37,500; 2.5
+# seconds; 15%), a token with a digit in it (8443, TCK-90417, 2026-03-14,
+# db-01:5432), a dotted host name.
 _AMOUNT = (
     r"[$€£¥][ \t]?\d[\d,]*(?:\.\d+)?(?:[ \t]?(?:[kKmM]\b|million|thousand|billion|bn))?"
     r"|\d[\d,]*(?:\.\d+)?[ \t]?(?:[kKmM][ \t]?)?(?:dollars|USD|EUR|euros?|GBP|pounds)\b"
 )
+# A number grouped in thousands (37,500, 1,250.50): read whole, not cut at its comma.
+_GROUPED = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?"
+_UNIT = (
+    r"(?:%|(?i:percent|ms|milliseconds?|secs?|seconds?|s|mins?|minutes?|h|hrs?|hours?"
+    r"|days?|weeks?|months?|years?|[kmgt]i?b|bytes?|tokens?|rps|qps)\b"
+    r"|[kKmM]\b|million\b|billion\b|thousand\b|bn\b)"
+)
+# A number, grouped or with a decimal part or neither, and maybe its unit; never the
+# head of a longer token (2026-03-14, 1.2.3, 5512-AB: _TOKEN reads those).
+_NUMBER = rf"(?:{_GROUPED}|\d+\.\d+|\d+)"
+_QUANTITY = rf"{_NUMBER}(?:[ \t]?{_UNIT})?(?![\w/:@+#-]|[.,]\d)"
+# A value no one mistakes for another word: what a label may be a few words from.
+_TYPED = rf"(?:{_GROUPED}|\d+\.\d+|\d+(?=[ \t]?{_UNIT}))(?:[ \t]?{_UNIT})?(?![\w/:@+#-]|[.,]\d)"
+_ISO_DATE = r"\d{4}-\d{2}-\d{2}(?![\w-])"
 _DATE = (
     rf"{_MONTH}[ \t]\d{{1,2}}(?:st|nd|rd|th)?(?:,?[ \t]\d{{4}})?\b"
     rf"|\d{{1,2}}(?:st|nd|rd|th)?[ \t]{_MONTH}(?:,?[ \t]\d{{4}})?\b"
@@ -80,21 +96,39 @@ _HOST = r"[a-z0-9][a-z0-9-]*(?:\.[a-z0-9-]+)+\b"
 # Capitalised words (O'Neil, O\u2019Neil) or an email address.
 _NAME = r"[A-Z][\w'\u2019-]*+(?:[ \t][A-Z][\w'\u2019-]*+){0,3}|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
 _LINK = rf"(?:[ \t]*(?:[:=#]|no\.|\b{_trie(LINK_WORDS)}\b)){{0,4}}[ \t]*"
+# A name may follow its label as an apposition too: "our reviewer, Marcus Oyelaran".
+_NAME_LINK = rf"(?:[ \t]*(?:[:=#,]|\b{_trie(LINK_WORDS)}\b)){{0,4}}[ \t]*"
+# A label some words before its value, in the same clause: "the budget for the quarter
+# is", "the price per seat is", "the tech lead on this is". Only a value that cannot be
+# another word's (an amount, a date, a quantity, or a name after "is") is read so far.
+_FAR = r"(?:[ \t]+[a-z][a-z'-]*+){1,4}?"
 _CONST = r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+"
 # A setting's name: constant-case (one word of three letters or more too: ``BUCKET =
 # s3-archive-17`` was quoted by its label alone), or with a dot or underscore in it.
 _SETTING = rf"(?:{_CONST}|[A-Z][A-Z0-9]{{2,}}(?![\w.-])|[A-Za-z][\w-]*(?:[._][\w-]+)+)"
 _VALUE_CHARS = r"[^\s,;'\"`)\]}(]"
+_VALUE_TRIE = _trie(VALUE_LABELS)
+# "the request timeout is 2.5 s": a label that needs "id" labels nothing far off.
+_NOT_FAR = "".join(f"(?i:(?<!{label}))" for label in sorted(ID_ONLY))
+_NAME_TRIE = _trie(NAME_LABELS)
 _WORD_RULES = (
-    r"(?P<kv>(?P<kvk>[A-Za-z_][\w.-]{0,63})=[^\s,;'\"`)\]}]{1,200})",
+    rf"(?P<kv>(?P<kvk>[A-Za-z_][\w.-]{{0,63}})="
+    rf"(?:{_GROUPED}(?!\w|,\d)|[^\s,;'\"`)\]}}]{{1,200}}))",
     rf"(?P<spaced>(?P<sk>{_SETTING})(?:[ \t]+=[ \t]*|=[ \t]+)"
-    rf"(?P<sv>[^\s=]{_VALUE_CHARS}{{0,199}}+)(?!\())",
+    rf"(?P<sv>{_GROUPED}(?!\w|,\d)|[^\s=]{_VALUE_CHARS}{{0,199}}+)(?!\())",
     rf"(?P<assign>(?P<ak>{_CONST})(?:[ \t]+(?:is|was|to|at)[ \t]+|:[ \t]*)"
-    rf"(?P<av>{_AMOUNT}|{_TOKEN}|{_HOST}))",
-    rf"(?P<colon>(?P<ck>[A-Za-z][\w-]*(?:[._][\w-]+)+):[ \t]+(?P<cv>{_AMOUNT}|{_TOKEN}|{_HOST}))",
-    rf"(?P<labelled>(?P<ll>(?i:{_trie(VALUE_LABELS)})(?i:[ _-]?id)?)\b(?P<link>{_LINK})"
-    rf"(?P<lv>{_AMOUNT}|{_DATE}|{_TOKEN}|{_HOST}))",
-    rf"(?P<named>(?P<nl>(?i:{_trie(NAME_LABELS)}))\b{_LINK}(?P<nv>{_NAME}))",
+    rf"(?P<av>{_AMOUNT}|{_QUANTITY}|{_TOKEN}|{_HOST}))",
+    # A dotted or snake-case key, then a colon or a word: "max_connections to 200".
+    rf"(?P<colon>(?P<ck>[A-Za-z][\w-]*(?:[._][\w-]+)+)(?::|[ \t]+(?:is|was|to|at))[ \t]+"
+    rf"(?P<cv>{_AMOUNT}|{_QUANTITY}|{_TOKEN}|{_HOST}))",
+    # A label, then either a few linking words and any value, or a few words of its
+    # clause and a typed value; one label test for both.
+    rf"(?P<labelled>(?P<ll>(?i:{_VALUE_TRIE})(?i:[ _-]?id)?)\b"
+    rf"(?:(?P<link>{_LINK})(?P<lv>{_AMOUNT}|{_DATE}|{_QUANTITY}|{_TOKEN}|{_HOST})"
+    rf"|{_NOT_FAR}(?P<flink>{_FAR})[ \t]*(?:[:=][ \t]*)?"
+    rf"(?P<fv>{_AMOUNT}|{_DATE}|{_ISO_DATE}|{_TYPED})))",
+    rf"(?P<named>(?P<nl>(?i:{_NAME_TRIE}))"
+    rf"(?:\b{_NAME_LINK}(?P<nv>{_NAME})|{_FAR}[ \t]+(?:is|was|:)[ \t]+(?P<nfv>{_NAME})))",
 )
 _OTHER_RULES = (
     r"(?P<url>https?://[^\s<>\"'`)\]}]{2,500})",

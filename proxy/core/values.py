@@ -17,9 +17,12 @@ is how it is quoted):
   (``the port is 8443`` -> ``port: 8443``, ``build number 48213`` -> ``build:
   48213``, ``budget of $37,500`` -> ``budget: $37,500``, ``due 2026-03-14``,
   ``ticket id: TCK-90417``). The value must look like one: it has a digit, is an
-  amount or a date, or (labels that name people and things: ``owner is Dana
-  Whitfield``, ``codename Bluefin``) is capitalised words. A number without a
-  label (``we had 42 of them``) is never a value;
+  amount, a date or a quantity (read whole: ``37,500``, ``2.5 seconds``, ``15%``),
+  or (labels that name people and things: ``owner is Dana Whitfield``, ``codename
+  Bluefin``, ``our reviewer, Ann Lee``) is capitalised words. A few other words of
+  its clause may stand between a label and a value that cannot be another word's
+  (an amount, a date, a quantity; a name after ``is``). A number without a label
+  (``we had 42 of them``) is never a value;
 * URLs (no credentials, no query that names a secret), file paths with a directory
   and an extension, quoted error messages, ids (letters and at least two digits:
   ``call_8f3a2c``, ``JIRA-4711``), error codes (``ERR_SSL_PROTOCOL``, ``E0425``,
@@ -43,6 +46,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 from proxy.core.value_rules import ID_ONLY, OWNER_OF, RULES
 
 _RULES = RULES  # the one pattern (tests watch the scan call it here)
+_ASSISTANT = "assistant"  # the role whose turns state no fact by themselves (salience.py)
 _TRAILING = ".,:;!?"
 _UNLABELLED = frozenset({"url", "path", "quoted", "id", "code"})
 # Values never copied anywhere: credentials are not facts to carry forward, and
@@ -114,10 +118,10 @@ def find_values(text: str) -> list[Value]:
 
 def values_by_role(
     sources: Iterable[tuple[str, str]], scanned: int = MAX_SCANNED
-) -> list[tuple[Value, str]]:
+) -> list[tuple[Value, str, bool]]:
     """Each value of ``sources`` ((role, text) pairs, oldest first) with the role it was
-    last seen under, in order of last occurrence; only the most recent ``scanned``
-    characters are read."""
+    last seen under and whether a source not the assistant's holds it, in order of last
+    occurrence; only the most recent ``scanned`` characters are read."""
     budget = scanned
     recent: list[tuple[str, str]] = []
     for role, text in reversed(list(sources)):
@@ -125,13 +129,14 @@ def values_by_role(
             break
         recent.append((role, text[-budget:]))
         budget -= len(text)
-    last: dict[str, tuple[Value, str]] = {}
+    last: dict[str, tuple[Value, str, bool]] = {}
     for role, text in reversed(recent):
         for value in find_values(text):
             earlier = last.pop(value.key, None)
+            said = role != _ASSISTANT or (earlier is not None and earlier[2])
             if earlier and earlier[0].labelled and not value.labelled:
                 value = earlier[0]
-            last[value.key] = (value, role)
+            last[value.key] = (value, role, said)
     return list(last.values())
 
 
@@ -189,16 +194,22 @@ def _clean(match: re.Match[str]) -> Value | None:
 def _labelled(match: re.Match[str], kind: str) -> Value | None:
     """A label, a few linking words and a value: ``port: 8443``."""
     group = match.group
-    label, raw = (group("ll"), group("lv")) if kind == "labelled" else (group("nl"), group("nv"))
+    link: str | None = None  # the words between a label and its value
+    if kind == "labelled":
+        near = group("lv") is not None  # else some words off (``fv``)
+        label = group("ll")
+        raw, link = (group("lv"), group("link")) if near else (group("fv"), group("flink"))
+    else:
+        label, raw = group("nl"), group("nv") or group("nfv")
     if kind == "named":
         start = match.start()
         owner = OWNER_OF.search(match.string, max(0, start - _CONTEXT_REACH), start)
         label = owner.group(1) if owner else label
     name = " ".join(label.lower().replace("_", " ").split())
-    if kind == "labelled":
+    if link is not None:
         if name in ID_ONLY:
             return None  # "order 66", "run 3": these say what they label only with "id"
-        if name == "due" and group("link").split()[:1] == ["to"]:
+        if name == "due" and link.split()[:1] == ["to"]:
             return None  # "due to 48 retries" gives a reason, not a date
     value = raw.rstrip(_TRAILING)
     if "://" in value:

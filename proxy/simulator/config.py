@@ -17,8 +17,8 @@ Every key is optional::
 
 A model rule may override ``tokenizer``, ``error_format`` and ``strict_alternation``,
 say how it counts tool definitions (``tool_format``) and how the model summarizes:
-``summary_style`` (ideal | realistic, or a weak model's echo | short | cut_off:
-replies.py) and ``summary_forgets``.
+``summary_style`` (ideal | realistic | plain, or a weak model's echo | short |
+cut_off: replies.py) and ``summary_forgets``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from proxy.errors import ConfigError
 
 ErrorFormat = Literal["openai", "vllm", "vllm_legacy", "anthropic", "llamacpp", "gateway413"]
 ERROR_FORMATS: tuple[str, ...] = get_args(ErrorFormat)
-SummaryStyle = Literal["ideal", "realistic", "echo", "short", "cut_off"]
+SummaryStyle = Literal["ideal", "realistic", "plain", "echo", "short", "cut_off"]
 ToolFormat = Literal["json", "hermes"]
 
 
@@ -55,6 +55,7 @@ class ModelRule(_Section):
     token_scale: float = Field(default=1.0, gt=0)
     # How this model writes summaries (replies.py): "ideal" always fits every fact;
     # "realistic" writes prose first and the facts last, and is cut off at max_tokens;
+    # "plain" keeps every fact in prose and writes none of the requested headings;
     # weak models: "echo" copies its prompt, "short" answers a line, "cut_off" always
     # runs to max_tokens.
     summary_style: SummaryStyle = "ideal"

@@ -20,16 +20,22 @@ Rules, first match wins:
    the rest. Weak models: ``echo`` copies its prompt (the previous-summary block's
    text, then the instructions) up to the budget; ``short`` writes one line and
    the bare headings; ``cut_off`` is realistic but always runs to the budget
-   (``finish_reason: "length"``).
+   (``finish_reason: "length"``). ``plain`` keeps every fact but writes no heading
+   at all, as a model that ignores the requested layout: a line of prose, each fact
+   the prompt states in plain words (``stated_facts``) as ``key is value``, then
+   filler cut to fit the budget.
 2. Last message from a tool: ``observed <n> tool results`` (n trailing tool
    messages).
 3. Last message from the user, the request has ``tools`` and the text says
    ``CALL <n>``: n parallel calls to the first tool, arguments ``{"step": k}``.
 4. Last message from the user containing ``RECALL <key>``: ``key=value`` for
-   each key, space separated, from the last ``FACT key=value`` anywhere in the
-   request (a ``- key=value`` line, as a summary's critical values list them,
-   or ``- role: `key=value``` as the proxy quotes a restored value, states a fact
-   too), or ``key=UNKNOWN``.
+   each key, space separated, or ``key=UNKNOWN``. The value is read as a reader
+   of the prompt would find it: the last place anywhere in the request's messages
+   that states the key's value in plain words (``key=value``, ``key = value``,
+   ``key: value``, ``key is value``, ``key is now value``, ``key was set to
+   value``; ``stated_value``), whoever wrote it and whatever frames it, and never
+   by the proxy's own quoting format: a fact only a proxy's format holds is not
+   recalled.
 5. Otherwise ``ok:`` and about ``reply_tokens`` filler words picked by a hash
    of the request.
 
@@ -62,6 +68,23 @@ FACT = re.compile(
     re.MULTILINE,
 )
 RECALL = re.compile(r"RECALL ([A-Za-z0-9_.-]+)")
+# How prose states a key's value: "k=v", "k = v", "k: v", "k is v", "k is now v",
+# "k was set to v", "k set to v". A value runs to whitespace, a quote or a bracket,
+# its trailing punctuation left out.
+_STATES = (
+    r"(?:[ \t]*=[ \t]*|:[ \t]+"
+    r"|[ \t]+(?:(?:is|was|are|were)(?:[ \t]+(?:now|still|set[ \t]+to|changed[ \t]+to))?"
+    r"|(?:set|changed)[ \t]+to|now)[ \t]+)"
+)
+_STATED_VALUE = r"([^\s`'\"<>()\[\]{}]+)"
+_KEY = r"[A-Za-z][A-Za-z0-9_.-]*"
+# Any key's value, when no key is asked for (the plain summarizer's facts): one with
+# a digit, as a fact's value is, not every "x is y" of the prose.
+# A lookahead, so "note: k3 is v21x" states k3 too (and "note: k3" is no fact).
+_ANY_STATED = re.compile(rf"(?<![\w.-])(?=({_KEY}){_STATES}{_STATED_VALUE})")
+_TRAILING = ".,;:!?"
+# What this simulator answers for a key it finds no value of: not a value.
+_UNKNOWN = "UNKNOWN"
 CALL = re.compile(r"(?<![A-Za-z])CALL (\d+)")
 MAX_CALLS = 128
 
@@ -144,6 +167,41 @@ def collect_facts(messages: list[dict[str, Any]]) -> dict[str, str]:
     return facts
 
 
+def stated_value(text: str, key: str) -> str | None:
+    """The last value ``text`` states for ``key`` in plain words (``_STATES``); None
+    if it states none."""
+    pattern = re.compile(rf"(?<![\w.-]){re.escape(key)}(?![\w-]|\.\w){_STATES}{_STATED_VALUE}")
+    found = None
+    for match in pattern.finditer(text):
+        value = match.group(1).rstrip(_TRAILING)
+        if value and value != _UNKNOWN:
+            found = value
+    return found
+
+
+def stated_facts(text: str) -> dict[str, str]:
+    """Every key ``text`` states a value with a digit for, in plain words, in order of
+    first statement, the last value each."""
+    found = list(_ANY_STATED.finditer(text))
+    keys = {match.start(1) for match in found}
+    facts: dict[str, str] = {}
+    reach = -1  # where the last statement's value starts: a word before it is no key
+    for match in found:
+        value = match.group(2).rstrip(_TRAILING)
+        inside = match.start(1) < reach
+        reach = max(reach, match.start(2))
+        if inside or match.start(2) in keys or not any(c.isdigit() for c in value):
+            continue  # a word of a statement, a key stated in turn, or no value
+        if value != _UNKNOWN:
+            facts[match.group(1)] = value
+    return facts
+
+
+def prompt_text(messages: list[dict[str, Any]]) -> str:
+    """Everything a model reads of ``messages``, in order: each one's text."""
+    return "\n".join(text_of(message.get("content")) for message in messages)
+
+
 _MARKER = re.compile(r"uses the marker ([0-9a-f]+)")
 
 
@@ -195,6 +253,9 @@ def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Vo
     if voice.summary_style == "short":
         content = "\n".join([f"SUMMARY of {count} messages.", *(f"## {s}" for s in sections)])
         return Reply(content, (), "stop", encoder.count(content))
+    if voice.summary_style == "plain":
+        said = [m for m in messages if m.get("role") not in ("system", "developer")]
+        return _plain(prompt_text(said), count, seed, budget, voice)
     if voice.summary_forgets:
         keys = [k for i, k in enumerate(keys) if (i + 1) % voice.summary_forgets]
     fact_lines = [f"FACT {key}={facts[key]}" for key in keys]
@@ -220,6 +281,22 @@ def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Vo
     content, _ = fit_words(head, filler_words(seed, voice.reply_tokens), budget, encoder)
     # Cutting filler is not a truncated summary: the facts are all there.
     return Reply(content, (), "stop", encoder.count(content))
+
+
+def _plain(said: str, count: int, seed: bytes, budget: int, voice: Voice) -> Reply:
+    """A summary that keeps every fact ``said`` (the request's text but its
+    instructions) states and writes no heading: prose only, the facts never cut, the
+    filler after them cut to fit."""
+    facts = stated_facts(said)
+    if voice.summary_forgets:
+        facts = {k: v for i, (k, v) in enumerate(facts.items()) if (i + 1) % voice.summary_forgets}
+    stated = "; ".join(f"{key} is {value}" for key, value in facts.items())
+    head = f"The conversation so far covered {count} messages."
+    if stated:
+        head += f" Along the way it was settled that {stated}."
+    words = filler_words(seed, voice.reply_tokens)
+    content, _ = fit_words(f"{head} They also spoke of", words, budget, voice.encoder)
+    return Reply(content, (), "stop", voice.encoder.count(content))
 
 
 def _echo(messages: list[dict[str, Any]], prompt: str, budget: int, encoder: Encoder) -> Reply:
@@ -298,8 +375,8 @@ def _reply(
                 return reply
         keys = RECALL.findall(text)
         if keys:
-            facts = collect_facts(messages)
-            answer = " ".join(f"{key}={facts.get(key, 'UNKNOWN')}" for key in keys)
+            read = prompt_text(messages)
+            answer = " ".join(f"{key}={stated_value(read, key) or _UNKNOWN}" for key in keys)
             return _text_reply(answer, budget, encoder)
     # "ok:" costs two tokens; the words one each.
     words = filler_words(seed, max(voice.reply_tokens - 2, 1))

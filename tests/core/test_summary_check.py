@@ -20,7 +20,7 @@ from proxy.config import CompactionSettings, Settings
 from proxy.core.budget import summary_limit
 from proxy.core.models import ModelTable
 from proxy.core.prompts import CORE, FULL, SIMPLE, prompt_for
-from proxy.core.summary_check import LEGACY_PLACEHOLDER, check_summary
+from proxy.core.summary_check import LEGACY_PLACEHOLDER, SUMMARY_HEADING, check_summary, framed
 from proxy.core.transcript import frame_prompt, render_transcript
 from proxy.errors import SummaryRejected, SummaryTruncated
 from proxy.types import ChatMessage
@@ -74,10 +74,94 @@ def test_the_instructions_echoed_are_rejected(prompt: Any) -> None:
     assert check_summary(copied, prompt, 2000, SPAN_CHARS) == "echo"
 
 
-def test_an_answer_without_the_asked_headings_is_rejected() -> None:
-    prose = "The user and the assistant talked about the release plan for a long while. " * 5
-    assert check_summary(prose, FULL, 2000, SPAN_CHARS) == "structure"
-    assert check_summary("## Active task\nnone", FULL, 2000, SPAN_CHARS) == "structure"
+# A span whose user turns state facts and whose assistant turns acknowledge them in words
+# of their own: what a heading-less summary is judged against.
+TURNS = [
+    ("user", "The release manager for the launch is Priya Natarajan, please remember."),
+    ("assistant", "Understood, I will keep that in mind while we plan the release together."),
+    ("user", "Our budget for the quarter is 37,500 dollars and the deadline is March 14."),
+    ("assistant", "Noted, I have recorded the budget and the deadline for later reference."),
+    ("user", "The service reads its settings from /etc/ledger/service.toml on every host."),
+    ("assistant", "Thanks, I will look at that file whenever the configuration comes up."),
+]
+PROSE = (
+    "The user is planning a release. Priya Natarajan manages it; the budget for the "
+    "quarter is 37,500 dollars and the deadline is March 14. Settings are read from "
+    "/etc/ledger/service.toml on every host. Nothing is blocked; the assistant waits for "
+    "the next question."
+)
+
+
+@pytest.mark.parametrize("prompt", [FULL, CORE, SIMPLE], ids=lambda p: p.name)
+def test_a_summary_that_keeps_the_facts_without_the_asked_headings_is_kept(prompt: Any) -> None:
+    """A summarizer that kept every fact in prose of its own was rejected for its layout
+    (``structure``, twice), and the trimmed session lost 29 of 40 facts."""
+    assert check_summary(PROSE, prompt, 400, SPAN_CHARS, TURNS) is None
+    kept = framed(PROSE, prompt)
+    assert kept == f"{SUMMARY_HEADING}\n{PROSE}"  # under the proxy's heading
+    assert framed(GOOD, prompt) == GOOD  # a summary with headings is kept as it is
+    bold = "**Release**\n" + PROSE
+    assert framed(bold, prompt) == bold
+
+
+def test_a_summary_is_judged_short_by_its_content_not_its_headings() -> None:
+    assert check_summary("## Active task\nnone", FULL, 2000, SPAN_CHARS) == "too_short"
+    # Headings it was not asked for are no content either.
+    unasked = "## Overview\n## Details\n**Notes:**\n### Open items\n- none"
+    assert check_summary(unasked, CORE, 400, SPAN_CHARS) == "too_short"
+    assert check_summary("Priya runs the launch.", CORE, 400, SPAN_CHARS) == "too_short"
+
+
+def test_a_copy_of_the_assistants_own_turns_is_rejected() -> None:
+    replies = "\n".join(text for role, text in TURNS if role == "assistant")
+    assert check_summary(replies, CORE, 400, SPAN_CHARS, TURNS) == "copied"
+    under_headings = f"## Active task\n{replies}\n## Critical values\nnone"
+    assert check_summary(under_headings, CORE, 400, SPAN_CHARS, TURNS) == "copied"
+    # The user's words copied are the facts, kept: not a copy of the replies.
+    said = "\n".join(text for role, text in TURNS if role == "user")
+    assert check_summary(said, CORE, 400, SPAN_CHARS, TURNS) is None
+    # A summary that lifts a reply or two among words of its own is a summary.
+    lifted = (
+        "Noted, I have recorded the budget and the deadline for later reference. "
+        "The user plans the release with Priya Natarajan; the budget for the quarter is "
+        "37,500 dollars, due March 14, and the settings file is /etc/ledger/service.toml."
+    )
+    assert check_summary(lifted, CORE, 400, SPAN_CHARS, TURNS) is None
+    # What the previous summary already said is no copy either.
+    carried = [("summary", replies), *TURNS]
+    assert check_summary(replies, CORE, 400, SPAN_CHARS, carried) is None
+
+
+def test_an_echo_an_empty_or_cut_answer_without_headings_is_still_rejected() -> None:
+    assert check_summary(CORE.system, CORE, 400, SPAN_CHARS, TURNS) == "echo"
+    assert check_summary(" \n\n", CORE, 400, SPAN_CHARS, TURNS) == "empty"
+    assert check_summary("none\n-\nn/a", CORE, 400, SPAN_CHARS, TURNS) == "too_short"
+
+
+async def test_a_heading_less_summary_is_kept_not_retried() -> None:
+    upstream = FakeUpstream()
+    upstream.script(summaries=[summary_reply(PROSE)])
+    made = await summarize(request(upstream), "", span())
+    assert (made.text, made.rejected, made.calls) == (PROSE, (), 1)
+
+
+async def test_a_heading_less_answer_cut_off_is_truncated_not_kept() -> None:
+    upstream = FakeUpstream()
+    cut = summary_reply(PROSE, finish_reason="length")
+    upstream.script(summaries=[cut, cut])
+    with pytest.raises(SummaryTruncated) as failed:
+        await summarize(request(upstream), "", span())
+    assert failed.value.rejected == ("truncated", "truncated")
+
+
+async def test_an_answer_copying_the_assistants_turns_is_asked_for_again() -> None:
+    upstream = FakeUpstream()
+    messages: list[ChatMessage] = [{"role": r, "content": t} for r, t in TURNS]
+    replies = "\n".join(text for role, text in TURNS if role == "assistant")
+    upstream.script(summaries=[summary_reply(replies), summary_reply(PROSE)])
+    made = await summarize(request(upstream), "", messages)
+    assert (made.text, made.rejected) == (PROSE, ("copied",))
+    assert systems(upstream) == [CORE.system, SIMPLE.system]
 
 
 def test_a_degenerately_short_summary_of_a_long_span_is_rejected() -> None:

@@ -157,3 +157,34 @@ def test_elided_tool_outputs_keep_their_key_value_settings(
     assert "`DB_HOST = db-0.internal`" in elided[0]
     assert "INFO request served" not in elided[0]
     assert chat.send(tools=TOOLS) is not None  # the view with placeholders is accepted
+
+
+def test_a_trimmed_views_digest_quotes_the_users_facts_before_the_assistants_own_ids(
+    broken_summarizer: str,  # noqa: F811 (the fixture imported above)
+    start_proxy: Callable[..., str],
+) -> None:
+    """An assistant that acknowledges every turn under an id of its own: the digest,
+    newest first, filled itself with those ids, and the facts the user had stated in
+    the same span were lost. What only the assistant said now comes after them."""
+    sim = broken_summarizer
+    url = start_proxy(small_window_settings(sim, summarizer_model="broken"))
+    chat = Chat(url, key="sk-acks", session="acks")
+    facts: dict[str, str] = {}
+    for turn in range(48):
+        text = f"Turn {turn}: {FILLER}"
+        if turn % 4 == 0:
+            key = f"cfg{turn}"
+            facts[key] = f"blue{turn * 7}"
+            text += f" Please note: {key}={facts[key]}"
+        chat.say(text)
+        chat.history[-1]["content"] = f"Logged as ACK-{turn:04d} for later."
+    assert chat.statuses["trimmed"] >= 1, chat.statuses
+    assert chat.statuses["compacted"] == 0
+    sent = [str(m.get("content") or "") for m in _sent(sim)]
+    (digest,) = [text for text in sent if DIGEST in text]
+    dropped = [k for k in facts if not any(f"{k}={facts[k]}" in t for t in sent if t != digest)]
+    assert len(dropped) >= 6  # most of the facts are in no message the view kept
+    assert all(f"- user: `{k}={facts[k]}`" in digest for k in dropped), digest
+    # Answered from what the view quotes, read as a reader reads it.
+    recalled = [k for k, v in facts.items() if chat.say(f"RECALL {k}") == f"{k}={v}"]
+    assert recalled == list(facts), f"{len(recalled)}/{len(facts)}"

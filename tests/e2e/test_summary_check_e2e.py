@@ -1,6 +1,7 @@
 """Issue 21 items 2 and 4 end to end: the real proxy over HTTP in front of the simulator
-playing a weak summarizer (``summary_style``: echo, short, cut_off). The checks as values:
-tests/core/test_summary_check.py.
+playing a weak summarizer (``summary_style``: echo, short, cut_off), or one that keeps
+every fact in prose and writes none of the requested headings (plain), which is kept.
+The checks as values: tests/core/test_summary_check.py.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def test_a_good_summarizer_still_passes_with_the_headings_it_was_asked_for(
     text = summary.json()["summary"]
     assert all(f"## {s}" in text for s in CORE.sections)
     assert "port=8443" in text
-    assert all(rejected(url, r) == 0 for r in ("echo", "structure", "too_short", "empty"))
+    assert all(rejected(url, r) == 0 for r in ("echo", "copied", "too_short", "empty"))
 
 
 def test_a_raised_budget_share_asks_a_small_window_for_a_longer_fuller_summary(
@@ -137,3 +138,48 @@ def test_a_raised_budget_share_asks_a_small_window_for_a_longer_fuller_summary(
     assert calls
     assert {c["body"]["max_tokens"] for c in calls} == {1024}
     assert calls[0]["body"]["messages"][0]["content"] == FULL.system
+
+
+# How the client states its facts: the simulator's reader finds each (replies.py).
+PHRASINGS = (
+    "FACT {k}={v}",
+    "Please note: {k} is {v}.",
+    "{k}: {v}, keep that in mind.",
+    "We agreed that {k} = {v} for now.",
+    "{k} was set to {v} this morning.",
+    "For the record, {k} is now {v}.",
+)
+
+
+def test_a_summarizer_that_keeps_every_fact_but_writes_no_headings_is_kept(
+    weak_sim: Callable[[SummaryStyle], str], start_proxy: Callable[..., str]
+) -> None:
+    """120 turns, 40 facts in six wordings, a 4k window, a summarizer that ignores the
+    layout it is asked for: both its answers were rejected as ``structure``, the session
+    backed off past the conversation's end, and the trimmed view's digest filled itself
+    with the ids of the assistant's acknowledgements: 11 of 40 facts came back."""
+    sim = weak_sim("plain")
+    url = start_proxy(settings(sim))
+    chat = Chat(url, session="plain")
+    facts: dict[str, str] = {}
+    for turn in range(120):
+        text = f"Turn {turn}: {FILLER}"
+        if turn % 3 == 0:
+            key, value = f"k{turn}", f"v{turn * 7}x"
+            facts[key] = value
+            text += " " + PHRASINGS[turn // 3 % len(PHRASINGS)].format(k=key, v=value)
+        chat.say(text)
+        # An assistant that acknowledges each turn under an id of its own.
+        chat.history[-1]["content"] = f"Noted, recorded as TURN-{turn}."
+    recalled = [k for k, v in facts.items() if chat.say(f"RECALL {k}") == f"{k}={v}"]
+    assert recalled == list(facts), f"{len(recalled)}/{len(facts)}"
+    assert chat.statuses["compacted"] >= 3
+    stored = httpx.get(f"{url}/sessions/plain", headers={"Authorization": "Bearer sk-tenant-a"})
+    assert stored.status_code == 200, stored.text
+    snapshot = stored.json()
+    assert snapshot["version"] >= 3
+    summary = snapshot["summary"]
+    assert summary.startswith("## Summary\n")  # framed under the proxy's heading
+    assert not any(f"## {s}" in summary for s in CORE.sections)
+    assert all(rejected(url, r) == 0 for r in ("echo", "copied", "too_short", "empty"))
+    assert chat.statuses["trimmed"] == 0

@@ -15,10 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageFunctionToolCall
 
+from proxy.core.encodings import load_encoder
 from proxy.errors import ConfigError
 from proxy.simulator import SimulatorConfig, create_simulator_app, load_simulator_config
 from proxy.simulator.config import resolve_model
 from proxy.simulator.errors import SimError
+from proxy.simulator.replies import Ask, Voice, build_reply
 from proxy.simulator.validate import check_tool_pairing
 from tests.support.servers import run_server
 
@@ -151,6 +153,46 @@ def test_recall_answers_the_last_fact_from_any_message(sdk: openai.OpenAI) -> No
     ]
     result = sdk.chat.completions.create(model="sim-small", messages=messages)
     assert result.choices[0].message.content == "colour=blue city=Paris size=3 missing=UNKNOWN"
+
+
+def test_recall_reads_a_value_stated_in_plain_words_anywhere_as_a_reader_would(
+    sdk: openai.OpenAI,
+) -> None:
+    """Not only ``FACT k=v`` or the proxy's ``- role: `k=v``` quoting: a value is found
+    wherever the prompt states it in plain words, the last statement winning, and an
+    earlier ``k=UNKNOWN`` answer is no value."""
+    messages: Any = [
+        {"role": "system", "content": "Summary: region is eu-west-3; the owner: Dana."},
+        {"role": "user", "content": "Please note: k3 is v21x. Also k6: v42x, k9 = v63x."},
+        {"role": "assistant", "content": "k12=UNKNOWN"},
+        {"role": "user", "content": "k12 was set to v84x this morning; k15 is now v105x."},
+        {"role": "assistant", "content": "- user: `port: 8443` (quoted)"},
+        {"role": "user", "content": "Correction: k3 = v22x."},
+        {"role": "user", "content": "RECALL k3 RECALL k6 RECALL k9 RECALL k12 RECALL k15"},
+    ]
+    result = sdk.chat.completions.create(model="sim-small", messages=messages)
+    answer = result.choices[0].message.content
+    assert answer == "k3=v22x k6=v42x k9=v63x k12=v84x k15=v105x"
+    messages[-1] = {"role": "user", "content": "RECALL region RECALL port RECALL k1 RECALL k"}
+    result = sdk.chat.completions.create(model="sim-small", messages=messages)
+    assert result.choices[0].message.content == "region=eu-west-3 port=8443 k1=UNKNOWN k=UNKNOWN"
+
+
+def test_a_plain_summarizer_keeps_every_stated_fact_and_writes_no_heading() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Write the sections.\n## Active task\n## Critical values"},
+        {"role": "user", "content": "FACT k0=v0x. Please note: k3 is v21x; k6: v42x."},
+        {"role": "assistant", "content": "ok: noted"},
+        {"role": "user", "content": "k9 was set to v63x, and the port is 8443."},
+    ]
+    voice = Voice(load_encoder("cl100k_base"), 24, "plain")
+    reply = build_reply({}, messages, Ask(b"seed" * 4, 120, summarize=True), voice)
+    content = str(reply.content)
+    assert reply.finish_reason == "stop"
+    assert "#" not in content
+    assert "Active task" not in content
+    for fact in ("k0 is v0x", "k3 is v21x", "k6 is v42x", "k9 is v63x", "port is 8443"):
+        assert fact in content
 
 
 def test_summarize_carries_every_fact_forward_and_is_counted(http: httpx.Client) -> None:
