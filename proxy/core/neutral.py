@@ -7,21 +7,36 @@ frame is a system message; a summary that closed the frame would speak after it,
 proxy. So before a summary is kept, what in the model's text imitates the proxy's own
 marks is made inert, with look-alike brackets (U+2039 and U+203A) in place of the real ones:
 
-* a ``summary`` tag, in any case or spacing (``</summary >``, ``< /SUMMARY>``);
-* a ``[compaction-proxy ...`` marker (trimming's and elision's placeholders);
-* a line opening with a role in brackets (``[system]``, ``[ Developer ]``), as the
-  summarizer's own transcript labels its messages (transcript.py);
+* a ``summary`` tag, in any case or spacing (``</summary >``, ``<\\n/SUMMARY>``), written
+  with an entity (``&lt;/summary&gt;``, ``&#60;/summary>``) or an escaped slash;
+* a ``[compaction-proxy ...`` marker (trimming's and elision's placeholders), with any
+  space or dash between its words;
+* a line opening with a role in brackets (``[system]``, ``## [ Developer ]``,
+  ``1. [user]``), as the summarizer's own transcript labels its messages (transcript.py);
 * a line that reads as one of the proxy's headings or sentences once case, spacing and
   ``#`` marks are set aside (the quoted sections' headings, the handoff's introduction).
 
+What a reader takes for a line break is one here: every line separator becomes ``\\n``,
+and format characters (Unicode category Cf: zero-width spaces, joiners, bidi controls),
+which a reader does not see, are dropped, so ``</sum\\u200bmary>`` is a tag. Matching also
+sees each character's compatibility form (NFKC, one character for one), so fullwidth
+``\\uff1c/summary\\uff1e`` is one too; the text kept has its own characters.
+
 An exact copy of a quoted section's heading is left as it is: the identifier check
-drops that section whole and rebuilds its own (identifiers.restore_identifiers).
+drops that section whole and rebuilds its own (identifiers.restore_identifiers), and
+both read "is this the heading" alike (wording.is_quoted_heading).
+
+The frame is not made one the model cannot write (say a closing tag carrying a hash of
+the summary): the model that reads the handoff checks no hash, so a plain ``</summary>``
+would read as the end of the frame all the same; what the reader sees has to be inert.
 Deterministic, so the prefix the upstream sees stays byte-stable; linear in the text.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
+from functools import lru_cache
 
 from proxy.core.wording import (
     ACKNOWLEDGEMENT,
@@ -29,14 +44,31 @@ from proxy.core.wording import (
     HANDOFF_INTRO,
     OMITTED_HEADING,
     QUOTED_INTRO,
+    is_quoted_heading,
 )
 
 OPEN, CLOSE = "\u2039", "\u203a"  # single angle quotation marks: read alike, frame nothing
 
-_TAG = re.compile(r"<(?=[ \t]*/?[ \t]*summary)", re.IGNORECASE)
-_MARKER = re.compile(r"\[(?=[ \t]*compaction-proxy)", re.IGNORECASE)
+# Line separators other than "\n" (str.splitlines' set, "\r\n" as one).
+_BREAKS = re.compile("\r\n?|[\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e]")
+# Unicode's format characters (category Cf, Unicode 14; tests/core/test_neutral.py checks
+# the set against the running unicodedata).
+FORMAT_CHARS = (
+    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+    "\U000e0020-\U000e007f"
+)
+_FORMAT = re.compile(f"[{FORMAT_CHARS}]+")
+
+_LT = r"(?:<|&lt;?|&#0*60;?|&#x0*3c;?)"
+_SLASH = r"(?:/|&#0*47;?|&#x0*2f;?|&sol;)"
+_LSQB = r"(?:\[|&#0*91;?|&#x0*5b;?|&lsqb;|&lbrack;)"
+_TAG = re.compile(rf"{_LT}(?=\s*\\?\s*(?:{_SLASH}\s*)?summary)", re.IGNORECASE)
+_MARKER = re.compile(r"\[(?=\s*compaction[\s_\-\u2010-\u2015\u2212]*proxy)", re.IGNORECASE)
 _ROLE_LINE = re.compile(
-    r"^([ \t>*_-]*)\[([ \t]*(?:system|developer|user|assistant|tool|function)\b[^\]\n]*)\]?",
+    rf"^((?:[^\w\n]|\d+[.)])*){_LSQB}"
+    r"(\s*(?:system|developer|user|assistant|tool|function)\b[^\]\n]*)(\])?",
     re.IGNORECASE | re.MULTILINE,
 )
 _SPACE = re.compile(r"\s+")
@@ -52,26 +84,65 @@ _OWN = frozenset(
     _plain(text)
     for text in (CARRIED_HEADING, OMITTED_HEADING, HANDOFF_INTRO, QUOTED_INTRO, ACKNOWLEDGEMENT)
 )
-_EXACT = frozenset({CARRIED_HEADING, OMITTED_HEADING})
+# A line shorter than this cannot read as one of them; one longer than the other bound
+# would need pages of padding to: neither is worth a _plain.
+_SHORTEST = min(map(len, _OWN))
+_LONGEST = 4 * max(map(len, _OWN)) + 256
 
 
 def neutralised(text: str) -> str:
     """``text`` (a summarizer's answer) with every imitation of the proxy's marks inert."""
-    text = _TAG.sub(OPEN, text)
-    text = _MARKER.sub(OPEN, text)
-    text = _ROLE_LINE.sub(_role_line, text)
-    if not any(_plain(line) in _OWN for line in text.splitlines()):
+    text = _FORMAT.sub("", _BREAKS.sub("\n", text))
+    folded = _folded(text)
+    edits = [(m.start(), m.end(), OPEN) for m in _TAG.finditer(folded)]
+    edits += [(m.start(), m.end(), OPEN) for m in _MARKER.finditer(folded)]
+    for m in _ROLE_LINE.finditer(folded):
+        edits.append((m.start() + len(m.group(1)), m.start(2), OPEN))
+        if m.group(3):
+            edits.append((m.start(3), m.end(3), CLOSE))
+    if edits:
+        text = _spliced(text, edits)
+        folded = _folded(text)
+    lines, plain = text.split("\n"), folded.split("\n")
+    own = [i for i, (line, seen) in enumerate(zip(lines, plain, strict=True)) if _own(line, seen)]
+    if not own:
         return text
-    return "\n".join(_own_line(line) for line in text.split("\n"))
+    for i in own:
+        lines[i] = f"{OPEN}{lines[i].strip()}{CLOSE}"
+    return "\n".join(lines)
 
 
-def _role_line(match: re.Match[str]) -> str:
-    lead, label = match.group(1), match.group(2)
-    closed = match.group(0).endswith("]")
-    return f"{lead}{OPEN}{label}{CLOSE if closed else ''}"
+def _own(line: str, seen: str) -> bool:
+    """Whether ``line`` (``seen`` as matching sees it) reads as the proxy's own text and
+    is not the exact heading identifiers.py reads as one and drops."""
+    if not _SHORTEST <= len(line) <= _LONGEST or is_quoted_heading(line):
+        return False
+    return _plain(seen) in _OWN
 
 
-def _own_line(line: str) -> str:
-    if line.rstrip() in _EXACT or _plain(line) not in _OWN:
-        return line
-    return f"{OPEN}{line.strip()}{CLOSE}"
+def _spliced(text: str, edits: list[tuple[int, int, str]]) -> str:
+    out, at = [], 0
+    for start, end, mark in sorted(edits):
+        if start < at:  # overlapping matches: the first one made it inert
+            continue
+        out += [text[at:start], mark]
+        at = end
+    out.append(text[at:])
+    return "".join(out)
+
+
+def _folded(text: str) -> str:
+    """``text`` with each character that has a one-character compatibility form in that
+    form (fullwidth ``\\uff1c`` as ``<``): as long as ``text``, so positions carry over."""
+    if text.isascii():
+        return text
+    table = {ord(c): f for c in set(text) if (f := _fold(c)) is not None}
+    return text.translate(table) if table else text
+
+
+@lru_cache(maxsize=4096)
+def _fold(char: str) -> str | None:
+    if char.isascii():
+        return None
+    form = unicodedata.normalize("NFKC", char)
+    return form if len(form) == 1 and form != char and form != "\n" else None
