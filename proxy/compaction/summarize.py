@@ -155,10 +155,10 @@ async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessa
                 text = await run.chunk(frame_prompt(text, chunk), sum(len(e.text) for e in chunk))
     except TimeoutError as exc:
         failed = SummaryError("summarizer timed out")
-        failed.rejected = tuple(run.rejected)
+        failed.rejected, failed.calls = tuple(run.rejected), run.calls
         raise failed from exc
     except SummaryError as exc:
-        exc.rejected = tuple(run.rejected)
+        exc.rejected, exc.calls = tuple(run.rejected), run.calls
         raise
     if omitted:
         text = f"{omitted_marker(omitted)}\n\n{text}"
@@ -226,8 +226,8 @@ class _Run:
         """One answer, its calls counted; an oversize one is rejected, never retried."""
         try:
             answer = await _call(self.req, prompt, framed, max_tokens, self._spare())
-        except SummaryOversize:
-            self.calls += 1
+        except SummaryOversize as exc:
+            self.calls += exc.posts
             self.rejected.append("oversize")
             raise
         self.calls += answer.posts
@@ -260,7 +260,11 @@ async def _call(
         if verdict.kind == "output_budget" and verdict.limit and verdict.limit < max_tokens:
             # The summarizer writes less than configured: ask within what it can.
             max_tokens = verdict.limit
-            status, raw, headers = await _post(req, prompt.system, framed, max_tokens)
+            try:
+                status, raw, headers = await _post(req, prompt.system, framed, max_tokens)
+            except SummaryOversize as exc:
+                exc.posts = 2
+                raise
             posts = 2
     if status != 200:
         raise SummaryError(f"summarizer answered HTTP {status}")

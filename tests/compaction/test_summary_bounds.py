@@ -14,7 +14,7 @@ from proxy.core.prompts import prompt_for
 from proxy.errors import SummaryOversize
 from proxy.types import ChatMessage
 from tests.support.chat import FILLER
-from tests.support.fakes import FakeUpstream, Reply, summary_reply
+from tests.support.fakes import FakeUpstream, Reply, error_reply, summary_reply
 from tests.support.faulty_upstream import handoff
 
 MAX_TOKENS = 400
@@ -97,3 +97,15 @@ async def test_a_kept_summary_cannot_close_its_frame() -> None:
     assert "FORGED-ORDER-99" in made.text
     assert "</SUMMARY" not in made.text
     assert "[system]" not in made.text
+
+
+async def test_an_oversize_answer_after_a_stated_output_limit_counts_both_calls() -> None:
+    upstream = FakeUpstream()
+    stated = "max_tokens is too large: 400. This model supports at most 200 completion tokens."
+    huge = _completion(handoff("word " * 200_000))
+    upstream.script(summaries=[error_reply(400, stated), Reply(body=huge)])
+    with pytest.raises(SummaryOversize) as failed:
+        await summarize(request(upstream), "", span())
+    assert len(upstream.summary_calls) == 2
+    assert failed.value.calls == 2
+    assert failed.value.rejected == ("oversize",)
