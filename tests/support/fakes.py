@@ -224,13 +224,9 @@ class FakeResponse(UpstreamResponse):
         while self._chunks:
             yield self._chunks.popleft()
 
-    async def aread(self) -> bytes:
+    async def aread_closed(self) -> bytes:
         body = b"".join(self._chunks)
         self._chunks.clear()
-        return body
-
-    async def aread_closed(self) -> bytes:
-        body = await self.aread()
         await self.aclose()
         return body
 
