@@ -133,7 +133,7 @@ def _carried_lines(section: str) -> list[_Wanted]:
     return out
 
 
-def _carried_start(text: str) -> int | None:
+def carried_start(text: str) -> int | None:
     """Where ``text``'s first quoted section (carried, omitted or legacy heading) starts."""
     at = 0
     for line in text.split("\n"):
@@ -153,7 +153,7 @@ def strip_carried(summary: str) -> str:
 def split_carried(summary: str) -> tuple[str, str]:
     """The model's summary, and the restored identifiers' section that follows it ("" if
     none): the handoff keeps quoted values out of a system message (rebuild.py)."""
-    at = _carried_start(summary)
+    at = carried_start(summary)
     if at is None:
         return summary, ""
     return summary[:at].strip(), summary[at:].strip()

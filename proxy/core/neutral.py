@@ -51,26 +51,39 @@ OPEN, CLOSE = "\u2039", "\u203a"  # single angle quotation marks: read alike, fr
 
 # Line separators other than "\n" (str.splitlines' set, "\r\n" as one).
 _BREAKS = re.compile("\r\n?|[\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e]")
-# Unicode's format characters (category Cf, Unicode 14; tests/core/test_neutral.py checks
-# the set against the running unicodedata).
-FORMAT_CHARS = (
-    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
-    "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
-    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
-    "\U000e0020-\U000e007f"
-)
+_ASCII_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e"
+# Unicode's format characters (category Cf, Unicode 14, and the rest of one range Unicode
+# 15 fills; tests/core/test_neutral.py checks them against the running unicodedata).
+_FORMAT_RANGES = (
+    (0xAD, 0xAD), (0x600, 0x605), (0x61C, 0x61C), (0x6DD, 0x6DD), (0x70F, 0x70F),
+    (0x890, 0x891), (0x8E2, 0x8E2), (0x180E, 0x180E), (0x200B, 0x200F), (0x202A, 0x202E),
+    (0x2060, 0x2064), (0x2066, 0x206F), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB),
+    (0x110BD, 0x110BD), (0x110CD, 0x110CD), (0x13430, 0x1343F), (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A), (0xE0001, 0xE0001), (0xE0020, 0xE007F),
+)  # fmt: skip
+FORMAT_CHARS = "".join(f"{chr(a)}-{chr(b)}" for a, b in _FORMAT_RANGES)
 _FORMAT = re.compile(f"[{FORMAT_CHARS}]+")
-
-_LT = r"(?:<|&lt;?|&#0*60;?|&#x0*3c;?)"
-_SLASH = r"(?:/|&#0*47;?|&#x0*2f;?|&sol;)"
-_LSQB = r"(?:\[|&#0*91;?|&#x0*5b;?|&lsqb;|&lbrack;)"
-_TAG = re.compile(rf"{_LT}(?=\s*\\?\s*(?:{_SLASH}\s*)?summary)", re.IGNORECASE)
-_MARKER = re.compile(r"\[(?=\s*compaction[\s_\-\u2010-\u2015\u2212]*proxy)", re.IGNORECASE)
-_ROLE_LINE = re.compile(
-    rf"^((?:[^\w\n]|\d+[.)])*){_LSQB}"
-    r"(\s*(?:system|developer|user|assistant|tool|function)\b[^\]\n]*)(\])?",
-    re.IGNORECASE | re.MULTILINE,
+# What non-ASCII text must hold for either pattern to change it: a set lookup per
+# distinct character is far cheaper than a character-class scan of the whole text.
+_UNSEEN = frozenset(chr(c) for a, b in _FORMAT_RANGES for c in range(a, b + 1)) | frozenset(
+    "\u2028\u2029\x85" + _ASCII_BREAKS
 )
+
+# Each pattern opens with one literal character, which Python's re finds fast; an
+# alternation or a class at the start would be tried at every position.
+_AFTER_LT = r"(?=\s*\\?\s*(?:(?:/|&#0*47;?|&#x0*2f;?|&sol;)\s*)?summary)"
+_TAGS = (
+    re.compile(rf"<{_AFTER_LT}", re.IGNORECASE),
+    re.compile(rf"&(?:lt;?|#0*60;?|#x0*3c;?){_AFTER_LT}", re.IGNORECASE),
+)
+_MARKER = re.compile(r"\[(?=\s*compaction[\s_\-\u2010-\u2015\u2212]*proxy)", re.IGNORECASE)
+_ROLE = r"(\s*(?:system|developer|user|assistant|tool|function)\b[^\]\n]*)(\])?"
+_ROLES = (
+    re.compile(rf"\[{_ROLE}", re.IGNORECASE),
+    re.compile(rf"&(?:#0*91;?|#x0*5b;?|lsqb;|lbrack;){_ROLE}", re.IGNORECASE),
+)
+# What may come before a role on its line: marks, spaces, a list's number.
+_ROLE_LEAD = re.compile(r"(?:[^\w\n]|\d+[.)])*")
 _SPACE = re.compile(r"\s+")
 _LINE_MARKS = "#*_>- \t"
 
@@ -92,14 +105,17 @@ _LONGEST = 4 * max(map(len, _OWN)) + 256
 
 def neutralised(text: str) -> str:
     """``text`` (a summarizer's answer) with every imitation of the proxy's marks inert."""
-    text = _FORMAT.sub("", _BREAKS.sub("\n", text))
+    text = _normal(text)
     folded = _folded(text)
-    edits = [(m.start(), m.end(), OPEN) for m in _TAG.finditer(folded)]
+    edits = [(m.start(), m.end(), OPEN) for tag in _TAGS for m in tag.finditer(folded)]
     edits += [(m.start(), m.end(), OPEN) for m in _MARKER.finditer(folded)]
-    for m in _ROLE_LINE.finditer(folded):
-        edits.append((m.start() + len(m.group(1)), m.start(2), OPEN))
-        if m.group(3):
-            edits.append((m.start(3), m.end(3), CLOSE))
+    for role in _ROLES:
+        for m in role.finditer(folded):
+            if not _ROLE_LEAD.fullmatch(folded, folded.rfind("\n", 0, m.start()) + 1, m.start()):
+                continue
+            edits.append((m.start(), m.start(1), OPEN))
+            if m.group(2):
+                edits.append((m.start(2), m.end(2), CLOSE))
     if edits:
         text = _spliced(text, edits)
         folded = _folded(text)
@@ -110,6 +126,17 @@ def neutralised(text: str) -> str:
     for i in own:
         lines[i] = f"{OPEN}{lines[i].strip()}{CLOSE}"
     return "\n".join(lines)
+
+
+def _normal(text: str) -> str:
+    """``text`` with every line separator ``\\n`` and no format character."""
+    if text.isascii():
+        if any(c in text for c in _ASCII_BREAKS):
+            return _BREAKS.sub("\n", text)
+        return text
+    if _UNSEEN.isdisjoint(text):
+        return text
+    return _FORMAT.sub("", _BREAKS.sub("\n", text))
 
 
 def _own(line: str, seen: str) -> bool:
