@@ -84,12 +84,12 @@ _ROLES = (
 )
 # What may come before a role on its line: marks, spaces, a list's number.
 _ROLE_LEAD = re.compile(r"(?:[^\w\n]|\d+[.)])*")
-_SPACE = re.compile(r"\s+")
 _LINE_MARKS = "#*_>- \t"
 
 
 def _plain(line: str) -> str:
-    return _SPACE.sub(" ", line.strip(_LINE_MARKS)).strip(" :.").lower()
+    # split and join: a regex for runs of spaces would be tried at every position.
+    return " ".join(line.strip(_LINE_MARKS).split()).strip(" :.").lower()
 
 
 # What the proxy writes around a summary, as a line of the model's would read.
@@ -101,6 +101,9 @@ _OWN = frozenset(
 # would need pages of padding to: neither is worth a _plain.
 _SHORTEST = min(map(len, _OWN))
 _LONGEST = 4 * max(map(len, _OWN)) + 256
+# A line reading as one of them holds each of its words: one holding none of these (the
+# longest word of each) is not worth a _plain either.
+_BYTE_KEYS = frozenset(max(re.findall(r"[a-z]+", own), key=len).encode() for own in _OWN)
 
 
 def neutralised(text: str) -> str:
@@ -119,13 +122,30 @@ def neutralised(text: str) -> str:
     if edits:
         text = _spliced(text, edits)
         folded = _folded(text)
-    lines, plain = text.split("\n"), folded.split("\n")
-    own = [i for i, (line, seen) in enumerate(zip(lines, plain, strict=True)) if _own(line, seen)]
-    if not own:
-        return text
-    for i in own:
-        lines[i] = f"{OPEN}{lines[i].strip()}{CLOSE}"
-    return "\n".join(lines)
+    own = [
+        (start, end, f"{OPEN}{text[start:end].strip()}{CLOSE}")
+        for start, end in _key_lines(folded)
+        if _own(text[start:end], folded[start:end])
+    ]
+    return _spliced(text, own) if own else text
+
+
+def _key_lines(folded: str) -> list[tuple[int, int]]:
+    """The (start, end) of each line of ``folded`` that holds one of ``_BYTE_KEYS``, found by
+    substring search: the rest cannot read as the proxy's own text."""
+    # One byte a character (non-ASCII as "?"), lowered: positions carry over, and bytes
+    # are lowered and searched far faster than a str with non-ASCII in it.
+    low = folded.encode("ascii", "replace").lower()
+    spans = set()
+    for key in _BYTE_KEYS:
+        at = low.find(key)
+        while at >= 0:
+            start = low.rfind(b"\n", 0, at) + 1
+            end = low.find(b"\n", at)
+            end = len(low) if end < 0 else end
+            spans.add((start, end))
+            at = low.find(key, end)
+    return sorted(spans)
 
 
 def _normal(text: str) -> str:
@@ -142,7 +162,7 @@ def _normal(text: str) -> str:
 def _own(line: str, seen: str) -> bool:
     """Whether ``line`` (``seen`` as matching sees it) reads as the proxy's own text and
     is not the exact heading identifiers.py reads as one and drops."""
-    if not _SHORTEST <= len(line) <= _LONGEST or is_quoted_heading(line):
+    if not _SHORTEST <= len(seen) <= _LONGEST or is_quoted_heading(line):
         return False
     return _plain(seen) in _OWN
 
