@@ -259,13 +259,8 @@ async def _call(
         verdict = classify_error(status, headers, raw)
         if verdict.kind == "output_budget" and verdict.limit and verdict.limit < max_tokens:
             # The summarizer writes less than configured: ask within what it can.
-            max_tokens = verdict.limit
-            try:
-                status, raw, headers = await _post(req, prompt.system, framed, max_tokens)
-            except SummaryOversize as exc:
-                exc.posts = 2
-                raise
-            posts = 2
+            max_tokens, posts = verdict.limit, 2
+            status, raw, headers = await _post(req, prompt.system, framed, max_tokens, posts)
     if status != 200:
         raise SummaryError(f"summarizer answered HTTP {status}")
     reading = read_answer(req.api, raw)
@@ -273,11 +268,11 @@ async def _call(
 
 
 async def _post(
-    req: SummaryRequest, system: str, framed: str, max_tokens: int
+    req: SummaryRequest, system: str, framed: str, max_tokens: int, posts: int = 1
 ) -> tuple[int, bytes, dict[str, str]]:
-    """The status, body and headers of one summary call. A body over what ``max_tokens``
-    allows (summary_api.answer_limit) is not read past that bound: a 200's raises
-    ``SummaryOversize``, an error's reads as empty (it is not classified)."""
+    """The status, body and headers of one summary call (the ``posts``-th of its answer).
+    A body over what ``max_tokens`` allows (summary_api.answer_limit) is not read past
+    that bound: a 200's raises ``SummaryOversize``, an error's reads as empty."""
     body = request_body(req.api, req.model, system, framed, max_tokens)
     headers = [
         *req.headers,
@@ -296,7 +291,9 @@ async def _post(
         raise SummaryError(f"summarizer request failed: {type(exc).__name__}") from exc
     if raw is None:
         if response.status_code == 200:
-            raise SummaryOversize(f"summarizer answer over {limit} bytes for {max_tokens} tokens")
+            oversize = SummaryOversize(f"summary answer over {limit} bytes for {max_tokens} tokens")
+            oversize.posts = posts
+            raise oversize
         raw = b""
     if response.status_code == 200:  # the ledger's summarizer tokens (core/ledger.py)
         current_record().summary_used(req.model, summarizer_usage(raw, body))
