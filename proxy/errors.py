@@ -134,6 +134,7 @@ class StoreError(ProxyError):
 class SummaryError(ProxyError):
     # Why each answer of this summary was not kept (summary_check.Reason), for metrics.
     rejected: tuple[str, ...] = ()
+    calls: int = 0  # summary calls the failed summary made
 
 
 class SummaryTruncated(SummaryError):
@@ -145,7 +146,7 @@ class SummaryRejected(SummaryError):
 
 
 class SummaryOversize(SummaryError):
-    pass
+    posts: int = 1  # calls its answer took: 2 when asked again within a stated output limit
 
 
 class UpstreamError(ProxyError):

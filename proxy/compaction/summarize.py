@@ -1,35 +1,31 @@
 """Step 7: ask the upstream for a handoff summary of the turns being compacted.
 
-Incremental: the previous summary plus the newly covered turns go in, one
-updated summary comes out. A span larger than the summarizer's own window is
-folded in chunks, each chunk updating the summary from the last. Tool calls
-enter the transcript as names, brief arguments and brief outcomes, never
-whole outputs.
+Incremental: the previous summary plus the newly covered turns go in, one updated
+summary comes out. A span larger than the summarizer's own window is folded in chunks,
+each updating the summary from the last. Tool calls enter the transcript as names,
+brief arguments and brief outcomes, never whole outputs.
 
-The call goes to chat completions or the Responses API
-(``upstream.summarizer_api``, summary_api.py). A summary cut off by its token
-limit (``finish_reason: length``, or Responses' ``incomplete``) is never kept:
-its end is lost, and the end is where the critical values go. The call is
-retried once asking for a terser summary within the same budget; a second
-cut-off raises ``SummaryTruncated`` and the caller keeps the previous snapshot.
-An upstream that refuses ``max_tokens`` as more than the model can write is
-asked again once with the limit it states.
+The call goes to chat completions or the Responses API (``upstream.summarizer_api``,
+summary_api.py). A summary cut off by its token limit (``finish_reason: length``, or
+Responses' ``incomplete``) is never kept: its end, where the critical values go, is lost.
+It is asked again once, tersely, within the same budget; a second cut-off raises
+``SummaryTruncated`` and the caller keeps the previous snapshot. An upstream that refuses
+``max_tokens`` as more than the model can write is asked again with the limit it states.
 
-Every answer is checked before it is kept (summary_check.py: an echo of the
-prompt, a copy of the assistant's replies, too short for its span, empty; its
-layout is not judged); one that fails is asked for once more with the simple
-prompt (prompts.py), and a second failure raises ``SummaryRejected``: nothing is
-stored, the caller trims and backs off.
-The instructions ask for fewer sections when the budget is small. An answer is read
-only up to a bound from its ``max_tokens`` (summary_api.answer_limit): past it, it is
-``oversize``, unparsed and not asked for again; a long one is vetted off the event loop.
+Every answer is checked, in a worker thread, before it is kept (summary_check.py: an
+echo of the prompt, a copy of the assistant's replies, too short, empty; its layout is
+not judged); one that fails is asked for once more with the simple prompt (prompts.py),
+and a second failure raises ``SummaryRejected``: the caller trims and backs off. The
+instructions ask for fewer sections when the budget is small. An answer is read only up
+to a bound from its ``max_tokens`` (summary_api.answer_limit): past it, it is
+``oversize``, unparsed and not asked for again.
 
 Each call takes as much of the span as the summarizer's window leaves room for
-(chunking.py). One summary makes at most ``compaction.max_summary_calls`` calls,
-retries included, so at most that many times the summarizer's window in tokens: a
-span needing more chunks than that keeps its newest chunks (a call to spare for a
-retry) and the oldest are left out, a deterministic marker in their place
-(in the transcript, and at the head of the new summary), as trimming does.
+(chunking.py). One summary makes at most ``compaction.max_summary_calls`` calls, retries
+included, so at most that many times the summarizer's window in tokens: a span needing
+more chunks keeps its newest (a call to spare for a retry) and the oldest are left out,
+a deterministic marker in their place (in the transcript, and at the head of the new
+summary), as trimming does.
 """
 
 from __future__ import annotations
@@ -37,6 +33,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from proxy.compaction.chunking import ChunkSize, cut
 from proxy.compaction.summary_api import (
@@ -113,10 +110,8 @@ class SummaryRequest:
         c = turn.compaction(settings.compaction)  # its tenant's policy's
         summarizer = models.resolve(c.summarizer_model) if c.summarizer_model else turn.model
         window = c.summarizer_context_window or summarizer.context_window
-        # The proxy's own summary budget, not the chat model's reply reserve
-        # (max_output_tokens): a summary cut short by that loses its end. Capped only by
-        # what the summarizer can write, when configured (an upstream that refuses more
-        # states its limit, and summarize.py asks again within it).
+        # The proxy's own budget, not the reply reserve (a summary cut short loses its
+        # end), capped by what the summarizer can write when configured.
         max_tokens = summary_limit(turn.model, c)
         if c.summarizer_max_output_tokens:
             max_tokens = min(max_tokens, c.summarizer_max_output_tokens)
@@ -156,10 +151,10 @@ async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessa
                 text = await run.chunk(frame_prompt(text, chunk), text, chunk)
     except TimeoutError as exc:
         failed = SummaryError("summarizer timed out")
-        failed.rejected = tuple(run.rejected)
+        failed.rejected, failed.calls = tuple(run.rejected), run.calls
         raise failed from exc
     except SummaryError as exc:
-        exc.rejected = tuple(run.rejected)
+        exc.rejected, exc.calls = tuple(run.rejected), run.calls
         raise
     if omitted:
         text = f"{omitted_marker(omitted)}\n\n{text}"
@@ -189,9 +184,8 @@ class _Run:
         marker = framed_marker(framed)
         copied = answer.finish_reason == "length" or (bool(marker) and marker in answer.text)
         reason: Reason | None = "echo" if copied else None
-        reason = reason or await rejection(
-            answer.text, req.prompt, answer.max_tokens, span_chars, turns
-        )
+        why = partial(rejection, span_chars=span_chars, turns=turns)
+        reason = reason or await why(answer.text, req.prompt, answer.max_tokens)
         if reason is None:
             return await kept(answer.text)
         self.rejected.append(reason)
@@ -203,9 +197,7 @@ class _Run:
         retried: Reason | None = "truncated" if answer.finish_reason == "length" else None
         if retried is None and marker and marker in answer.text:
             retried = "echo"
-        retried = retried or await rejection(
-            answer.text, SIMPLE, answer.max_tokens, span_chars, turns
-        )
+        retried = retried or await why(answer.text, SIMPLE, answer.max_tokens)
         if retried is not None:
             self.rejected.append(retried)
             raise SummaryRejected(f"summary rejected ({reason}, then {retried} when retried)")
@@ -234,8 +226,8 @@ class _Run:
         """One answer, its calls counted; an oversize one is rejected, never retried."""
         try:
             answer = await _call(self.req, prompt, framed, max_tokens, self._spare())
-        except SummaryOversize:
-            self.calls += 1
+        except SummaryOversize as exc:
+            self.calls += exc.posts
             self.rejected.append("oversize")
             raise
         self.calls += answer.posts
@@ -267,9 +259,8 @@ async def _call(
         verdict = classify_error(status, headers, raw)
         if verdict.kind == "output_budget" and verdict.limit and verdict.limit < max_tokens:
             # The summarizer writes less than configured: ask within what it can.
-            max_tokens = verdict.limit
-            status, raw, headers = await _post(req, prompt.system, framed, max_tokens)
-            posts = 2
+            max_tokens, posts = verdict.limit, 2
+            status, raw, headers = await _post(req, prompt.system, framed, max_tokens, posts)
     if status != 200:
         raise SummaryError(f"summarizer answered HTTP {status}")
     reading = read_answer(req.api, raw)
@@ -277,11 +268,11 @@ async def _call(
 
 
 async def _post(
-    req: SummaryRequest, system: str, framed: str, max_tokens: int
+    req: SummaryRequest, system: str, framed: str, max_tokens: int, posts: int = 1
 ) -> tuple[int, bytes, dict[str, str]]:
-    """The status, body and headers of one summary call. A body over what ``max_tokens``
-    allows (summary_api.answer_limit) is not read past that bound: a 200's raises
-    ``SummaryOversize``, an error's reads as empty (it is not classified)."""
+    """The status, body and headers of one summary call (the ``posts``-th of its answer).
+    A body over what ``max_tokens`` allows (summary_api.answer_limit) is not read past
+    that bound: a 200's raises ``SummaryOversize``, an error's reads as empty."""
     body = request_body(req.api, req.model, system, framed, max_tokens)
     headers = [
         *req.headers,
@@ -300,7 +291,9 @@ async def _post(
         raise SummaryError(f"summarizer request failed: {type(exc).__name__}") from exc
     if raw is None:
         if response.status_code == 200:
-            raise SummaryOversize(f"summarizer answer over {limit} bytes for {max_tokens} tokens")
+            oversize = SummaryOversize(f"summary answer over {limit} bytes for {max_tokens} tokens")
+            oversize.posts = posts
+            raise oversize
         raw = b""
     if response.status_code == 200:  # the ledger's summarizer tokens (core/ledger.py)
         current_record().summary_used(req.model, summarizer_usage(raw, body))

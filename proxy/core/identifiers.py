@@ -29,12 +29,11 @@ from dataclasses import dataclass
 
 from proxy.core.salience import ASSISTANT, base_tier, heard, keep_order, tiers
 from proxy.core.values import MAX_SCANNED, find_values, quoted_line, values_by_role
-from proxy.core.wording import CARRIED_HEADING, OMITTED_HEADING
+from proxy.core.wording import CARRIED_HEADING, OMITTED_HEADING, is_quoted_heading
 
 # Summaries stored before restored values were quoted carry this heading.
 _LEGACY_HEADING = "## Critical values (carried forward)"
-_QUOTED_HEADINGS = "|".join(map(re.escape, (CARRIED_HEADING, OMITTED_HEADING, _LEGACY_HEADING)))
-_CARRIED_HEADINGS = re.compile(f"(?m)^(?:{_QUOTED_HEADINGS})[ \\t]*$")
+_QUOTED_HEADINGS = (CARRIED_HEADING, OMITTED_HEADING, _LEGACY_HEADING)
 # "- tool: `value`" and maybe "(from `words`)": a restored value and its message's role.
 _CARRIED_LINE = re.compile(r"(?m)^- ([a-z]+): (`+) ?(.+?) ?\2(?:[ \t].*)?$")
 # The role a previous summary's own values are quoted with.
@@ -135,23 +134,27 @@ def _carried_lines(section: str) -> list[_Wanted]:
     return out
 
 
-def _carried_start(text: str) -> int | None:
+def carried_start(text: str) -> int | None:
     """Where ``text``'s first quoted section (carried, omitted or legacy heading) starts."""
-    found = [m.start() for m in _CARRIED_HEADINGS.finditer(text)]
-    return min(found) if found else None
+    at = 0
+    for line in text.split("\n"):
+        if is_quoted_heading(line, _QUOTED_HEADINGS):
+            return at
+        at += len(line) + 1
+    return None
 
 
 def strip_carried(summary: str) -> str:
     """``summary`` without its carried sections (a model may copy the previous one)."""
     sections = re.split(r"(?m)^(?=## )", summary)
-    kept = [s for s in sections if not _CARRIED_HEADINGS.match(s)]
+    kept = [s for s in sections if not is_quoted_heading(s.split("\n", 1)[0], _QUOTED_HEADINGS)]
     return "".join(kept).strip()
 
 
 def split_carried(summary: str) -> tuple[str, str]:
     """The model's summary, and the restored identifiers' section that follows it ("" if
     none): the handoff keeps quoted values out of a system message (rebuild.py)."""
-    at = _carried_start(summary)
+    at = carried_start(summary)
     if at is None:
         return summary, ""
     return summary[:at].strip(), summary[at:].strip()

@@ -10,11 +10,16 @@ and the store's.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from proxy.core.digest import anchor_matches
 from proxy.core.history import History
+from proxy.core.identifiers import carried_start
+from proxy.core.neutral import neutralised
 from proxy.core.view import View
+from proxy.core.wording import omitted_marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +59,41 @@ class Loaded:
 
     @property
     def summary(self) -> str:
-        return self.valid.summary if self.valid else ""
+        """The usable snapshot's summary, with nothing in it able to speak as the proxy
+        however old the release that stored it (stored_neutralised)."""
+        return stored_neutralised(self.valid.summary) if self.valid else ""
 
     def view(self, pinned: int) -> View:
         return view_of(self.valid, pinned)
+
+
+@lru_cache(maxsize=256)
+def stored_neutralised(summary: str) -> str:
+    """A stored summary as a handoff may carry it: the model's text neutralised
+    (neutral.py), the proxy's own parts as they are (the omitted marker summarize.py
+    puts before it, the quoted sections identifiers.py puts after it).
+
+    A summary kept by this release comes back byte for byte; one stored by a release
+    that did not neutralise (a rolling upgrade shares the store) is made inert once it
+    is read. Cached by text: a warm session renders the same summary every turn, and
+    the lookup costs a string hash and compare, not a pass over the text.
+    """
+    lead = _omitted_lead(summary)
+    at = carried_start(summary)
+    end = len(summary) if at is None else at
+    written = summary[lead:end]
+    fresh = neutralised(written)
+    return summary if fresh == written else f"{summary[:lead]}{fresh}{summary[end:]}"
+
+
+_OMITTED_COUNT = re.compile(r"\[compaction-proxy: (\d{1,9}) earlier message")
+
+
+def _omitted_lead(summary: str) -> int:
+    """The length of the omitted marker ``summary`` opens with (0: none)."""
+    first = summary.partition("\n")[0]
+    count = _OMITTED_COUNT.match(first)
+    return len(first) if count and first == omitted_marker(int(count.group(1))) else 0
 
 
 def valid_snapshot(snapshot: Snapshot | None, history: History) -> Snapshot | None:

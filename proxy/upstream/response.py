@@ -77,13 +77,6 @@ class UpstreamResponse:
             cause = TimeoutError()
             raise _translated(cause, body=True) from cause
 
-    async def aread(self) -> bytes:
-        try:
-            return await self._response.read()
-        except self.client_errors as exc:
-            cause = self._cut(exc)
-            raise _translated(cause, body=True) from cause
-
     async def aread_at_most(self, limit: int) -> bytes | None:
         """The body, or None when it is longer than ``limit`` bytes: reading stops past the
         bound, and a ``content-length`` over it is not read at all. ``aclose`` it after
@@ -101,8 +94,10 @@ class UpstreamResponse:
         return b"".join(chunks)
 
     async def aread_closed(self) -> bytes:
-        """``aread`` then ``aclose`` in one step: a body read to its end has freed its
-        connection already (aiohttp does at the body's end): closing is ending the deadline."""
+        """The whole body, then ``aclose``, in one step: unbounded, for an answer relayed
+        as it came (relay.py); a body the proxy itself parses is read with
+        ``aread_at_most``. A body read to its end has freed its connection already
+        (aiohttp does at the body's end): closing is ending the deadline."""
         try:
             body = await self._response.read()
         except BaseException as exc:

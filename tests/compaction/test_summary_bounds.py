@@ -4,47 +4,17 @@ a scripted upstream. Over real HTTP: tests/e2e/test_hostile_summary_e2e.py."""
 
 from __future__ import annotations
 
-import orjson
 import pytest
 
-from proxy.compaction.chunking import ChunkSize
-from proxy.compaction.summarize import SummaryRequest, summarize
+from proxy.compaction.summarize import summarize
 from proxy.compaction.summary_api import answer_limit
-from proxy.core.prompts import prompt_for
 from proxy.errors import SummaryOversize
-from proxy.types import ChatMessage
-from tests.support.chat import FILLER
-from tests.support.fakes import FakeUpstream, Reply, summary_reply
+from tests.support.fakes import FakeUpstream, Reply, error_reply, span, summary_reply
+from tests.support.fakes import summary_request as request
 from tests.support.faulty_upstream import handoff
 
 MAX_TOKENS = 400
 GOOD = handoff("Answer the questions about the release plan.")
-
-
-def request(upstream: FakeUpstream) -> SummaryRequest:
-    return SummaryRequest(
-        client=upstream,
-        api="chat",
-        url="http://upstream.invalid/v1/chat/completions",
-        headers=[],
-        model="fake",
-        max_tokens=MAX_TOKENS,
-        timeout_s=10,
-        chunking=ChunkSize(1_000_000),
-        prompt=prompt_for(MAX_TOKENS),
-    )
-
-
-def span(count: int = 40) -> list[ChatMessage]:
-    return [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: {FILLER}"}
-        for i in range(count)
-    ]
-
-
-def _completion(text: str) -> bytes:
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}}
-    return orjson.dumps({"choices": [{**choice, "finish_reason": "stop"}]})
 
 
 def test_the_bound_is_a_few_times_what_the_tokens_can_take() -> None:
@@ -55,7 +25,7 @@ def test_the_bound_is_a_few_times_what_the_tokens_can_take() -> None:
 
 async def test_an_answer_over_its_bound_is_rejected_unread_and_not_asked_again() -> None:
     upstream = FakeUpstream()
-    huge = _completion(handoff("word " * 200_000))  # 1 MB for 400 tokens
+    huge = summary_reply(handoff("word " * 200_000)).body  # 1 MB for 400 tokens
     assert len(huge) > answer_limit(MAX_TOKENS)
     upstream.script(summaries=[Reply(body=huge)])
     with pytest.raises(SummaryOversize) as failed:
@@ -97,3 +67,15 @@ async def test_a_kept_summary_cannot_close_its_frame() -> None:
     assert "FORGED-ORDER-99" in made.text
     assert "</SUMMARY" not in made.text
     assert "[system]" not in made.text
+
+
+async def test_an_oversize_answer_after_a_stated_output_limit_counts_both_calls() -> None:
+    upstream = FakeUpstream()
+    stated = "max_tokens is too large: 400. This model supports at most 200 completion tokens."
+    huge = summary_reply(handoff("word " * 200_000)).body
+    upstream.script(summaries=[error_reply(400, stated), Reply(body=huge)])
+    with pytest.raises(SummaryOversize) as failed:
+        await summarize(request(upstream), "", span())
+    assert len(upstream.summary_calls) == 2
+    assert failed.value.calls == 2
+    assert failed.value.rejected == ("oversize",)

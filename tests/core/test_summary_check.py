@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from proxy.compaction.chunking import ChunkSize
-from proxy.compaction.summarize import SummaryRequest, summarize
+from proxy.compaction.summarize import summarize
 from proxy.config import CompactionSettings, Settings
 from proxy.core.budget import summary_limit
 from proxy.core.models import ModelTable
@@ -24,19 +23,12 @@ from proxy.core.summary_check import LEGACY_PLACEHOLDER, SUMMARY_HEADING, check_
 from proxy.core.transcript import frame_prompt, render_transcript
 from proxy.errors import SummaryRejected, SummaryTruncated
 from proxy.types import ChatMessage
-from tests.support.chat import FILLER
-from tests.support.fakes import FakeUpstream, summary_reply
+from tests.support.fakes import FakeUpstream, span, summary_reply
+from tests.support.fakes import summary_request as request
 from tests.support.faulty_upstream import handoff
 
 GOOD = handoff("Answer the questions about the release plan.")
 SPAN_CHARS = 10_000  # forty messages of about 250 characters
-
-
-def span(count: int = 40) -> list[ChatMessage]:
-    return [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: {FILLER}"}
-        for i in range(count)
-    ]
 
 
 # --- the check ----------------------------------------------------------------------------
@@ -229,21 +221,6 @@ def test_the_summary_budgets_share_of_the_window_is_configurable() -> None:
 
 
 # --- summarize() against a scripted upstream ------------------------------------------------
-
-
-def request(upstream: FakeUpstream, max_calls: int = 16, max_tokens: int = 400) -> SummaryRequest:
-    return SummaryRequest(
-        client=upstream,
-        api="chat",
-        url="http://upstream.invalid/v1/chat/completions",
-        headers=[],
-        model="fake",
-        max_tokens=max_tokens,
-        timeout_s=10,
-        chunking=ChunkSize(1_000_000),
-        max_calls=max_calls,
-        prompt=prompt_for(max_tokens),
-    )
 
 
 def systems(upstream: FakeUpstream) -> list[str]:

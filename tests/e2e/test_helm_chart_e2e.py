@@ -478,7 +478,8 @@ def test_the_prometheus_rule_is_the_readme_alerts_table_and_fits_the_crd(helm: H
         if "alert" in r:
             assert r["labels"] == {"severity": "warning", "team": "platform"}
             assert r["annotations"]["summary"]
-            assert r["annotations"]["runbook_url"].startswith("docs/runbook.md#")
+            runbook = "https://git.example.com/platform/compaction-proxy/blob/main/docs/runbook.md#"
+            assert r["annotations"]["runbook_url"].startswith(runbook)
 
 
 @pytest.mark.e2e
@@ -486,7 +487,11 @@ def test_the_crd_schema_refuses_what_the_operator_would(helm: Helm) -> None:
     """The schema in the test data is not a formality: a misspelt field, a bad duration
     or a rule without expr fail it."""
     schema = json.loads(CRD_SCHEMA.read_text(encoding="utf-8"))
-    monitored = {"metrics.prometheusRule.enabled": True, "metrics.serviceMonitor.enabled": True}
+    monitored = {
+        "metrics.prometheusRule.enabled": True,
+        "metrics.serviceMonitor.enabled": True,
+        "metrics.prometheusRule.runbookUrl": "https://runbooks.example.com/compaction-proxy.md",
+    }
     rule = one(helm.render(sets=monitored), "PrometheusRule")
     jsonschema.validate(rule, schema)
     broken: list[dict[str, Any]] = [

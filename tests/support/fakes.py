@@ -33,16 +33,18 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from proxy.compaction.caps import TenantCaps
+from proxy.compaction.chunking import ChunkSize
 from proxy.compaction.compact import Compactor
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
-from proxy.compaction.summarize import PURPOSE_HEADER
+from proxy.compaction.summarize import PURPOSE_HEADER, SummaryRequest
 from proxy.config import Settings
 from proxy.core.encodings import EstimateEncoder
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Turn
+from proxy.core.prompts import prompt_for
 from proxy.core.tenant_ids import TenantIds
 from proxy.core.tokens import TokenCounter
 from proxy.errors import UpstreamError
@@ -136,6 +138,32 @@ def summary_reply(
     return Reply(body=_completion(text, finish_reason), gate=gate)
 
 
+def summary_request(
+    upstream: FakeUpstream, max_calls: int = 16, max_tokens: int = 400
+) -> SummaryRequest:
+    """A chat summary request to ``upstream``, every chunk in one call."""
+    return SummaryRequest(
+        client=upstream,
+        api="chat",
+        url="http://upstream.invalid/v1/chat/completions",
+        headers=[],
+        model="fake",
+        max_tokens=max_tokens,
+        timeout_s=10,
+        chunking=ChunkSize(1_000_000),
+        max_calls=max_calls,
+        prompt=prompt_for(max_tokens),
+    )
+
+
+def span(count: int = 40) -> list[ChatMessage]:
+    """``count`` alternating user and assistant turns of filler: what a summary covers."""
+    return [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: {FILLER}"}
+        for i in range(count)
+    ]
+
+
 def error_reply(
     status: int, message: str = "upstream failed", *, gate: asyncio.Event | None = None
 ) -> Reply:
@@ -197,13 +225,9 @@ class FakeResponse(UpstreamResponse):
         while self._chunks:
             yield self._chunks.popleft()
 
-    async def aread(self) -> bytes:
+    async def aread_closed(self) -> bytes:
         body = b"".join(self._chunks)
         self._chunks.clear()
-        return body
-
-    async def aread_closed(self) -> bytes:
-        body = await self.aread()
         await self.aclose()
         return body
 

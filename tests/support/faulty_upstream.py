@@ -157,16 +157,26 @@ def answer(
     headers: dict[str, str] | None = None,
     *,
     delay_s: float = 0.0,
+    chunked: bool = False,
 ) -> Behaviour:
-    """A whole answer with a Content-Length, after ``delay_s``."""
+    """A whole answer with a Content-Length, after ``delay_s``; ``chunked``: without one,
+    in 64 KiB chunks, so the reader learns its size only by reading it."""
     payload = completion() if body is None else body
 
     async def run(upstream: FaultyUpstream, ex: Exchange) -> None:
         if delay_s:
             await asyncio.sleep(delay_s)
         head = {"content-type": "application/json", **(headers or {})}
-        head["content-length"] = str(len(payload))
-        await ex.send(response_head(status, head) + payload)
+        if not chunked:
+            head["content-length"] = str(len(payload))
+            await ex.send(response_head(status, head) + payload)
+            return
+        head["transfer-encoding"] = "chunked"
+        await ex.send(response_head(status, head))
+        step = 64 * 1024
+        for at in range(0, len(payload), step):
+            await ex.send(_chunked(payload[at : at + step]))
+        await ex.send(b"0\r\n\r\n")
 
     return run
 

@@ -1,7 +1,7 @@
 """``UpstreamResponse.aread_closed``: a small answer read whole and closed in one step (how
 ``relay`` reads a non-streamed answer). Its connection goes back to the pool, its deadline
 ends, and a body that breaks, times out or is given up on closes the connection instead,
-as ``aread`` then ``aclose`` did.
+as reading and then ``aclose`` would.
 """
 
 from __future__ import annotations

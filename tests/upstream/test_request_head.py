@@ -28,7 +28,7 @@ async def _send(
     client = UpstreamClient(proxy_settings(url))
     try:
         response = await client.send(method, f"{url}/v1/chat/completions", headers, body)
-        answer = await response.aread()
+        answer = await response.aread_at_most(1 << 20)
         await response.aclose()
         return answer
     finally:

@@ -215,6 +215,9 @@ or those set in values. Each is mounted required. */}}
 {{- if and .prometheusRule.enabled (not .serviceMonitor.enabled) (not .prometheusRule.targetSelector) }}
 {{- fail "metrics.prometheusRule: its down alerts watch the chart's ServiceMonitor's targets, and metrics.serviceMonitor is off: enable it, or name the targets that something else scrapes in metrics.prometheusRule.targetSelector (e.g. job=\"kubernetes-pods\",app=\"llm\")" }}
 {{- end }}
+{{- if and .prometheusRule.enabled (not (regexMatch "^https?://" .prometheusRule.runbookUrl)) }}
+{{- fail "metrics.prometheusRule.runbookUrl: set the absolute http(s) URL where your on-call reads docs/runbook.md (e.g. https://git.example.com/platform/compaction-proxy/blob/main/docs/runbook.md): each alert links its section there, and a relative link is dead in Alertmanager and Grafana" }}
+{{- end }}
 {{- end }}
 {{- $pdb := .Values.podDisruptionBudget }}
 {{- if and $pdb.enabled (not (kindIs "invalid" $pdb.minAvailable)) }}
