@@ -14,6 +14,7 @@ are pure and run in the fast tier: tests/test_helm.py.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -54,6 +55,7 @@ from tests.support.helm import (
 from tests.support.helm import (
     write as _write,
 )
+from tests.support.kube import fake_cluster
 from tests.support.servers import free_port
 
 FULL = CHART / "ci" / "full-values.yaml"
@@ -336,6 +338,42 @@ def test_the_tenant_id_secret_is_read_back_or_required_never_generated_per_rende
     # An existing Secret of the operator's needs none from the chart.
     own = {"secrets.existingSecret": "keys", "secrets.existingSecretKeys": ["tenant-id-secret"]}
     assert not [d for d in helm.render(sets=own) if d["kind"] == "Secret"]
+
+
+@pytest.mark.e2e
+def test_on_a_cluster_the_generated_tenant_id_secret_is_the_one_hashed_and_kept(
+    helm: Helm, tmp_path: Path
+) -> None:
+    """Where lookup sees a cluster (here a stand-in API on loopback, rendered as
+    ``helm template --dry-run=server`` does): a first install generates the secret once
+    a render, so checksum/secret hashes the Secret applied; an upgrade reads it back."""
+
+    def render(secrets: dict[str, dict[str, str]]) -> str:
+        with fake_cluster(tmp_path, secrets) as kubeconfig:
+            sets = ["--set", "secrets.upstreamApiKey=sk-lent-upstream-key"]
+            args = ["template", "rel", "--namespace", "llm", "--dry-run=server", *sets]
+            cmd = [str(helm.binary), *args, str(CHART)]
+            env = {**helm.env, "KUBECONFIG": str(kubeconfig)}
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def secret_and_checksum(out: str) -> tuple[str, str]:
+        (text,) = [
+            doc.split("\n", 1)[1]
+            for doc in out.split("---\n# Source: ")
+            if doc.startswith("compaction-proxy/templates/secret.yaml\n")
+        ]
+        docs = [d for d in yaml.safe_load_all(out) if d]
+        hashed = hashlib.sha256(("\n" + text).encode()).hexdigest()  # the include's text
+        assert _pod_annotations(docs)["checksum/secret"] == hashed
+        return base64.b64decode(_one(docs, "Secret")["data"]["tenant-id-secret"]).decode(), hashed
+
+    generated, _ = secret_and_checksum(render({}))
+    assert len(generated) == 48
+    kept = "kept-tenant-id-secret-0123456789"
+    installed = {"rel-compaction-proxy": {"tenant-id-secret": kept}}
+    assert secret_and_checksum(render(installed))[0] == kept
 
 
 @pytest.mark.e2e
