@@ -66,7 +66,8 @@ async def handle(
     else:
         data, chat = api.parse(body, *limits)
     tenant = tenant or services.tenant_ids.of(request.headers)
-    legacy = services.tenant_ids.legacy_of(tenant)  # what items sealed before a move name
+    # What items sealed (and tenants: entries written) before a move name.
+    legacy = services.tenant_ids.legacy_of(tenant, request.headers)
     tenants = (tenant,) if legacy is None else (tenant, legacy)
     deal = api.contract(body, data, chat, tenants, settings)  # its own compaction contract
     if deal is not None:
@@ -85,7 +86,7 @@ async def handle(
         bypassed = Outcome.bypassed(body, window)
         route = Route(api, url, headers, body, data, items=kept)
         return await forward(services, request, route, Attempt(body, bypassed), None)
-    policy = services.policies.policy_for(tenant)  # its entry in `tenants:` (tenants.py)
+    policy = services.policies.policy_for(tenant, legacy)  # its `tenants:` entry (tenants.py)
     mode = (settings.compaction if policy is None else policy.compaction).effective_mode
     references = unresolved = 0  # items named by reference, read as the ones relayed
     if control != "off" and mode != "off" and api.resolved is not None:  # None: never any

@@ -167,13 +167,15 @@ class TenantPolicies:
         # them than ids in the tables this process held.
         self._warned: set[str] = set()
 
-    def policy_for(self, tenant: str) -> Policy | None:
+    def policy_for(self, tenant: str, legacy: str | None = None) -> Policy | None:
+        """``tenant``'s entry, or that of its ``legacy`` id (by default, ``legacy_of``'s:
+        a request's caller passes the one it found from the request's credentials)."""
         if not self.table.by_id:
             return None
         found = self.table.policy_for(tenant)
         if found is not None or self._legacy_of is None:
             return found
-        legacy = self._legacy_of(tenant)
+        legacy = legacy or self._legacy_of(tenant)
         found = None if legacy is None else self.table.policy_for(legacy)
         if found is not None and tenant not in self._warned:
             self._deprecated(found, tenant)

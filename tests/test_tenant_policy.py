@@ -295,6 +295,55 @@ async def test_a_file_without_tenants_keeps_the_entries_in_force(
     assert await reloader.reload("test") == "unchanged"
 
 
+async def test_a_file_caught_mid_write_applies_only_once_it_has_settled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cut that is still valid YAML (the writer has written entry 1 of 3) is not
+    applied: the file is read again after a pause, and the writer finishing during it
+    (here, in the pause itself: no timing involved) makes the reload read the whole file."""
+    from proxy.serve import reload as reloading
+
+    path = tmp_path / "config.yaml"
+    _write(path, [{"id": A, "mode": "off"}])
+    services = make_services(load_settings(path), FakeUpstream(), FakeClock())
+    reloader = Reloader(services, path)
+    whole = [{"id": t, "mode": "shadow"} for t in (A, B, C)]
+    full = yaml.safe_dump({"tenants": whole})
+    path.write_text(full[: full.index("- id", 10)])  # ends after the first entry
+    assert [e.get("id") for e in load_settings(path).model_dump()["tenants"]] == [A]
+    writes = [full]
+    pause = lambda _: writes and path.write_text(writes.pop())  # noqa: E731
+    monkeypatch.setattr(reloading, "_pause", pause, raising=False)
+    assert await reloader.reload("test") == "applied"
+    assert len(services.policies.table.entries) == 3
+    # A file still changing after every pause is not read at all; the next poll retries.
+    growing = lambda _: path.write_text(path.read_text() + "#\n")  # noqa: E731
+    monkeypatch.setattr(reloading, "_pause", growing, raising=False)
+    assert await reloader.reload("test") == "invalid"
+    assert len(services.policies.table.entries) == 3
+
+
+async def test_a_file_without_tenants_is_refused_once_in_the_log_per_version(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deleting tenants: on purpose is refused (a restart applies it): the warning says
+    how to clear them, once per version of the file, not on every SIGHUP."""
+    path = tmp_path / "config.yaml"
+    _write(path, [{"id": A, "mode": "off"}])
+    services = make_services(load_settings(path), FakeUpstream(), FakeClock())
+    reloader = Reloader(services, path)
+    caplog.set_level(logging.WARNING, logger="proxy.reload")
+    path.write_text("server: {reload_poll_s: 1}\n")
+    assert [await reloader.reload("SIGHUP") for _ in range(3)] == ["invalid"] * 3
+    assert services.tenant_series.reloads.labels(outcome="invalid")._value.get() == 3
+    warnings = [r.getMessage() for r in caplog.records if r.name == "proxy.reload"]
+    assert len(warnings) == 1
+    assert "write `tenants: []`" in warnings[0]
+    path.write_text("server: {reload_poll_s: 2}\n")  # another version: said again
+    assert await reloader.reload("file change") == "invalid"
+    assert len([r for r in caplog.records if r.name == "proxy.reload"]) == 2
+
+
 async def test_a_file_that_breaks_the_reader_is_invalid_and_the_next_good_one_applies(
     tmp_path: Path,
 ) -> None:

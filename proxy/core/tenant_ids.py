@@ -104,7 +104,8 @@ class TenantIds:
 
     With ``legacy`` (a deployment whose ids moved to a key of its own), each tenant's
     legacy id is kept beside it, computed with it, at most ``LEGACY_LIMIT``: what
-    ``tenants:`` entries written before the move still name (tenants.py)."""
+    ``tenants:`` entries written before the move still name (tenants.py). A credential
+    too long to cache has its legacy id computed on each request instead."""
 
     def __init__(self, key: bytes = _TENANT_SALT, legacy: bool = False) -> None:
         self.key = key
@@ -123,16 +124,20 @@ class TenantIds:
         if tenant is None:
             joined = "\n".join(_credentials(headers))
             tenant = tenant_of(joined or None, self.key)
-            if self._legacy is not None and joined:  # the newest last, as in the cache
+            if len(joined) > TENANT_CACHE_MAX_KEY:
+                return tenant  # nor its legacy id: legacy_of computes that from its headers
+            if len(self.cache) >= TENANT_CACHE_SIZE:
+                self.cache.pop(next(iter(self.cache)), None)
+            self.cache[key] = tenant
+            if self._legacy is not None and joined:
+                # Added with the cache's entry, the newest last in both, and kept longer
+                # (LEGACY_LIMIT > TENANT_CACHE_SIZE): a cached tenant's legacy id is
+                # always known. An uncached credential adds none, so a flood of long
+                # keys cannot push out the legacy id a tenants: entry still names.
                 legacy = self._legacy.pop(tenant, None) or tenant_of(joined)
                 if len(self._legacy) >= LEGACY_LIMIT:
                     self._legacy.pop(next(iter(self._legacy)), None)
                 self._legacy[tenant] = legacy
-            if len(joined) > TENANT_CACHE_MAX_KEY:
-                return tenant
-            if len(self.cache) >= TENANT_CACHE_SIZE:
-                self.cache.pop(next(iter(self.cache)), None)
-            self.cache[key] = tenant
         return tenant
 
     def has_credential(self, headers: Mapping[str, str]) -> bool:
@@ -140,10 +145,16 @@ class TenantIds:
         # in the tenants seen lately, which the request's tenant then finds again.
         return self.of(headers) != ANONYMOUS
 
-    def legacy_of(self, tenant: str) -> str | None:
-        """``tenant``'s legacy id, if this process saw its credential lately and legacy
-        ids are still matched; None otherwise."""
-        return None if self._legacy is None else self._legacy.get(tenant)
+    def legacy_of(self, tenant: str, headers: Mapping[str, str] | None = None) -> str | None:
+        """``tenant``'s legacy id while legacy ids are still matched, else None: kept
+        for the tenants seen lately; computed from ``headers`` (those of the request
+        whose tenant ``tenant`` is) for any other, e.g. a credential too long to cache."""
+        if self._legacy is None:
+            return None
+        legacy = self._legacy.get(tenant)
+        if legacy is None and headers is not None and tenant != ANONYMOUS:
+            legacy = tenant_of("\n".join(_credentials(headers)))
+        return legacy
 
 
 # Tenant ids under the legacy key: what a deployment without a secret of its own serves.

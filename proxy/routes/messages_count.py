@@ -83,7 +83,9 @@ async def _view(
         tenant=tenant,
         session_header=session_name(request.headers, data, settings.session),
         auth_headers=[],
-        policy=services.policies.policy_for(tenant),
+        policy=services.policies.policy_for(
+            tenant, services.tenant_ids.legacy_of(tenant, request.headers)
+        ),
     )
     c = turn.compaction(settings.compaction)  # its tenant's policy's
     counter = services.counters[model.tokenizer]

@@ -10,18 +10,23 @@ not validate keeps the policy in force, and the log says why, naming keys, never
 values. So does a file that sets no ``tenants`` at all (neither the file nor the
 environment) while entries are in force: editors and ``> file`` truncate before they
 write, and a poll that catches the empty (or comment-only) file must not read it as
-"no entries"; ``tenants: []`` says that. Each re-read is counted:
-``config_reloads_total{outcome}``.
+"no entries"; ``tenants: []`` says that. A file is read only once it has settled: the
+same (stamp and content) across a pause of ``SETTLE_S``, so a writer caught mid-file
+(a cut that is still valid YAML, ending after one entry of three) does not apply a
+subset; a file that keeps changing is retried at the next poll. Each re-read is
+counted: ``config_reloads_total{outcome}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import yaml
@@ -44,6 +49,40 @@ def _stamp(path: Path) -> Stamp:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+SETTLE_S = 0.1  # a file unchanged this long is taken as written whole
+SETTLE_TRIES = 5  # then the next poll (or SIGHUP) tries again
+Version = tuple[Stamp, bytes]  # the stamp and a digest of the content
+
+
+def _version(path: Path) -> Version:
+    try:
+        with path.open("rb") as f:
+            digest = hashlib.file_digest(f, "sha256").digest()
+    except OSError:
+        digest = b""
+    return (_stamp(path), digest)
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)  # in a worker thread (asyncio.to_thread): never on the loop
+
+
+def _load_settled(path: Path) -> tuple[Settings, Version] | None:
+    """The settings of ``path`` once it has settled, and the version they were read
+    from; None if it was still changing after ``SETTLE_TRIES`` pauses."""
+    before = _version(path)
+    for _ in range(SETTLE_TRIES):
+        _pause(SETTLE_S)
+        now = _version(path)
+        if now == before:
+            settings = load_settings(path)
+            if _version(path) == now:  # not rewritten while it was read
+                return settings, now
+            now = _version(path)
+        before = now
+    return None
+
+
 class Reloader:
     """The config file's watcher for one process's ``services``."""
 
@@ -54,6 +93,7 @@ class Reloader:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._signal = False
+        self._refused: Version | None = None  # the file version last refused for no tenants
 
     def start(self) -> None:
         """Watch from now on: SIGHUP (from the main thread only) and, unless
@@ -91,7 +131,10 @@ class Reloader:
         """Re-read the file; the outcome counted (applied, unchanged, invalid)."""
         running = self.services.settings
         try:
-            fresh = await asyncio.to_thread(load_settings, self.path)
+            settled = await asyncio.to_thread(_load_settled, self.path)
+            if settled is None:
+                return self._count("invalid", why, "the file is still changing (mid-write?)")
+            fresh, version = settled
             table = PolicyTable.build(fresh.tenants, running.compaction)
         except ConfigError as exc:
             return self._count("invalid", why, _safe(exc))
@@ -102,8 +145,14 @@ class Reloader:
             return self._count("invalid", why, f"unreadable ({type(exc).__name__})")
         policies = self.services.policies
         if "tenants" not in fresh.model_fields_set and policies.table.entries:
-            detail = "the file sets no tenants (empty, or caught mid-write?); tenants: [] clears"
-            return self._count("invalid", why, detail)
+            # Said once per version of the file: a SIGHUP, or a file that stays so, is
+            # still counted, but the log does not repeat the same advice.
+            detail = (
+                "the file sets no tenants (empty, or caught mid-write?); to clear the "
+                "entries in force write `tenants: []` (a restart also applies the file as is)"
+            )
+            quiet, self._refused = version == self._refused, version
+            return self._count("invalid", why, detail, quiet=quiet)
         if table.entries == policies.table.entries:
             return self._count("unchanged", why)
         policies.table = table
@@ -111,11 +160,13 @@ class Reloader:
             log.warning("config reload (%s): only tenants applied; restart for the rest", why)
         return self._count("applied", why, f"{len(table.entries)} tenants entries")
 
-    def _count(self, outcome: str, why: str, detail: str = "") -> str:
+    def _count(self, outcome: str, why: str, detail: str = "", quiet: bool = False) -> str:
         if why == "start" and outcome == "unchanged":
             return outcome
         self.services.tenant_series.reloads.labels(outcome=outcome).inc()
-        if outcome == "invalid":
+        if quiet:
+            pass
+        elif outcome == "invalid":
             log.warning("config reload (%s) rejected, tenants policy kept: %s", why, detail)
         else:
             log.info("config reload (%s) in process %d: %s %s", why, os.getpid(), outcome, detail)

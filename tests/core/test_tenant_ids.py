@@ -7,7 +7,7 @@ from hashlib import blake2b
 import pytest
 
 from proxy.config import Settings
-from proxy.core.tenant_ids import TenantIds, tenant_key, tenant_of
+from proxy.core.tenant_ids import LEGACY_LIMIT, TenantIds, tenant_key, tenant_of
 
 KEY = "sk-guessable-alice"
 HEADERS = {"authorization": f"Bearer {KEY}"}
@@ -67,3 +67,19 @@ def test_anonymous_stays_anonymous_under_a_secret() -> None:
     ids = _ids(tenant_id_secret=SECRET_A)
     assert ids.of({}) == "anonymous" == tenant_of(None)
     assert not ids.has_credential({"authorization": "Bearer "})
+
+
+def test_a_flood_of_long_keys_does_not_forget_a_cached_tenants_legacy_id() -> None:
+    """Credentials too long to cache add no legacy id: a client sending more distinct
+    long keys than LEGACY_LIMIT cannot push out the legacy id of a tenant still cached,
+    which a tenants: entry written before the move may name."""
+    ids = _ids(tenant_id_secret=SECRET_A)
+    tenant = ids.of(HEADERS)
+    long_keys = ({"authorization": f"Bearer {i:08d}{'k' * 1100}"} for i in range(LEGACY_LIMIT))
+    for headers in long_keys:
+        ids.of(headers)
+    assert ids.of(HEADERS) == tenant  # still cached: no miss to compute its legacy id again
+    assert ids.legacy_of(tenant) == _from_source(f"Bearer {KEY}")
+    long_one = {"authorization": f"Bearer {'k' * 1100}"}
+    assert ids.legacy_of(ids.of(long_one), long_one) == _from_source(f"Bearer {'k' * 1100}")
+    assert ids.legacy_of(ids.of(long_one)) is None  # not kept: computed from its headers

@@ -98,11 +98,12 @@ def test_every_declared_secret_key_is_required_and_a_missing_one_stops_the_pod(
 
 @pytest.mark.e2e
 def test_keys_set_in_values_are_required_too(helm: Helm) -> None:
-    docs = helm.render(sets={"secrets.encryptionKey": Fernet.generate_key().decode()})
+    keys = {"secrets.encryptionKey": Fernet.generate_key().decode()}
+    docs = helm.render(sets={**keys, "secrets.tenantIdSecret": "t" * 32})
     refs = [e["valueFrom"]["secretKeyRef"] for e in _env(docs).values() if "valueFrom" in e]
     assert refs == [
         {"name": "rel-compaction-proxy", "key": "encryption-key"},
-        {"name": "rel-compaction-proxy", "key": "tenant-id-secret"},  # generated there
+        {"name": "rel-compaction-proxy", "key": "tenant-id-secret"},
     ]
     assert "optional" not in json.dumps(container(docs))
 
@@ -196,6 +197,7 @@ def test_no_rendered_manifest_but_a_secret_holds_a_password(helm: Helm, name: st
         "secrets.upstreamApiKey": "sk-planted-upstream-0123456789",
         "secrets.adminKey": "planted-admin-key-9876",
         "secrets.encryptionKey": Fernet.generate_key().decode(),
+        "secrets.tenantIdSecret": "planted-tenant-id-secret-0123456789",
         "redis.external.url": URL,
     }
     renderings: dict[str, tuple[tuple[Path, ...], dict[str, Any]]] = {

@@ -14,6 +14,7 @@ are pure and run in the fast tier: tests/test_helm.py.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -54,6 +55,7 @@ from tests.support.helm import (
 from tests.support.helm import (
     write as _write,
 )
+from tests.support.kube import fake_cluster
 from tests.support.servers import free_port
 
 FULL = CHART / "ci" / "full-values.yaml"
@@ -275,6 +277,7 @@ PLANTED = {
     "secrets.adminKey": "planted-admin-key-9876",
     "secrets.encryptionKey": Fernet.generate_key().decode(),
     "secrets.previousEncryptionKey": Fernet.generate_key().decode(),
+    "secrets.tenantIdSecret": "planted-tenant-id-secret-0123456789",
     "redis.external.url": "redis://:planted-redis-password@redis.data:6379/0",
 }
 
@@ -283,8 +286,6 @@ PLANTED = {
 def test_secrets_reach_the_secret_and_never_the_configmap(helm: Helm) -> None:
     docs = helm.render(sets={**PLANTED, "replicaCount": 2})
     secret = _one(docs, "Secret")
-    generated = base64.b64decode(secret["data"].pop("tenant-id-secret")).decode()
-    assert len(generated) >= 16  # the tenant ids' key, generated (README "Security")
     stored = {base64.b64decode(v).decode() for v in secret["data"].values()}
     assert stored == set(PLANTED.values())
     for doc in docs:
@@ -301,27 +302,78 @@ def test_secrets_reach_the_secret_and_never_the_configmap(helm: Helm) -> None:
 
 
 @pytest.mark.e2e
-def test_the_tenant_id_secret_is_generated_once_and_kept(helm: Helm) -> None:
-    """Tenant ids are keyed by a secret of the deployment's (README "Security"): the chart
-    generates one into its Secret (when it makes one), every pod reads it, and an upgrade
-    keeps it."""
+def test_the_tenant_id_secret_is_read_back_or_required_never_generated_per_render(
+    helm: Helm,
+) -> None:
+    """Tenant ids are keyed by a secret of the deployment's (README "Security"), in the
+    chart's Secret whenever it makes one. An upgrade reads the installed one back
+    (lookup); where lookup sees no cluster (helm template, client-side --dry-run, Argo
+    CD) a generated one would differ on every render, moving every tenant and rolling
+    the pods on each sync: the render fails, saying how to set it."""
     lent = {"secrets.upstreamApiKey": "sk-lent-upstream-key"}
-    docs = helm.render(sets=lent)
-    generated = _one(docs, "Secret")["data"]["tenant-id-secret"]
-    assert len(base64.b64decode(generated)) >= 16
+    refused = helm.template(sets=lent)
+    assert refused.returncode != 0
+    assert "secrets.tenantIdSecret is required" in refused.stderr
+    assert "openssl rand -hex 32" in refused.stderr
+    given = {**lent, "secrets.tenantIdSecret": "g" * 32}
+    docs = helm.render(sets=given)
+    assert base64.b64decode(_one(docs, "Secret")["data"]["tenant-id-secret"]) == b"g" * 32
     assert yaml.safe_load(_config(docs))["server"]["tenant_id_secret"] == (
         "${COMPACTION_PROXY_TENANT_ID_SECRET}"
     )
-    keys = {"upstream-api-key": "sk-lent-upstream-key", "tenant-id-secret": "s" * 16}
+    keys = {"upstream-api-key": "sk-lent-upstream-key", "tenant-id-secret": "g" * 32}
     env = _pod_env(_container(docs), {"rel-compaction-proxy": keys})
-    assert env["COMPACTION_PROXY_TENANT_ID_SECRET"] == "s" * 16
-    # Generated per install (helm template has no cluster to look the old one up in)...
-    assert _one(helm.render(sets=lent), "Secret")["data"]["tenant-id-secret"] != generated
-    # ...and kept across upgrades: the template reads the installed Secret back first.
-    template = (CHART / "templates" / "secret.yaml").read_text(encoding="utf-8")
-    assert 'lookup "v1" "Secret" .Release.Namespace' in template
-    given = helm.render(sets={"secrets.tenantIdSecret": "g" * 32})
-    assert base64.b64decode(_one(given, "Secret")["data"]["tenant-id-secret"]) == b"g" * 32
+    assert env["COMPACTION_PROXY_TENANT_ID_SECRET"] == "g" * 32
+    # Two renders, one Secret: what GitOps applies on each sync does not change.
+    again = helm.render(sets=given)
+    assert _one(again, "Secret") == _one(docs, "Secret")
+    assert _pod_annotations(again) == _pod_annotations(docs)
+    # On a cluster the installed one is read back first; generated only where none is,
+    # once a render, so checksum/secret hashes the Secret that is applied.
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text(encoding="utf-8")
+    assert 'lookup "v1" "Secret" .Release.Namespace' in helpers
+    assert 'set .Values "_tenantIdSecret"' in helpers
+    secret = (CHART / "templates" / "secret.yaml").read_text(encoding="utf-8")
+    assert "randAlphaNum" not in secret
+    # An existing Secret of the operator's needs none from the chart.
+    own = {"secrets.existingSecret": "keys", "secrets.existingSecretKeys": ["tenant-id-secret"]}
+    assert not [d for d in helm.render(sets=own) if d["kind"] == "Secret"]
+
+
+@pytest.mark.e2e
+def test_on_a_cluster_the_generated_tenant_id_secret_is_the_one_hashed_and_kept(
+    helm: Helm, tmp_path: Path
+) -> None:
+    """Where lookup sees a cluster (here a stand-in API on loopback, rendered as
+    ``helm template --dry-run=server`` does): a first install generates the secret once
+    a render, so checksum/secret hashes the Secret applied; an upgrade reads it back."""
+
+    def render(secrets: dict[str, dict[str, str]]) -> str:
+        with fake_cluster(tmp_path, secrets) as kubeconfig:
+            sets = ["--set", "secrets.upstreamApiKey=sk-lent-upstream-key"]
+            args = ["template", "rel", "--namespace", "llm", "--dry-run=server", *sets]
+            cmd = [str(helm.binary), *args, str(CHART)]
+            env = {**helm.env, "KUBECONFIG": str(kubeconfig)}
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def secret_and_checksum(out: str) -> tuple[str, str]:
+        (text,) = [
+            doc.split("\n", 1)[1]
+            for doc in out.split("---\n# Source: ")
+            if doc.startswith("compaction-proxy/templates/secret.yaml\n")
+        ]
+        docs = [d for d in yaml.safe_load_all(out) if d]
+        hashed = hashlib.sha256(("\n" + text).encode()).hexdigest()  # the include's text
+        assert _pod_annotations(docs)["checksum/secret"] == hashed
+        return base64.b64decode(_one(docs, "Secret")["data"]["tenant-id-secret"]).decode(), hashed
+
+    generated, _ = secret_and_checksum(render({}))
+    assert len(generated) == 48
+    kept = "kept-tenant-id-secret-0123456789"
+    installed = {"rel-compaction-proxy": {"tenant-id-secret": kept}}
+    assert secret_and_checksum(render(installed))[0] == kept
 
 
 @pytest.mark.e2e
@@ -383,7 +435,9 @@ def test_the_containers_command_starts_the_proxy_and_answers_its_probes(
     helm: Helm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The Deployment's command line, run here on loopback with the rendered config."""
-    docs = helm.render(sets={"secrets.adminKey": "planted-admin"})
+    docs = helm.render(
+        sets={"secrets.adminKey": "planted-admin", "secrets.tenantIdSecret": "t" * 32}
+    )
     container = _container(docs)
     config = tmp_path / "config.yaml"
     config.write_text(_config(docs), encoding="utf-8")

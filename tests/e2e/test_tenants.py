@@ -313,6 +313,34 @@ def test_two_deployments_with_different_secrets_give_one_key_different_ids(
         assert legacy not in warning
 
 
+def test_a_flood_of_long_keys_leaves_a_legacy_id_entry_matching_its_tenant(
+    sim_reset: str, start_proxy: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client sending more distinct long (uncached) keys than the legacy ids kept
+    cannot push out a cached tenant's legacy id: the tenants: entry naming it still
+    applies (legacy ids kept cut to 20 so the flood stays short)."""
+    from proxy.core import tenant_ids
+
+    monkeypatch.setattr(tenant_ids, "LEGACY_LIMIT", 20)
+    legacy = _from_source(GUESSABLE)[:12]
+    url = start_proxy(
+        proxy_settings(
+            sim_reset,
+            server={"tenant_id_secret": SECRETS[0]},
+            tenants=[{"id": legacy, "mode": "shadow"}],
+        )
+    )
+    assert _served_status(url, GUESSABLE) == "shadow"
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for i in range(30):  # each its own tenant, a body refused: no upstream call
+            key = f"sk-flood-{i:04d}-" + "k" * 1100
+            answer = client.post(
+                "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {key}"}
+            )
+            assert answer.status_code == 400, answer.text
+    assert _served_status(url, GUESSABLE) == "shadow"  # still its entry's
+
+
 def test_a_lent_keys_deployment_without_a_secret_is_keyed_by_its_upstream_key(
     sim_reset: str, start_proxy: Callable[..., str]
 ) -> None:

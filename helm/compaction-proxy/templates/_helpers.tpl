@@ -145,6 +145,34 @@ or those set in values. Each is mounted required. */}}
 {{- end }}
 {{- end }}
 
+{{/* server.tenant_id_secret in the chart's Secret: secrets.tenantIdSecret; else the one
+the installed Secret holds (an upgrade keeps it: a new one would move every tenant); else
+one generated, only where lookup can see the cluster. Without a cluster (helm template, client-side --dry-run, Argo CD
+and other GitOps tools) each render would generate another, moving every tenant and
+rolling the pods on each sync: the render fails asking for it. Computed once a render
+(kept in .Values): the Secret and its checksum/secret see the same value. */}}
+{{- define "compaction-proxy.tenantIdSecret" -}}
+{{- $s := .Values.secrets }}
+{{- if $s.tenantIdSecret }}{{ $s.tenantIdSecret }}
+{{- else if hasKey .Values "_tenantIdSecret" }}{{ index .Values "_tenantIdSecret" }}
+{{- else }}
+{{- $found := "" }}
+{{- with lookup "v1" "Secret" .Release.Namespace (include "compaction-proxy.fullname" .) }}
+{{- with .data }}{{ with index . "tenant-id-secret" }}{{ $found = b64dec . }}{{ end }}{{ end }}
+{{- end }}
+{{- if not $found }}
+{{- /* A cluster answers a list with a (maybe empty) list, even for a namespace not
+created yet (install --create-namespace); with none to ask, lookup gives nothing. */}}
+{{- if not (lookup "v1" "ServiceAccount" .Release.Namespace "") }}
+{{- fail "secrets.tenantIdSecret is required when the chart cannot read its Secret back from the cluster (helm template, client-side --dry-run, Argo CD or another GitOps tool): each render would generate another and move every tenant. Set it once and keep it (openssl rand -hex 32; --set secrets.tenantIdSecret=..., or a Secret of your own named in secrets.existingSecret with tenant-id-secret in secrets.existingSecretKeys)" }}
+{{- end }}
+{{- $found = randAlphaNum 48 }}
+{{- end }}
+{{- $_ := set .Values "_tenantIdSecret" $found }}
+{{- $found }}
+{{- end }}
+{{- end }}
+
 {{/* The Secret holding the proxy's keys, when there is one: the existing one, or the chart's when any key is set. */}}
 {{- define "compaction-proxy.keysSecretName" -}}
 {{- if .Values.secrets.existingSecret }}{{ .Values.secrets.existingSecret }}
