@@ -36,9 +36,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError, SlotNotCoveredError
+from redis.exceptions import SlotNotCoveredError
 
 from proxy.errors import ConfigError
+from proxy.store.failures import ERRORS
 from proxy.store.health import ProbeFailed
 
 # Set while a task holds a place: a pipeline that retries a redirected command through
@@ -47,8 +48,6 @@ _holding: ContextVar[bool] = ContextVar("cluster_place_held", default=False)
 # Keys tried to find one per primary: a primary owning a few slots only may go unfound
 # (and unprobed); with slots spread evenly a handful of tries suffice.
 _PROBE_TRIES = 65_536
-# What a call raises (connect.ERRORS: connect.py imports this module).
-ERRORS = (RedisError, RedisClusterException)
 
 
 class QueuedCluster(RedisCluster):
