@@ -381,6 +381,34 @@ def test_on_a_cluster_only_a_probe_of_every_primary_ends_a_failure(
     assert w.cooling
 
 
+def test_a_probes_count_of_primaries_is_not_shown_with_another_cause(
+    clock: FakeClock, metrics: Metrics
+) -> None:
+    w = watch(clock, metrics, one_server=False)
+    w.probing()
+    w.failed("probe", "oom", ProbeFailed("1/3 primaries", ["127.0.0.1:7002"], 3))
+    w.failed("save", "oom", StoreError("full"))  # the same fault, met by a call
+    assert str(w.health) == "degraded (oom, 1/3 primaries)"
+    w.failed("load", "timeout", StoreError("timed out"))  # not what the probe counted
+    assert str(w.health) == "unreachable (timeout)"
+
+
+def test_a_probe_taken_before_the_failure_settles_keeps_its_count_of_primaries(
+    clock: FakeClock, metrics: Metrics
+) -> None:
+    w = watch(clock, metrics, one_server=False)
+    w.probing()
+    w.failed("probe", "oom", ProbeFailed("1/3 primaries", ["127.0.0.1:7002"], 3))
+    clock.advance(SETTLE_S / 2)
+    w.probing()
+    w.wrote("probe")  # memory freed for an instant: not settled
+    assert str(w.health) == "degraded (oom, 1/3 primaries)"
+    clock.advance(SETTLE_S)
+    w.probing()
+    w.wrote("probe")
+    assert w.health == Health()
+
+
 async def test_on_a_cluster_a_write_performed_while_failing_starts_a_probe(
     clock: FakeClock, metrics: Metrics
 ) -> None:
