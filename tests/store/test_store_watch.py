@@ -431,6 +431,35 @@ async def test_on_a_cluster_a_write_performed_while_failing_starts_a_probe(
         await store.aclose()
 
 
+async def test_a_background_probe_that_raises_a_bug_logs_it(
+    clock: FakeClock, metrics: Metrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not the store's answer: no task is left holding an exception no one reads."""
+
+    class Broken(RefusingStore):
+        async def probe(self) -> None:
+            self.calls["probe"] += 1
+            raise RuntimeError("a bug in the probe")
+
+    remote = Broken(clock, one_server=False)
+    store = ResilientStore(remote, MemoryStore(ttl_s=3600, clock=clock), metrics, clock=clock)
+    try:
+        with caplog.at_level(logging.ERROR, "proxy.store"):
+            remote.refusal = OOM
+            await store.note_seen(KEY, Sighting(1, 10, "m", 0.0))
+            remote.refusal = None
+            clock.advance(SETTLE_S)
+            await store.note_seen(KEY, Sighting(2, 10, "m", 0.0))  # starts the probe
+            for _ in range(10):
+                await asyncio.sleep(0)
+        assert remote.calls["probe"] == 1
+        [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert record.exc_info is not None
+        assert isinstance(record.exc_info[1], RuntimeError)
+    finally:
+        await store.aclose()
+
+
 def test_the_cool_down_is_jittered_between_half_of_cooldown_s_and_all_of_it(
     clock: FakeClock, metrics: Metrics
 ) -> None:
