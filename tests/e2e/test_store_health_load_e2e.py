@@ -1,10 +1,10 @@
-"""Issue 35: under load, a full, read-only or killed Redis (one server, and one primary of
-a Cluster) keeps ``/readyz`` (``server.ready_requires_store``) not-ok for the whole fault,
+"""Under load, a full, read-only or killed Redis (one server, and one primary of a
+Cluster) keeps ``/readyz`` (``server.ready_requires_store``) not-ok for the whole fault,
 polled every 0.2 s, with ``store_degraded`` at 1, and sessions are summarized about once
 per snapshot version, not again from the store's stale snapshot. A write that did not
-happen (a compare-and-swap that lost, a DEL a full Redis still runs) once ended the
-failure: readiness flapped, and while it read ok the store's old snapshot was served
-(85 summaries for 24 versions). A Cluster's fault names how many primaries refuse.
+happen (a compare-and-swap that lost, a DEL a full Redis still runs) must not end the
+failure: readiness would flap, and while it read ok the store's old snapshot would be
+served, each session summarized again. A Cluster's fault names how many primaries refuse.
 
 Real redis-servers started here, a real proxy under uvicorn, the simulator upstream;
 the load is bounded in turns and time. (The logic on a fake clock:
@@ -272,7 +272,7 @@ def test_a_killed_redis_under_load_keeps_readiness_failed_until_it_is_back(
 
 
 # A Cluster: one primary full. The probe key of one server's layout lives on one
-# primary; the one made full here is another, as in the run that read ok for 12 s.
+# primary; the one made full here is another, which a probe of that key alone misses.
 
 
 def slot_owners(cluster: RedisCluster) -> dict[int, int]:
