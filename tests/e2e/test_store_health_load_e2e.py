@@ -23,7 +23,8 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from proxy.core.session import session_from_header, tenant_from_headers
+from proxy.core.session import session_from_header
+from proxy.core.tenant_ids import TenantIds
 from tests.e2e.test_store_health_e2e import sample
 from tests.support.chat import FILLER, WINDOW, stats
 from tests.support.redis_cluster import RedisCluster
@@ -292,9 +293,10 @@ def test_one_full_cluster_primary_under_load_keeps_readiness_failed_and_names_it
     owners = slot_owners(redis_cluster)
     probed = owners[key_slot(b"cp:health:probe")]
     full = next(i for i in range(redis_cluster.PRIMARIES) if i != probed)
-    sessions = sessions_on(owners, full, "cluster")
     own = next(n for n in names(200, "own") if owners[key_slot(n.encode())] == full)
-    url = start_proxy(settings(sim_reset, redis_cluster.url))
+    configured = settings(sim_reset, redis_cluster.url)
+    sessions = sessions_on(owners, full, "cluster", TenantIds.from_settings(configured))
+    url = start_proxy(configured)
     node = redis.Redis.from_url(redis_cluster.node_urls[full], socket_timeout=5)
     try:
         polls, _, summaries, versions = under_load(
@@ -311,9 +313,10 @@ def test_one_full_cluster_primary_under_load_keeps_readiness_failed_and_names_it
     assert_held(polls, summaries, versions, "degraded (oom, 1/3 primaries)")
 
 
-def sessions_on(owners: dict[int, int], primary: int, prefix: str) -> list[str]:
-    """Two sessions whose snapshots are on ``primary``, two on other primaries."""
-    tenant = tenant_from_headers({"authorization": AUTH["Authorization"]})
+def sessions_on(owners: dict[int, int], primary: int, prefix: str, ids: TenantIds) -> list[str]:
+    """Two sessions whose snapshots are on ``primary``, two on other primaries, for the
+    tenant ``ids`` (the proxy's, from its settings) gives AUTH."""
+    tenant = ids.of({"authorization": AUTH["Authorization"]})
 
     def on(name: str) -> int:
         key = session_from_header(tenant, name).storage_key
@@ -338,8 +341,9 @@ def test_a_killed_cluster_primary_keeps_readiness_failed_until_its_replica_serve
         before = cluster.primaries()
         assert len(before) == RedisCluster.PRIMARIES
         victim = next(i for i in before if i != owners[key_slot(b"cp:health:probe")])
-        sessions = sessions_on(owners, victim, "failover")
-        url = start_proxy(settings(sim_reset, cluster.url))
+        configured = settings(sim_reset, cluster.url)
+        sessions = sessions_on(owners, victim, "failover", TenantIds.from_settings(configured))
+        url = start_proxy(configured)
         said: list[tuple[int, str]] = []
         with httpx.Client(timeout=5) as http, Load(url, sessions) as load:
             until(
