@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,52 +220,39 @@ def names(n: int, prefix: str) -> list[str]:
     return [f"{prefix}-{i}" for i in range(n)]
 
 
-@pytest.fixture
-def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
 def test_a_full_redis_under_load_keeps_readiness_failed_for_the_whole_fault(
-    sim_reset: str, redis_server: RedisServer, raw: redis.Redis, start_proxy: Callable[..., str]
+    sim_reset: str,
+    redis_server: RedisServer,
+    raw_redis: redis.Redis,
+    start_proxy: Callable[..., str],
 ) -> None:
     url = start_proxy(settings(sim_reset, redis_server.url))
     polls, _, summaries, versions = under_load(
         url,
         sim_reset,
-        inject=lambda: make_full(raw),
-        recover=lambda: raw.config_set("maxmemory", 0),
+        inject=lambda: make_full(raw_redis),
+        recover=lambda: raw_redis.config_set("maxmemory", 0),
         sessions=names(SESSIONS, "full"),
     )
     print(f"full: {summaries} summaries for {versions} versions, {len(polls.ready)} polls")
     assert_held(polls, summaries, versions, "degraded (oom)")
 
 
-@pytest.fixture
-def primary() -> Iterator[RedisServer]:
-    """Another redis-server, for the proxy's own to follow (REPLICAOF): then it is a
-    read-only replica."""
-    with RedisServer(redis_binary()).running() as server:
-        yield server
-
-
 def test_a_read_only_redis_under_load_keeps_readiness_failed_for_the_whole_fault(
     sim_reset: str,
     redis_server: RedisServer,
-    raw: redis.Redis,
-    primary: RedisServer,
+    raw_redis: redis.Redis,
+    redis_primary: RedisServer,
     start_proxy: Callable[..., str],
 ) -> None:
     url = start_proxy(settings(sim_reset, redis_server.url))
-    raw.config_set("repl-diskless-load", "swapdb")  # no dump.rdb written in the cwd
+    raw_redis.config_set("repl-diskless-load", "swapdb")  # no dump.rdb written in the cwd
     polls, _, summaries, versions = under_load(
         url,
         sim_reset,
-        inject=lambda: raw.replicaof("127.0.0.1", primary.port),  # as a failover demotes it
-        recover=lambda: raw.replicaof("no", "one"),
+        # As a failover demotes it.
+        inject=lambda: raw_redis.replicaof("127.0.0.1", redis_primary.port),
+        recover=lambda: raw_redis.replicaof("no", "one"),
         sessions=names(SESSIONS, "replica"),
     )
     print(f"read-only: {summaries} summaries for {versions} versions, {len(polls.ready)} polls")
