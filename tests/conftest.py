@@ -19,7 +19,7 @@ import gc
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
@@ -39,6 +39,9 @@ from tests.support.servers import (
     run_server,
     valkey_binary,
 )
+
+if TYPE_CHECKING:
+    import redis
 
 # Property tests run a fifth of their examples by default (the fast tier, a developer's
 # loop); the whole suite (`scripts/test` without arguments, so CI) passes
@@ -169,6 +172,26 @@ def proxy(sim_reset: str, start_proxy: Callable[..., str]) -> str:
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
     """A fresh redis-server per test, killed afterwards."""
+    with RedisServer(redis_binary()).running() as server:
+        yield server
+
+
+@pytest.fixture
+def raw_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A plain client of ``redis_server``: what a test plants, breaks or reads there."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def redis_primary() -> Iterator[RedisServer]:
+    """Another redis-server, for ``redis_server`` to follow (REPLICAOF): then that one is
+    a read-only replica, as a failover leaves a demoted primary."""
     with RedisServer(redis_binary()).running() as server:
         yield server
 

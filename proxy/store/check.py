@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from proxy.config import StoreSettings
 from proxy.core.session import SessionKey
 from proxy.errors import StoreError
-from proxy.store.connect import ERRORS, refuse_cluster_node
-from proxy.store.failures import failure_kind
+from proxy.store.connect import refuse_cluster_node
+from proxy.store.failures import ERRORS, failure_kind
 from proxy.store.redis import RedisOptions, RedisStore
 
 # The check waits at least this long for the store (store.timeout_s if longer): a first

@@ -23,9 +23,11 @@ readiness probe a key on each primary: a write to one key shows one primary only
 from __future__ import annotations
 
 import asyncio
+import binascii
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from functools import cache
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,19 +38,33 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError, SlotNotCoveredError
+from redis.exceptions import SlotNotCoveredError
 
 from proxy.errors import ConfigError
+from proxy.store.failures import ERRORS
 from proxy.store.health import ProbeFailed
 
 # Set while a task holds a place: a pipeline that retries a redirected command through
 # the client must not wait for a second one (it could wait on itself).
 _holding: ContextVar[bool] = ContextVar("cluster_place_held", default=False)
-# Keys tried to find one per primary: a primary owning a few slots only may go unfound
-# (and unprobed); with slots spread evenly a handful of tries suffice.
-_PROBE_TRIES = 65_536
-# What a call raises (connect.ERRORS: connect.py imports this module).
-ERRORS = (RedisError, RedisClusterException)
+
+
+@cache
+def slot_tags() -> tuple[int, ...]:
+    """For each slot, the least ``n`` whose digits hash to it: a key whose hash tag is
+    ``{n}`` lands in that slot, so any primary, whichever slots it owns, has a probe key.
+    Every slot is reached only past n = 100,000, too many CRCs for the event loop: made
+    once per process, in a thread (``keys_per_primary``)."""
+    tags = [-1] * REDIS_CLUSTER_HASH_SLOTS
+    left, n = REDIS_CLUSTER_HASH_SLOTS, 0
+    while left:
+        # redis.crc.key_slot of a key tagged {n}, without the search for the braces.
+        slot = binascii.crc_hqx(b"%d" % n, 0) % REDIS_CLUSTER_HASH_SLOTS
+        if tags[slot] < 0:
+            tags[slot] = n
+            left -= 1
+        n += 1
+    return tuple(tags)
 
 
 class QueuedCluster(RedisCluster):
@@ -61,6 +77,7 @@ class QueuedCluster(RedisCluster):
         self._wait_s = wait_s
         # The slot map the probe's keys were found for, and the keys (keys_per_primary).
         self._probe_keys: tuple[dict[int, Any], dict[str, str]] | None = None
+        self._slot_tags: tuple[int, ...] | None = None
 
     @asynccontextmanager
     async def place(self) -> AsyncIterator[None]:
@@ -89,22 +106,20 @@ class QueuedCluster(RedisCluster):
 
     async def keys_per_primary(self, key: Callable[[int], str]) -> dict[str, str]:
         """For each primary that owns slots (by its ``host:port``), a key ``key(n)`` that
-        hashes to one of its slots: the readiness probe writes one to each. Searched
-        again only when the slot map changed under the last ones found."""
+        hashes to one of its slots, ``key`` making ``n`` its hash tag: the readiness
+        probe writes one to each. Chosen again only when the slot map changed under the
+        last ones chosen."""
         async with self.place():
             pass  # the slot map read first, as for any call
+        if self._slot_tags is None:
+            self._slot_tags = await asyncio.to_thread(slot_tags)
         slots = self.nodes_manager.slots_cache
         found = self._probe_keys
         if found is None or found[0] is not slots or not self._still_owned(found[1]):
-            owners = {nodes[0].name for nodes in slots.values() if nodes}
             keys: dict[str, str] = {}
-            for n in range(_PROBE_TRIES):
-                name = key(n)
-                owner = slots.get(self.keyslot(name))
-                if owner and owner[0].name not in keys:
-                    keys[owner[0].name] = name
-                    if len(keys) == len(owners):
-                        break
+            for slot, nodes in slots.items():
+                if nodes and nodes[0].name not in keys:
+                    keys[nodes[0].name] = key(self._slot_tags[slot])
             found = self._probe_keys = (slots, keys)
         return found[1]
 
@@ -128,6 +143,7 @@ class QueuedCluster(RedisCluster):
             first = failed[0][1]
             cause = first if isinstance(first, BaseException) else None
             nodes = [node for node, _ in failed]
+            # Every primary has a key (slot_tags reaches every slot): names counts them.
             message = f"redis probe failed on {len(nodes)}/{len(names)} primaries"
             detail = type(first).__name__ if cause else "not written"
             raise ProbeFailed(f"{message}: {detail}", nodes, len(names)) from cause

@@ -25,19 +25,16 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import EqualJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
 
 from proxy.errors import ConfigError
 from proxy.store.cluster import open_cluster
+from proxy.store.failures import ERRORS
 from proxy.store.sentinel import is_sentinel_url, sentinel_client
 
 log = logging.getLogger("proxy.store")
 
 Client = aioredis.Redis | RedisCluster
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
-# What a call to either client raises: a cluster that cannot be reached or mapped raises
-# RedisClusterException, which is not a RedisError.
-ERRORS = (RedisError, RedisClusterException)
 
 # A command whose connection failed (the server restarted, a failover closed it) is sent
 # once more on a new one after a pause of RECONNECT_BASE_S to twice that, drawn anew

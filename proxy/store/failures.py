@@ -14,6 +14,10 @@ import re
 
 from redis import exceptions as rx
 
+# What a call to any of the store's clients raises: a cluster that cannot be reached or
+# mapped raises RedisClusterException, which is not a RedisError. Here, below every
+# module that catches it (connect.py imports cluster.py, which needs it too).
+ERRORS = (rx.RedisError, rx.RedisClusterException)
 # Every kind is one of observe.series.STORE_FAILURE_KINDS (tests/store/test_failures.py).
 # Most specific first: MovedError is an AskError, BusyLoadingError a ConnectionError...
 _CLASSES: tuple[tuple[type[BaseException], str], ...] = (

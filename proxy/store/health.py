@@ -178,12 +178,15 @@ class StoreWatch:
         self._series.errors.labels(operation=op).inc()
         self._series.failures.labels(kind=kind).inc()
         self._series.degraded.set(1)
-        self.cause = kind
-        self._failed_at = now
         where = ""
         if isinstance(exc, ProbeFailed):
             self._spread = (len(exc.failing), exc.primaries)
             where = f" on {', '.join(exc.failing)}"
+        elif kind != self.cause:
+            # The last probe counted the primaries failing with its own cause, not this.
+            self._spread = (0, 0)
+        self.cause = kind
+        self._failed_at = now
         if kind not in ANSWERED:
             self._cooling_until = now + self._cooldown()
         # Which primaries a probe found failing is reported apart: the call that first
@@ -206,11 +209,11 @@ class StoreWatch:
         failure if it reached the whole store (one server's, or the probe) and no call
         failed for ``SETTLE_S``."""
         now = self._clock()
-        if op == "probe":
-            self._spread = (0, 0)  # every primary took it
-        elif not self._one_server:
+        if op != "probe" and not self._one_server:
             return
         self._wrote_at = now
+        # A probe taken before the failure settled leaves the last count standing:
+        # /readyz still names how many primaries the fault reached.
         if self.cause is None or now - self._failed_at < SETTLE_S:
             return
         log.warning(

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from proxy.errors import StoreError
+from proxy.store.failures import ERRORS
 
 if TYPE_CHECKING:
     from proxy.config import Settings
@@ -61,8 +62,6 @@ class RedisQuota:
         self._cooling = cooling  # the store's outage cool-down (ResilientStore.degraded)
 
     async def add(self, name: str, amount: int, ttl_s: float) -> int:
-        from proxy.store.connect import ERRORS
-
         if self._cooling():
             raise StoreError("redis quota not tried: the store is in its outage cool-down")
         key = f"{self._prefix}:quota:{name}"

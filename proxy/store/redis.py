@@ -52,7 +52,8 @@ from proxy.store.codec import (
     encode_snapshot,
     window_tokens,
 )
-from proxy.store.connect import ERRORS, Client, close_redis, is_cluster, open_redis
+from proxy.store.connect import Client, close_redis, is_cluster, open_redis
+from proxy.store.failures import ERRORS
 from proxy.store.health import ProbeFailed
 from proxy.store.keys import KeyLayout
 

@@ -29,7 +29,8 @@ from typing import cast
 
 from proxy.errors import StoreError
 from proxy.store.codec import SnapshotCipher
-from proxy.store.connect import ERRORS, Client
+from proxy.store.connect import Client
+from proxy.store.failures import ERRORS
 from proxy.store.items import ITEMS_PER_TENANT, keepable
 
 

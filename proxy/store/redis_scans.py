@@ -17,7 +17,8 @@ from proxy.store.codec import (
     decode_snapshot,
     window_tokens,
 )
-from proxy.store.connect import ERRORS, Client
+from proxy.store.connect import Client
+from proxy.store.failures import ERRORS
 from proxy.store.keys import KeyLayout
 
 

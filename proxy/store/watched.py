@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -28,6 +29,7 @@ from proxy.store.health import Health, StoreWatch
 from proxy.store.memory import MemoryStore
 
 T = TypeVar("T")
+log = logging.getLogger("proxy.store")
 
 
 def written(result: object) -> bool:
@@ -105,12 +107,19 @@ class WatchedRemote:
         return result
 
     def _probe_soon(self) -> None:
+        # The task is held here until done (and the next replaces it only then).
         if self._prober is None or self._prober.done():
             self._prober = asyncio.create_task(self._probe_quietly())
 
     async def _probe_quietly(self) -> None:
-        with contextlib.suppress(StoreError):  # counted and logged by the watch
+        """The background probe: nobody awaits its task, so what it raises ends here."""
+        try:
             await self.probe()
+        except StoreError:
+            pass  # counted and logged by the watch
+        except Exception:
+            # Not the store's answer (a bug): said, not left in a task no one reads.
+            log.exception("store probe raised unexpectedly")
 
     async def ping(self) -> bool:
         return await self.remote.ping()

@@ -105,15 +105,6 @@ def slow_summaries() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def raw_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
 def plant(client: redis.Redis, name: str, fields: dict[str, bytes] | dict[str, int]) -> None:
     for field, value in fields.items():
         client.hset(name, field, value)

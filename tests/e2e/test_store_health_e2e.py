@@ -121,18 +121,10 @@ def store_logs(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     ]
 
 
-@pytest.fixture
-def primary() -> Iterator[RedisServer]:
-    """Another redis-server, for the proxy's own to follow (REPLICAOF): then it is a
-    read-only replica."""
-    with RedisServer(redis_binary()).running() as server:
-        yield server
-
-
 def test_a_read_only_redis_fails_readiness_within_5s_while_requests_flow(
     sim_reset: str,
     redis_server: RedisServer,
-    primary: RedisServer,
+    redis_primary: RedisServer,
     start_proxy: Callable[..., str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -144,7 +136,7 @@ def test_a_read_only_redis_fails_readiness_within_5s_while_requests_flow(
             until_ready_is(url, 200)
             time.sleep(0.5)  # turns served from Redis
             assert sample(url, "compaction_proxy_store_failures_total") == 0
-            raw.replicaof("127.0.0.1", primary.port)  # as a failover demotes a primary
+            raw.replicaof("127.0.0.1", redis_primary.port)  # as a failover demotes a primary
             took = until_ready_is(url, 503)
             assert ready(url) == (503, {"ready": False, "store": "degraded (readonly)"})
             failing_from = traffic.turns

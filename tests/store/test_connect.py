@@ -1,20 +1,23 @@
 """store.url to a Redis client (proxy/store/connect.py, cluster.py): a cluster URL's startup nodes
-and options, and what no cluster has refused before any connection is made."""
+and options, and what no cluster has refused before any connection is made; the keys a
+cluster's readiness probe writes, for a slot map given by hand."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from proxy.config import Settings, StoreSettings
 from proxy.errors import ConfigError
 from proxy.observe.metrics import Metrics
 from proxy.store import build_store
-from proxy.store.cluster import QueuedCluster, parse_cluster_url
+from proxy.store.cluster import QueuedCluster, open_cluster, parse_cluster_url, slot_tags
 from proxy.store.connect import RECONNECT_BASE_S, close_redis, open_redis
+from proxy.store.keys import KeyLayout
 from proxy.store.redis import RedisOptions, RedisStore
 from proxy.store.resilient import ResilientStore
 
@@ -148,3 +151,33 @@ async def test_reconnects_after_a_failed_connection_are_jittered(topology: str) 
         retry = client.connection_pool.connection_kwargs["retry"]
         assert retry._retries == 1  # once: a call stays bounded
         assert retry._supported_errors == (RedisConnectionError,)  # a timeout is not retried
+
+
+def test_every_slot_has_a_probe_tag_that_hashes_to_it() -> None:
+    tags = slot_tags()
+    assert len(tags) == REDIS_CLUSTER_HASH_SLOTS
+    probe = KeyLayout(tagged=True).probe
+    assert [key_slot(probe(tag).encode()) for tag in tags] == list(range(len(tags)))
+
+
+async def test_the_probe_has_a_key_on_a_primary_that_owns_only_slots_small_tags_miss() -> None:
+    """Mid-reshard a primary may own a few slots only, none of them one that the tags
+    0-65535 hash to: it is probed (and counted) like the others."""
+    missed = sorted(
+        set(range(REDIS_CLUSTER_HASH_SLOTS)) - {key_slot(b"%d" % n) for n in range(65_536)}
+    )
+    assert missed, "every slot reached by small tags: nothing to tell"
+    one, two, few = (ClusterNode("127.0.0.1", port) for port in (7000, 7001, 7002))
+    slots = {s: [one if s < REDIS_CLUSTER_HASH_SLOTS // 2 else two] for s in range(16_384)}
+    for s in missed[:3]:
+        slots[s] = [few]
+    cluster = open_cluster("redis+cluster://127.0.0.1:7000", 0.25, places=4, wait_s=1.0)
+    try:
+        cluster.nodes_manager.slots_cache = slots
+        cluster._initialize = False  # the slot map above, not one read from a node
+        keys = await cluster.keys_per_primary(KeyLayout(tagged=True).probe)
+    finally:
+        await close_redis(cluster)
+    assert sorted(keys) == sorted(node.name for node in (one, two, few))
+    for node, name in keys.items():
+        assert slots[key_slot(name.encode())][0].name == node

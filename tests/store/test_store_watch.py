@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
 from redis import exceptions as rx
@@ -126,6 +127,21 @@ async def store(
     await store.aclose()
 
 
+@dataclass
+class Rig:
+    """A resilient store on a refusing remote, its fake clock and metrics."""
+
+    store: ResilientStore
+    remote: RefusingStore
+    clock: FakeClock
+    metrics: Metrics
+
+
+@pytest.fixture
+def rig(store: ResilientStore, remote: RefusingStore, clock: FakeClock, metrics: Metrics) -> Rig:
+    return Rig(store, remote, clock, metrics)
+
+
 def value(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(f"compaction_proxy_{name}", labels) or 0.0
 
@@ -154,12 +170,9 @@ async def test_a_store_that_refuses_is_tried_on_every_call_and_each_failure_coun
 
 
 async def test_reads_that_succeed_neither_end_the_failure_nor_say_shared_again(
-    store: ResilientStore,
-    remote: RefusingStore,
-    clock: FakeClock,
-    metrics: Metrics,
-    caplog: pytest.LogCaptureFixture,
+    rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
+    store, remote, clock, metrics = rig.store, rig.remote, rig.clock, rig.metrics
     remote.refusal = READONLY  # a replica: reads answered, writes refused
     with caplog.at_level(logging.WARNING, "proxy.store"):
         for n in range(5):
@@ -277,12 +290,9 @@ async def test_while_failing_a_snapshot_saved_locally_wins_over_the_stores_older
 
 
 async def test_a_compare_and_swap_that_wrote_nothing_does_not_end_the_failure(
-    store: ResilientStore,
-    remote: RefusingStore,
-    clock: FakeClock,
-    metrics: Metrics,
-    caplog: pytest.LogCaptureFixture,
+    rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
+    store, remote, clock, metrics = rig.store, rig.remote, rig.clock, rig.metrics
     assert await store.save(KEY, snap(1, "shared"))
     remote.refusal, remote.scripts_run = OOM, True  # full: the CAS that loses still runs
     with caplog.at_level(logging.WARNING, "proxy.store"):
@@ -381,6 +391,38 @@ def test_on_a_cluster_only_a_probe_of_every_primary_ends_a_failure(
     assert w.cooling
 
 
+def one_full_primary(clock: FakeClock, metrics: Metrics) -> StoreWatch:
+    """A cluster's watch after a probe that one of three primaries refused (full)."""
+    w = watch(clock, metrics, one_server=False)
+    w.probing()
+    w.failed("probe", "oom", ProbeFailed("1/3 primaries", ["127.0.0.1:7002"], 3))
+    return w
+
+
+def test_a_probes_count_of_primaries_is_not_shown_with_another_cause(
+    clock: FakeClock, metrics: Metrics
+) -> None:
+    w = one_full_primary(clock, metrics)
+    w.failed("save", "oom", StoreError("full"))  # the same fault, met by a call
+    assert str(w.health) == "degraded (oom, 1/3 primaries)"
+    w.failed("load", "timeout", StoreError("timed out"))  # not what the probe counted
+    assert str(w.health) == "unreachable (timeout)"
+
+
+def test_a_probe_taken_before_the_failure_settles_keeps_its_count_of_primaries(
+    clock: FakeClock, metrics: Metrics
+) -> None:
+    w = one_full_primary(clock, metrics)
+    clock.advance(SETTLE_S / 2)
+    w.probing()
+    w.wrote("probe")  # memory freed for an instant: not settled
+    assert str(w.health) == "degraded (oom, 1/3 primaries)"
+    clock.advance(SETTLE_S)
+    w.probing()
+    w.wrote("probe")
+    assert w.health == Health()
+
+
 async def test_on_a_cluster_a_write_performed_while_failing_starts_a_probe(
     clock: FakeClock, metrics: Metrics
 ) -> None:
@@ -399,6 +441,35 @@ async def test_on_a_cluster_a_write_performed_while_failing_starts_a_probe(
         assert remote.calls["probe"] == 1
         assert value(metrics, "store_degraded") == 0
         assert str(await store.health()) == "ok"
+    finally:
+        await store.aclose()
+
+
+async def test_a_background_probe_that_raises_a_bug_logs_it(
+    clock: FakeClock, metrics: Metrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not the store's answer: no task is left holding an exception no one reads."""
+
+    class Broken(RefusingStore):
+        async def probe(self) -> None:
+            self.calls["probe"] += 1
+            raise RuntimeError("a bug in the probe")
+
+    remote = Broken(clock, one_server=False)
+    store = ResilientStore(remote, MemoryStore(ttl_s=3600, clock=clock), metrics, clock=clock)
+    try:
+        with caplog.at_level(logging.ERROR, "proxy.store"):
+            remote.refusal = OOM
+            await store.note_seen(KEY, Sighting(1, 10, "m", 0.0))
+            remote.refusal = None
+            clock.advance(SETTLE_S)
+            await store.note_seen(KEY, Sighting(2, 10, "m", 0.0))  # starts the probe
+            for _ in range(10):
+                await asyncio.sleep(0)
+        assert remote.calls["probe"] == 1
+        [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert record.exc_info is not None
+        assert isinstance(record.exc_info[1], RuntimeError)
     finally:
         await store.aclose()
 

@@ -176,12 +176,14 @@ class RedisCluster:
 
         found = []
         for i, url in enumerate(self.node_urls):
-            client = redis.Redis.from_url(url, socket_timeout=0.5)
+            # A busy machine may take seconds to answer; redis-py's TimeoutError is no
+            # ConnectionError.
+            client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
             try:
                 if client.execute_command("ROLE")[0] == b"master":
                     found.append(i)
-            except redis.ConnectionError:
-                pass  # killed
+            except (redis.ConnectionError, redis.TimeoutError):
+                pass  # killed, or not answering: not serving as a primary now
             finally:
                 client.close()
         return found
