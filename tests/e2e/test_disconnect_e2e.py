@@ -34,10 +34,10 @@ def sim_stat(sim: str, name: str, want: int, within_s: float = 30.0) -> int:
 
 
 def give_up(url: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+    # Only the wait for the answer is cut short (the upstream takes 4 s): on a busy
+    # machine connecting and sending may take longer than that wait.
+    timeout = httpx.Timeout(30, read=0.5)
     with pytest.raises(httpx.ReadTimeout):
-        # Only the wait for the answer is cut short (the upstream takes 4 s): on a busy
-        # machine connecting and sending may take longer than that wait.
-        timeout = httpx.Timeout(30, read=0.5)
         httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=timeout)
 
 
@@ -77,8 +77,7 @@ class SummaryGate:
         headers = dict(scope.get("headers", ()))
         if headers.get(b"x-compaction-purpose", b"").lower() == b"summarize":
             self.seen.set()
-            while not self.release.is_set():
-                await asyncio.sleep(0.01)
+            await asyncio.to_thread(self.release.wait, 120)  # set at teardown at the latest
         await self.app(scope, receive, send)
 
 
@@ -107,7 +106,7 @@ async def _turns_until_one_summarizes(
                 client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
             )
             while not sent.done() and not gate.seen.is_set():
-                await asyncio.sleep(0.01)
+                await asyncio.wait({sent}, timeout=0.01)
             if gate.seen.is_set():
                 assert not sent.done(), "the turn was answered before its summary"
                 sent.cancel()  # the client gives up while the summary is being written
