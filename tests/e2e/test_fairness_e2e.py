@@ -138,12 +138,10 @@ def test_one_tenant_cannot_hold_every_background_slot_while_another_waits(
         for role in ("user", "assistant")
     ]
     later = [*b_history[:-1], *newer, b_history[-1]]
-    started = time.monotonic()
     turn = _chat(url, "sk-tenant-b", "b-1", later)
-    took = time.monotonic() - started
     assert turn.headers["x-compaction-status"] == "snapshot"
+    # It neither summarized nor waited for a summary (each counted): no slow summary in it.
     assert metric(url, "compaction_proxy_inline_summary_waits") == 0
-    assert took < SLOW_SUMMARY_MS / 1000, f"B's turn took {took:.2f} s"
     wait_for_idle(url)
 
 

@@ -112,16 +112,18 @@ def start_listening(
     log: Path,
     path: str,
     what: str,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | Callable[[int], Mapping[str, str]] | None = None,
     ready: Callable[[int], bool] = lambda status: status == 200,
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """Start ``argv(port)`` (its stdout and stderr to the file ``log``) on a fresh
-    free port and wait until it is ready (``wait_ready``); on a taken port, again on
-    another, at most ATTEMPTS times. The process (the caller stops it) and its port."""
+    """Start ``argv(port)`` (its stdout and stderr to the file ``log``; its environment
+    ``env``, or ``env(port)``) on a fresh free port and wait until it is ready
+    (``wait_ready``); on a taken port, again on another, at most ATTEMPTS times. The
+    process (the caller stops it) and its port."""
     for attempt in range(ATTEMPTS):
         port = free_port()
         with log.open("wb") as sink:
-            process = subprocess.Popen(argv(port), stdout=sink, stderr=sink, env=env)
+            environment = env(port) if callable(env) else env
+            process = subprocess.Popen(argv(port), stdout=sink, stderr=sink, env=environment)
         try:
             wait_ready(process, port, path, log, what, ready)
         except BaseException as failure:
