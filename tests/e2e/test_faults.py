@@ -184,7 +184,7 @@ def proxy(upstream: FaultyUpstream) -> Iterator[Proxy]:
     with start(fault_settings(upstream.url)) as running:
         yield running
     # The proxy is gone: its pooled upstream connections must have gone with it.
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while upstream.open and time.monotonic() < deadline:
         time.sleep(0.05)
     assert upstream.open == 0, "the proxy left upstream connections open after shutdown"

@@ -760,7 +760,7 @@ def debug_proxy(sim_reset: str, tmp_path: Path) -> Iterator[tuple[str, Path, Any
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 180  # a busy machine: readiness, not a guess
         while True:
             try:
                 if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:

@@ -155,7 +155,7 @@ def test_a_client_that_leaves_while_comments_flow_cancels_the_upstream_call(
         "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=30
     ) as r:
         assert next(r.iter_raw()).startswith(b": PROCESSING")
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a stream left running ends as completed
     while stats(sim_reset).get("streams_abandoned", 0) < 1:
         assert time.monotonic() < deadline, "the upstream call outlived its client"
         time.sleep(0.05)
