@@ -466,10 +466,17 @@ def assert_readable_snapshot(client: redis.Redis, session: str) -> int:
     return snapshot.version
 
 
-def turns(url: str, sim: str, session: str, history: list[dict[str, Any]], n: int) -> list[str]:
-    """``n`` more turns, each answered within ``fast_turn_s`` with its newest message
-    forwarded; their X-Compaction-Status values."""
-    bound = fast_turn_s(url)
+def turns(
+    url: str,
+    sim: str,
+    session: str,
+    history: list[dict[str, Any]],
+    n: int,
+    bound: float | None = None,
+) -> list[str]:
+    """``n`` more turns, each answered within ``bound`` (default: ``fast_turn_s`` now) with
+    its newest message forwarded; their X-Compaction-Status values."""
+    bound = fast_turn_s(url) if bound is None else bound
     statuses = []
     for i in range(n):
         next_turn(history, f"{session}-{i}")
@@ -526,9 +533,12 @@ def test_redis_client_pause_mid_conversation_does_not_hold_up_turns(
     history = long_history("pause")
     assert chat(url, "pause", history).headers["x-compaction-status"] == "compacted"
 
-    raw_redis.client_pause(3000, all=True)  # every client, the proxy's included, waits
-    paused_until = time.monotonic() + 3.0
-    statuses = turns(url, sim_reset, "pause", history, 3)
+    bound = fast_turn_s(url)  # measured before the pause, not in it
+    # Every client, the proxy's included, waits; long enough for three turns on a busy
+    # machine, which a turn that waited for Redis would outlast.
+    raw_redis.client_pause(8000, all=True)
+    paused_until = time.monotonic() + 8.0
+    statuses = turns(url, sim_reset, "pause", history, 3, bound)
     assert time.monotonic() < paused_until, "the turns were slower than the pause itself"
     assert metric(url, "compaction_proxy_store_errors") >= 1
     assert set(statuses) <= {"snapshot", "compacted"}  # local state kept the summary
