@@ -63,7 +63,6 @@ import inspect
 import re
 import signal
 import socket
-import subprocess
 import sys
 import textwrap
 import time
@@ -80,7 +79,8 @@ import yaml
 from proxy.routes import admin_api
 from proxy.upstream import client as upstream
 from tests.support.faulty_upstream import FaultyUpstream, Seen, answer, completion, handoff, stream
-from tests.support.servers import free_port, proxy_settings, run_proxy
+from tests.support.servers import proxy_settings, run_proxy
+from tests.support.starting import start_listening
 from tests.support.timing import slack_s
 
 pytestmark = pytest.mark.e2e
@@ -740,36 +740,15 @@ def debug_proxy(sim_reset: str, tmp_path: Path) -> Iterator[tuple[str, Path, Any
     path = tmp_path / "proxy.yaml"
     path.write_text(yaml.safe_dump(config))
     stderr = tmp_path / "stderr.log"
-    port = free_port()
-    with stderr.open("wb") as sink:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "proxy",
-                "serve",
-                "--config",
-                str(path),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            stdout=sink,
-            stderr=sink,
-        )
+    cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(path)]
+    process, port = start_listening(
+        lambda port: [*cmd, "--host", "127.0.0.1", "--port", str(port)],
+        stderr,
+        "/healthz",
+        "the proxy",
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180  # a busy machine: readiness, not a guess
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, stderr.read_text()
-            assert time.monotonic() < deadline, stderr.read_text()
-            time.sleep(0.1)
         yield url, stderr, process
     finally:
         if process.poll() is None:
