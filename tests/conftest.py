@@ -16,7 +16,6 @@ for the store contract's Redis runs (marked by their ``redis`` mark).
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,6 @@ from tests.support.servers import (
     TestCA,
     allow_servers,
     check_server_allowed,
-    free_port,
     proxy_settings,
     redis_binary,
     run_proxy,
@@ -287,34 +285,26 @@ def spawn_proxy_process(tmp_path: Any) -> Iterator[Callable[[dict[str, Any]], tu
     import subprocess
     import sys
 
-    import httpx
     import yaml
+
+    from tests.support.starting import start_listening
 
     processes: list[Any] = []
 
     def spawn(config: dict[str, Any]) -> tuple[str, Any]:
         check_server_allowed()
-        port = free_port()
-        path = tmp_path / f"proxy-{port}.yaml"
+        name = f"proxy-{len(processes)}"
+        path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config))
         cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(path)]
-        process = subprocess.Popen(
-            [*cmd, "--host", "127.0.0.1", "--port", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        process, port = start_listening(
+            lambda port: [*cmd, "--host", "127.0.0.1", "--port", str(port)],
+            tmp_path / f"{name}.log",
+            "/healthz",
+            "the proxy process",
         )
         processes.append(process)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    return url, process
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"proxy process did not start (exit {process.poll()})")
-            time.sleep(0.1)
+        return f"http://127.0.0.1:{port}", process
 
     try:
         yield spawn

@@ -118,7 +118,7 @@ def test_a_request_line_copies_a_bounded_amount_of_any_client_value(
             content=orjson.dumps({"model": huge, "messages": HELLO}) + b" " * (3 << 20),
         )
         assert too_big.status_code == 413
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while served.log().count('"msg":"request"') < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         lines = served.log().splitlines()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -118,37 +117,31 @@ def test_an_unset_optional_rotation_key_is_ignored(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
 
 
-def test_the_installed_console_script_serves_from_environment_alone(sim_reset: str) -> None:
+def test_the_installed_console_script_serves_from_environment_alone(
+    sim_reset: str, tmp_path: Path
+) -> None:
     """What the Dockerfile runs: `compaction-proxy serve`, configured by PROXY_* variables."""
     import shutil
-    import time
 
     import httpx
 
-    from tests.support.servers import free_port
+    from tests.support.starting import start_listening
 
     script = shutil.which("compaction-proxy", path=str(Path(sys.executable).parent))
     assert script, "pip install . provides the compaction-proxy console script"
-    port = free_port()
-    env = {
-        **os.environ,
-        "PROXY_SERVER__HOST": "127.0.0.1",
-        "PROXY_SERVER__PORT": str(port),
-        "PROXY_UPSTREAM__BASE_URL": f"{sim_reset}/v1",
-    }
-    process = subprocess.Popen(
-        [script, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+
+    def env(port: int) -> dict[str, str]:
+        return {
+            **os.environ,
+            "PROXY_SERVER__HOST": "127.0.0.1",
+            "PROXY_SERVER__PORT": str(port),
+            "PROXY_UPSTREAM__BASE_URL": f"{sim_reset}/v1",
+        }
+
+    process, port = start_listening(
+        lambda port: [script, "serve"], tmp_path / "serve.log", "/healthz", "the proxy", env
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert process.poll() is None, "the proxy exited"
-                assert time.monotonic() < deadline, "the proxy did not start"
-                time.sleep(0.1)
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hello"}]},

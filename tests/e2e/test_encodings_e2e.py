@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -31,16 +30,14 @@ def test_start_up_loading_never_waits_on_the_network(tmp_path: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
         env.pop("DATA_GYM_CACHE_DIR", None)
         env |= {"TIKTOKEN_CACHE_DIR": str(tmp_path), "HTTPS_PROXY": proxy, "HTTP_PROXY": proxy}
-        started = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-c", script],
             env=env,
             cwd=Path(__file__).parents[2],
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=120,  # a download attempt never ends: it would hang until this
         )
-        elapsed = time.monotonic() - started
         blackhole.setblocking(False)
         with pytest.raises(BlockingIOError):
             blackhole.accept()  # nobody ever connected to the proxy
@@ -48,4 +45,3 @@ def test_start_up_loading_never_waits_on_the_network(tmp_path: Path) -> None:
     assert done.stdout.strip() == str(
         [("cl100k_base", True), ("o200k_base", False), ("p50k_base", False)]
     )
-    assert elapsed < 15, f"loading took {elapsed:.1f} s"

@@ -138,19 +138,19 @@ def test_one_tenant_cannot_hold_every_background_slot_while_another_waits(
         for role in ("user", "assistant")
     ]
     later = [*b_history[:-1], *newer, b_history[-1]]
-    started = time.monotonic()
     turn = _chat(url, "sk-tenant-b", "b-1", later)
-    took = time.monotonic() - started
     assert turn.headers["x-compaction-status"] == "snapshot"
+    # It neither summarized nor waited for a summary (each counted): no slow summary in it.
     assert metric(url, "compaction_proxy_inline_summary_waits") == 0
-    assert took < SLOW_SUMMARY_MS / 1000, f"B's turn took {took:.2f} s"
     wait_for_idle(url)
 
 
 def test_post_compact_is_rate_limited_like_the_force_header(
     sim_reset: str, start_proxy: Callable[..., str]
 ) -> None:
-    url = start_proxy(small_window_settings(sim_reset, force_interval_s=1.5))
+    # The interval outlasts the refused requests on a busy machine (a 1.5 s one did not).
+    interval = 6.0
+    url = start_proxy(small_window_settings(sim_reset, force_interval_s=interval))
     chat = Chat(url, key="sk-buyer", session="bought")
     auth = {"Authorization": "Bearer sk-buyer"}
     chat.say("FACT plan=b")
@@ -159,20 +159,22 @@ def test_post_compact_is_rate_limited_like_the_force_header(
     del chat.headers["X-Compaction"]
     compact = f"{url}/sessions/bought/compact"
     assert httpx.post(compact, headers=auth).status_code == 202
+    bought = time.monotonic()
     summaries = stats(sim_reset)["summaries"]
     refused = [httpx.post(compact, headers=auth) for _ in range(5)]
+    assert time.monotonic() - bought < interval, "the requests outlasted the interval"
     for r in refused:
         assert r.status_code == 429, r.text
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
-        assert 1 <= int(r.headers["retry-after"]) <= 2
+        assert 1 <= int(r.headers["retry-after"]) <= interval
     # Another tenant's same id is its own session (none here), never limited by this one.
     other = httpx.post(compact, headers={"Authorization": "Bearer sk-other"})
     assert other.status_code == 404
     chat.say("next turn")
     chat.say("and the one after")
     assert stats(sim_reset)["summaries"] == summaries + 1  # one summary bought, not six
-    time.sleep(1.6)
+    time.sleep(max(0.0, bought + interval + 0.1 - time.monotonic()))
     assert httpx.post(compact, headers=auth).status_code == 202
 
 

@@ -38,6 +38,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from tests.support import fuzzing
 from tests.support.fuzzing import MAX_BODY, MODEL, history, request_bytes
 from tests.support.servers import proxy_settings, run_proxy
+from tests.support.timing import slack_s
 
 pytestmark = pytest.mark.e2e
 
@@ -354,6 +355,8 @@ def test_fuzzed_requests_never_get_a_5xx_or_hang(address: tuple[str, int], reque
 
 
 def test_the_proxy_still_serves_after_the_fuzzer(address: tuple[str, int]) -> None:
+    host, port = address
+    bound = slack_s(f"http://{host}:{port}", 2.0)  # more on a busy machine
     started = time.monotonic()
     assert post(address, chat(HI)).status == 200
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < bound

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,8 @@ from tests.support.chat import WINDOW, small_window_settings, upstream_requests
 from tests.support.logs import HEX_ID
 from tests.support.metrics import long_history
 from tests.support.processes import CHAT, SlowStream, serve_process
-from tests.support.servers import OPEN_CLIENTS, free_port, proxy_settings, run_server
+from tests.support.servers import OPEN_CLIENTS, proxy_settings, run_server
+from tests.support.starting import start_listening
 
 HASH = re.compile(r"[0-9a-f]{12}")
 
@@ -157,7 +157,6 @@ SECRETS = (API_KEY, SESSION, CONTENT, ADMIN_KEY, WRONG_ADMIN_KEY)
 
 def serve_logged(tmp_path: Path, sim: str, **logging_config: Any) -> tuple[str, Any, Path]:
     """``compaction-proxy serve`` at debug level with JSON lines on stderr (to a file)."""
-    port = free_port()
     config = {
         "upstream": {"base_url": f"{sim}/v1"},
         "server": {"admin_key": ADMIN_KEY},
@@ -167,22 +166,15 @@ def serve_logged(tmp_path: Path, sim: str, **logging_config: Any) -> tuple[str, 
     }
     path = tmp_path / "proxy.yaml"
     path.write_text(yaml.safe_dump(config))
-    stderr = tmp_path / "stderr.log"
-    cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
-    with stderr.open("wb") as out:
-        process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=out)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return url, process, stderr
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"proxy did not start: {stderr.read_text()[-2000:]}")
-        time.sleep(0.1)
+    stderr = tmp_path / "stderr.log"  # and stdout, which the proxy does not write to
+    cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(path)]
+    process, port = start_listening(
+        lambda port: [*cmd, "--host", "127.0.0.1", "--port", str(port)],
+        stderr,
+        "/healthz",
+        "the proxy",
+    )
+    return f"http://127.0.0.1:{port}", process, stderr
 
 
 def stop(process: Any) -> None:

@@ -24,6 +24,7 @@ from proxy.store.redis import RedisOptions, RedisStore
 from proxy.store.resilient import ResilientStore
 from tests.support.chat import FILLER, WINDOW
 from tests.support.servers import RedisServer, proxy_settings, run_server
+from tests.support.timing import slack_s
 
 pytestmark = pytest.mark.redis
 
@@ -31,7 +32,13 @@ API_KEY = "sk-tenant-a"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 # Far below the 30 s default, yet far above what a turn without waiting takes.
 WAIT_FOR_SUMMARY_S = 8.0
-FAST_TURN_S = 3.0
+FAST_TURN_S = 3.0  # on an idle machine; more on a busy one, below the wait (fast_turn_s)
+
+
+def fast_turn_s(url: str) -> float:
+    """The longest a turn that waits for no lock may take now: FAST_TURN_S and the slack
+    a busy machine needs (tests.support.timing), short of WAIT_FOR_SUMMARY_S."""
+    return min(slack_s(url, FAST_TURN_S), WAIT_FOR_SUMMARY_S - 1.5)
 
 
 def key(name: str) -> SessionKey:
@@ -145,13 +152,14 @@ def test_a_lock_release_lost_to_a_redis_stall_does_not_hold_up_the_next_turns(
     assert metric(url, "compaction_proxy_store_errors") >= 1, "the stall never hit the proxy"
 
     time.sleep(2.5)  # the replica's cool-down: then it uses Redis again
+    bound = fast_turn_s(url)
     for n in range(3):
         next_turn(history, n)
         started = time.monotonic()
         r = chat(url, "stall", history)
         took = time.monotonic() - started
         assert r.status_code == 200, r.text
-        assert took < FAST_TURN_S, f"turn {n} took {took:.1f} s: it waited for a dead lock"
+        assert took < bound, f"turn {n} took {took:.1f} s: it waited for a dead lock"
     assert raw_redis.keys("cp:lock:*") == []
     assert raw_redis.keys("cp:snap:*"), "the session's snapshot reached Redis again"
     assert metric(url, "compaction_proxy_lock_release_retries", outcome="released") == 1
@@ -182,7 +190,7 @@ async def test_this_replica_settles_its_late_release_before_locking_the_session_
     finally:
         started = time.monotonic()
         await store.aclose()  # cancels the pending retry instead of waiting 30 s
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 15
     assert sample(metrics, "compaction_proxy_lock_release_retries", outcome="released") == 1
 
 
@@ -449,9 +457,17 @@ def assert_readable_snapshot(client: redis.Redis, session: str) -> int:
     return snapshot.version
 
 
-def turns(url: str, sim: str, session: str, history: list[dict[str, Any]], n: int) -> list[str]:
-    """``n`` more turns, each answered within FAST_TURN_S with its newest message forwarded;
-    their X-Compaction-Status values."""
+def turns(
+    url: str,
+    sim: str,
+    session: str,
+    history: list[dict[str, Any]],
+    n: int,
+    bound: float | None = None,
+) -> list[str]:
+    """``n`` more turns, each answered within ``bound`` (default: ``fast_turn_s`` now) with
+    its newest message forwarded; their X-Compaction-Status values."""
+    bound = fast_turn_s(url) if bound is None else bound
     statuses = []
     for i in range(n):
         next_turn(history, f"{session}-{i}")
@@ -459,7 +475,7 @@ def turns(url: str, sim: str, session: str, history: list[dict[str, Any]], n: in
         r = chat(url, session, history)
         took = time.monotonic() - started
         assert r.status_code == 200, r.text
-        assert took < FAST_TURN_S, f"turn {i} took {took:.1f} s"
+        assert took < bound, f"turn {i} took {took:.1f} s"
         assert newest_forwarded(sim) == history[-1]["content"]
         statuses.append(r.headers["x-compaction-status"])
     return statuses
@@ -508,9 +524,12 @@ def test_redis_client_pause_mid_conversation_does_not_hold_up_turns(
     history = long_history("pause")
     assert chat(url, "pause", history).headers["x-compaction-status"] == "compacted"
 
-    raw_redis.client_pause(3000, all=True)  # every client, the proxy's included, waits
-    paused_until = time.monotonic() + 3.0
-    statuses = turns(url, sim_reset, "pause", history, 3)
+    bound = fast_turn_s(url)  # measured before the pause, not in it
+    # Every client, the proxy's included, waits; long enough for three turns on a busy
+    # machine, which a turn that waited for Redis would outlast.
+    raw_redis.client_pause(8000, all=True)
+    paused_until = time.monotonic() + 8.0
+    statuses = turns(url, sim_reset, "pause", history, 3, bound)
     assert time.monotonic() < paused_until, "the turns were slower than the pause itself"
     assert metric(url, "compaction_proxy_store_errors") >= 1
     assert set(statuses) <= {"snapshot", "compacted"}  # local state kept the summary

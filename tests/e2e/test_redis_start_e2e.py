@@ -148,7 +148,8 @@ def test_a_server_that_exits_at_once_fails_the_start_at_once(tmp_path: Path, kin
     began = time.monotonic()
     with pytest.raises(StartFailed, match=r"(?s)exit 3.*FATAL CONFIG FILE ERROR") as failed:
         start()
-    assert time.monotonic() - began < 5
+    # At once: not at a start deadline (a minute: time for a busy machine).
+    assert time.monotonic() - began < 15
     assert not failed.value.port_in_use
     assert set(ports_run(tmp_path)) <= first_ports  # not tried again on fresh ports
 
@@ -161,7 +162,7 @@ def test_a_port_taken_every_time_fails_after_a_few_tries(tmp_path: Path) -> None
     began = time.monotonic()
     with pytest.raises(StartFailed, match="Address already in use"):
         start()
-    assert time.monotonic() - began < 5
+    assert time.monotonic() - began < 15
     ports = ports_run(tmp_path)
     assert len(ports) == ATTEMPTS
     assert len(set(ports)) == ATTEMPTS  # fresh ones each time

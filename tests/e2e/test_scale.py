@@ -88,10 +88,28 @@ def proxy_config(sim: str, model: str = "", window: int = 0) -> dict[str, Any]:
     return config
 
 
-def assert_responsive(latencies: list[float]) -> None:
+def timed_chat(
+    base: str, request: dict[str, Any], headers: dict[str, str]
+) -> tuple[httpx.Response, float]:
+    """``post_chat``, and how long it took."""
+    started = time.monotonic()
+    response = post_chat(base, request, headers)
+    return response, time.monotonic() - started
+
+
+def health_bound(took: float, idle_s: float = HEALTH_BOUND_S) -> float:
+    """The longest /healthz may wait while a request that took ``took`` ran: ``idle_s``,
+    or on a machine busy enough to slow the request down, a third of its time. Work on
+    the loop stalls /healthz for the bulk of the request (counting a MiB inline: 0.96 s
+    of 1.77 s on a busy machine), work off the loop for a small part, however slow."""
+    return max(idle_s, took / 3)
+
+
+def assert_responsive(latencies: list[float], took: float) -> None:
     assert len(latencies) >= 5, "the health poller must run alongside the big request"
     slowest = max(latencies)
-    assert slowest < HEALTH_BOUND_S, f"/healthz waited {slowest:.2f} s behind one request"
+    bound = health_bound(took)
+    assert slowest < bound, f"/healthz waited {slowest:.2f} s behind one request ({took:.2f} s)"
 
 
 def test_ten_thousand_messages_do_not_stall_health_checks(
@@ -105,11 +123,11 @@ def test_ten_thousand_messages_do_not_stall_health_checks(
     request = {"model": "sim-scale", "messages": messages, "max_tokens": 16}
 
     with polling_health(base) as latencies:
-        response = post_chat(base, request, {"X-Session-Id": "scale-many"})
+        response, took = timed_chat(base, request, {"X-Session-Id": "scale-many"})
 
     assert response.status_code == 200, response.text
     assert response.headers["x-compaction-status"] == "compacted"
-    assert_responsive(latencies)
+    assert_responsive(latencies, took)
     forwarded = httpx.get(f"{sim_reset}/_sim/requests").json()
     assert len(forwarded[-1]["body"]["messages"]) < 2_000
 
@@ -130,13 +148,13 @@ def test_an_eight_mib_message_does_not_stall_health_checks(
     }
 
     with polling_health(base) as latencies:
-        response = post_chat(base, request, {"X-Sim-Context-Window": str(window)})
+        response, took = timed_chat(base, request, {"X-Sim-Context-Window": str(window)})
 
     assert response.status_code == 200, response.text
     assert response.headers["x-compaction-status"] == "passthrough"
     tokens = int(response.headers["x-context-tokens"])
     assert 0.5 * len(blob) < tokens < len(blob), "the message was counted, not estimated"
-    assert_responsive(latencies)
+    assert_responsive(latencies, took)
 
 
 def test_new_text_under_a_mib_is_counted_off_the_loop(
@@ -150,14 +168,15 @@ def test_new_text_under_a_mib_is_counted_off_the_loop(
     request = {"model": "sim-mib", "messages": [{"role": "user", "content": text}]}
 
     with polling_health(base) as latencies:
-        response = post_chat(base, request, {"X-Sim-Context-Window": str(window)})
+        response, took = timed_chat(base, request, {"X-Sim-Context-Window": str(window)})
 
     assert response.status_code == 200, response.text
     assert response.headers["x-compaction-status"] == "passthrough"
     assert int(response.headers["x-context-tokens"]) < len(text) // 4, "counted, not estimated"
     assert len(latencies) >= 5
     # Counting inline stalls /healthz for 0.3-0.4 s, under the bound the tests above use.
-    assert max(latencies) < 0.15, f"/healthz waited {max(latencies):.2f} s"
+    bound = health_bound(took, 0.15)
+    assert max(latencies) < bound, f"/healthz waited {max(latencies):.2f} s ({took:.2f} s)"
 
 
 def test_more_messages_than_the_limit_get_a_clear_400(

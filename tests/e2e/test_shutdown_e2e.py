@@ -23,6 +23,9 @@ from tests.support.servers import proxy_settings
 
 # One streamed answer from the simulator: 10 chunks, so about 10 x the chunk delay.
 _CHUNKS = 10
+# The drain delay: long enough that "readiness fails first" is seen within it on a busy
+# machine, and that a stream of _CHUNKS chunks a quarter of it apart outlasts it.
+DRAIN_S = 4
 
 
 def _config(simulator: str, **server: float) -> dict[str, object]:
@@ -58,14 +61,14 @@ def test_sigterm_lets_a_slow_stream_finish_and_refuses_new_connections(
 def test_readyz_fails_at_once_while_connections_are_accepted_for_the_drain_delay(
     simulator: str, tmp_path: Path
 ) -> None:
-    config = _config(simulator, shutdown_timeout_s=20, drain_delay_s=1.5)
+    config = _config(simulator, shutdown_timeout_s=20, drain_delay_s=DRAIN_S)
     with serve_process(tmp_path, config) as served:
         assert httpx.get(f"{served.url}/readyz").status_code == 200
-        stream = SlowStream(served.url, chunk_delay_ms=400).start()
+        stream = SlowStream(served.url, chunk_delay_ms=DRAIN_S * 1000 // 4).start()
         signalled = time.monotonic()
         served.process.send_signal(signal.SIGTERM)
-        # Readiness fails at once (the first few ms aside: the signal is handled on a tick).
-        deadline = time.monotonic() + 1
+        # Readiness fails first (a signal is handled on a tick; a busy machine's delay)...
+        deadline = signalled + DRAIN_S
         while (ready := httpx.get(f"{served.url}/readyz")).status_code == 200:
             assert time.monotonic() < deadline, "/readyz still answers 200"
             time.sleep(0.02)
@@ -73,10 +76,10 @@ def test_readyz_fails_at_once_while_connections_are_accepted_for_the_drain_delay
         assert ready.json() == {"ready": False, "draining": True}
         # ...while new connections are still served, until the drain delay has passed.
         assert httpx.get(f"{served.url}/healthz").status_code == 200
-        wait_until_refused(served.url, timeout=5)
-        assert time.monotonic() - signalled >= 1.5
+        wait_until_refused(served.url, timeout=DRAIN_S + 30)
+        assert time.monotonic() - signalled >= DRAIN_S
         assert stream.running()
-        stream.join(timeout=_CHUNKS * 0.4 + 10)
+        stream.join(timeout=_CHUNKS * DRAIN_S / 4 + 30)
         _complete(stream)
         assert served.wait(timeout=10) == 0
 
@@ -87,13 +90,14 @@ def test_a_stream_longer_than_the_grace_period_is_cut_and_the_process_exits(
 ) -> None:
     config = _config(simulator, shutdown_timeout_s=1, drain_delay_s=0)
     with serve_process(tmp_path, config) as served:
-        stream = SlowStream(served.url, chunk_delay_ms=1000).start()
+        # 10 chunks 3 s apart: a proxy that waited for the stream would exit after 30 s.
+        stream = SlowStream(served.url, chunk_delay_ms=3000).start()
         signalled = time.monotonic()
         served.process.send_signal(signal.SIGTERM)
-        assert served.wait(timeout=10) == 0
+        assert served.wait(timeout=40) == 0
         # The deadline (1 s), the cancelled request's clean-up (at most 2 s), the store and
-        # the client closing; a loaded machine's slack.
-        assert time.monotonic() - signalled < 8
+        # the client closing, the coverage data written; a loaded machine's slack.
+        assert time.monotonic() - signalled < 20
         stream.join(timeout=5)
         log = served.log()
     assert isinstance(stream.error, httpx.RemoteProtocolError)  # the body ended unfinished

@@ -186,9 +186,8 @@ def test_pre_compaction_off_for_a_model_keeps_its_turns_out_of_the_queue(
     settings = settings.model_copy(update={"models": [ModelSpec(**model, precompact=False)]})
     url = start_proxy(settings)
     waits = stats(single_slot)["slot_waits"]
-    took = _past_the_soft_threshold(Chat(url, session="one-slot-off"), then=3)
-    assert max(took) < SUMMARY_MS / 1000 / 2, took
-    assert stats(single_slot)["slot_waits"] == waits
+    _past_the_soft_threshold(Chat(url, session="one-slot-off"), then=3)
+    assert stats(single_slot)["slot_waits"] == waits  # no turn queued for the slot
     assert metric(url, "compaction_proxy_turns_sent_during_summary") == 0
     assert metric(url, "compaction_proxy_precompactions") == 0
 

@@ -35,19 +35,28 @@ MODELS = [{"match": "sim-big", "context_window": 32768, "max_output_tokens": 256
 
 
 def first_byte_and_body(url: str, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
-    """Seconds to the first body byte, the status, headers and the whole body."""
+    """How long the first body byte came before the first ``data:`` event (seconds; a
+    comment held back until the first event comes with it: about 0), the status,
+    headers and the whole body. Both times are on the same stream: a busy machine that
+    delays everything does not move their difference much, the model's thinking does."""
     started = time.perf_counter()
     with httpx.stream(
         "POST",
         f"{url}{path}",
         json=body,
         headers={"Authorization": "Bearer sk-a", **headers},
-        timeout=30,
+        timeout=60,
     ) as r:
-        chunks = r.iter_raw()
-        first = next(chunks)
-        waited = time.perf_counter() - started
-        return waited, r.status_code, r.headers, first + b"".join(chunks)
+        raw, first_at, data_at = b"", None, None
+        for chunk in r.iter_raw():
+            now = time.perf_counter() - started
+            first_at = now if first_at is None else first_at
+            raw += chunk
+            if data_at is None and b"data:" in raw:
+                data_at = now
+        assert first_at is not None, raw
+        assert data_at is not None, raw
+        return data_at - first_at, r.status_code, r.headers, raw
 
 
 def data_events(raw: bytes) -> list[dict[str, Any]]:
@@ -72,12 +81,11 @@ def test_comments_reach_the_client_as_they_come(
     sim_reset: str, start_proxy: Callable[..., str], path: str, body: dict[str, Any]
 ) -> None:
     url = start_proxy(proxy_settings(sim_reset, models=MODELS))
-    waited, status, headers, raw = first_byte_and_body(
-        url, path, {**body, "stream": True}, THINKING
-    )
+    ahead, status, headers, raw = first_byte_and_body(url, path, {**body, "stream": True}, THINKING)
     assert status == 200
     assert raw.startswith(b": PROCESSING\n\n")
-    assert waited < 0.5, f"the first comment took {waited:.2f} s (the model thinks for 2 s)"
+    # The model thinks for 2 s: comments sent meanwhile come well before its answer.
+    assert ahead > 1.0, f"the first comment came {ahead:.2f} s before the first event"
     assert raw.count(b": PROCESSING") >= 6  # every comment, each once
     assert headers["x-compaction-status"] == "passthrough"
     assert data_events(raw), "the answer follows the comments"
@@ -92,9 +100,9 @@ def test_an_overflow_after_comments_is_recovered_within_the_same_response(
     url = start_proxy(proxy_settings(sim_reset, models=MODELS))
     headers = {**OVERFLOW, **THINKING, "X-Sim-Thinking-Ms": "900"}
     body = {"model": "sim-big", "messages": long_history(), "stream": True}
-    waited, status, _, raw = first_byte_and_body(url, "/v1/chat/completions", body, headers)
+    ahead, status, _, raw = first_byte_and_body(url, "/v1/chat/completions", body, headers)
     assert status == 200
-    assert waited < 0.5, f"the first comment took {waited:.2f} s"
+    assert ahead > 0.45, f"the first comment came {ahead:.2f} s before the first event"
     events = data_events(raw)
     assert events
     assert all("error" not in e for e in events), events[0]
@@ -122,8 +130,8 @@ def test_a_responses_overflow_after_comments_is_recovered_within_the_same_respon
     headers = {**OVERFLOW, **THINKING, "X-Sim-Thinking-Ms": "900"}
     items = [{"role": m["role"], "content": m["content"]} for m in long_history()]
     body = {"model": "sim-big", "input": items, "stream": True}
-    waited, status, _, _ = first_byte_and_body(url, "/v1/responses", body, headers)
-    assert (status, waited < 0.5) == (200, True), f"the first comment took {waited:.2f} s"
+    ahead, status, _, _ = first_byte_and_body(url, "/v1/responses", body, headers)
+    assert (status, ahead > 0.45) == (200, True), f"the first comment came {ahead:.2f} s early"
     assert len(chat_requests(sim_reset)) == 2  # recovered: the failed stream and one retry
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-a", max_retries=0)
@@ -147,7 +155,7 @@ def test_a_client_that_leaves_while_comments_flow_cancels_the_upstream_call(
         "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=30
     ) as r:
         assert next(r.iter_raw()).startswith(b": PROCESSING")
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a stream left running ends as completed
     while stats(sim_reset).get("streams_abandoned", 0) < 1:
         assert time.monotonic() < deadline, "the upstream call outlived its client"
         time.sleep(0.05)

@@ -50,7 +50,7 @@ def _scraped_chats(url: str) -> float:
 def _settled(read: Callable[[], float], expected: float) -> float:
     """``read()`` once it shows ``expected`` (bounded): a request is counted when it has
     ended, a moment after its client has the whole answer (maybe in another process)."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while (value := read()) != expected and time.monotonic() < deadline:
         time.sleep(0.02)
     return value

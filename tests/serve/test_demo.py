@@ -11,11 +11,11 @@ import tomllib
 from pathlib import Path
 
 from proxy.config import load_settings
-from tests.support.readme import ROOT, _blocks
+from tests.support.readme import ROOT, blocks, excerpt_drift, fenced_blocks
 
 
 def test_the_readme_manual_config_is_valid(tmp_path: Path) -> None:
-    manual = _blocks("bash")[1]
+    manual = blocks("bash")[1]
     config = re.search(r"<<'EOF'\n(.*?)\nEOF", manual, re.S)
     assert config is not None
     path = tmp_path / "sim.yaml"
@@ -23,6 +23,19 @@ def test_the_readme_manual_config_is_valid(tmp_path: Path) -> None:
     settings = load_settings(str(path))
     assert settings.upstream.base_url == "http://127.0.0.1:8081/v1"
     assert settings.models[0].match == "sim-*"
+
+
+def test_the_readme_output_excerpt_is_the_block_after_the_command() -> None:
+    # Paired line by line: the command block's closing fence is not an opening one.
+    assert fenced_blocks("```bash\nx\n```\n\n```\nout\n```\n", "") == ["out\n"]
+    assert blocks("")[0].startswith("turn  X-Compaction-Status")
+
+
+def test_a_drifted_or_reordered_excerpt_is_told_apart_from_an_abridged_one() -> None:
+    output = ["turn 1", "turn 2", "turn 3", "RECALL"]
+    assert excerpt_drift("turn 1\n ...\nturn 3\nRECALL\n", output) == []
+    assert excerpt_drift("turn 1\nturn 9\n", output) == ["turn 9"]
+    assert excerpt_drift("turn 3\nturn 1\n", output) == ["turn 1"]
 
 
 def test_the_test_extra_holds_every_other_extras_packages() -> None:

@@ -394,7 +394,7 @@ class FaultyUpstream:
     def requests(self, *, summaries: bool = False) -> list[Seen]:
         return [s for s in self.seen if s.is_summary == summaries]
 
-    def settled(self, within_s: float = 5.0) -> bool:
+    def settled(self, within_s: float = 30.0) -> bool:
         """Whether no exchange is in progress, polled for at most ``within_s``."""
         deadline = time.monotonic() + within_s
         while self.busy and time.monotonic() < deadline:

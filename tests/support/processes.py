@@ -18,7 +18,7 @@ import httpx
 import yaml
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from tests.support.servers import free_port
+from tests.support.starting import start_listening
 
 # tiktoken caches under the temporary directory by default: the same cache as ours,
 # whatever TMPDIR the process gets.
@@ -72,44 +72,27 @@ def write_config(tmp_path: Path, config: dict[str, Any]) -> str:
 @contextmanager
 def serve_process(tmp_path: Path, config: dict[str, Any]) -> Iterator[Served]:
     """Start the proxy from ``config``; yields once /healthz answers; killed on exit if alive."""
-    port = free_port()
-    name = f"proxy-{port}"
+    name = f"proxy-{len(list(tmp_path.glob('proxy-*.yaml')))}"
     config_path = tmp_path / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(config))
     log_path = tmp_path / f"{name}.log"
     tmp = tmp_path / f"{name}-tmp"
     tmp.mkdir()
     cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(config_path)]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [*cmd, "--host", "127.0.0.1", "--port", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            env={**os.environ, "TMPDIR": str(tmp), "TIKTOKEN_CACHE_DIR": _TIKTOKEN_CACHE},
-        )
+    process, port = start_listening(
+        lambda port: [*cmd, "--host", "127.0.0.1", "--port", str(port)],
+        log_path,
+        "/healthz",
+        "the proxy",
+        env={**os.environ, "TMPDIR": str(tmp), "TIKTOKEN_CACHE_DIR": _TIKTOKEN_CACHE},
+    )
     served = Served(f"http://127.0.0.1:{port}", process, log_path, tmp, config_path)
     try:
-        _wait_healthy(served)
         yield served
     finally:
         if process.poll() is None:
             process.kill()
             process.wait(timeout=10)
-
-
-def _wait_healthy(served: Served) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{served.url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if served.process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(
-                f"proxy did not start (exit {served.process.poll()}):\n{served.log()}"
-            )
-        time.sleep(0.1)
 
 
 @dataclass

@@ -70,7 +70,7 @@ class RedisCluster:
         scheme, auth, query = self._urls()
         return [f"{scheme}://{auth}127.0.0.1:{p}/0{query}" for p in self.ports]
 
-    def start(self, timeout_s: float = 20.0) -> None:
+    def start(self, timeout_s: float = 60.0) -> None:
         """Start the nodes (on fresh ports while one is taken) and join them; on any
         failure, what was started is killed. Read ``url``, ``node_urls`` and the ports
         once started."""

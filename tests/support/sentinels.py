@@ -84,7 +84,7 @@ class SentinelGroup:
             lines += [f"sentinel sentinel-pass {self.sentinel_password}"]
         return "\n".join(lines) + "\n"
 
-    def start(self, *, converged: bool = False, timeout_s: float = 20.0) -> None:
+    def start(self, *, converged: bool = False, timeout_s: float = 60.0) -> None:
         """Start every process (on fresh ports while one is taken); wait until the
         sentinels see the replica in sync (and, ``converged``, each other, so a failover
         is agreed on at once). Read ``url`` and the ports once started."""
@@ -105,7 +105,7 @@ class SentinelGroup:
             path = self.workdir / f"sentinel-{port}.conf"
             path.write_text(self._config(port))
             self.sentinels.append(LoggedProcess([self.binary, str(path), "--sentinel"]))
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a busy machine: an answer is seen at once
         for index, process in enumerate(self.sentinels):
             what = f"sentinel on port {self.sentinel_ports[index]}"
             wait_serving(process, self.sentinel(index), deadline, what)

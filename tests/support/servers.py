@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 
 from tests.support.redis_start import LoggedProcess, free_ports, wait_serving, with_fresh_ports
+from tests.support.starting import START_DEADLINE_S
 
 # HTTP clients a test helper opened (tests.support.chat.Chat): closed after each test,
 # so their pooled sockets are not left for a later test's garbage collection.
@@ -77,7 +78,7 @@ def _run_config(config: uvicorn.Config) -> Iterator[str]:
     server = _QuietServer(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + START_DEADLINE_S  # a busy machine: readiness, not a guess
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("test server did not start")
@@ -204,7 +205,8 @@ class RedisServer:
 
     def start_once(self, deadline: float | None = None) -> None:
         """Started on ``port`` and answering, or StartFailed at once if it exits (a
-        taken port: ``port_in_use``), RuntimeError at ``deadline`` (default in 10 s)."""
+        taken port: ``port_in_use``), RuntimeError at ``deadline`` (default in 60 s: a
+        busy machine; a server that answers is seen at once)."""
         check_server_allowed()
         port = ["--port", str(self.port)]
         if self.tls:
@@ -215,7 +217,7 @@ class RedisServer:
         self.process = LoggedProcess(
             [self.binary, *args, "--appendonly", "no", "--protected-mode", "yes", *self.args]
         )
-        deadline = time.monotonic() + 10 if deadline is None else deadline
+        deadline = time.monotonic() + 60 if deadline is None else deadline
         what = f"{self.binary} on port {self.port}"
         wait_serving(self.process, self.client(socket_timeout=0.5), deadline, what)
         self.served = True

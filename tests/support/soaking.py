@@ -2,7 +2,7 @@
 enough for compaction to fire again and again, with every invariant checked.
 
 Used by ``tests/e2e/test_soak.py`` (short, in CI) and ``bench/soak.py`` (long). ``Fleet``
-starts, as processes on 127.0.0.1, the simulator (``compaction-proxy
+starts, as processes on 127.0.0.1 (tests.support.starting), the simulator (``compaction-proxy
 simulate-upstream``), a ``redis-server`` when the store is Redis, and the proxy with
 its stderr in a file; it stops them all on exit. ``soak`` plays ``sessions``
 conversations of ``turns`` turns at once (every other turn streamed), ``tenants``
@@ -48,6 +48,9 @@ import aiohttp
 import httpx
 import orjson
 import yaml
+
+from tests.support.servers import RedisServer
+from tests.support.starting import start_listening
 
 MODEL = "soak-4k"
 SUMMARIZER = "soak-summarizer"
@@ -154,27 +157,7 @@ class Report:
         return out
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait(url: str, process: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not start (exit {process.poll()})")
-        time.sleep(0.1)
-
-
 _PROXY_CLI = (sys.executable, "-m", "proxy")
-_NO_PERSISTENCE = ("--save", "", "--appendonly", "no")
 
 
 def _on(port: int) -> tuple[str, ...]:
@@ -194,13 +177,19 @@ class Fleet:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.sim = self.url = ""
         self.proxy: subprocess.Popen[bytes] | None = None
+        self.redis: RedisServer | None = None
         self.log = self.workdir / f"proxy-{store}.log"
 
-    def _start(self, args: list[str], log: Path) -> subprocess.Popen[bytes]:
-        with log.open("wb") as sink:
-            process = subprocess.Popen(args, stdout=sink, stderr=sink)
+    def _serve(self, args: list[str], log: Path, ready_path: str, what: str) -> str:
+        """``args`` and ``--host``/``--port`` on a free port, once ``ready_path`` answers
+        (tests.support.starting); its URL."""
+        process, port = start_listening(
+            lambda port: [*args, *_on(port)], log, ready_path, what, ready=lambda s: s < 500
+        )
         self.processes.append(process)
-        return process
+        if what == "the proxy":
+            self.proxy = process
+        return f"http://127.0.0.1:{port}"
 
     def __enter__(self) -> Fleet:
         try:
@@ -219,24 +208,21 @@ class Fleet:
         (w / "sim.yaml").write_text(
             yaml.safe_dump({"models": [rule, summarizer], "recording": {"max_requests": 0}})
         )
-        port = free_port()
-        sim = self._start(
-            [*_PROXY_CLI, "simulate-upstream", "--config", str(w / "sim.yaml"), *_on(port)],
+        self.sim = self._serve(
+            [*_PROXY_CLI, "simulate-upstream", "--config", str(w / "sim.yaml")],
             w / "simulator.log",
+            "/v1/models",
+            "the simulator",
         )
-        self.sim = f"http://127.0.0.1:{port}"
-        _wait(f"{self.sim}/v1/models", sim, "the simulator")
         store: dict[str, Any] = {"url": "memory://", "max_sessions": self.max_sessions}
         if self.store == "redis":
             binary = shutil.which("redis-server")
             if binary is None:
                 raise RuntimeError("redis-server is not installed")
-            redis_port = free_port()
-            self._start(
-                [binary, "--port", str(redis_port), "--bind", "127.0.0.1", *_NO_PERSISTENCE],
-                w / "redis.log",
-            )
-            store["url"] = f"redis://127.0.0.1:{redis_port}/0"
+            # Started, answering, and on a fresh port if its first was taken.
+            self.redis = RedisServer(binary)
+            self.redis.start()
+            store["url"] = self.redis.url
         config = {
             "upstream": {"base_url": f"{self.sim}/v1"},
             "models": [rule],
@@ -248,12 +234,12 @@ class Fleet:
             "store": store,
         }
         (w / "proxy.yaml").write_text(yaml.safe_dump(config))
-        port = free_port()
-        self.proxy = self._start(
-            [*_PROXY_CLI, "serve", "--config", str(w / "proxy.yaml"), *_on(port)], self.log
+        self.url = self._serve(
+            [*_PROXY_CLI, "serve", "--config", str(w / "proxy.yaml")],
+            self.log,
+            "/readyz",
+            "the proxy",
         )
-        self.url = f"http://127.0.0.1:{port}"
-        _wait(f"{self.url}/readyz", self.proxy, "the proxy")
 
     def __exit__(self, *exc: object) -> None:
         for process in self.processes:
@@ -264,6 +250,8 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        if self.redis is not None:
+            self.redis.stop()
         if self._tmp is not None:
             self._tmp.cleanup()
 
