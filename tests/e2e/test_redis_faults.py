@@ -388,7 +388,9 @@ def test_unreadable_snapshots_are_replaced_per_session_while_others_are_served_f
     from cryptography.fernet import Fernet
 
     key = Fernet.generate_key().decode()
-    config = settings(sim_reset, redis_server.url, encryption_keys=[key])
+    # What this test is about is unreadable values, not a slow store: a generous call
+    # timeout keeps a loaded machine's stall from reading as an outage.
+    config = settings(sim_reset, redis_server.url, encryption_keys=[key], timeout_s=2.0)
     replicas = [start_proxy(config), start_proxy(config)]
     a, b = replicas
 
