@@ -1,6 +1,7 @@
 """``llama-server``'s command line over the prebuilt ``xllamacpp`` wheel.
 
-    python xserver.py -m MODEL.gguf -c 4096 -t 1 -np 1 --host 127.0.0.1 --port 8080 --jinja --metrics
+    python xserver.py -m MODEL.gguf -c 4096 -t 1 -np 1 --host 127.0.0.1 --port 8080 \
+        --jinja --metrics
 
 ``xllamacpp.Server`` runs llama.cpp's own C++ server (its HTTP routes, slots, prompt cache,
 chat templates and ``/metrics``) inside this process, so a wheel from PyPI stands in for a
