@@ -61,6 +61,7 @@ import openai
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import phrasings
 import scenarios
 
 HERE = Path(__file__).resolve().parent
@@ -670,7 +671,7 @@ def kind_table(rows: list[dict[str, Any]]) -> str:
             for row in groups[k]:
                 kinds += [kind for kind in row.get("per_kind", {}) if kind not in kinds]
         if scenario == "facts":
-            kinds.sort(key=lambda k: scenarios.phrasings.KINDS.index(k))
+            kinds.sort(key=phrasings.KINDS.index)
         head = "| scenario | model | window | mode | reps | recalled (median) | "
         head += " | ".join(kinds) + " | held-out | p50 vs direct |"
         out += [head, "|" + "---|" * (len(kinds) + 8)]

@@ -80,9 +80,10 @@ def _date(rnd: random.Random) -> tuple[str, tuple[str, ...]]:
 def date_renderings(month: int, day: int) -> tuple[str, ...]:
     """A 2027 date as an answer may write it (day 10 or later: "May 1" is no prefix)."""
     name = _MONTH_NAMES[month - 1]
-    words = (f"{name} {day}", f"{day} {name}", f"{name[:3]} {day}", f"{day} {name[:3]}")
+    words: tuple[str, ...] = (f"{name} {day}", f"{day} {name}", f"{name[:3]} {day}")
+    words += (f"{day} {name[:3]}",)
     words += (f"{name} {day}th", f"{day}th {name}", f"{name[:3]} {day}th", f"{day}th {name[:3]}")
-    numbers = (f"2027-{month:02d}-{day:02d}", f"{month:02d}/{day:02d}/2027")
+    numbers: tuple[str, ...] = (f"2027-{month:02d}-{day:02d}", f"{month:02d}/{day:02d}/2027")
     numbers += (f"{day:02d}/{month:02d}/2027", f"2027/{month:02d}/{day:02d}")
     return (*numbers, f"{day:02d}.{month:02d}.2027", *words)
 
