@@ -423,8 +423,11 @@ def proxy_metrics(base: str) -> dict[str, float]:
     for k, v in raw.items():
         if k.startswith("compaction_proxy_summaries_rejected_total{") and v:
             out[k.removeprefix("compaction_proxy_")] = v
+    # The archive's excerpts (absent before it): searches by outcome, excerpts added.
+    out["recalled_excerpts"] = total("compaction_proxy_recalled_excerpts_total")
+    by_label = ("compaction_proxy_compactions_total{", "compaction_proxy_recalls_total{")
     for k, v in raw.items():
-        if k.startswith("compaction_proxy_compactions_total{") and v:
+        if k.startswith(by_label) and v:
             out[k.removeprefix("compaction_proxy_")] = v
     return out
 
