@@ -7,6 +7,7 @@ them, and every kind of fact must come in several wordings, each recalled only b
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import re
 import sys
@@ -138,3 +139,49 @@ def test_a_decision_is_not_recalled_by_its_rejected_option_first() -> None:
     assert fact.recalled("NATS, not RabbitMQ")
     assert not fact.recalled("RabbitMQ")
     assert not fact.recalled("RabbitMQ (NATS was the other option)")
+
+
+def test_a_proxy_variant_is_its_own_mode_on_top_of_the_shared_settings() -> None:
+    run = _load("run")
+    args = argparse.Namespace(
+        reply_tokens=48,
+        proxy_set=["compaction.summary_timeout_s=180", "model.precompact=false"],
+        proxy_config_extra=["compaction: {recall_max_excerpts: 3}\nstore: {url: 'memory://'}"],
+        proxy_variant=["no-recall:compaction.recall=false,compaction.recall_min_score=1.5"],
+    )
+    on = run.proxy_config(args, 4096, "http://127.0.0.1:9", "proxy")
+    off = run.proxy_config(args, 4096, "http://127.0.0.1:9", "proxy-no-recall")
+    assert on["compaction"] == {"recall_max_excerpts": 3, "summary_timeout_s": 180}
+    assert off["compaction"] == {**on["compaction"], "recall": False, "recall_min_score": 1.5}
+    assert on["models"][0]["precompact"] is False
+    assert on["upstream"]["base_url"] == "http://127.0.0.1:9/v1"
+    with pytest.raises(SystemExit):
+        run.variants(["No Label:compaction.recall=false"])
+
+
+def test_the_kind_table_counts_each_kind_over_the_seeds_and_the_held_out_ones() -> None:
+    run = _load("run")
+    rows = []
+    for mode, p50 in (("direct", 2.0), ("proxy", 3.0)):
+        for seed in (1, 2, 3):
+            facts = scenarios.facts(seed)
+            hits = {f.kind: mode == "proxy" and (f.kind != "date" or seed == 2) for f in facts}
+            rows.append(
+                {
+                    "scenario": "facts",
+                    "model": "0.5b",
+                    "window": 4096,
+                    "mode": mode,
+                    "recalled": sum(hits.values()),
+                    "asked": 8,
+                    "p50_s": p50,
+                    "per_kind": hits,
+                    "held_out": [f.kind for f in facts if f.held_out],
+                }
+            )
+    lines = run.kind_table(rows).splitlines()
+    assert lines[0].split(" | ")[6:14] == list(phrasings.KINDS)
+    proxy = lines[3].split(" | ")
+    assert proxy[3:6] == ["proxy", "3", "7/8"]
+    assert proxy[6:8] == ["3/3", "1/3"]  # person in every seed, the date in one
+    assert proxy[-2:] == ["4/5", "1.5x |"]  # seed 3's held-out date missed
