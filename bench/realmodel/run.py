@@ -13,18 +13,25 @@ SDK:
 - ``trim``: a client that drops its oldest turns (whole user-led groups) once the view
   passes 90% of the window, down to 60%: the leanest correct alternative to the proxy;
 - ``proxy``: through ``python -m proxy serve`` with a generated config (the window in
-  ``models``, the compaction settings given by ``--proxy-set``).
+  ``models``, the compaction settings given by ``--proxy-set`` and
+  ``--proxy-config-extra``);
+- ``proxy-LABEL``: the same with ``--proxy-variant LABEL:KEY=VALUE,...`` on top (e.g.
+  ``--proxy-variant no-recall:compaction.recall=false``), played after ``proxy`` against
+  the same seeds, so two configurations compare in one invocation.
 
-Scenarios: ``facts`` (8 planted facts, filler chat to ``--fill`` times the window, one
-question per fact) and ``agent`` (scripted tool calls whose outputs carry ``KEY = VALUE``
-values, bulky build/test outputs to ``--fill`` times the window, one question per value;
-the bench writes the assistant's tool calls into the history as a client replays them and
-asks the model only for its reply after the tool results and for the answers).
+Scenarios: ``facts`` (8 planted facts, one per kind, each in one of several phrasings
+picked by seed, ``phrasings.py``; filler chat to ``--fill`` times the window; one question
+per fact, also in wordings picked by seed) and ``agent`` (scripted tool calls whose
+outputs carry ``KEY = VALUE`` values, bulky build/test outputs to ``--fill`` times the
+window, one question per value; the bench writes the assistant's tool calls into the
+history as a client replays them and asks the model only for its reply after the tool
+results and for the answers).
 
 Every process it starts is stopped by PID when it ends; every run is bounded by
 ``--run-seconds`` (the filler is cut short past it; the questions are always asked) and
 every request by ``--request-timeout``. Writes one JSON per invocation to
-``bench/realmodel/results/`` and prints a markdown table of medians over replicates.
+``bench/realmodel/results/`` and prints two markdown tables: medians over replicates per
+mode, and recall per kind of fact per mode (with the held-out phrasings' share).
 """
 
 from __future__ import annotations
@@ -51,8 +58,10 @@ from typing import Any
 
 import httpx
 import openai
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import phrasings
 import scenarios
 
 HERE = Path(__file__).resolve().parent
@@ -148,7 +157,39 @@ def _yaml_value(text: str) -> Any:
         return text
 
 
-def proxy_config(args: argparse.Namespace, window: int, upstream: str) -> dict[str, Any]:
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra`` over ``base``, mappings merged key by key (lists and scalars replaced)."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def config_extra(text: str) -> dict[str, Any]:
+    """``--proxy-config-extra``: a YAML mapping, inline or ``@path`` to a file."""
+    loaded = yaml.safe_load(Path(text[1:]).read_text() if text.startswith("@") else text)
+    if not isinstance(loaded, dict):
+        raise SystemExit(f"--proxy-config-extra must be a YAML mapping, not {text!r}")
+    return loaded
+
+
+def variants(specs: Sequence[str]) -> dict[str, list[str]]:
+    """``--proxy-variant LABEL:KEY=VALUE,KEY=VALUE``: mode ``proxy-LABEL``, its settings."""
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        label, _, settings = spec.partition(":")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", label) or "=" not in settings:
+            raise SystemExit(f"--proxy-variant wants LABEL:KEY=VALUE[,KEY=VALUE], not {spec!r}")
+        out[f"proxy-{label}"] = [item for item in settings.split(",") if item]
+    return out
+
+
+def proxy_config(
+    args: argparse.Namespace, window: int, upstream: str, mode: str = "proxy"
+) -> dict[str, Any]:
     config: dict[str, Any] = {
         "upstream": {"base_url": f"{upstream}/v1", "api_key": "", "timeout_s": 600},
         "store": {"url": "memory://"},
@@ -161,13 +202,18 @@ def proxy_config(args: argparse.Namespace, window: int, upstream: str) -> dict[s
         ],
         "compaction": {},
     }
-    for item in args.proxy_set:
+    for extra in args.proxy_config_extra:
+        config = merge(config, config_extra(extra))
+    for item in [*args.proxy_set, *variants(args.proxy_variant).get(mode, [])]:
         key, _, value = item.partition("=")
         section, _, name = key.rpartition(".")
         if section == "model":  # the bench model's own entry: model.precompact=false
             config["models"][0][name] = _yaml_value(value)
             continue
-        config.setdefault(section or "compaction", {})[name] = _yaml_value(value)
+        node = config
+        for part in (section or "compaction").split("."):  # compaction.recall.x=1 nests
+            node = node.setdefault(part, {})
+        node[name] = _yaml_value(value)
     return config
 
 
@@ -191,11 +237,13 @@ def proxy_log(path: Path) -> dict[str, Any]:
 
 
 @contextmanager
-def proxy(args: argparse.Namespace, window: int, upstream: str, workdir: Path) -> Iterator[str]:
+def proxy(
+    args: argparse.Namespace, window: int, upstream: str, workdir: Path, mode: str
+) -> Iterator[str]:
     port = free_port()
     path = workdir / f"proxy-{window}-{port}.yaml"
     # JSON is YAML: no YAML writer needed.
-    path.write_text(json.dumps(proxy_config(args, window, upstream), indent=2))
+    path.write_text(json.dumps(proxy_config(args, window, upstream, mode), indent=2))
     cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(path)]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     base = f"http://127.0.0.1:{port}"
@@ -277,6 +325,7 @@ class Turn:
     completion_tokens: int = 0
     summary_calls: int = 0  # proxy summaries finished during this turn (from /metrics)
     summary_seconds: float = 0.0
+    excerpts: int = 0  # X-Compaction-Recalled (proxy): archived excerpts added to the view
     answer: str = ""
     recalled: bool | None = None
 
@@ -296,6 +345,7 @@ class Run:
     seconds: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
     recall_detail: dict[str, bool] = field(default_factory=dict)
+    phrasings: dict[str, str] = field(default_factory=dict)  # kind: "date/3", ".../held-out/0"
     server: dict[str, float] = field(default_factory=dict)  # llama-server /metrics deltas
     session: dict[str, Any] = field(default_factory=dict)  # GET /sessions/{id} at the end
     proxy_log: dict[str, Any] = field(default_factory=dict)  # outcomes and warnings
@@ -314,6 +364,9 @@ class Run:
             "first_error_turn": self.first_error_turn,
             "asked": self.asked,
             "recalled": self.recalled,
+            "per_kind": dict(self.recall_detail),
+            "held_out": sorted(k for k, p in self.phrasings.items() if "/held-out/" in p),
+            "excerpt_turns": sum(1 for t in self.turns if t.excerpts),
             "p50_s": percentile(secs, 0.5),
             "p95_s": percentile(secs, 0.95),
             "tokens_sent": sum(t.prompt_tokens for t in self.turns),
@@ -370,8 +423,11 @@ def proxy_metrics(base: str) -> dict[str, float]:
     for k, v in raw.items():
         if k.startswith("compaction_proxy_summaries_rejected_total{") and v:
             out[k.removeprefix("compaction_proxy_")] = v
+    # The archive's excerpts (absent before it): searches by outcome, excerpts added.
+    out["recalled_excerpts"] = total("compaction_proxy_recalled_excerpts_total")
+    by_label = ("compaction_proxy_compactions_total{", "compaction_proxy_recalls_total{")
     for k, v in raw.items():
-        if k.startswith("compaction_proxy_compactions_total{") and v:
+        if k.startswith(by_label) and v:
             out[k.removeprefix("compaction_proxy_")] = v
     return out
 
@@ -460,6 +516,7 @@ def play(
     system = scenarios.AGENT_SYSTEM_PROMPT if tools else scenarios.SYSTEM_PROMPT
     make = agent_script if scenario == "agent" else facts_script
     steps = make(seed, window, args.fill, args.reply_tokens, counter.text_tokens)
+    is_proxy = mode.startswith("proxy")
     if mode == "control":
         steps = [s for s in steps if s.phase != "filler"]
     session = f"rb-{scenario}-{window}-{seed}-{time.time_ns()}"
@@ -476,7 +533,7 @@ def play(
 
     history: list[dict[str, Any]] = [{"role": "system", "content": system}]
     start = 0  # the trimming client's first kept message (after the system prompt)
-    before = proxy_metrics(target) if mode == "proxy" else {}
+    before = proxy_metrics(target) if is_proxy else {}
     server_before = server_counters(server)
     last = dict(before)
     began = time.monotonic()
@@ -492,7 +549,7 @@ def play(
         if mode == "trim":
             view, start = trim_view(history, start, step.max_tokens, count_view, window)
         turn = send(client, view, step, tools, len(run.turns) + 1, seed)
-        if mode == "proxy":
+        if is_proxy:
             time.sleep(SETTLE_S)
             now = proxy_metrics(target)
             turn.summary_calls = int(now["summaries"] - last["summaries"])
@@ -503,7 +560,11 @@ def play(
             run.asked += 1
             turn.recalled = turn.ok and step.check.recalled(turn.answer)
             run.recalled += int(bool(turn.recalled))
-            key = step.check.kind if isinstance(step.check, scenarios.Fact) else step.check.key
+            if isinstance(step.check, scenarios.Fact):
+                key = step.check.kind
+                run.phrasings[key] = step.check.phrasing
+            else:
+                key = step.check.key
             run.recall_detail[key] = bool(turn.recalled)
         if turn.ok:
             history.append({"role": "assistant", "content": turn.answer})
@@ -521,7 +582,7 @@ def play(
                 flush=True,
             )
     run.seconds = time.monotonic() - began
-    if mode == "proxy":
+    if is_proxy:
         time.sleep(1)  # a background summary started by the last turn is counted
         for _ in range(int(args.request_timeout)):
             if not proxy_metrics(target).get("precompactions_running"):
@@ -579,6 +640,7 @@ def send(
         degraded=headers.get("x-compaction-degraded", ""),
         version=int(headers.get("x-compaction-version", "0") or 0),
         context_tokens=int(headers.get("x-context-tokens", "0") or 0),
+        excerpts=int(headers.get("x-compaction-recalled", "0") or 0),
         prompt_tokens=usage.prompt_tokens if usage else 0,
         processed_tokens=int(timings.get("prompt_n", 0)),
         completion_tokens=usage.completion_tokens if usage else 0,
@@ -587,6 +649,59 @@ def send(
 
 
 # -- the report ----------------------------------------------------------------------------
+
+
+def mode_order(mode: str) -> tuple[int, str]:
+    """Table order: control, direct, trim, proxy, then the proxy variants by label."""
+    return (MODES.index(mode) if mode in MODES else len(MODES), mode)
+
+
+def kind_table(rows: list[dict[str, Any]]) -> str:
+    """Recall per kind of fact (or tool value) per mode: in how many of the runs it came back.
+
+    ``held-out`` counts the facts planted in a held-out phrasing (``phrasings.HELD_OUT``)
+    over all runs of the row: recalled of asked.
+    """
+    groups: dict[tuple[str, str, int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        key = (row["scenario"], row["model"], row["window"], row["mode"])
+        groups.setdefault(key, []).append(row)
+    out: list[str] = []
+    for scenario in sorted({k[0] for k in groups}):
+        keys = [k for k in groups if k[0] == scenario]
+        kinds: list[str] = []
+        for k in keys:
+            for row in groups[k]:
+                kinds += [kind for kind in row.get("per_kind", {}) if kind not in kinds]
+        if scenario == "facts":
+            kinds.sort(key=phrasings.KINDS.index)
+        head = "| scenario | model | window | mode | reps | recalled (median) | "
+        head += " | ".join(kinds) + " | held-out | p50 vs direct |"
+        out += [head, "|" + "---|" * (len(kinds) + 8)]
+        for key in sorted(keys, key=lambda k: (k[1], k[2], mode_order(k[3]))):
+            items = groups[key]
+            cells = []
+            for kind in kinds:
+                seen = [r["per_kind"][kind] for r in items if kind in r.get("per_kind", {})]
+                cells.append(f"{sum(seen)}/{len(seen)}" if seen else "-")
+            held_asked = sum(len(r.get("held_out", [])) for r in items)
+            held_hit = sum(
+                sum(1 for kind in r.get("held_out", []) if r["per_kind"].get(kind)) for r in items
+            )
+            held = f"{held_hit}/{held_asked}" if held_asked else "-"
+            recalled = statistics.median(r["recalled"] for r in items)
+            asked = statistics.median(r["asked"] for r in items)
+            direct = groups.get((key[0], key[1], key[2], "direct"))
+            ratio = "-"
+            mine = statistics.median(r["p50_s"] for r in items)
+            if direct and (base := statistics.median(r["p50_s"] for r in direct)):
+                ratio = f"{mine / base:.1f}x"
+            out.append(
+                f"| {scenario} | {key[1]} | {key[2]} | {key[3]} | {len(items)} "
+                f"| {recalled:g}/{asked:g} | " + " | ".join(cells) + f" | {held} | {ratio} |"
+            )
+        out.append("")
+    return "\n".join(out).rstrip()
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -606,7 +721,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| tokens sent | tokens processed | server prompt tokens |",
         "|" + "---|" * 17,
     ]
-    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], MODES.index(k[3]))):
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], mode_order(k[3]))):
         items = groups[key]
         direct = groups.get((key[0], key[1], key[2], "direct"))
         ratio = "-"
@@ -631,7 +746,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="0.5b", choices=["0.5b", "1.5b", "135m"])
     parser.add_argument("--scenario", default="facts", help="facts, agent or facts,agent")
     parser.add_argument("--windows", default="4096", help="comma-separated, e.g. 2048,4096")
-    parser.add_argument("--modes", default="direct,trim,proxy", help=f"any of {MODES}")
+    parser.add_argument(
+        "--modes",
+        default="direct,trim,proxy",
+        help=f"any of {MODES}; the --proxy-variant modes are added after them",
+    )
     parser.add_argument("--replicates", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1, help="first seed; replicates add 1")
     parser.add_argument("--fill", type=float, default=3.0, help="filler, in windows")
@@ -648,6 +767,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="proxy config: compaction.summary_timeout_s=90 (section defaults to "
         "compaction; model.KEY sets the bench model's entry: model.precompact=false)",
     )
+    parser.add_argument(
+        "--proxy-config-extra",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="a YAML mapping (or @file) merged into every proxy mode's generated config, "
+        "before --proxy-set: 'compaction: {recall: false}'",
+    )
+    parser.add_argument(
+        "--proxy-variant",
+        action="append",
+        default=[],
+        metavar="LABEL:KEY=VALUE,...",
+        help="one more mode, proxy-LABEL: the proxy with these --proxy-set settings on top "
+        "(no-recall:compaction.recall=false)",
+    )
     parser.add_argument("--server-bin", type=Path, help="default: setup.sh's cache")
     parser.add_argument("--model-path", type=Path, help="default: setup.sh's cache")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -662,8 +797,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not need.exists():
             raise SystemExit(f"{need} is missing: run bench/realmodel/setup.sh all")
     modes = [m for m in args.modes.split(",") if m]
-    if bad := [m for m in modes if m not in MODES]:
+    extra_modes = variants(args.proxy_variant)
+    if bad := [m for m in modes if m not in MODES and m not in extra_modes]:
         raise SystemExit(f"unknown modes {bad}")
+    modes += [m for m in extra_modes if m not in modes]
+    for extra in args.proxy_config_extra:
+        config_extra(extra)  # a typo fails now, not after the first runs
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     workdir = args.out / f"run-{stamp}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -684,6 +823,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seconds": round(time.monotonic() - started),
             "rows": rows,
             "table": table(rows),
+            "kind_table": kind_table(rows),
             "runs": runs,
         }
         out.write_text(json.dumps(document, indent=1))
@@ -696,8 +836,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     seed = args.seed + rep
                     for mode in modes:
                         print(f"{scenario} {args.model} {window} {mode} seed {seed}", flush=True)
-                        if mode == "proxy":
-                            with proxy(args, window, server, workdir) as target:
+                        if mode.startswith("proxy"):
+                            with proxy(args, window, server, workdir, mode) as target:
                                 run = play(
                                     args, scenario, mode, window, seed, server, target, counter
                                 )
@@ -720,6 +860,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             counter.close()
     print()
     print(table(rows))
+    print()
+    print(kind_table(rows))
     print(f"\nwrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return 0
 

