@@ -2,10 +2,11 @@
 
 ``handle`` is the table of contents for every API the proxy compacts: read and parse,
 model, ``compacted_view`` (count, session, snapshot, plan, summarize under the session's
-lock, rebuild), then ``forward``: send, ``recover_overflow``, the usage watcher and, past
-the soft threshold, a background compaction once the answer is out (precompact.py). Each
-step is one call into the module named for it (DESIGN.md numbers them). What differs
-between APIs is an ``Api`` value (upstream/api.py) from each API's module under routes/.
+lock, rebuild, recall excerpts of the archived originals), then ``forward``: send,
+``recover_overflow``, the usage watcher and, past the soft threshold, a background
+compaction once the answer is out (precompact.py). Each step is one call into the module
+named for it (DESIGN.md numbers them). What differs between APIs is an ``Api`` value
+(upstream/api.py) from each API's module under routes/.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from proxy.compaction.shadow import shadow_outcome
 from proxy.compaction.snapshots import load_session
 from proxy.core.budget import Budget
 from proxy.core.digest import tenant_seed
+from proxy.core.history import History
 from proxy.core.ledger import find_cached_tokens
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
 from proxy.core.session import (
+    SessionKey,
     session_name,
     slot_count,
     tenant_from_headers,
@@ -143,13 +146,25 @@ async def compacted_view(
 async def _compacted(
     services: Services, turn: Turn, force: bool, recover: bool
 ) -> tuple[Outcome, tuple[FollowUp, ...]]:
-    """``compacted_view`` once ``far_below`` has said no."""
+    """``compacted_view`` once ``far_below`` has said no: steps 3-8, then recall."""
+    c = turn.compaction(services.settings.compaction)
+    reserve = output_reserve(turn.chat, turn.model.max_output_tokens)
+    counter = services.counters[turn.model.tokenizer]
+    history = await count_history(counter, turn, c, tenant_seed(turn.tenant))  # 5. count
+    key = await session_of(turn, history.messages)  # 3.
+    outcome, later = await _planned(services, turn, force, recover, history, key)
+    # 8b. recall: what the newest turn is about, from the archive of originals, verbatim
+    outcome = await services.recall.excerpts(key, history, outcome, c, counter, reserve)
+    return outcome, later
+
+
+async def _planned(
+    services: Services, turn: Turn, force: bool, recover: bool, history: History, key: SessionKey
+) -> tuple[Outcome, tuple[FollowUp, ...]]:
+    """Steps 4, 6-8 for ``history``, counted, of the session ``key``."""
     c = turn.compaction(services.settings.compaction)
     model = turn.model
     reserve = output_reserve(turn.chat, model.max_output_tokens)
-    counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
-    history = await count_history(counter, turn, c, seed)  # 5. count
-    key = await session_of(turn, history.messages)  # 3.
     slots, misses = slot_count(key, services.settings.session), services.metrics.slot_misses
     key, loaded = await load_session(  # 4. snapshot
         services.store, key, history, slots, lambda outcome: misses.labels(outcome=outcome).inc()

@@ -18,6 +18,7 @@ from proxy.compaction.compact import Compactor
 from proxy.compaction.held import HeldCuts
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
+from proxy.compaction.recall import Recall
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.config import Settings
@@ -60,6 +61,7 @@ class Services:
     ledger: Ledger  # does compaction pay: per session and tenant (this process), and series
     policies: TenantPolicies  # `tenants:` in force, swapped by a reload (serve/reload.py)
     tenant_series: TenantSeries  # caps hit, config reloads
+    recall: Recall  # excerpts of the archived originals (compaction/recall.py)
     held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
     loop: asyncio.AbstractEventLoop | None = None  # the one it was built in and serves on
 
@@ -147,6 +149,7 @@ async def build_services(settings: Settings) -> Services:
             ledger=Ledger(metrics.registry, settings.pricing),
             policies=TenantPolicies(settings),
             tenant_series=tenant_series,
+            recall=Recall(store, metrics),
             loop=asyncio.get_running_loop(),
         )
         opened.pop_all()  # built: from here on, closing is Services.aclose's

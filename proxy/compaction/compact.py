@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from proxy.compaction.archive import archive_span
 from proxy.compaction.backoff import SummaryBackoff
 from proxy.compaction.caps import TenantCaps, trimmed_at_trigger
 from proxy.compaction.fold import Folder
@@ -40,7 +41,7 @@ from proxy.core.view import fits, view_tokens
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import current_record
-from proxy.store import LockStore, Snapshots
+from proxy.store import Archive, LockStore, Snapshots
 from proxy.upstream.client import Upstream
 
 log = logging.getLogger("proxy.compaction")
@@ -48,8 +49,9 @@ log = logging.getLogger("proxy.compaction")
 _POLL_S = 0.05
 
 
-class CompactionStore(Snapshots, LockStore, Protocol):
-    """What compaction needs of a store: snapshots, and the lock around summarizing."""
+class CompactionStore(Snapshots, LockStore, Archive, Protocol):
+    """What compaction needs of a store: snapshots, the lock around summarizing, and the
+    archive of the originals a new snapshot covers."""
 
 
 @dataclass(slots=True)
@@ -239,6 +241,10 @@ class Compactor:
         replaces as a rewind point, and show the history under it."""
         self.idle.succeeded(job.key)
         slots = slot_count(job.key, self.settings.session)
+        # The originals it newly covers first: a replica that reads it finds them archived.
+        await archive_span(
+            self.store, self.metrics, job, loaded.view(job.history.pinned), plan.view
+        )
         if await self.store.save(job.key, new):
             if loaded.stored is not None and slots > 1:
                 await keep_rewind_point(self.store, job.key, loaded.stored, slots)

@@ -69,6 +69,11 @@ class Metrics:
     failed_summary_seconds: Counter
     sent_during_summary: Counter
     slot_misses: Counter
+    archive_writes: Counter  # the archive of originals (compaction/archive.py, recall.py)
+    archived_messages: Counter
+    archive_dropped_bytes: Counter
+    recalls: Counter
+    recalled_excerpts: Counter
     process: ProcessSeries  # process_*, build info, requests in flight: process_metrics.py
 
     @classmethod
@@ -294,6 +299,38 @@ class Metrics:
                 ["outcome"],
                 registry=r,
             ),
+            archive_writes=Counter(
+                "compaction_proxy_archive_writes",
+                "Compactions' writes of the originals they newly cover to the archive, by "
+                "outcome (archived, failed: the turn was served without them archived)",
+                ["outcome"],
+                registry=r,
+            ),
+            archived_messages=Counter(
+                "compaction_proxy_archived_messages",
+                "Messages written to the archive of originals",
+                registry=r,
+            ),
+            archive_dropped_bytes=Counter(
+                "compaction_proxy_archive_dropped_bytes",
+                "Bytes of archived originals dropped, oldest first, to keep within a bound "
+                "(session: store.archive_max_session_bytes; tenant: archive_max_tenant_bytes)",
+                ["bound"],
+                registry=r,
+            ),
+            recalls=Counter(
+                "compaction_proxy_recalls",
+                "Compacted views searched for excerpts of archived originals, by outcome "
+                "(recalled: excerpts added; none: nothing relevant; no_room: relevant but "
+                "no room in the window or no newest user message after the summary)",
+                ["outcome"],
+                registry=r,
+            ),
+            recalled_excerpts=Counter(
+                "compaction_proxy_recalled_excerpts",
+                "Excerpts of archived originals put before the newest user message",
+                registry=r,
+            ),
         )
 
     def __post_init__(self) -> None:
@@ -315,6 +352,9 @@ class Metrics:
             (self.summaries_rejected, "reason", REJECTIONS),
             (self.degraded_requests, "reason", DEGRADED_REASONS),
             (self.slot_misses, "outcome", ("free", "evicted")),
+            (self.archive_writes, "outcome", ("archived", "failed")),
+            (self.archive_dropped_bytes, "bound", ("session", "tenant")),
+            (self.recalls, "outcome", ("recalled", "none", "no_room")),
         )
         for metric, label, values in closed:
             for value in values:

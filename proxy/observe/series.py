@@ -41,6 +41,8 @@ STORE_OPERATIONS = (
     "load_seen",
     "remember_items",
     "recall_items",
+    "archive",
+    "load_archive",
     "probe",  # /readyz's write when none was seen lately (store/resilient.py)
 )
 # What a failed store operation met (store/failures.py): a redirect to another cluster

@@ -2,7 +2,8 @@
 ``core/snapshot.py``'s).
 
 A store keeps, per ``SessionKey``, one ``Snapshot``, the session's latest
-``Sighting`` and a short-lived summarization lock, and learned context
+``Sighting``, the ``Archive`` of the originals its snapshots replaced, and a short-lived
+summarization lock, and learned context
 windows under plain string keys. The protocols are split by concern
 (``Snapshots``, ``Sightings``, ``LockStore``, ``WindowStore``); callers
 take the narrowest one they need, and ``Store`` combines them. The output items
@@ -23,8 +24,10 @@ from proxy.config import Settings
 from proxy.core.snapshot import Snapshot as Snapshot  # re-exported: the value stores keep
 
 if TYPE_CHECKING:
+    from proxy.core.passages import Original
     from proxy.core.session import SessionKey
     from proxy.observe.metrics import Metrics
+    from proxy.store.archive import Dropped
     from proxy.store.health import Health
 
 
@@ -106,7 +109,21 @@ class ItemStore(Protocol):
         ...
 
 
-class Remote(Snapshots, Sightings, LockStore, WindowStore, Protocol):
+class Archive(Protocol):
+    """The originals of what a session's snapshots summarized or elided, verbatim, in the
+    order archived; kept and removed with the session's snapshot (``Snapshots.delete``),
+    bounded per session and per tenant, oldest first (``store/archive.py``)."""
+
+    async def archive(self, key: SessionKey, originals: Sequence[Original]) -> Dropped:
+        """Append ``originals`` to ``key``'s archive; what the bounds dropped for it."""
+        ...
+
+    async def load_archive(self, key: SessionKey) -> list[Original]:
+        """``key``'s archive, oldest first (empty: none, or expired)."""
+        ...
+
+
+class Remote(Snapshots, Sightings, LockStore, WindowStore, Archive, Protocol):
     """What a shared store does (``RedisStore``), which ``ResilientStore`` wraps."""
 
     async def ping(self) -> bool: ...
@@ -143,10 +160,15 @@ def build_store(settings: Settings, metrics: Metrics) -> Store:
     from proxy.store.memory import MemoryStore
 
     url = settings.store.url
+    archive_bounds = (
+        settings.store.archive_max_session_bytes,
+        settings.store.archive_max_tenant_bytes,
+    )
     local = MemoryStore(
         ttl_s=settings.store.ttl_s,
         max_sessions=settings.store.max_sessions,
         max_per_tenant=settings.store.max_sessions_per_tenant,
+        archive_bounds=archive_bounds,
     )
     if url.startswith("memory://"):
         return local
@@ -160,6 +182,7 @@ def build_store(settings: Settings, metrics: Metrics) -> Store:
             prefix=settings.store.prefix,
             encryption_keys=[k.get_secret_value() for k in settings.store.encryption_keys],
             require_encryption=settings.store.require_encryption,
+            archive_bounds=archive_bounds,
         ),
         metrics=metrics,
     )

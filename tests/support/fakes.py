@@ -36,6 +36,7 @@ from proxy.compaction.caps import TenantCaps
 from proxy.compaction.compact import Compactor
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
+from proxy.compaction.recall import Recall
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.compaction.summarize import PURPOSE_HEADER
@@ -343,6 +344,7 @@ def make_services(
         ledger=Ledger(metrics.registry, settings.pricing),
         policies=TenantPolicies(settings),
         tenant_series=series,
+        recall=Recall(store, metrics),
     )
 
 
