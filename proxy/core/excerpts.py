@@ -33,6 +33,9 @@ EXCERPTS_ACKNOWLEDGEMENT = "Noted: the excerpts above are quoted from earlier in
 FRAME_TOKENS = 90
 EXCERPT_HEAD_TOKENS = 14  # one excerpt's header line
 _TOOL_UNSAFE = re.compile(r"[^\w.-]")
+# A hit scoring under this share of the best one matched the turn's incidental words
+# (a "quick" in filler), not what it is about.
+RELATIVE_FLOOR = 0.4
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +47,16 @@ class Hit:
 
 
 def choose_excerpts(hits: Sequence[Hit], floor: float, budget: int, limit: int) -> list[Passage]:
-    """The passages to quote: of ``hits`` (best first) those scoring at least ``floor``,
-    at most ``limit``, each taken while the block stays within ``budget`` tokens (one
-    too big is skipped, a smaller one after it may still fit), in conversation order."""
+    """The passages to quote: of ``hits`` (best first) those scoring at least ``floor``
+    and ``RELATIVE_FLOOR`` of the best, at most ``limit``, each taken while the block
+    stays within ``budget`` tokens (one too big is skipped, a smaller one after it may
+    still fit), in conversation order."""
     room = budget - FRAME_TOKENS
     chosen: list[Passage] = []
+    if hits:
+        floor = max(floor, hits[0].score * RELATIVE_FLOOR)
     for hit in hits:
-        if len(chosen) >= limit:
-            break
-        if hit.score < floor:
+        if len(chosen) >= limit or hit.score < floor:
             break  # best first: the rest score lower
         cost = hit.passage.tokens + EXCERPT_HEAD_TOKENS
         if cost <= room:
