@@ -4,7 +4,9 @@ time on a 100k-token session's archive, for each candidate installed.
     python bench/recall_index.py [--tokens 100000] [--repeat 200]
 
 Candidates: the project's own BM25 (proxy/core/ranking.py), tantivy, bm25s, rank-bm25;
-one not installed is skipped. Each indexes the same passages (core/passages.py) and
+one not installed is skipped (``pip install tantivy bm25s rank-bm25``: none is a
+dependency). The figures here are each query alone, caches warm; what a query costs
+inside a warm turn is ``warm_profile.py --recall both``'s. Each indexes the same passages (core/passages.py) and
 answers the same questions; the figures are medians over ``--repeat`` queries. Results
 and the choice: bench/README.md, "Recall index".
 """
@@ -12,44 +14,14 @@ and the choice: bench/README.md, "Recall index".
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from proxy.core.passages import Original, Passage, passages_of
 from proxy.core.ranking import Ranking, query_terms, terms
 from proxy.simulator.replies import filler_words
-
-
-class OwnBM25:
-    """The candidate of our own: BM25 in pure Python, postings per term, added to."""
-
-    def __init__(self) -> None:
-        self.postings: dict[str, list[tuple[int, int]]] = {}
-        self.lengths: list[int] = []
-
-    def add(self, documents: list[str]) -> None:
-        for text in documents:
-            doc = len(self.lengths)
-            counts = Counter(terms(text))
-            for term, tf in counts.items():
-                self.postings.setdefault(term, []).append((doc, tf))
-            self.lengths.append(sum(counts.values()))
-
-    def search(self, query: list[str], limit: int) -> list[tuple[float, int]]:
-        n, lengths = len(self.lengths), self.lengths
-        average = sum(lengths) / n
-        scores: dict[int, float] = {}
-        for term in query:
-            postings = self.postings.get(term, [])
-            idf = math.log(1 + (n - len(postings) + 0.5) / (len(postings) + 0.5))
-            for doc, tf in postings:
-                norm = 1.2 * (0.25 + 0.75 * lengths[doc] / average)
-                scores[doc] = scores.get(doc, 0.0) + idf * tf * 2.2 / (tf + norm)
-        return sorted(((s, d) for d, s in scores.items()), reverse=True)[:limit]
 
 
 def archive(tokens: int) -> list[Passage]:
@@ -86,29 +58,6 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
         fn()
         samples.append(time.perf_counter() - t)
     return statistics.median(samples) * 1e3
-
-
-def own(ps: list[Passage], extra: list[Passage], repeat: int) -> tuple[float, float, float]:
-    def build() -> OwnBM25:
-        r = OwnBM25()
-        r.add([p.text for p in ps])
-        return r
-
-    built = timed(build, 5)
-    r = build()
-    qs = iter(QUESTIONS * (repeat // len(QUESTIONS) + 1))
-    query = timed(lambda: r.search(query_terms(next(qs)), 8), repeat)
-
-    def add() -> None:
-        r2 = build()
-        t = time.perf_counter()
-        r2.add([p.text for p in extra])
-        samples.append(time.perf_counter() - t)
-
-    samples: list[float] = []
-    for _ in range(5):
-        add()
-    return built, statistics.median(samples) * 1e3, query
 
 
 def tantivy_(ps: list[Passage], extra: list[Passage], repeat: int) -> tuple[float, float, float]:
@@ -155,7 +104,7 @@ def tantivy_(ps: list[Passage], extra: list[Passage], repeat: int) -> tuple[floa
 
 
 def proxy_(ps: list[Passage], extra: list[Passage], repeat: int) -> tuple[float, float, float]:
-    """tantivy as the proxy uses it (core/ranking.py): the terms above, whitespace-split."""
+    """The proxy's own BM25 (core/ranking.py)."""
 
     def build() -> Ranking:
         r = Ranking()
@@ -216,9 +165,8 @@ def main() -> None:
     print(f"{len(ps)} passages for ~{args.tokens} tokens; add {len(extra)}")
     print(f"{'candidate':<10} {'build ms':>9} {'add ms':>8} {'query ms':>9}")
     for name, run in (
-        ("own", own),
+        ("ours", proxy_),
         ("tantivy", tantivy_),
-        ("proxy", proxy_),
         ("bm25s", bm25s_),
         ("rank-bm25", rank_bm25_),
     ):

@@ -66,8 +66,7 @@ _TOP = {
 # reason. May shrink, not grow; issue 22 items 3-5 cut the nine there were.
 ALLOWED: dict[tuple[str, str], str] = {}
 # Core may use these libraries (pure computation) besides the standard library.
-# tantivy: recall's BM25, an index held in memory only (core/ranking.py).
-PURE_LIBRARIES = frozenset({"orjson", "xxhash", "cachetools", "tiktoken", "tantivy"})
+PURE_LIBRARIES = frozenset({"orjson", "xxhash", "cachetools", "tiktoken"})
 # Standard modules that are I/O, clock, processes or the event loop: not for core.
 IMPURE_STDLIB = frozenset(
     {"asyncio", "datetime", "os", "select", "selectors", "signal", "socket", "ssl"}

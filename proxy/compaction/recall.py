@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 
 from proxy.config import CompactionSettings
 from proxy.core.excerpts import (
-    EXCERPTS_ACKNOWLEDGEMENT,
     Hit,
     choose_excerpts,
+    excerpts_tokens,
     newest_user_at,
     render_excerpts,
     with_excerpts,
@@ -45,8 +45,8 @@ from proxy.store import Archive
 # Sessions whose index a replica keeps (least recently recalled out first): some 1-2 MB
 # each at 100k archived tokens.
 SESSIONS = 256
-# Passages added to an index inline (below: off the event loop, in a thread).
-_INLINE_PASSAGES = 8
+# Originals read into an index inline (more: off the event loop, in a thread).
+_INLINE_ORIGINALS = 4
 _STATUSES = frozenset({"snapshot", "compacted", "trimmed"})
 
 
@@ -88,8 +88,8 @@ class Recall:
         newest = _newest_user(history)
         if newest is None:
             return outcome
-        index = await self._index(key, outcome.version)
-        if index is None or not index.passages:
+        index = await self._index(key, outcome.version, counter)
+        if not index.passages:
             return outcome
         query = query_terms(_query_text(history, newest))
         hits = [
@@ -107,21 +107,22 @@ class Recall:
             self._outcomes["no_room"].inc()
             return replace(outcome, recalled=0)
         block = render_excerpts(chosen)
-        tokens = (
-            counter.text(block) + counter.text(EXCERPTS_ACKNOWLEDGEMENT) + 8
-        )  # two messages' overhead
+        tokens = excerpts_tokens(chosen)
         if tokens > room:
             self._outcomes["no_room"].inc()
             return replace(outcome, recalled=0)
         self._outcomes["recalled"].inc()
         self._excerpts.inc(len(chosen))
         messages = with_excerpts(outcome.messages, at, block)
+        recalled = len(chosen)
         return replace(
-            outcome, messages=messages, tokens=outcome.tokens + tokens, recalled=len(chosen)
+            outcome, messages=messages, tokens=outcome.tokens + tokens, recalled=recalled
         )
 
-    async def _index(self, key: SessionKey, version: int) -> _Index | None:
-        """``key``'s index, with what the archive holds up to ``version`` added."""
+    async def _index(self, key: SessionKey, version: int, counter: TokenCounter) -> _Index:
+        """``key``'s index, with what the archive holds up to ``version`` added (its
+        passages sized by ``counter``: the excerpts' cost is known before they are
+        chosen)."""
         index = self._indexes.get(key)
         if index is None:
             index = self._indexes[key] = _Index()
@@ -138,12 +139,10 @@ class Recall:
                 originals = await self._store.load_archive(key)
             except StoreError:
                 return index  # counted by the store; searched as it is, read again next turn
-            new = _new_passages(index, originals)
-            if len(new) > _INLINE_PASSAGES:
-                await asyncio.to_thread(index.ranking.add, [p.text for p in new])
-            elif new:
-                index.ranking.add(p.text for p in new)
-            index.passages.extend(new)
+            if len(originals) > _INLINE_ORIGINALS:
+                await asyncio.to_thread(_add, index, originals, counter)
+            else:
+                _add(index, originals, counter)
             index.version = version
         return index
 
@@ -152,15 +151,18 @@ class Recall:
         self._indexes.pop(key, None)
 
 
-def _new_passages(index: _Index, originals: list[Original]) -> list[Passage]:
-    out: list[Passage] = []
+def _add(index: _Index, originals: list[Original], counter: TokenCounter) -> None:
+    """Index the originals ``index`` has not seen (blocking: splitting, counting, indexing)."""
+    new: list[Passage] = []
     for original in originals:
         seen = hash((original.position, original.role, original.text))
         if seen in index.seen:
-            continue  # archived twice (a lost snapshot race): indexed once
+            continue  # archived twice (a lost snapshot race), or read before: indexed once
         index.seen.add(seen)
-        out.extend(split_passages(original))
-    return out
+        new.extend(split_passages(original, count=counter.text))
+    if new:
+        index.passages.extend(new)  # first: a search alongside finds each one it ranks
+        index.ranking.add(p.text for p in new)
 
 
 def _newest_user(history: History) -> int | None:

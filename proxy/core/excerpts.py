@@ -28,10 +28,11 @@ EXCERPTS_INTRO = (
     "[{marker} end]."
 )
 EXCERPTS_ACKNOWLEDGEMENT = "Noted: the excerpts above are quoted from earlier in this conversation."
-# What the frame costs beside the passages' own text, in tokens: the intro, the end line,
-# the acknowledgement and two messages' overhead (the block is counted exactly after).
-FRAME_TOKENS = 90
-EXCERPT_HEAD_TOKENS = 14  # one excerpt's header line
+# What the frame costs beside the passages' own text, in tokens, at most (any common
+# tokenizer; tests/core/test_excerpts.py counts): the intro, the end line, the
+# acknowledgement and two messages' overhead; and one excerpt's header line.
+FRAME_TOKENS = 110
+EXCERPT_HEAD_TOKENS = 20
 _TOOL_UNSAFE = re.compile(r"[^\w.-]")
 # A hit scoring under this share of the best one matched the turn's incidental words
 # (a "quick" in filler), not what it is about.
@@ -63,6 +64,12 @@ def choose_excerpts(hits: Sequence[Hit], floor: float, budget: int, limit: int) 
             chosen.append(hit.passage)
             room -= cost
     return sorted(chosen, key=lambda p: (p.position, p.part))
+
+
+def excerpts_tokens(passages: Sequence[Passage]) -> int:
+    """What the block quoting ``passages`` and its acknowledgement cost, at most, in the
+    tokens the passages were sized in: no count on the request's path."""
+    return FRAME_TOKENS + sum(p.tokens + EXCERPT_HEAD_TOKENS for p in passages)
 
 
 def render_excerpts(passages: Sequence[Passage]) -> str:

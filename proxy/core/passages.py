@@ -9,7 +9,7 @@ an excerpt can quote alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.core.transcript import span_sources
@@ -57,9 +57,12 @@ def archived_messages(messages: Sequence[ChatMessage], positions: Sequence[int])
     return out
 
 
-def split_passages(original: Original, size: int = PASSAGE_CHARS) -> list[Passage]:
+def split_passages(
+    original: Original, size: int = PASSAGE_CHARS, count: Callable[[str], int] | None = None
+) -> list[Passage]:
     """``original``'s text in consecutive pieces of at most about ``size`` characters, cut
-    at a line or a sentence end, else a space, where one is near; nothing is lost."""
+    at a line or a sentence end, else a space, where one is near; nothing is lost. Each
+    sized by ``count`` (tokens), or estimated at four characters a token."""
     text = original.text.strip()
     if not text:
         return []
@@ -70,14 +73,17 @@ def split_passages(original: Original, size: int = PASSAGE_CHARS) -> list[Passag
         pieces.append(text[start:end].strip())
         start = end
     pieces.append(text[start:].strip())
+    size_of = count or _tokens
     return [
-        Passage(original.position, original.role, original.tool, piece, i, _tokens(piece))
+        Passage(original.position, original.role, original.tool, piece, i, size_of(piece))
         for i, piece in enumerate(p for p in pieces if p)
     ]
 
 
-def passages_of(originals: Iterable[Original]) -> list[Passage]:
-    return [p for o in originals for p in split_passages(o)]
+def passages_of(
+    originals: Iterable[Original], count: Callable[[str], int] | None = None
+) -> list[Passage]:
+    return [p for o in originals for p in split_passages(o, count=count)]
 
 
 def _cut(text: str, start: int, end: int) -> int:
@@ -92,6 +98,5 @@ def _cut(text: str, start: int, end: int) -> int:
 
 
 def _tokens(text: str) -> int:
-    # An excerpt's size before it is counted with the request's tokenizer: ~4 characters a
-    # token for English, rounded up; the rendered block is counted exactly (recall.py).
+    # Without a tokenizer: ~4 characters a token for English, rounded up.
     return len(text) // 4 + 1
