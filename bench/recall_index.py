@@ -5,10 +5,10 @@ time on a 100k-token session's archive, for each candidate installed.
 
 Candidates: the project's own BM25 (proxy/core/ranking.py), tantivy, bm25s, rank-bm25;
 one not installed is skipped (``pip install tantivy bm25s rank-bm25``: none is a
-dependency). The figures here are each query alone, caches warm; what a query costs
-inside a warm turn is ``warm_profile.py --recall both``'s. Each indexes the same passages (core/passages.py) and
-answers the same questions; the figures are medians over ``--repeat`` queries. Results
-and the choice: bench/README.md, "Recall index".
+dependency). Each indexes the same passages (core/passages.py) and answers the same
+questions; the figures are medians over ``--repeat`` queries, each alone, caches warm:
+what a query costs inside a warm turn is ``warm_profile.py --recall both``'s. Results and
+the choice: bench/README.md, "Recall index".
 """
 
 from __future__ import annotations
