@@ -19,9 +19,9 @@ from proxy.core.excerpts import EXCERPTS_ACKNOWLEDGEMENT
 from proxy.core.wording import HANDOFF_INTRO
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
-from tests.support.chat import FILLER, Chat, chat_requests, small_window_settings
+from tests.support.chat import FILLER, WINDOW, Chat, chat_requests, small_window_settings
 from tests.support.metrics import exact_metric, metric
-from tests.support.servers import run_server
+from tests.support.servers import proxy_settings, run_server
 
 TURNS = 200
 QUESTIONS = 30
@@ -156,3 +156,96 @@ def _assert_prefix_stable(requests: list[dict[str, Any]]) -> None:
 def _is_handoff(message: dict[str, Any]) -> bool:
     content = message.get("content")
     return isinstance(content, str) and content.startswith(HANDOFF_INTRO)
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_excerpts_come_back_on_every_api_in_its_own_shape(
+    forgetful_sim: str, start_proxy: Any, api: str
+) -> None:
+    """Chat completions, Messages and Responses: a fact the summary dropped is answered
+    from the excerpt block, which reaches the upstream right before the newest user
+    message, as that API writes a user turn."""
+    from tests.e2e.test_cross_api import Client
+
+    url = start_proxy(settings(forgetful_sim, recall=True))
+    client = Client(url)
+    for n in range(36):
+        fact = f" Remember this one: FACT item_{n}=code{n * 13}x for later." if n % 4 == 0 else ""
+        client.say(api, f"Turn {n}: {FILLER * 3}{fact}")
+    assert any(t.status == "compacted" for t in client.log)
+    assert client.say(api, "What was item_4 again? RECALL item_4") == "item_4=code52x"
+    last = chat_requests(forgetful_sim)[-1]["body"]  # the question's, in its API's shape
+    turns = last["input"] if api == "responses" else last["messages"]
+    assert ("system" in last) == (api == "messages")
+    assert isinstance(turns, list)
+    block, ack, newest = turns[-3:]
+    assert _text_of(block).startswith("Verbatim excerpts")
+    assert "FACT item_4=code52x" in _text_of(block)
+    assert (block["role"], ack["role"], newest["role"]) == ("user", "assistant", "user")
+    assert _text_of(ack) == EXCERPTS_ACKNOWLEDGEMENT
+    assert "RECALL item_4" in _text_of(newest)
+
+
+def _text_of(turn: dict[str, Any]) -> str:
+    content = turn.get("content")
+    if isinstance(content, str):
+        return content
+    assert isinstance(content, list)
+    return "".join(str(part.get("text", "")) for part in content)
+
+
+@pytest.mark.redis
+def test_on_redis_the_archive_is_encrypted_per_tenant_and_deleted_with_the_session(
+    forgetful_sim: str, start_proxy: Any, redis_server: Any
+) -> None:
+    """Through the proxy on a real redis-server with store.encryption_keys: no archived
+    text in any key's raw value; another tenant's session of the same name recalls
+    nothing of it; DELETE /sessions/{id} removes the archive."""
+    import httpx
+    import redis
+    from cryptography.fernet import Fernet
+
+    store = {"url": redis_server.url, "encryption_keys": [Fernet.generate_key().decode()]}
+    model = {"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": 256}
+    compaction = {"summary_max_tokens": 600, "precompact_ratio": None}
+    url = start_proxy(
+        proxy_settings(forgetful_sim, models=[model], compaction=compaction, store=store)
+    )
+    owner = Chat(url, key="sk-tenant-a", session="shared-name")
+    for n in range(30):
+        fact = " Note: FACT vault_code=Zephyr4471 for the record." if n == 2 else ""
+        owner.say(f"Turn {n}: {FILLER}{fact}")
+    assert owner.statuses["compacted"] >= 1
+    assert owner.say("The vault_code? RECALL vault_code") == "vault_code=Zephyr4471"
+    stranger = Chat(url, key="sk-tenant-b", session="shared-name")
+    for n in range(30):
+        stranger.say(f"Turn {n}: {FILLER}")
+    assert stranger.say("The vault_code? RECALL vault_code") == "vault_code=UNKNOWN"
+    raw = redis.Redis.from_url(redis_server.url)
+    try:
+        values = _raw_values(raw)
+        assert values
+        assert not any(b"Zephyr4471" in v or b"careful notes" in v for v in values)
+        assert len(list(raw.scan_iter("cp:arch:*"))) == 2  # one per tenant
+        deleted = httpx.delete(
+            f"{url}/sessions/shared-name", headers={"Authorization": "Bearer sk-tenant-a"}
+        )
+        assert deleted.status_code == 200
+        assert len(list(raw.scan_iter("cp:arch:*"))) == 1  # the other tenant's stays
+    finally:
+        raw.close()
+
+
+def _raw_values(raw: Any) -> list[bytes]:
+    values: list[bytes] = []
+    for name in raw.scan_iter("*"):
+        kind = raw.type(name)
+        if kind == b"list":
+            values += raw.lrange(name, 0, -1)
+        elif kind == b"hash":
+            values += [v for kv in raw.hgetall(name).items() for v in kv]
+        elif kind == b"zset":
+            values += [m for m, _ in raw.zrange(name, 0, -1, withscores=True)]
+        elif kind == b"string":
+            values.append(raw.get(name))
+    return values
