@@ -9,9 +9,9 @@ excerpts right before the newest user message (core/excerpts.py). Nothing releva
 nothing inserted. ``Outcome.recalled`` says how many came back (the response header,
 the request line); ``compaction_proxy_recalls`` counts outcomes.
 
-Each replica keeps the indexes of its ``SESSIONS`` most recently recalled sessions
-(``SessionKey``: the tenant's own; another tenant's key is another index, built from
-that tenant's archive only). An index is read again from the store only when the
+Each replica keeps the indexes of its ``SESSIONS`` most recently recalled sessions, in
+at most ``INDEX_BYTES`` (``SessionKey``: the tenant's own; another tenant's key is another
+index, built from that tenant's archive only). An index is read again from the store only when the
 session's snapshot version moved past the one it was read at, and what is new is added
 to it off the event loop; a warm turn costs one search.
 """
@@ -42,9 +42,12 @@ from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
 from proxy.store import Archive
 
-# Sessions whose index a replica keeps (least recently recalled out first): some 1-2 MB
-# each at 100k archived tokens.
+# Sessions whose index a replica keeps (least recently recalled out first), and their
+# estimated size in all: an index holds ~10 bytes per archived character (its passages'
+# text and their postings: bench/README.md, "Recall index"), ~3 MB at 80k tokens.
 SESSIONS = 256
+INDEX_BYTES = 256 * 1024 * 1024
+_BYTES_PER_CHAR = 10
 # Originals read into an index inline (more: off the event loop, in a thread).
 _INLINE_ORIGINALS = 4
 _STATUSES = frozenset({"snapshot", "compacted", "trimmed"})
@@ -58,13 +61,22 @@ class _Index:
     ranking: Ranking = field(default_factory=Ranking)
     passages: list[Passage] = field(default_factory=list)
     seen: set[int] = field(default_factory=set)  # hashes of the originals indexed
+    size: int = 0  # estimated bytes
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Recall:
-    def __init__(self, store: Archive, metrics: Metrics, sessions: int = SESSIONS) -> None:
+    def __init__(
+        self,
+        store: Archive,
+        metrics: Metrics,
+        sessions: int = SESSIONS,
+        index_bytes: int = INDEX_BYTES,
+    ) -> None:
         self._store = store
         self._sessions = sessions
+        self._index_bytes = index_bytes
+        self._bytes = 0  # of the indexes kept
         self._indexes: OrderedDict[SessionKey, _Index] = OrderedDict()
         self._outcomes = {
             o: metrics.recalls.labels(outcome=o) for o in ("recalled", "none", "no_room")
@@ -127,7 +139,7 @@ class Recall:
         if index is None:
             index = self._indexes[key] = _Index()
             while len(self._indexes) > self._sessions:
-                self._indexes.popitem(last=False)
+                self._bytes -= self._indexes.popitem(last=False)[1].size
         else:
             self._indexes.move_to_end(key)
         if index.version >= version:
@@ -139,16 +151,22 @@ class Recall:
                 originals = await self._store.load_archive(key)
             except StoreError:
                 return index  # counted by the store; searched as it is, read again next turn
+            before = index.size
             if len(originals) > _INLINE_ORIGINALS:
                 await asyncio.to_thread(_add, index, originals, counter)
             else:
                 _add(index, originals, counter)
             index.version = version
+            self._bytes += index.size - before
+            while self._bytes > self._index_bytes and next(iter(self._indexes)) != key:
+                self._bytes -= self._indexes.popitem(last=False)[1].size
         return index
 
     def forget(self, key: SessionKey) -> None:
         """Drop ``key``'s index (its session was deleted)."""
-        self._indexes.pop(key, None)
+        index = self._indexes.pop(key, None)
+        if index is not None:
+            self._bytes -= index.size
 
 
 def _add(index: _Index, originals: list[Original], counter: TokenCounter) -> None:
@@ -163,6 +181,7 @@ def _add(index: _Index, originals: list[Original], counter: TokenCounter) -> Non
     if new:
         index.passages.extend(new)  # first: a search alongside finds each one it ranks
         index.ranking.add(p.text for p in new)
+        index.size += _BYTES_PER_CHAR * sum(len(p.text) for p in new)
 
 
 def _newest_user(history: History) -> int | None:
