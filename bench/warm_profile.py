@@ -171,7 +171,7 @@ def _config(upstream_port: int, window: int, store_url: str, recall: bool) -> Pa
         f'upstream: {{base_url: "http://127.0.0.1:{upstream_port}/v1", api_key: "sk-bench"}}\n'
         f'store: {{url: "{store_url}"}}\n'
         f"default_model: {{context_window: {window}, max_output_tokens: 4096}}\n"
-        f"compaction: {{recall: {str(recall).lower()}}}\n"
+        f"compaction: {{recall_budget_ratio: {0.1 if recall else 0}}}\n"
     )
     return config
 

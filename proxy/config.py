@@ -84,8 +84,7 @@ class ServerSettings(_Section):
 
 class UpstreamSettings(_Section):
     base_url: str = "https://api.openai.com/v1"
-    # Empty: forward the caller's own Authorization header.
-    api_key: SecretStr = SecretStr("")
+    api_key: SecretStr = SecretStr("")  # empty: forward the caller's own Authorization header
     timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
     # The most one upstream call may take from send to its last byte, streams included
@@ -126,10 +125,6 @@ class StoreSettings(_Section):
     encryption_keys: Annotated[list[SecretStr], AfterValidator(config_file.fernet_keys)] = []
     # true: no snapshot read or written in plaintext; a remote store needs encryption_keys.
     require_encryption: bool = False
-    # The originals of what snapshots summarize or elide (store/archive.py), in bytes, the
-    # oldest dropped first: per session, and per tenant over all its sessions.
-    archive_max_session_bytes: int = Field(8 * 1024 * 1024, gt=0)
-    archive_max_tenant_bytes: int = Field(256 * 1024 * 1024, gt=0)
 
     @model_validator(mode="after")
     def _check_url(self) -> StoreSettings:
@@ -207,13 +202,7 @@ class CompactionSettings(_Section):
     # once this many tenants report it, lowered once per learned_window_interval_s, by half at most.
     learned_window_quorum: int = Field(2, ge=1)
     learned_window_interval_s: float = Field(600.0, ge=0)
-    # Verbatim excerpts of the archived originals the newest turn is about, before the
-    # newest user message of a compacted view (compaction/recall.py): at most this share
-    # of the window, this many, each scoring at least recall_min_score (BM25).
-    recall: bool = True
-    recall_budget_ratio: float = Field(0.1, gt=0, le=0.5)
-    recall_max_excerpts: int = Field(6, ge=1, le=64)
-    recall_min_score: float = Field(2.0, ge=0)
+    recall_budget_ratio: float = Field(0.1, ge=0, le=0.5)  # excerpts (recall.py); 0: off
 
     @property
     def effective_mode(self) -> Literal["on", "shadow", "off"]:

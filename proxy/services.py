@@ -31,6 +31,7 @@ from proxy.observe.metrics import Metrics
 from proxy.observe.references import ReferenceMetrics
 from proxy.observe.tenant_series import TenantSeries
 from proxy.store import ItemStore, Store, build_store, refuse_cluster_node
+from proxy.store.archive import build_archive
 from proxy.store.items import build_item_store
 from proxy.store.quota import build_quota
 from proxy.tenants import TenantPolicies
@@ -120,9 +121,11 @@ async def build_services(settings: Settings) -> Services:
         opened.push_async_callback(store.aclose)
         await refuse_cluster_node(settings.store.url)  # an app served without serve()
         tenant_series = TenantSeries(metrics.registry)
+        archive = build_archive(store)  # the originals snapshots replace, beside them
         compactor = Compactor(
             settings=settings,
             store=store,
+            archive=archive,
             counters=counters,
             client=client,
             models=models,
@@ -149,7 +152,7 @@ async def build_services(settings: Settings) -> Services:
             ledger=Ledger(metrics.registry, settings.pricing),
             policies=TenantPolicies(settings),
             tenant_series=tenant_series,
-            recall=Recall(store, metrics),
+            recall=Recall(archive, metrics, settings.compaction, counters),
             loop=asyncio.get_running_loop(),
         )
         opened.pop_all()  # built: from here on, closing is Services.aclose's

@@ -22,12 +22,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from proxy.compaction.archive import archive_span
 from proxy.compaction.backoff import SummaryBackoff
 from proxy.compaction.caps import TenantCaps, trimmed_at_trigger
 from proxy.compaction.fold import Folder
 from proxy.compaction.job import Job
-from proxy.compaction.snapshots import keep_rewind_point, load_snapshot, next_snapshot
+from proxy.compaction.snapshots import archive_span, keep_rewind_point, load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
 from proxy.config import Settings
 from proxy.core.models import ModelTable
@@ -49,9 +48,8 @@ log = logging.getLogger("proxy.compaction")
 _POLL_S = 0.05
 
 
-class CompactionStore(Snapshots, LockStore, Archive, Protocol):
-    """What compaction needs of a store: snapshots, the lock around summarizing, and the
-    archive of the originals a new snapshot covers."""
+class CompactionStore(Snapshots, LockStore, Protocol):
+    """What compaction needs of a store: snapshots, and the lock around summarizing."""
 
 
 @dataclass(slots=True)
@@ -70,6 +68,7 @@ class Compactor:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     caps: TenantCaps | None = None  # tenants' caps on summaries (caps.py); None: none
+    archive: Archive | None = None  # of the originals a new snapshot covers (snapshots.py)
     backoff: SummaryBackoff = field(init=False)  # sessions whose summaries keep failing
     idle: SummaryBackoff = field(init=False)  # sessions whose plans keep saving nothing
     trims: TrimCuts = field(init=False)  # sessions' last trimmed cuts, reused (sticky.py)
@@ -167,9 +166,8 @@ class Compactor:
     def _shown(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """``plan.view`` under ``loaded``'s summary, trimmed if it does not fit."""
         if plan.fits:
-            role = self.settings.compaction.summary_role
-            h, budget = job.history, job.budget
-            return rebuild_outcome(h, plan.view, Handoff.of(loaded, role), budget)
+            handoff = Handoff.of(loaded, self.settings.compaction.summary_role)
+            return rebuild_outcome(job.history, plan.view, handoff, job.budget)
         return self.trims.for_job(job, loaded)
 
     async def _compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
@@ -241,18 +239,14 @@ class Compactor:
         replaces as a rewind point, and show the history under it."""
         self.idle.succeeded(job.key)
         slots = slot_count(job.key, self.settings.session)
-        # The originals it newly covers first: a replica that reads it finds them archived.
-        await archive_span(
-            self.store, self.metrics, job, loaded.view(job.history.pinned), plan.view
-        )
+        await archive_span(self.archive, self.metrics, job, loaded, plan.view)  # first
         if await self.store.save(job.key, new):
             if loaded.stored is not None and slots > 1:
                 await keep_rewind_point(self.store, job.key, loaded.stored, slots)
         else:
             # A concurrent writer got there first; its snapshot is as valid as ours.
             log.info("session=%s snapshot v%d lost a write race", job.key.log_id, new.version)
-        role = self.settings.compaction.summary_role
-        handoff = Handoff(new.summary, new.version, role)
+        handoff = Handoff(new.summary, new.version, self.settings.compaction.summary_role)
         outcome = rebuild_outcome(job.history, plan.view, handoff, job.budget)
         return replace(outcome, status="compacted")
 

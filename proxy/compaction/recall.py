@@ -3,8 +3,8 @@ about from the session's archive of originals (archive.py wrote them), for any m
 
 On a view that carries a summary, the newest user message (and the tool results after
 it, if any) is the query; the session's index (core/ranking.py) ranks the archived
-passages, and the best few above ``compaction.recall_min_score``, within
-``recall_budget_ratio`` of the window and the room the view leaves, go as a block of
+passages, and the best few (``MAX_EXCERPTS``) above ``MIN_SCORE``, within
+``compaction.recall_budget_ratio`` of the window and the room the view leaves, go as a block of
 excerpts right before the newest user message (core/excerpts.py). Nothing relevant:
 nothing inserted. ``Outcome.recalled`` says how many came back (the response header,
 the request line); ``compaction_proxy_recalls`` counts outcomes.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from proxy.config import CompactionSettings
@@ -32,11 +33,11 @@ from proxy.core.excerpts import (
     with_excerpts,
 )
 from proxy.core.history import History
-from proxy.core.outcome import Outcome
+from proxy.core.outcome import Outcome, Turn
 from proxy.core.passages import Original, Passage, split_passages
-from proxy.core.ranking import Ranking, query_terms
-from proxy.core.session import SessionKey
-from proxy.core.tokens import TokenCounter
+from proxy.core.ranking import QUERY_CHARS, Ranking, query_terms
+from proxy.core.session import SessionKey, slot_base
+from proxy.core.tokens import TokenCounter, output_reserve
 from proxy.core.transcript import span_sources
 from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
@@ -51,6 +52,11 @@ _BYTES_PER_CHAR = 10
 # Originals read into an index inline (more: off the event loop, in a thread).
 _INLINE_ORIGINALS = 4
 _STATUSES = frozenset({"snapshot", "compacted", "trimmed"})
+# The most excerpts a block quotes, and the least a passage scores to be one (BM25: about
+# one term rare in the archive; core/excerpts.py also drops those under 0.4 of the best).
+MAX_EXCERPTS = 6
+MIN_SCORE = 2.0
+Counters = Mapping[str, TokenCounter]
 
 
 @dataclass(slots=True)
@@ -67,53 +73,44 @@ class _Index:
 
 class Recall:
     def __init__(
-        self,
-        store: Archive,
-        metrics: Metrics,
-        sessions: int = SESSIONS,
-        index_bytes: int = INDEX_BYTES,
+        self, store: Archive, metrics: Metrics, default: CompactionSettings, counters: Counters
     ) -> None:
         self._store = store
-        self._sessions = sessions
-        self._index_bytes = index_bytes
+        self._default = default  # a turn without a tenant policy compacts with these
+        self._counters = counters  # by tokenizer name
+        self.sessions, self.index_bytes = SESSIONS, INDEX_BYTES
         self._bytes = 0  # of the indexes kept
         self._indexes: OrderedDict[SessionKey, _Index] = OrderedDict()
         self._outcomes = {
-            o: metrics.recalls.labels(outcome=o) for o in ("recalled", "none", "no_room")
+            o: metrics.archive.recalls.labels(outcome=o) for o in ("recalled", "none", "no_room")
         }
-        self._excerpts = metrics.recalled_excerpts
+        self._excerpts = metrics.archive.recalled_excerpts
 
     async def excerpts(
-        self,
-        key: SessionKey,
-        history: History,
-        outcome: Outcome,
-        c: CompactionSettings,
-        counter: TokenCounter,
-        reserve: int,
+        self, turn: Turn, key: SessionKey, history: History, outcome: Outcome
     ) -> Outcome:
         """``outcome`` with excerpts of ``key``'s archive the newest turn is about before
         its newest user message; ``outcome`` itself when it carries no summary's view,
         recall is off or the archive has nothing relevant."""
-        if not c.recall or outcome.messages is None or outcome.status not in _STATUSES:
+        ratio = turn.compaction(self._default).recall_budget_ratio
+        if not ratio or outcome.messages is None or outcome.status not in _STATUSES:
             return outcome
         newest = _newest_user(history)
         if newest is None:
             return outcome
-        index = await self._index(key, outcome.version, counter)
+        index = await self._index(slot_base(key), outcome.version, turn)
         if not index.passages:
             return outcome
         query = query_terms(_query_text(history, newest))
-        hits = [
-            Hit(score, index.passages[doc])
-            for score, doc in index.ranking.search(query, c.recall_max_excerpts * 2)
-        ]
-        if not hits or hits[0].score < c.recall_min_score:
+        found = index.ranking.search(query, MAX_EXCERPTS * 2)
+        hits = [Hit(score, index.passages[doc]) for score, doc in found]
+        if not hits or hits[0].score < MIN_SCORE:
             self._outcomes["none"].inc()
             return replace(outcome, recalled=0)
-        room = outcome.window - reserve - outcome.tokens
-        budget = min(int(outcome.window * c.recall_budget_ratio), room)
-        chosen = choose_excerpts(hits, c.recall_min_score, budget, c.recall_max_excerpts)
+        room = outcome.window - output_reserve(turn.chat, turn.model.max_output_tokens)
+        room -= outcome.tokens
+        budget = min(int(outcome.window * ratio), room)
+        chosen = choose_excerpts(hits, MIN_SCORE, budget, MAX_EXCERPTS)
         at = newest_user_at(outcome.messages, history.messages[newest])
         if not chosen or at is None or at < history.pinned:
             self._outcomes["no_room"].inc()
@@ -131,14 +128,15 @@ class Recall:
             outcome, messages=messages, tokens=outcome.tokens + tokens, recalled=recalled
         )
 
-    async def _index(self, key: SessionKey, version: int, counter: TokenCounter) -> _Index:
+    async def _index(self, key: SessionKey, version: int, turn: Turn) -> _Index:
         """``key``'s index, with what the archive holds up to ``version`` added (its
-        passages sized by ``counter``: the excerpts' cost is known before they are
-        chosen)."""
+        passages sized by ``turn``'s tokenizer: the excerpts' cost is known before they
+        are chosen)."""
+        counter = self._counters[turn.model.tokenizer]
         index = self._indexes.get(key)
         if index is None:
             index = self._indexes[key] = _Index()
-            while len(self._indexes) > self._sessions:
+            while len(self._indexes) > self.sessions:
                 self._bytes -= self._indexes.popitem(last=False)[1].size
         else:
             self._indexes.move_to_end(key)
@@ -158,7 +156,7 @@ class Recall:
                 _add(index, originals, counter)
             index.version = version
             self._bytes += index.size - before
-            while self._bytes > self._index_bytes and next(iter(self._indexes)) != key:
+            while self._bytes > self.index_bytes and next(iter(self._indexes)) != key:
                 self._bytes -= self._indexes.popitem(last=False)[1].size
         return index
 
@@ -193,5 +191,9 @@ def _newest_user(history: History) -> int | None:
 
 
 def _query_text(history: History, newest_user: int) -> str:
-    """The newest user message and every message after it (the newest tool results)."""
-    return "\n".join(text for _, text in span_sources(history.messages[newest_user:]))
+    """The newest user message (its start) and the newest of what follows it (the tool
+    results of an agent's loop, their end): half of ``QUERY_CHARS`` each at most."""
+    half = QUERY_CHARS // 2
+    user, *after = span_sources(history.messages[newest_user:])
+    tail = "\n".join(text for _, text in after)
+    return f"{user[1][:half]}\n{tail[-half:]}"

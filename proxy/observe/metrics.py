@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from proxy.core.summary_check import REASONS as REJECTIONS
+from proxy.observe.archive_series import ArchiveSeries
 from proxy.observe.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
 from proxy.observe.process_metrics import ProcessSeries
 from proxy.observe.series import (
@@ -40,6 +41,7 @@ class Metrics:
     overflows: Counter
     summary_failures: Counter
     store: StoreSeries  # the shared store's health: errors, fallbacks, degraded
+    archive: ArchiveSeries  # the archive of originals, recall by excerpts
     learned_window: ModelGauge
     learned_windows: Counter
     client_disconnects: Counter
@@ -69,11 +71,6 @@ class Metrics:
     failed_summary_seconds: Counter
     sent_during_summary: Counter
     slot_misses: Counter
-    archive_writes: Counter  # the archive of originals (compaction/archive.py, recall.py)
-    archived_messages: Counter
-    archive_dropped_bytes: Counter
-    recalls: Counter
-    recalled_excerpts: Counter
     process: ProcessSeries  # process_*, build info, requests in flight: process_metrics.py
 
     @classmethod
@@ -112,6 +109,7 @@ class Metrics:
                 registry=r,
             ),
             store=StoreSeries.create(r),
+            archive=ArchiveSeries.create(r),
             learned_window=ModelGauge(
                 Gauge(
                     "compaction_proxy_learned_window_tokens",
@@ -299,38 +297,6 @@ class Metrics:
                 ["outcome"],
                 registry=r,
             ),
-            archive_writes=Counter(
-                "compaction_proxy_archive_writes",
-                "Compactions' writes of the originals they newly cover to the archive, by "
-                "outcome (archived, failed: the turn was served without them archived)",
-                ["outcome"],
-                registry=r,
-            ),
-            archived_messages=Counter(
-                "compaction_proxy_archived_messages",
-                "Messages written to the archive of originals",
-                registry=r,
-            ),
-            archive_dropped_bytes=Counter(
-                "compaction_proxy_archive_dropped_bytes",
-                "Bytes of archived originals dropped, oldest first, to keep within a bound "
-                "(session: store.archive_max_session_bytes; tenant: archive_max_tenant_bytes)",
-                ["bound"],
-                registry=r,
-            ),
-            recalls=Counter(
-                "compaction_proxy_recalls",
-                "Compacted views searched for excerpts of archived originals, by outcome "
-                "(recalled: excerpts added; none: nothing relevant; no_room: relevant but "
-                "no room in the window or no newest user message after the summary)",
-                ["outcome"],
-                registry=r,
-            ),
-            recalled_excerpts=Counter(
-                "compaction_proxy_recalled_excerpts",
-                "Excerpts of archived originals put before the newest user message",
-                registry=r,
-            ),
         )
 
     def __post_init__(self) -> None:
@@ -352,9 +318,6 @@ class Metrics:
             (self.summaries_rejected, "reason", REJECTIONS),
             (self.degraded_requests, "reason", DEGRADED_REASONS),
             (self.slot_misses, "outcome", ("free", "evicted")),
-            (self.archive_writes, "outcome", ("archived", "failed")),
-            (self.archive_dropped_bytes, "bound", ("session", "tenant")),
-            (self.recalls, "outcome", ("recalled", "none", "no_room")),
         )
         for metric, label, values in closed:
             for value in values:

@@ -2,13 +2,13 @@
 ``core/snapshot.py``'s).
 
 A store keeps, per ``SessionKey``, one ``Snapshot``, the session's latest
-``Sighting``, the ``Archive`` of the originals its snapshots replaced, and a short-lived
-summarization lock, and learned context
+``Sighting`` and a short-lived summarization lock, and learned context
 windows under plain string keys. The protocols are split by concern
 (``Snapshots``, ``Sightings``, ``LockStore``, ``WindowStore``); callers
 take the narrowest one they need, and ``Store`` combines them. The output items
 ``item_reference`` inputs name are an ``ItemStore`` of their own, built beside the
-store on the same backend (``store/items.py``). Writes are
+store on the same backend (``store/items.py``), and so is the ``Archive`` of the originals
+a session's snapshots replaced (``store/archive.py``). Writes are
 compare-and-swap on the version: a snapshot with version N is written only
 over version N-1 (or over nothing for N=1), so a slow writer can never
 replace a newer summary.
@@ -123,7 +123,7 @@ class Archive(Protocol):
         ...
 
 
-class Remote(Snapshots, Sightings, LockStore, WindowStore, Archive, Protocol):
+class Remote(Snapshots, Sightings, LockStore, WindowStore, Protocol):
     """What a shared store does (``RedisStore``), which ``ResilientStore`` wraps."""
 
     async def ping(self) -> bool: ...
@@ -160,15 +160,10 @@ def build_store(settings: Settings, metrics: Metrics) -> Store:
     from proxy.store.memory import MemoryStore
 
     url = settings.store.url
-    archive_bounds = (
-        settings.store.archive_max_session_bytes,
-        settings.store.archive_max_tenant_bytes,
-    )
     local = MemoryStore(
         ttl_s=settings.store.ttl_s,
         max_sessions=settings.store.max_sessions,
         max_per_tenant=settings.store.max_sessions_per_tenant,
-        archive_bounds=archive_bounds,
     )
     if url.startswith("memory://"):
         return local
@@ -182,7 +177,6 @@ def build_store(settings: Settings, metrics: Metrics) -> Store:
             prefix=settings.store.prefix,
             encryption_keys=[k.get_secret_value() for k in settings.store.encryption_keys],
             require_encryption=settings.store.require_encryption,
-            archive_bounds=archive_bounds,
         ),
         metrics=metrics,
     )

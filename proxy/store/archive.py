@@ -1,12 +1,15 @@
-"""The archive of a session's originals in this process (``MemoryArchive``), and the
-bounds every store keeps it within.
+"""The archive of a session's originals in this process (``MemoryArchive``), the one
+that falls back to it while Redis is out (``ResilientArchive``), ``build_archive``, which
+picks the backend the store has, and the bounds every store keeps it within. Redis's own
+is ``redis_archive.py`` (``RedisStore.archive``); ``MemoryStore`` and ``RedisStore``
+delete it with a session.
 
 A session's archive is its originals in the order they were archived (one compaction's
 newly covered span after another), kept as long as its snapshot (``store.ttl_s`` from
 the last use) and removed with it. Bounded in bytes twice, oldest first: a session's
-own (``archive_max_session_bytes``) and a tenant's over all its sessions
-(``archive_max_tenant_bytes``: its least recently archived sessions' originals go
-first, never the session being written). In this process also all of them together
+own (``SESSION_BYTES``) and a tenant's over all its sessions
+(``TENANT_BYTES``: its least recently archived sessions' originals go first, never the
+session being written). In this process also all of them together
 (``MEMORY_BYTES``, the least recently archived session first). What a write dropped is
 returned, so the caller counts it (``Dropped``).
 """
@@ -17,10 +20,19 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from proxy.core.passages import Original
 from proxy.core.session import SessionKey
 
+if TYPE_CHECKING:
+    from proxy.store import Archive, Store
+    from proxy.store.resilient import ResilientStore
+
+# A session's archive and a tenant's, in bytes: some 1.5M and 48M archived tokens
+# encrypted in Redis (README "Nothing is lost" measures an archived token).
+SESSION_BYTES = 8 * 1024 * 1024
+TENANT_BYTES = 256 * 1024 * 1024
 # The embedded store's archives in all: this process's memory, whatever the tenants.
 MEMORY_BYTES = 512 * 1024 * 1024
 # An original's bookkeeping beside its text, in bytes (as Redis's list entry would be).
@@ -150,3 +162,46 @@ class MemoryArchive:
         if not own:
             del self._tenants[key.tenant]
             del self._tenant_size[key.tenant]
+
+
+class ResilientArchive:
+    """Redis's archive, or this process's while the store serves from local state: the
+    ``ResilientStore``'s outage handling (its cool-down, error counts, logs and call
+    timings, under the operations ``archive`` and ``load_archive``) decides, as it does for
+    output items (items.py). What a replica archived during an outage is recalled by it
+    alone, until the session's next compaction archives again."""
+
+    def __init__(self, store: ResilientStore, remote: Archive, local: Archive) -> None:
+        self._store = store
+        self.remote = remote
+        self.local = local
+
+    async def archive(self, key: SessionKey, originals: Sequence[Original]) -> Dropped:
+        remote, local = self.remote, self.local
+        return await self._store._call(
+            "archive",
+            lambda: remote.archive(key, originals),
+            lambda: local.archive(key, originals),
+        )
+
+    async def load_archive(self, key: SessionKey) -> list[Original]:
+        remote, local = self.remote, self.local
+        return await self._store._call(
+            "load_archive", lambda: remote.load_archive(key), lambda: local.load_archive(key)
+        )
+
+
+def build_archive(store: Store) -> Archive:
+    """The archive on ``store``'s backend: Redis (through its outage handling) when
+    ``store`` is a Redis one (``build_store``), else this process's (``MemoryStore``)."""
+    from proxy.store.memory import MemoryStore
+    from proxy.store.redis import RedisStore
+    from proxy.store.resilient import ResilientStore
+
+    if isinstance(store, ResilientStore):
+        if isinstance(store.remote, RedisStore):
+            return ResilientArchive(store, store.remote.archive, store.local)
+        return store.local  # a remote with no archive of its own (tests' fakes)
+    if isinstance(store, MemoryStore):
+        return store
+    raise TypeError(f"no archive for a store of type {type(store).__name__}")

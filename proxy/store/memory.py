@@ -26,7 +26,7 @@ from proxy.core.passages import Original
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
 from proxy.store import Sighting
-from proxy.store.archive import Dropped, MemoryArchive
+from proxy.store.archive import SESSION_BYTES, TENANT_BYTES, Dropped, MemoryArchive
 from proxy.store.health import Health
 
 _K = TypeVar("_K", bound=Hashable)
@@ -91,7 +91,7 @@ class MemoryStore:
         *,
         max_per_tenant: int | None = None,
         clock: Callable[[], float] = time.monotonic,
-        archive_bounds: tuple[int, int] = (8 * 1024 * 1024, 256 * 1024 * 1024),
+        archive_bounds: tuple[int, int] = (SESSION_BYTES, TENANT_BYTES),
     ) -> None:
         self._ttl = ttl_s
         self._max = max_sessions

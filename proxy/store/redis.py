@@ -36,13 +36,12 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
 
-from proxy.core.passages import Original
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
 from proxy.errors import ConfigError, StoreError
 from proxy.store import Sighting, lua
 from proxy.store import redis_scans as scans
-from proxy.store.archive import Dropped
+from proxy.store.archive import SESSION_BYTES, TENANT_BYTES
 from proxy.store.codec import (
     NewerFormat,
     SnapshotCipher,
@@ -84,8 +83,7 @@ class RedisOptions:
     timeout_s: float = 0.25
     encryption_keys: Sequence[str] = ()
     require_encryption: bool = False
-    # A session's archive of originals, and a tenant's, in bytes (redis_archive.py).
-    archive_bounds: tuple[int, int] = (8 * 1024 * 1024, 256 * 1024 * 1024)
+    archive_bounds: tuple[int, int] = (SESSION_BYTES, TENANT_BYTES)  # redis_archive.py
 
 
 class RedisStore:
@@ -113,7 +111,7 @@ class RedisStore:
         self._delete_if_equal = self._redis.register_script(lua.DELETE_IF_EQUAL)
         self._discard_snapshot = self._redis.register_script(lua.DISCARD_SNAPSHOT)
         self._discard_wrong_type = self._redis.register_script(lua.DISCARD_WRONG_TYPE)
-        self._archive = RedisArchive(
+        self.archive = RedisArchive(  # the session's originals (store/archive.py)
             self._redis, self._keys, self._ttl_ms, self._cipher, options.archive_bounds
         )
 
@@ -219,16 +217,10 @@ class RedisStore:
         names = (self._k("snap", key), self._k("seen", key), self._k("arch", key))
         try:
             deleted = bool(await self._redis.delete(*names))
-            await self._archive.forget(key)
+            await self.archive.forget(key)
         except ERRORS as exc:
             raise StoreError(f"redis delete failed: {type(exc).__name__}") from exc
         return deleted
-
-    async def archive(self, key: SessionKey, originals: Sequence[Original]) -> Dropped:
-        return await self._archive.archive(key, originals)
-
-    async def load_archive(self, key: SessionKey) -> list[Original]:
-        return await self._archive.load_archive(key)
 
     async def note_seen(self, key: SessionKey, sighting: Sighting) -> None:
         try:

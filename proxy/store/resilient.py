@@ -27,14 +27,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from proxy.core.passages import Original
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
 from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
 from proxy.observe.series import STORE_OPERATIONS
 from proxy.store import Remote, Sighting
-from proxy.store.archive import Dropped
 from proxy.store.failures import failure_kind
 from proxy.store.health import COOLDOWN_S as COOLDOWN_S  # re-exported: tests' clocks
 from proxy.store.health import LOG_INTERVAL_S as LOG_INTERVAL_S
@@ -257,25 +255,6 @@ class ResilientStore:
             outcome,
             extra,
         )
-
-    async def archive(self, key: SessionKey, originals: Sequence[Original]) -> Dropped:
-        """Into the shared store, else this replica's while it fails (recalled here only)."""
-        return await self._call(
-            "archive",
-            lambda: self.remote.archive(key, originals),
-            lambda: self.local.archive(key, originals),
-        )
-
-    async def load_archive(self, key: SessionKey) -> list[Original]:
-        """The shared store's; while it fails, what this replica archived meanwhile too."""
-        found = await self._call(
-            "load_archive",
-            lambda: self.remote.load_archive(key),
-            lambda: self.local.load_archive(key),
-        )
-        if self._watch.cause is None or self.degraded:
-            return found
-        return [*found, *await self.local.load_archive(key)]
 
     async def load_window(self, key: str) -> int | None:
         return await self._read(

@@ -86,7 +86,8 @@ def ask(chat: Chat, facts: dict[int, tuple[str, str]]) -> tuple[int, int, list[i
 
 
 def settings(sim: str, recall: bool) -> Any:
-    return small_window_settings(sim, recall=recall, summary_max_tokens=600)
+    ratio = 0.1 if recall else 0.0  # 0: recall off
+    return small_window_settings(sim, recall_budget_ratio=ratio, summary_max_tokens=600)
 
 
 def test_facts_a_summary_dropped_come_back_as_excerpts(

@@ -1,13 +1,15 @@
-"""The archive of originals (``store.Archive``), run against every store: memory, Redis
-standalone, behind ``ResilientStore``, a Cluster, Sentinel, Valkey. What is archived
+"""The archive of originals (``store.Archive``, as ``build_archive`` makes it beside the
+store), run against every store: memory, Redis standalone, behind ``ResilientStore``, a
+Cluster, Sentinel, Valkey. What is archived
 loads back verbatim and in order, per tenant, is deleted with the session, expires with
 it, and is bounded per session and per tenant, oldest first, each drop reported."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import redis
@@ -16,7 +18,7 @@ from proxy.core.passages import Original
 from proxy.core.session import SessionKey
 from proxy.observe.metrics import Metrics
 from proxy.store import Store
-from proxy.store.archive import original_bytes
+from proxy.store.archive import Dropped, build_archive, original_bytes
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisOptions, RedisStore
 from proxy.store.resilient import ResilientStore
@@ -51,9 +53,27 @@ class FakeClock:
         return self.now
 
 
+class Both:
+    """A store and its archive as one object: the snapshot calls the store's, the
+    archive's the archive's (``build_archive``; a bare ``RedisStore``'s ``.archive``)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.originals = store.archive if isinstance(store, RedisStore) else build_archive(store)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def archive(self, key: SessionKey, originals: Sequence[Original]) -> Dropped:
+        return await self.originals.archive(key, originals)
+
+    async def load_archive(self, key: SessionKey) -> list[Original]:
+        return await self.originals.load_archive(key)
+
+
 @dataclass
 class Stores:
-    make: Callable[[float, tuple[int, int]], Awaitable[Store]]
+    make: Callable[[float, tuple[int, int]], Awaitable[Any]]
     elapse: Callable[[float], Awaitable[None]]
 
 
@@ -62,7 +82,7 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
     made: list[Store] = []
     clock = FakeClock()
 
-    async def make(ttl_s: float, bounds: tuple[int, int] = BOUNDS) -> Store:
+    async def make(ttl_s: float, bounds: tuple[int, int] = BOUNDS) -> Any:
         options = RedisOptions(timeout_s=2.0, archive_bounds=bounds)
         store: Store
         kind = request.param
@@ -84,7 +104,7 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
             server = request.getfixturevalue("valkey_server")
             store = RedisStore(server.url, ttl_s=ttl_s, options=options)
         made.append(store)
-        return store
+        return Both(store)
 
     async def elapse(seconds: float) -> None:
         if request.param == "memory":
@@ -98,11 +118,11 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
 
 
 @pytest.fixture
-async def store(stores: Stores) -> Store:
+async def store(stores: Stores) -> Any:
     return await stores.make(LONG_TTL, BOUNDS)
 
 
-async def test_an_archive_loads_back_verbatim_in_the_order_written(store: Store) -> None:
+async def test_an_archive_loads_back_verbatim_in_the_order_written(store: Any) -> None:
     first = [original(3, "Ship it to Dana Whitfield on the 14th"), original(4, role="assistant")]
     call = Original(5, "assistant", 'lookup {"city": "Zürich"}')
     result = Original(6, "tool", "temperature: 3 °C\nwind: 12 km/h", "lookup")
@@ -112,13 +132,13 @@ async def test_an_archive_loads_back_verbatim_in_the_order_written(store: Store)
     assert await store.load_archive(key("s")) == [*first, call, result]
 
 
-async def test_another_tenant_finds_nothing_of_an_archive(store: Store) -> None:
+async def test_another_tenant_finds_nothing_of_an_archive(store: Any) -> None:
     await store.archive(key("s", "tenant-a"), [original(1, "the vault code is 7731")])
     assert await store.load_archive(key("s", "tenant-b")) == []
     assert await store.load_archive(SessionKey("tenant-a", "s", "derived")) == []
 
 
-async def test_delete_removes_the_archive_with_the_session(store: Store) -> None:
+async def test_delete_removes_the_archive_with_the_session(store: Any) -> None:
     await store.save(key("s"), snap(1))
     await store.archive(key("s"), [original(1)])
     await store.archive(key("other"), [original(1)])
@@ -127,13 +147,13 @@ async def test_delete_removes_the_archive_with_the_session(store: Store) -> None
     assert await store.load_archive(key("other")) == [original(1)]
 
 
-async def test_delete_reports_an_archive_alone(store: Store) -> None:
+async def test_delete_reports_an_archive_alone(store: Any) -> None:
     await store.archive(key("s"), [original(1)])
     assert await store.delete(key("s"))
     assert not await store.delete(key("s"))
 
 
-async def test_a_session_over_its_bound_drops_its_oldest_originals(store: Store) -> None:
+async def test_a_session_over_its_bound_drops_its_oldest_originals(store: Any) -> None:
     text = "x" * 1000
     originals = [original(i, text) for i in range(6)]
     size = original_bytes(originals[0])
@@ -149,7 +169,7 @@ async def test_a_session_over_its_bound_drops_its_oldest_originals(store: Store)
 
 
 async def test_a_tenant_over_its_bound_drops_its_least_recently_archived_sessions(
-    store: Store,
+    store: Any,
 ) -> None:
     text = "y" * 3000  # one a session (BOUNDS: 4 KiB each, 10 KB a tenant)
     for name in ("one", "two", "three"):
@@ -179,7 +199,7 @@ async def test_a_clusters_archive_shares_its_sessions_slot(redis_cluster: object
     store = RedisStore(redis_cluster.url, ttl_s=LONG_TTL)  # type: ignore[attr-defined]
     try:
         await store.save(key("s"), snap(1))
-        await store.archive(key("s"), [original(1)])
+        await store.archive.archive(key("s"), [original(1)])
         client = store.client
         names = [n async for n in client.scan_iter(match="cp:*")]
         slots = {await client.cluster_keyslot(n) for n in names if b":arch:" in n or b":snap:" in n}
@@ -207,8 +227,8 @@ async def test_with_encryption_keys_redis_holds_no_plaintext_of_an_archived_mess
     originals = [original(1, secret), Original(2, "tool", "Zephyr-4471 status green", "vault")]
     raw = redis.Redis.from_url(url)
     try:
-        await store.archive(key("s"), originals)
-        assert await store.load_archive(key("s")) == originals  # readable with the key
+        await store.archive.archive(key("s"), originals)
+        assert await store.archive.load_archive(key("s")) == originals  # readable with the key
         values: list[bytes] = []
         for name in raw.scan_iter("*"):
             kind = raw.type(name)

@@ -52,6 +52,7 @@ from proxy.observe.references import ReferenceMetrics
 from proxy.observe.tenant_series import TenantSeries
 from proxy.services import Services
 from proxy.store import Store
+from proxy.store.archive import build_archive
 from proxy.store.items import MemoryItems
 from proxy.store.memory import MemoryStore
 from proxy.store.quota import MemoryQuota
@@ -323,6 +324,7 @@ def make_services(
         clock=clock,
         sleep=clock.sleep,
         caps=TenantCaps(MemoryQuota(clock), series, clock),
+        archive=build_archive(store),
     )
     return Services(
         settings=settings,
@@ -344,7 +346,7 @@ def make_services(
         ledger=Ledger(metrics.registry, settings.pricing),
         policies=TenantPolicies(settings),
         tenant_series=series,
-        recall=Recall(store, metrics),
+        recall=Recall(build_archive(store), metrics, settings.compaction, counters),
     )
 
 
