@@ -3,7 +3,8 @@ and the ``FollowUp`` work that travels beside an outcome, never inside it.
 
 ``Outcome.headers`` renders the response headers that tell the client what the
 upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Window``),
-and ``X-Compaction-Degraded`` when the turn was due a summary it did not get.
+and ``X-Compaction-Degraded`` when the turn was due a summary it did not get, and
+``X-Compaction-Recalled`` when recall searched the archive (how many excerpts it added).
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ class Outcome:
     restored: int = 0
     degraded: Degraded | None = None
     shadow: Shadow | None = None  # status "shadow": what it would have sent instead
+    # Excerpts of archived originals put before the newest user message (recall.py);
+    # None: recall did not look (no summary's view, or recall off).
+    recalled: int | None = None
 
     @classmethod
     def bypassed(cls, body: bytes, window: int) -> Outcome:
@@ -130,6 +134,8 @@ class Outcome:
         ]
         if self.degraded is not None:
             headers.append((b"x-compaction-degraded", self.degraded.encode()))
+        if self.recalled is not None:
+            headers.append((b"x-compaction-recalled", str(self.recalled).encode()))
         if self.shadow is not None:
             s = self.shadow
             headers.append((b"x-compaction-shadow-status", s.status.encode()))

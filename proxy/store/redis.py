@@ -41,6 +41,7 @@ from proxy.core.snapshot import Snapshot
 from proxy.errors import ConfigError, StoreError
 from proxy.store import Sighting, lua
 from proxy.store import redis_scans as scans
+from proxy.store.archive import SESSION_BYTES, TENANT_BYTES
 from proxy.store.cluster import QueuedCluster
 from proxy.store.codec import (
     NewerFormat,
@@ -56,6 +57,7 @@ from proxy.store.connect import Client, close_redis, is_cluster, open_redis
 from proxy.store.failures import ERRORS
 from proxy.store.health import ProbeFailed
 from proxy.store.keys import KeyLayout
+from proxy.store.redis_archive import RedisArchive
 
 if TYPE_CHECKING:
     from proxy.observe.metrics import Metrics
@@ -88,6 +90,7 @@ class RedisOptions:
     pool_wait_s: float = 2.0
     encryption_keys: Sequence[str] = ()
     require_encryption: bool = False
+    archive_bounds: tuple[int, int] = (SESSION_BYTES, TENANT_BYTES)  # redis_archive.py
 
 
 class RedisStore:
@@ -117,6 +120,9 @@ class RedisStore:
         self._delete_if_equal = self._redis.register_script(lua.DELETE_IF_EQUAL)
         self._discard_snapshot = self._redis.register_script(lua.DISCARD_SNAPSHOT)
         self._discard_wrong_type = self._redis.register_script(lua.DISCARD_WRONG_TYPE)
+        self.archive = RedisArchive(  # the session's originals (store/archive.py)
+            self._redis, self._keys, self._ttl_ms, self._cipher, options.archive_bounds
+        )
 
     @property
     def client(self) -> Client:
@@ -133,7 +139,8 @@ class RedisStore:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.hmget(name, ["v", "d"])
                 pipe.pexpire(name, self._ttl_ms)
-                (version, raw), _ = await pipe.execute()
+                pipe.pexpire(self._k("arch", key), self._ttl_ms)  # it lives as long
+                (version, raw), *_ = await pipe.execute()
         except ERRORS as exc:
             await self._load_failed(exc, "snapshot", key.log_id, name, "hash")
             return None
@@ -144,13 +151,14 @@ class RedisStore:
         names = [self._k("snap", k) for k in keys]
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                for name in names:
+                for k, name in zip(keys, names, strict=True):
                     pipe.hmget(name, ["v", "d"])
                     pipe.pexpire(name, self._ttl_ms)
+                    pipe.pexpire(self._k("arch", k), self._ttl_ms)
                 replies = await pipe.execute()
         except ERRORS:  # each key its own way: a wrong type discarded, else StoreError
             return list(await asyncio.gather(*(self.load(k) for k in keys)))
-        pairs = zip(keys, names, replies[::2], strict=True)
+        pairs = zip(keys, names, replies[::3], strict=True)
         return [await self._decoded(k, name, *reply) for k, name, reply in pairs]
 
     async def _decoded(
@@ -214,10 +222,14 @@ class RedisStore:
         return bool(done)
 
     async def delete(self, key: SessionKey) -> bool:
+        """The session's snapshot, sighting and archive (one slot on a cluster: one DEL)."""
+        names = (self._k("snap", key), self._k("seen", key), self._k("arch", key))
         try:
-            return bool(await self._redis.delete(self._k("snap", key), self._k("seen", key)))
+            deleted = bool(await self._redis.delete(*names))
+            await self.archive.forget(key)
         except ERRORS as exc:
             raise StoreError(f"redis delete failed: {type(exc).__name__}") from exc
+        return deleted
 
     async def note_seen(self, key: SessionKey, sighting: Sighting) -> None:
         try:

@@ -37,6 +37,7 @@ from proxy.compaction.chunking import ChunkSize
 from proxy.compaction.compact import Compactor
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
+from proxy.compaction.recall import Recall
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.compaction.summarize import PURPOSE_HEADER, SummaryRequest
@@ -54,6 +55,7 @@ from proxy.observe.references import ReferenceMetrics
 from proxy.observe.tenant_series import TenantSeries
 from proxy.services import Services
 from proxy.store import Store
+from proxy.store.archive import build_archive
 from proxy.store.items import MemoryItems
 from proxy.store.memory import MemoryStore
 from proxy.store.quota import MemoryQuota
@@ -348,6 +350,7 @@ def make_services(
         clock=clock,
         sleep=clock.sleep,
         caps=TenantCaps(MemoryQuota(clock), series, clock),
+        archive=build_archive(store),
     )
     return Services(
         settings=settings,
@@ -370,6 +373,7 @@ def make_services(
         policies=TenantPolicies(settings, tenant_ids.legacy_of),
         tenant_ids=tenant_ids,
         tenant_series=series,
+        recall=Recall(build_archive(store), metrics, settings.compaction, counters),
     )
 
 

@@ -1,0 +1,199 @@
+"""Recall by excerpts: the step that brings back, verbatim, what the newest turn is
+about from the session's archive of originals (archive.py wrote them), for any model.
+
+On a view that carries a summary, the newest user message (and the tool results after
+it, if any) is the query; the session's index (core/ranking.py) ranks the archived
+passages, and the best few (``MAX_EXCERPTS``) above ``MIN_SCORE``, within
+``compaction.recall_budget_ratio`` of the window and the room the view leaves, go as a block of
+excerpts right before the newest user message (core/excerpts.py). Nothing relevant:
+nothing inserted. ``Outcome.recalled`` says how many came back (the response header,
+the request line); ``compaction_proxy_recalls`` counts outcomes.
+
+Each replica keeps the indexes of its ``SESSIONS`` most recently recalled sessions, in
+at most ``INDEX_BYTES`` (``SessionKey``: the tenant's own; another tenant's key is another
+index, built from that tenant's archive only). An index is read again from the store only when the
+session's snapshot version moved past the one it was read at, and what is new is added
+to it off the event loop; a warm turn costs one search.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from proxy.config import CompactionSettings
+from proxy.core.excerpts import (
+    Hit,
+    choose_excerpts,
+    excerpts_tokens,
+    newest_user_at,
+    render_excerpts,
+    with_excerpts,
+)
+from proxy.core.history import History
+from proxy.core.outcome import Outcome, Turn
+from proxy.core.passages import Original, Passage, split_passages
+from proxy.core.ranking import QUERY_CHARS, Ranking, query_terms
+from proxy.core.session import SessionKey, slot_base
+from proxy.core.tokens import TokenCounter, output_reserve
+from proxy.core.transcript import span_sources
+from proxy.errors import StoreError
+from proxy.observe.metrics import Metrics
+from proxy.store import Archive
+
+# Sessions whose index a replica keeps (least recently recalled out first), and their
+# estimated size in all: an index holds ~10 bytes per archived character (its passages'
+# text and their postings: bench/README.md, "Recall index"), ~3 MB at 80k tokens.
+SESSIONS = 256
+INDEX_BYTES = 256 * 1024 * 1024
+_BYTES_PER_CHAR = 10
+# Originals read into an index inline (more: off the event loop, in a thread).
+_INLINE_ORIGINALS = 4
+_STATUSES = frozenset({"snapshot", "compacted", "trimmed"})
+# The most excerpts a block quotes, and the least a passage scores to be one (BM25: about
+# one term rare in the archive; core/excerpts.py also drops those under 0.4 of the best).
+MAX_EXCERPTS = 6
+MIN_SCORE = 2.0
+Counters = Mapping[str, TokenCounter]
+
+
+@dataclass(slots=True)
+class _Index:
+    """One session's archive as searched: its passages and their ranking."""
+
+    version: int = -1  # the snapshot version its archive was last read at
+    ranking: Ranking = field(default_factory=Ranking)
+    passages: list[Passage] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)  # hashes of the originals indexed
+    size: int = 0  # estimated bytes
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Recall:
+    def __init__(
+        self, store: Archive, metrics: Metrics, default: CompactionSettings, counters: Counters
+    ) -> None:
+        self._store = store
+        self._default = default  # a turn without a tenant policy compacts with these
+        self._counters = counters  # by tokenizer name
+        self.sessions, self.index_bytes = SESSIONS, INDEX_BYTES
+        self._bytes = 0  # of the indexes kept
+        self._indexes: OrderedDict[SessionKey, _Index] = OrderedDict()
+        self._outcomes = {
+            o: metrics.archive.recalls.labels(outcome=o) for o in ("recalled", "none", "no_room")
+        }
+        self._excerpts = metrics.archive.recalled_excerpts
+
+    async def excerpts(
+        self, turn: Turn, key: SessionKey, history: History, outcome: Outcome
+    ) -> Outcome:
+        """``outcome`` with excerpts of ``key``'s archive the newest turn is about before
+        its newest user message; ``outcome`` itself when it carries no summary's view,
+        recall is off or the archive has nothing relevant."""
+        ratio = turn.compaction(self._default).recall_budget_ratio
+        if not ratio or outcome.messages is None or outcome.status not in _STATUSES:
+            return outcome
+        newest = _newest_user(history)
+        if newest is None:
+            return outcome
+        index = await self._index(slot_base(key), outcome.version, turn)
+        if not index.passages:
+            return outcome
+        query = query_terms(_query_text(history, newest))
+        found = index.ranking.search(query, MAX_EXCERPTS * 2)
+        hits = [Hit(score, index.passages[doc]) for score, doc in found]
+        if not hits or hits[0].score < MIN_SCORE:
+            self._outcomes["none"].inc()
+            return replace(outcome, recalled=0)
+        room = outcome.window - output_reserve(turn.chat, turn.model.max_output_tokens)
+        room -= outcome.tokens
+        budget = min(int(outcome.window * ratio), room)
+        chosen = choose_excerpts(hits, MIN_SCORE, budget, MAX_EXCERPTS)
+        at = newest_user_at(outcome.messages, history.messages[newest])
+        if not chosen or at is None or at < history.pinned:
+            self._outcomes["no_room"].inc()
+            return replace(outcome, recalled=0)
+        block = render_excerpts(chosen)
+        tokens = excerpts_tokens(chosen)
+        if tokens > room:
+            self._outcomes["no_room"].inc()
+            return replace(outcome, recalled=0)
+        self._outcomes["recalled"].inc()
+        self._excerpts.inc(len(chosen))
+        messages = with_excerpts(outcome.messages, at, block)
+        recalled = len(chosen)
+        return replace(
+            outcome, messages=messages, tokens=outcome.tokens + tokens, recalled=recalled
+        )
+
+    async def _index(self, key: SessionKey, version: int, turn: Turn) -> _Index:
+        """``key``'s index, with what the archive holds up to ``version`` added (its
+        passages sized by ``turn``'s tokenizer: the excerpts' cost is known before they
+        are chosen)."""
+        counter = self._counters[turn.model.tokenizer]
+        index = self._indexes.get(key)
+        if index is None:
+            index = self._indexes[key] = _Index()
+            while len(self._indexes) > self.sessions:
+                self._bytes -= self._indexes.popitem(last=False)[1].size
+        else:
+            self._indexes.move_to_end(key)
+        if index.version >= version:
+            return index
+        async with index.lock:
+            if index.version >= version:  # another request read it meanwhile
+                return index
+            try:
+                originals = await self._store.load_archive(key)
+            except StoreError:
+                return index  # counted by the store; searched as it is, read again next turn
+            before = index.size
+            if len(originals) > _INLINE_ORIGINALS:
+                await asyncio.to_thread(_add, index, originals, counter)
+            else:
+                _add(index, originals, counter)
+            index.version = version
+            self._bytes += index.size - before
+            while self._bytes > self.index_bytes and next(iter(self._indexes)) != key:
+                self._bytes -= self._indexes.popitem(last=False)[1].size
+        return index
+
+    def forget(self, key: SessionKey) -> None:
+        """Drop ``key``'s index (its session was deleted)."""
+        index = self._indexes.pop(key, None)
+        if index is not None:
+            self._bytes -= index.size
+
+
+def _add(index: _Index, originals: list[Original], counter: TokenCounter) -> None:
+    """Index the originals ``index`` has not seen (blocking: splitting, counting, indexing)."""
+    new: list[Passage] = []
+    for original in originals:
+        seen = hash((original.position, original.role, original.text))
+        if seen in index.seen:
+            continue  # archived twice (a lost snapshot race), or read before: indexed once
+        index.seen.add(seen)
+        new.extend(split_passages(original, count=counter.text))
+    if new:
+        index.passages.extend(new)  # first: a search alongside finds each one it ranks
+        index.ranking.add(p.text for p in new)
+        index.size += _BYTES_PER_CHAR * sum(len(p.text) for p in new)
+
+
+def _newest_user(history: History) -> int | None:
+    messages = history.messages
+    for i in range(len(messages) - 1, history.pinned - 1, -1):
+        if messages[i].get("role") == "user":
+            return i
+    return None
+
+
+def _query_text(history: History, newest_user: int) -> str:
+    """The newest user message (its start) and the newest of what follows it (the tool
+    results of an agent's loop, their end): half of ``QUERY_CHARS`` each at most."""
+    half = QUERY_CHARS // 2
+    user, *after = span_sources(history.messages[newest_user:])
+    tail = "\n".join(text for _, text in after)
+    return f"{user[1][:half]}\n{tail[-half:]}"
