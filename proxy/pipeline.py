@@ -20,6 +20,7 @@ from time import perf_counter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.compaction import recall_tool
 from proxy.compaction import references as refs
 from proxy.compaction.count import PARSE_INLINE_BYTES, count_history, session_of
 from proxy.compaction.far_below import far_below
@@ -124,9 +125,17 @@ async def handle(
         follow_ups = later if noted is None else (noted, *later)
     # Nothing to compact harder without a message (a Responses call with an empty input).
     recover = control != "off" and settings.compaction.recover_overflow and bool(chat["messages"])
+    # 8c. recall by tool: one more tool, a search of the archive the proxy answers itself
+    c = turn.compaction(settings.compaction)
+    counter = services.counters[model.tokenizer]
+    metrics = services.metrics
+    offered = recall_tool.offer(api.recall_tool, turn, outcome, data, c, counter, metrics)
+    offer = None
+    if offered is not None:
+        offer, data, outcome = offered
     first = Attempt(api.body_for(body, data, outcome), outcome, follow_ups)
     route = Route(api, url, headers, body, data, recover, kept)
-    return await forward(services, request, route, first, turn)  # 9-10.
+    return await forward(services, request, route, first, turn, offer)  # 9-10.
 
 
 async def compacted_view(
@@ -155,6 +164,8 @@ async def _compacted(
     outcome, later = await _planned(services, turn, force, recover, history, key)
     # 8b. recall: what the newest turn is about, from the archive of originals, verbatim
     outcome = await services.recall.excerpts(key, history, outcome, c, counter, reserve)
+    if recall_tool.wanted(turn, c) and outcome.messages is not None:  # its archive, to search
+        outcome = await services.recall.searchable(key, outcome, counter)
     return outcome, later
 
 
@@ -193,10 +204,16 @@ async def _planned(
 
 
 async def forward(
-    services: Services, request: Request, route: Route, first: Attempt, turn: Turn | None
+    services: Services,
+    request: Request,
+    route: Route,
+    first: Attempt,
+    turn: Turn | None,
+    offer: recall_tool.Offer | None = None,
 ) -> Response:
     """Steps 9-12: send ``first``; when ``route.recover`` and the upstream rejects it as too
-    long, compact ``turn`` harder and retry once; relay the answer with its view's
+    long, compact ``turn`` harder and retry once; when it carries the recall tool
+    (``offer``), answer the tool's calls and ask again; relay the answer with its view's
     headers, calibrating on ``turn``'s usage, and start the follow-ups of the attempt it
     answers (the first, or the retry) once the answer is out, in order.
     ``turn`` None: a request the proxy does not compact (a chained Responses call)."""
@@ -215,6 +232,14 @@ async def forward(
             if route.recover and turn is not None and (status in RECOVERABLE or streamed):
                 client.now()  # a recovery may summarize: a client gone meanwhile stops it
                 answer, sent = await recover_overflow(services, turn, route, first, response)
+            if offer is not None and _tool_may_answer(answer, sent):  # 10b. recall by tool
+                assert isinstance(answer, upstream.UpstreamResponse)
+                answer, sent = await _answer_recall_tool(services, turn, route, sent, answer, offer)
+                if not isinstance(answer, upstream.UpstreamResponse):  # the model's answer
+                    record.answered(answer.status_code, sent.outcome)
+                    answer.raw_headers.extend(refs.reference_headers(sent.outcome, turn))
+                    run_after(answer, (*sent.follow_ups, *refs.kept_after(route)))
+                    return answer
             record.answered(answer.status_code, sent.outcome)
             if isinstance(answer, upstream.UpstreamResponse):
                 ok = answer.status_code == 200
@@ -233,6 +258,29 @@ async def forward(
     answer.raw_headers.extend(refs.reference_headers(sent.outcome, turn))
     run_after(answer, refs.kept_after(route))
     return answer
+
+
+def _tool_may_answer(answer: upstream.UpstreamResponse | Response, sent: Attempt) -> bool:
+    """Whether ``answer`` is the model's (a 200) to a view that declared the recall tool."""
+    ok = isinstance(answer, upstream.UpstreamResponse) and answer.status_code == 200
+    return ok and sent.outcome.archive is not None and sent.outcome.tool_rounds is not None
+
+
+async def _answer_recall_tool(
+    services: Services,
+    turn: Turn | None,
+    route: Route,
+    sent: Attempt,
+    answer: upstream.UpstreamResponse,
+    offer: recall_tool.Offer,
+) -> tuple[upstream.UpstreamResponse | Response, Attempt]:
+    """Step 10b: the recall tool's calls in ``answer`` answered, the upstream asked again
+    (compaction/recall_tool.py); the answer for the client and the attempt it answers."""
+    watch_for = partial(_usage_watcher, services, turn, route)
+    metrics, client = services.metrics, services.client
+    return await recall_tool.answer(
+        offer, services.recall, client, metrics, route, sent, answer, watch_for
+    )
 
 
 async def recover_overflow(

@@ -146,6 +146,31 @@ class Recall:
             index.version = version
         return index
 
+    async def searchable(self, key: SessionKey, outcome: Outcome, counter: TokenCounter) -> Outcome:
+        """``outcome`` naming ``key`` as the archive a recall tool searches, when that
+        archive holds anything (compaction/recall_tool.py); else ``outcome``."""
+        index = await self._index(key, outcome.version, counter)
+        return replace(outcome, archive=key) if index.passages else outcome
+
+    async def search(
+        self,
+        outcome: Outcome,
+        query: str,
+        c: CompactionSettings,
+        counter: TokenCounter,
+        budget: int,
+    ) -> list[Passage]:
+        """The passages of ``outcome``'s archive ``query`` asks for, as excerpts choose them
+        (above the floor, within ``budget`` tokens, at most ``recall_max_excerpts``)."""
+        if outcome.archive is None:
+            return []
+        index = await self._index(outcome.archive, outcome.version, counter)
+        hits = [
+            Hit(score, index.passages[doc])
+            for score, doc in index.ranking.search(query_terms(query), c.recall_max_excerpts * 2)
+        ]
+        return choose_excerpts(hits, c.recall_min_score, budget, c.recall_max_excerpts)
+
     def forget(self, key: SessionKey) -> None:
         """Drop ``key``'s index (its session was deleted)."""
         self._indexes.pop(key, None)
