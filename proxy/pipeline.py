@@ -231,7 +231,8 @@ async def forward(
             streamed = status == 200 and turn is not None and turn.chat.get("stream")
             if route.recover and turn is not None and (status in RECOVERABLE or streamed):
                 client.now()  # a recovery may summarize: a client gone meanwhile stops it
-                answer, sent = await recover_overflow(services, turn, route, first, response)
+                hold = offer is None  # the recall tool reads the whole answer first
+                answer, sent = await recover_overflow(services, turn, route, first, response, hold)
             if offer is not None and _tool_may_answer(answer, sent):  # 10b. recall by tool
                 assert isinstance(answer, upstream.UpstreamResponse)
                 answer, sent = await _answer_recall_tool(services, turn, route, sent, answer, offer)
@@ -289,6 +290,7 @@ async def recover_overflow(
     route: Route,
     first: Attempt,
     response: upstream.UpstreamResponse,
+    hold: bool = True,
 ) -> tuple[upstream.UpstreamResponse | Response, Attempt]:
     """Step 10: the response to relay and the attempt it answers (its view, follow-ups).
     When the upstream said the request is too long, compact harder (or ask for a shorter
@@ -296,7 +298,7 @@ async def recover_overflow(
     without an error. A stream that sends comments first starts now and recovers
     in-stream (stream_head.py)."""
     api = route.api
-    answer, verdict = await diagnose(response, api.stream_failure)
+    answer, verdict = await diagnose(response, api.stream_failure, hold)
     if isinstance(answer, Held):
         retry = partial(_second_attempt, services, turn, route, first)
         watch_for = partial(_usage_watcher, services, turn, route)

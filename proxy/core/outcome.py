@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Literal
 
 from proxy.core.frozen import quick_init
 from proxy.core.models import ResolvedModel
-from proxy.core.session import SessionKey
 from proxy.types import ChatMessage, ChatRequest
 
 if TYPE_CHECKING:  # annotations only: a turn's policy comes resolved (pipeline.py)
     from proxy.config import CompactionSettings
+    from proxy.core.session import SessionKey
     from proxy.tenants import Policy
 
 Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed", "shadow"]

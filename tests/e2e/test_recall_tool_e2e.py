@@ -66,6 +66,7 @@ class Conversation:
     api: str
     session: str
     tools: bool = True
+    sim_headers: dict[str, str] = field(default_factory=dict)  # X-Sim-* for every request
     turns: list[tuple[str, str]] = field(default_factory=list)
     received: list[str] = field(default_factory=list)
     headers: Any = None
@@ -81,6 +82,7 @@ class Conversation:
     def say(self, text: str, stream: bool = False) -> str:
         self.turns.append(("user", text))
         extra = {"X-Session-Id": self.session, "X-Sim-Context-Window": str(WINDOW)}
+        extra.update(self.sim_headers)
         reply = getattr(self, self.api)(extra, stream)
         self.turns.append(("assistant", reply))
         return str(reply)
@@ -191,6 +193,20 @@ def test_a_fact_only_the_archive_holds_comes_back_through_the_tool(
     assert TOOL_NAME in str(asked["body"]["tools"])
     assert "FACT item_4=code52x" in str(answered["body"])
     assert metric(url, "compaction_proxy_recall_tool_total", outcome="answered") == 1
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_stream_that_thinks_first_is_read_whole_too(
+    forgetful_sim: str, start_proxy: Any, api: str
+) -> None:
+    """A stream that opens with comments (a model thinking) is not started early when the
+    recall tool is on: its call never reaches the client either."""
+    url = start_proxy(settings(forgetful_sim))
+    conversation = played(Conversation(url, api, f"thinking-{api}"))
+    conversation.sim_headers = {"X-Sim-Thinking-Ms": "30", "X-Sim-Comment-Interval-Ms": "10"}
+    assert conversation.say(QUESTION, stream=True) == ANSWER
+    assert conversation.headers["x-compaction-recall-tool"] == "1"
+    assert_no_trace(conversation)
 
 
 @pytest.mark.parametrize("api", APIS)
