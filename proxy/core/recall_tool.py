@@ -36,9 +36,10 @@ TOOL_PARAMETERS: dict[str, Any] = {
 }
 # What the definition costs in a request's tokens, at most (any common tokenizer, as a
 # JSON schema or a chat template renders it: tests/core/test_recall_tool.py counts).
-TOOL_TOKENS = 120
+TOOL_TOKENS = 140
 # A call's arguments beyond this many characters are read no further (a query is words).
 MAX_QUERY_CHARS = 1000
+_MAX_ARGUMENTS_CHARS = 64 * 1024
 NOTHING_FOUND = "No earlier message of this conversation matches that query."
 
 
@@ -54,14 +55,15 @@ class Call:
 def query_of(arguments: str) -> str:
     """The query a call's arguments ask for: its ``query`` string, else the arguments'
     own text (a model that wrote them loosely), at most ``MAX_QUERY_CHARS``."""
-    text = arguments[: MAX_QUERY_CHARS * 2]
+    if len(arguments) > _MAX_ARGUMENTS_CHARS:  # no query is that long: read as words
+        return arguments[:MAX_QUERY_CHARS]
     try:
-        parsed = orjson.loads(text)
+        parsed = orjson.loads(arguments)
     except orjson.JSONDecodeError:
-        return text[:MAX_QUERY_CHARS]
+        return arguments[:MAX_QUERY_CHARS]
     if isinstance(parsed, dict) and isinstance(parsed.get("query"), str):
         return str(parsed["query"])[:MAX_QUERY_CHARS]
-    return text[:MAX_QUERY_CHARS]
+    return arguments[:MAX_QUERY_CHARS]
 
 
 def tool_result(passages: Sequence[Passage]) -> str:
