@@ -26,7 +26,9 @@ Rules, first match wins:
    from the whole request (tool results too), or, for a key still unknown, rule 4's
    search again.
 3. Last message from the user, the request has ``tools`` and the text says
-   ``CALL <n>``: n parallel calls to the first tool, arguments ``{"step": k}``.
+   ``CALL <n>``: n parallel calls to the first tool, arguments ``{"step": k}``; and,
+   when it also asks rule 4's ``RECALL`` of a key the request does not state, rule 4's
+   search beside them (a model calling tools in parallel).
 4. Last message from the user containing ``RECALL <key>``: ``key=value`` for
    each key, space separated, from the last ``FACT key=value`` anywhere in the
    request (a ``- key=value`` line, as a summary's critical values list them,
@@ -339,6 +341,12 @@ def _reply(
         call = CALL.search(text) if tools and allowed else None
         if call and int(call.group(1)) >= 1 and isinstance(tools, list):
             reply = _tool_calls(tools, int(call.group(1)), seed, encoder)
+            keys = RECALL.findall(text)
+            search = _recall(body, messages, keys, seed, budget, encoder) if keys else None
+            if reply is not None and search is not None and search.tool_calls:
+                both = (*reply.tool_calls, *search.tool_calls)
+                tokens = reply.completion_tokens + search.completion_tokens
+                return Reply(None, both, "tool_calls", tokens)
             if reply is not None:
                 return reply
         keys = RECALL.findall(text)

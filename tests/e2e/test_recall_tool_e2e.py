@@ -176,7 +176,6 @@ def assert_no_trace(conversation: Conversation) -> None:
         assert TOOL_NAME not in text
         assert "_recall" not in text  # the simulator's id for its call of the tool
         assert "Verbatim excerpts" not in text
-        assert "function_call" not in text or '"type":"function_call"' not in text
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
@@ -265,3 +264,22 @@ def test_rounds_are_bounded(forgetful_sim: str, start_proxy: Any, api: str, stre
     last = chat_requests(forgetful_sim)[-1]["body"]
     assert last["tool_choice"] in ("none", {"type": "none"})
     assert metric(url, "compaction_proxy_recall_tool_total", outcome="exhausted") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("api", APIS)
+def test_an_answer_that_also_calls_the_clients_tools_is_asked_again_without_ours(
+    forgetful_sim: str, start_proxy: Any, api: str, stream: bool
+) -> None:
+    """The model calls the client's tool and the recall tool in one answer: the proxy
+    asks again without its tool, and the client gets a turn of its own tool's calls."""
+    url = start_proxy(settings(forgetful_sim))
+    conversation = played(Conversation(url, api, f"mixed-{api}-{stream}"))
+    conversation.say(f"CALL 1 and {QUESTION}", stream=stream)
+    assert conversation.headers["x-compaction-recall-tool"] == "0"
+    assert_no_trace(conversation)
+    assert any("read_file" in text for text in conversation.received)
+    mixed, again = chat_requests(forgetful_sim)[-2:]
+    assert TOOL_NAME in str(mixed["body"]["tools"])
+    assert TOOL_NAME not in str(again["body"])
+    assert metric(url, "compaction_proxy_recall_tool_total", outcome="mixed") == 1
