@@ -214,12 +214,8 @@ class CompactionSettings(_Section):
     recall_budget_ratio: float = Field(0.1, gt=0, le=0.5)
     recall_max_excerpts: int = Field(6, ge=1, le=64)
     recall_min_score: float = Field(2.0, ge=0)
-    # On a compacted view of a request that carries tools, with an archive: one more tool,
-    # which searches the archive (compaction/recall_tool.py); the proxy answers its calls
-    # and asks the upstream again, at most recall_tool_rounds times, before the client
-    # sees a byte. A model's own `recall_tool: false` (models:) keeps it off that model.
-    recall_tool: bool = False
-    recall_tool_rounds: int = Field(2, ge=1, le=8)
+    # The recall tool (compaction/recall_tool.py): its calls answered this often a turn; 0: off
+    recall_tool_rounds: int = Field(0, ge=0, le=8)
 
     @property
     def effective_mode(self) -> Literal["on", "shadow", "off"]:
@@ -258,7 +254,7 @@ class ModelSpec(_Section):
     max_output_tokens: int = Field(4096, gt=0)
     tokenizer: str | None = None  # None: from the name's family (models.default_tokenizer)
     precompact: bool = True  # false: no background summaries (a single-slot server: README)
-    recall_tool: bool = True  # false: never add the recall tool (compaction.recall_tool)
+    recall_tool: bool = True  # false: never the recall tool (compaction.recall_tool_rounds)
 
 
 class DefaultModelSpec(_Section):

@@ -125,17 +125,11 @@ async def handle(
         follow_ups = later if noted is None else (noted, *later)
     # Nothing to compact harder without a message (a Responses call with an empty input).
     recover = control != "off" and settings.compaction.recover_overflow and bool(chat["messages"])
-    # 8c. recall by tool: one more tool, a search of the archive the proxy answers itself
-    c = turn.compaction(settings.compaction)
-    counter = services.counters[model.tokenizer]
-    metrics = services.metrics
-    offered = recall_tool.offer(api.recall_tool, turn, outcome, data, c, counter, metrics)
-    offer = None
-    if offered is not None:
-        offer, data, outcome = offered
+    offered = services.recall_tool.offer(api.recall_tool, turn, outcome, data)  # 8c. a tool
+    tool, data, outcome = offered or (None, data, outcome)
     first = Attempt(api.body_for(body, data, outcome), outcome, follow_ups)
-    route = Route(api, url, headers, body, data, recover, kept)
-    return await forward(services, request, route, first, turn, offer)  # 9-10.
+    route = Route(api, url, headers, body, data, recover, kept, tool)
+    return await forward(services, request, route, first, turn)  # 9-10.
 
 
 async def compacted_view(
@@ -164,7 +158,7 @@ async def _compacted(
     outcome, later = await _planned(services, turn, force, recover, history, key)
     # 8b. recall: what the newest turn is about, from the archive of originals, verbatim
     outcome = await services.recall.excerpts(key, history, outcome, c, counter, reserve)
-    if recall_tool.wanted(turn, c) and outcome.messages is not None:  # its archive, to search
+    if recall_tool.wanted(turn, c):  # 8c. the archive the recall tool searches
         outcome = await services.recall.searchable(key, outcome, counter)
     return outcome, later
 
@@ -204,16 +198,10 @@ async def _planned(
 
 
 async def forward(
-    services: Services,
-    request: Request,
-    route: Route,
-    first: Attempt,
-    turn: Turn | None,
-    offer: recall_tool.Offer | None = None,
+    services: Services, request: Request, route: Route, first: Attempt, turn: Turn | None
 ) -> Response:
     """Steps 9-12: send ``first``; when ``route.recover`` and the upstream rejects it as too
-    long, compact ``turn`` harder and retry once; when it carries the recall tool
-    (``offer``), answer the tool's calls and ask again; relay the answer with its view's
+    long, compact ``turn`` harder and retry once; relay the answer with its view's
     headers, calibrating on ``turn``'s usage, and start the follow-ups of the attempt it
     answers (the first, or the retry) once the answer is out, in order.
     ``turn`` None: a request the proxy does not compact (a chained Responses call)."""
@@ -231,16 +219,10 @@ async def forward(
             streamed = status == 200 and turn is not None and turn.chat.get("stream")
             if route.recover and turn is not None and (status in RECOVERABLE or streamed):
                 client.now()  # a recovery may summarize: a client gone meanwhile stops it
-                hold = offer is None  # the recall tool reads the whole answer first
-                answer, sent = await recover_overflow(services, turn, route, first, response, hold)
-            if offer is not None and _tool_may_answer(answer, sent):  # 10b. recall by tool
-                assert isinstance(answer, upstream.UpstreamResponse)
-                answer, sent = await _answer_recall_tool(services, turn, route, sent, answer, offer)
-                if not isinstance(answer, upstream.UpstreamResponse):  # the model's answer
-                    record.answered(answer.status_code, sent.outcome)
-                    answer.raw_headers.extend(refs.reference_headers(sent.outcome, turn))
-                    run_after(answer, (*sent.follow_ups, *refs.kept_after(route)))
-                    return answer
+                answer, sent = await recover_overflow(services, turn, route, first, response)
+            if route.tool is not None:  # 10b. the recall tool's calls answered, asked again
+                watch_for = partial(_usage_watcher, services, turn, route)
+                answer, sent = await services.recall_tool.answer(route, sent, answer, watch_for)
             record.answered(answer.status_code, sent.outcome)
             if isinstance(answer, upstream.UpstreamResponse):
                 ok = answer.status_code == 200
@@ -261,36 +243,12 @@ async def forward(
     return answer
 
 
-def _tool_may_answer(answer: upstream.UpstreamResponse | Response, sent: Attempt) -> bool:
-    """Whether ``answer`` is the model's (a 200) to a view that declared the recall tool."""
-    ok = isinstance(answer, upstream.UpstreamResponse) and answer.status_code == 200
-    return ok and sent.outcome.archive is not None and sent.outcome.tool_rounds is not None
-
-
-async def _answer_recall_tool(
-    services: Services,
-    turn: Turn | None,
-    route: Route,
-    sent: Attempt,
-    answer: upstream.UpstreamResponse,
-    offer: recall_tool.Offer,
-) -> tuple[upstream.UpstreamResponse | Response, Attempt]:
-    """Step 10b: the recall tool's calls in ``answer`` answered, the upstream asked again
-    (compaction/recall_tool.py); the answer for the client and the attempt it answers."""
-    watch_for = partial(_usage_watcher, services, turn, route)
-    metrics, client = services.metrics, services.client
-    return await recall_tool.answer(
-        offer, services.recall, client, metrics, route, sent, answer, watch_for
-    )
-
-
 async def recover_overflow(
     services: Services,
     turn: Turn,
     route: Route,
     first: Attempt,
     response: upstream.UpstreamResponse,
-    hold: bool = True,
 ) -> tuple[upstream.UpstreamResponse | Response, Attempt]:
     """Step 10: the response to relay and the attempt it answers (its view, follow-ups).
     When the upstream said the request is too long, compact harder (or ask for a shorter
@@ -298,7 +256,7 @@ async def recover_overflow(
     without an error. A stream that sends comments first starts now and recovers
     in-stream (stream_head.py)."""
     api = route.api
-    answer, verdict = await diagnose(response, api.stream_failure, hold)
+    answer, verdict = await diagnose(response, api.stream_failure, hold=route.tool is None)
     if isinstance(answer, Held):
         retry = partial(_second_attempt, services, turn, route, first)
         watch_for = partial(_usage_watcher, services, turn, route)

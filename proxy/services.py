@@ -19,6 +19,7 @@ from proxy.compaction.held import HeldCuts
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
 from proxy.compaction.recall import Recall
+from proxy.compaction.recall_tool import RecallTool
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.config import Settings
@@ -62,6 +63,7 @@ class Services:
     policies: TenantPolicies  # `tenants:` in force, swapped by a reload (serve/reload.py)
     tenant_series: TenantSeries  # caps hit, config reloads
     recall: Recall  # excerpts of the archived originals (compaction/recall.py)
+    recall_tool: RecallTool  # a search of them the model calls (compaction/recall_tool.py)
     held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
     loop: asyncio.AbstractEventLoop | None = None  # the one it was built in and serves on
 
@@ -120,6 +122,7 @@ async def build_services(settings: Settings) -> Services:
         opened.push_async_callback(store.aclose)
         await refuse_cluster_node(settings.store.url)  # an app served without serve()
         tenant_series = TenantSeries(metrics.registry)
+        recall = Recall(store, metrics)
         compactor = Compactor(
             settings=settings,
             store=store,
@@ -149,7 +152,8 @@ async def build_services(settings: Settings) -> Services:
             ledger=Ledger(metrics.registry, settings.pricing),
             policies=TenantPolicies(settings),
             tenant_series=tenant_series,
-            recall=Recall(store, metrics),
+            recall=recall,
+            recall_tool=RecallTool(recall, client, metrics.registry, settings.compaction, counters),
             loop=asyncio.get_running_loop(),
         )
         opened.pop_all()  # built: from here on, closing is Services.aclose's

@@ -32,7 +32,7 @@ _OVERRIDES = (
     "target_ratio",
     "summarizer_model",
     "summary_max_tokens",
-    "recall_tool",
+    "recall_tool_rounds",
 )
 
 
@@ -54,7 +54,7 @@ class TenantPolicy(BaseModel):
     summaries_per_hour: int | None = Field(None, ge=0)  # per clock hour (UTC)
     summarizer_tokens_per_day: int | None = Field(None, ge=0)  # input + output, per UTC day
     precompact: bool | None = None  # false: no background pre-compaction
-    recall_tool: bool | None = None  # compaction.recall_tool for this tenant
+    recall_tool_rounds: int | None = Field(None, ge=0, le=8)  # 0: no recall tool
 
     @model_validator(mode="after")
     def _names(self) -> TenantPolicy:

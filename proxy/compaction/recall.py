@@ -149,6 +149,8 @@ class Recall:
     async def searchable(self, key: SessionKey, outcome: Outcome, counter: TokenCounter) -> Outcome:
         """``outcome`` naming ``key`` as the archive a recall tool searches, when that
         archive holds anything (compaction/recall_tool.py); else ``outcome``."""
+        if outcome.messages is None or outcome.status not in _STATUSES:
+            return outcome
         index = await self._index(key, outcome.version, counter)
         return replace(outcome, archive=key) if index.passages else outcome
 

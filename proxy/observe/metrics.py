@@ -29,16 +29,6 @@ from proxy.observe.series import (
 )
 from proxy.observe.store_series import StoreSeries
 
-RECALL_TOOL_OUTCOMES = (
-    "offered",
-    "answered",
-    "mixed",
-    "exhausted",
-    "refused",
-    "unread",
-    "client_tool",
-)
-
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess"]
 
 
@@ -84,8 +74,6 @@ class Metrics:
     archive_dropped_bytes: Counter
     recalls: Counter
     recalled_excerpts: Counter
-    recall_tool: Counter  # the recall tool's turns and calls (compaction/recall_tool.py)
-    recall_tool_tokens: Counter
     process: ProcessSeries  # process_*, build info, requests in flight: process_metrics.py
 
     @classmethod
@@ -343,24 +331,6 @@ class Metrics:
                 "Excerpts of archived originals put before the newest user message",
                 registry=r,
             ),
-            recall_tool=Counter(
-                "compaction_proxy_recall_tool",
-                "The recall tool, by outcome (offered: added to a request; answered: a call "
-                "the proxy answered, then asked the upstream again; mixed: an answer that "
-                "also called the client's tools, asked again without the recall tool; "
-                "exhausted: rounds or room used up, asked again with tool_choice none; "
-                "refused: still called after that, a 502; unread: an answer too big or "
-                "encoded to read, relayed as it came; client_tool: the client declares a "
-                "tool of the same name, nothing added)",
-                ["outcome"],
-                registry=r,
-            ),
-            recall_tool_tokens=Counter(
-                "compaction_proxy_recall_tool_tokens",
-                "Prompt tokens of the upstream answers the recall tool consumed (the client "
-                "sees only the last answer's usage), as the upstream stated them",
-                registry=r,
-            ),
         )
 
     def __post_init__(self) -> None:
@@ -385,7 +355,6 @@ class Metrics:
             (self.archive_writes, "outcome", ("archived", "failed")),
             (self.archive_dropped_bytes, "bound", ("session", "tenant")),
             (self.recalls, "outcome", ("recalled", "none", "no_room")),
-            (self.recall_tool, "outcome", RECALL_TOOL_OUTCOMES),
         )
         for metric, label, values in closed:
             for value in values:

@@ -26,26 +26,22 @@ def _str(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _json(raw: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
 def _events(raw: bytes) -> list[dict[str, Any]]:
     """The JSON data of each event of a whole event stream (``[DONE]`` and comments
     left out)."""
-    out: list[dict[str, Any]] = []
-    for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
-        data = b"\n".join(
-            line[5:].strip() for line in block.split(b"\n") if line.startswith(b"data:")
-        )
-        if not data or data == b"[DONE]":
-            continue
-        try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(parsed, dict):
-            out.append(parsed)
-    return out
-
-
-# Chat completions
+    found = (
+        _json(b"\n".join(line[5:].strip() for line in b.split(b"\n") if line.startswith(b"data:")))
+        for b in raw.replace(b"\r\n", b"\n").split(b"\n\n")
+    )
+    return [event for event in found if event is not None]
 
 
 def _chat_declared(data: dict[str, Any]) -> list[str]:
@@ -68,21 +64,19 @@ def _chat_declare(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "tools": [*_tools(data), tool]}
 
 
-def _chat_call(raw: object) -> Call | None:
-    if not isinstance(raw, dict) or not isinstance(raw.get("function"), dict):
-        return None
-    fn = raw["function"]
-    return Call(_str(raw.get("id")), _str(fn.get("name")), _str(fn.get("arguments")))
-
-
 def _chat_calls(answer: dict[str, Any]) -> list[Call]:
     choices = answer.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return []
     message = choices[0].get("message")
     raw = message.get("tool_calls") if isinstance(message, dict) else None
-    calls = [_chat_call(c) for c in raw] if isinstance(raw, list) else []
-    return [c for c in calls if c is not None]
+    return [
+        Call(
+            _str(c.get("id")), _str(c["function"].get("name")), _str(c["function"].get("arguments"))
+        )
+        for c in (raw if isinstance(raw, list) else ())
+        if isinstance(c, dict) and isinstance(c.get("function"), dict)
+    ]
 
 
 def _chat_stream_calls(raw: bytes) -> list[Call]:
@@ -132,9 +126,6 @@ CHAT_TOOL = ToolShape(
     continued=_chat_continued,
     no_more_calls=lambda data: {**data, "tool_choice": "none"},
 )
-
-
-# Responses
 
 
 def _responses_declared(data: dict[str, Any]) -> list[str]:
@@ -205,8 +196,8 @@ def _responses_scrub(raw: bytes, stream: bool, data: dict[str, Any]) -> bytes:
     if TOOL_NAME.encode() not in raw:
         return raw
     if not stream:
-        parsed = orjson.loads(raw)
-        return orjson.dumps(_as_asked(parsed, data)) if isinstance(parsed, dict) else raw
+        parsed = _json(raw)
+        return orjson.dumps(_as_asked(parsed, data)) if parsed is not None else raw
     out: list[bytes] = []
     for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
         if TOOL_NAME.encode() not in block:
@@ -215,9 +206,11 @@ def _responses_scrub(raw: bytes, stream: bool, data: dict[str, Any]) -> bytes:
         lines = block.split(b"\n")
         kind = [line for line in lines if line.startswith(b"event:")]
         data_text = b"".join(line[5:].strip() for line in lines if line.startswith(b"data:"))
-        event = orjson.loads(data_text)
-        if isinstance(event, dict) and isinstance(event.get("response"), dict):
-            event = {**event, "response": _as_asked(event["response"], data)}
+        event = _json(data_text)
+        if event is None or not isinstance(event.get("response"), dict):
+            out.append(block)  # not an echo of the request: as it came
+            continue
+        event = {**event, "response": _as_asked(event["response"], data)}
         out.append(b"\n".join([*kind, b"data: " + orjson.dumps(event)]))
     return b"\n\n".join(out)
 
@@ -233,26 +226,18 @@ RESPONSES_TOOL = ToolShape(
 )
 
 
-# Messages
-
-
 def _messages_declare(data: dict[str, Any]) -> dict[str, Any]:
     tool = {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "input_schema": TOOL_PARAMETERS}
     return {**data, "tools": [*_tools(data), tool]}
 
 
-def _use(block: object) -> Call | None:
-    if not isinstance(block, dict) or block.get("type") != "tool_use":
-        return None
-    return Call(
-        _str(block.get("id")), _str(block.get("name")), orjson.dumps(block.get("input")).decode()
-    )
-
-
 def _messages_calls(answer: dict[str, Any]) -> list[Call]:
     content = answer.get("content")
-    calls = [_use(b) for b in content] if isinstance(content, list) else []
-    return [c for c in calls if c is not None]
+    return [
+        Call(_str(b.get("id")), _str(b.get("name")), orjson.dumps(b.get("input")).decode())
+        for b in (content if isinstance(content, list) else ())
+        if isinstance(b, dict) and b.get("type") == "tool_use"
+    ]
 
 
 def _messages_stream_calls(raw: bytes) -> list[Call]:

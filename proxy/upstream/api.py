@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from starlette.responses import Response
 
-from proxy.config import Settings
+from proxy.config import CompactionSettings, Settings
 from proxy.core.frozen import quick_init
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.recall_tool import Call
+from proxy.core.tokens import TokenCounter
 from proxy.types import ChatRequest
 from proxy.upstream.overflow import Overflow
 
@@ -127,6 +128,19 @@ class ToolShape:
     scrub: Callable[[bytes, bool, dict[str, Any]], bytes] = lambda raw, stream, data: raw
 
 
+@dataclass(frozen=True, slots=True)
+class ToolOffer:
+    """The recall tool, declared on one request (compaction/recall_tool.py): its API's
+    shape, the client's request object without it (to ask again without it), and what
+    its calls are answered within: the turn's settings, token counter and output reserve."""
+
+    shape: ToolShape
+    data: dict[str, Any]
+    c: CompactionSettings
+    counter: TokenCounter
+    reserve: int
+
+
 @quick_init
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -141,6 +155,7 @@ class Route:
     data: dict[str, Any]
     recover: bool = False
     items: OutputItems | None = None  # collects its answer's output items (keeps_items)
+    tool: ToolOffer | None = None  # the recall tool declared in its body (``data``)
 
     def body_for(self, outcome: Outcome) -> bytes:
         return self.api.body_for(self.body, self.data, outcome)

@@ -17,6 +17,7 @@ import anthropic
 import openai
 import pytest
 
+from proxy.config import CompactionSettings
 from proxy.core.recall_tool import TOOL_NAME
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
@@ -34,6 +35,10 @@ MESSAGES_TOOLS = [
     for t in TOOLS
 ]
 APIS = ("chat", "responses", "messages")
+# Recall by excerpts off: `recall: false` here, `recall_budget_ratio: 0` where that key is gone.
+EXCERPTS_OFF = (
+    {"recall": False} if "recall" in CompactionSettings.model_fields else {"recall_budget_ratio": 0}
+)
 
 
 @pytest.fixture
@@ -44,16 +49,15 @@ def forgetful_sim() -> Iterator[str]:
         yield url
 
 
-def settings(sim: str, tool: bool = True, **compaction: Any) -> Any:
+def settings(sim: str, rounds: int = 2) -> Any:
     """Excerpts and restored identifiers off: what the summary dropped comes back through
-    the tool, or not at all."""
+    the tool (its calls answered up to ``rounds`` times a turn; 0: off), or not at all."""
     return small_window_settings(
         sim,
-        recall=False,
-        recall_tool=tool,
+        recall_tool_rounds=rounds,
         summary_max_tokens=600,
         restored_identifiers_max=0,
-        **compaction,
+        **EXCERPTS_OFF,
     )
 
 
@@ -210,8 +214,8 @@ def test_a_stream_that_thinks_first_is_read_whole_too(
 
 @pytest.mark.parametrize("api", APIS)
 def test_without_the_tool_the_fact_is_lost(forgetful_sim: str, start_proxy: Any, api: str) -> None:
-    """The control: recall_tool off (the default), the same turns answer UNKNOWN."""
-    url = start_proxy(settings(forgetful_sim, tool=False))
+    """The control: the recall tool off (the default), the same turns answer UNKNOWN."""
+    url = start_proxy(settings(forgetful_sim, rounds=0))
     conversation = played(Conversation(url, api, f"off-{api}"))
     assert conversation.say(QUESTION) == "item_4=UNKNOWN"
     assert "x-compaction-recall-tool" not in conversation.headers
@@ -255,7 +259,7 @@ def test_rounds_are_bounded(forgetful_sim: str, start_proxy: Any, api: str, stre
     """A key nowhere in the archive: the model searches after every result; after
     ``recall_tool_rounds`` the proxy asks with tool_choice none, and the client gets the
     model's answer, in its API's shape, with no trace of the tool."""
-    url = start_proxy(settings(forgetful_sim, recall_tool_rounds=2))
+    url = start_proxy(settings(forgetful_sim, rounds=2))
     conversation = played(Conversation(url, api, f"bounded-{api}-{stream}"))
     answer = conversation.say("And the item_999? RECALL item_999", stream=stream)
     assert answer == "item_999=UNKNOWN"

@@ -37,6 +37,7 @@ from proxy.compaction.compact import Compactor
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
 from proxy.compaction.recall import Recall
+from proxy.compaction.recall_tool import RecallTool
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.compaction.summarize import PURPOSE_HEADER
@@ -324,6 +325,7 @@ def make_services(
         sleep=clock.sleep,
         caps=TenantCaps(MemoryQuota(clock), series, clock),
     )
+    recall = Recall(store, metrics)
     return Services(
         settings=settings,
         client=upstream,
@@ -344,7 +346,8 @@ def make_services(
         ledger=Ledger(metrics.registry, settings.pricing),
         policies=TenantPolicies(settings),
         tenant_series=series,
-        recall=Recall(store, metrics),
+        recall=recall,
+        recall_tool=RecallTool(recall, upstream, metrics.registry, settings.compaction, counters),
     )
 
 
