@@ -423,3 +423,13 @@ async def test_a_tenants_caps_count_once_for_every_replica_on_a_cluster_and_behi
     finally:
         for store in stores:
             await store.aclose()
+
+
+def test_an_entry_turns_the_recall_tool_on_or_off_for_its_tenants() -> None:
+    s = settings({"id": A[:12], "recall_tool_rounds": 3}, {"id": B, "recall_tool_rounds": 0})
+    policies = PolicyTable.build(s.tenants, settings(recall_tool_rounds=2).compaction)
+    a, b = policies.policy_for(A), policies.policy_for(B)
+    assert a is not None
+    assert a.compaction.recall_tool_rounds == 3
+    assert b is not None
+    assert b.compaction.recall_tool_rounds == 0

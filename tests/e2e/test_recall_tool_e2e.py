@@ -222,6 +222,19 @@ def test_without_the_tool_the_fact_is_lost(forgetful_sim: str, start_proxy: Any,
     assert TOOL_NAME not in str(chat_requests(forgetful_sim)[-1]["body"])
 
 
+def test_a_model_configured_without_the_tool_never_gets_it(
+    forgetful_sim: str, start_proxy: Any
+) -> None:
+    """``models[].recall_tool: false``: on for the tenant, off for that model."""
+    base = settings(forgetful_sim)
+    model = base.models[0].model_copy(update={"recall_tool": False})
+    url = start_proxy(base.model_copy(update={"models": [model]}))
+    conversation = played(Conversation(url, "chat", "model-off"))
+    assert conversation.say(QUESTION) == "item_4=UNKNOWN"
+    assert "x-compaction-recall-tool" not in conversation.headers
+    assert TOOL_NAME not in str(chat_requests(forgetful_sim)[-1]["body"])
+
+
 def test_a_client_tool_of_the_same_name_wins(forgetful_sim: str, start_proxy: Any) -> None:
     """The client declares a tool named as the proxy's: the proxy adds nothing, and the
     model's call of it goes to the client, as the client's own."""
