@@ -1,12 +1,10 @@
-"""The request's path through the proxy, top to bottom.
-
-``handle`` is the table of contents for every API the proxy compacts: read and parse,
-model, ``compacted_view`` (count, session, snapshot, plan, summarize under the session's
-lock, rebuild, recall), then ``forward``: send, ``recover_overflow``, the usage watcher and,
-past the soft threshold, a background compaction once the answer is out (precompact.py). Each
-step is one call into the module named for it (DESIGN.md numbers them). What differs
-between APIs is an ``Api`` value (upstream/api.py) from each API's module under routes/.
-"""
+"""The request's path through the proxy, top to bottom: ``handle`` is the table of contents
+for every API the proxy compacts: read and parse, model, ``compacted_view`` (count, session,
+snapshot, plan, summarize under the session's lock, rebuild, recall), the recall tool's
+offer, then ``forward``: send, ``recover_overflow``, the recall tool's calls answered, the
+usage watcher and, past the soft threshold, a background compaction once the answer is out
+(precompact.py). Each step is one call into the module named for it (DESIGN.md numbers
+them). What differs between APIs is an ``Api`` value (upstream/api.py) from routes/."""
 
 from __future__ import annotations
 
@@ -113,18 +111,15 @@ async def handle(
         follow_ups = () if noted is None else (noted,)
     else:  # 3-8, in the order 5, 3, 4, 6, 7-8: session_of (3) reads what 5 counted
         forced = control == "force" or deal.force
-        passed = far_below(turn, settings.compaction, services.schedule, forced)
-        later: tuple[FollowUp, ...] = ()
-        if passed is None:
-            outcome, later = await _compacted(services, turn, forced, False)
-        else:
-            outcome = passed
+        outcome, later = await compacted_view(services, turn, force=forced)
         noted = services.sightings.note(turn, outcome)  # for GET /sessions/{id}, first
         follow_ups = later if noted is None else (noted, *later)
     # Nothing to compact harder without a message (a Responses call with an empty input).
     recover = control != "off" and settings.compaction.recover_overflow and bool(chat["messages"])
+    offered = services.recall_tool.offer(api.recall_tool, turn, outcome, data)  # 8c. a tool
+    tool, data, outcome = offered or (None, data, outcome)
     first = Attempt(api.body_for(body, data, outcome), outcome, follow_ups)
-    route = Route(api, url, headers, body, data, recover, kept)
+    route = Route(api, url, headers, body, data, recover, kept, tool)
     return await forward(services, request, route, first, turn)  # 9-10.
 
 
@@ -134,8 +129,7 @@ async def compacted_view(
     """Steps 3-8: what the upstream sees of ``turn``'s history: the history itself, or
     pinned messages + handoff summary + verbatim tail; and what to start once its answer
     is out (a background pre-compaction). ``recover``: the upstream just rejected a larger
-    view, so compact now (no rate limit) against ``turn.model``'s window.
-    """
+    view, so compact now (no rate limit) against ``turn.model``'s window."""
     passed = far_below(turn, services.settings.compaction, services.schedule, force or recover)
     if passed is not None:
         return passed, ()
@@ -147,7 +141,8 @@ async def _compacted(
 ) -> tuple[Outcome, tuple[FollowUp, ...]]:
     """``compacted_view`` once ``far_below`` has said no: the view, then 8b. recall."""
     outcome, later, history, session = await _view(services, turn, force, recover)
-    return await services.recall.excerpts(turn, session, history, outcome), later
+    outcome = await services.recall.excerpts(turn, session, history, outcome)
+    return await services.recall_tool.searchable(turn, session, outcome), later  # 8c.
 
 
 async def _view(services: Services, turn: Turn, force: bool, recover: bool) -> _Viewed:
@@ -189,10 +184,9 @@ async def forward(
     services: Services, request: Request, route: Route, first: Attempt, turn: Turn | None
 ) -> Response:
     """Steps 9-12: send ``first``; when ``route.recover`` and the upstream rejects it as too
-    long, compact ``turn`` harder and retry once; relay the answer with its view's
-    headers, calibrating on ``turn``'s usage, and start the follow-ups of the attempt it
-    answers (the first, or the retry) once the answer is out, in order.
-    ``turn`` None: a request the proxy does not compact (a chained Responses call)."""
+    long, compact ``turn`` harder and retry once; answer the recall tool's calls; relay the
+    answer with its view's headers, calibrating on ``turn``'s usage, then start the follow-ups
+    of the attempt it answers, in order. ``turn`` None: a request not compacted (chained)."""
     record = record_of(request)
     sent = first  # the attempt whose answer goes back: the first, or a recovery's retry
     try:
@@ -208,6 +202,9 @@ async def forward(
             if route.recover and turn is not None and (status in RECOVERABLE or streamed):
                 client.now()  # a recovery may summarize: a client gone meanwhile stops it
                 answer, sent = await recover_overflow(services, turn, route, first, response)
+            if route.tool is not None:  # 10b. the recall tool's calls answered, asked again
+                watch_for = partial(_usage_watcher, services, turn, route)
+                answer, sent = await services.recall_tool.answer(route, sent, answer, watch_for)
             record.answered(answer.status_code, sent.outcome)
             if isinstance(answer, upstream.UpstreamResponse):
                 ok = answer.status_code == 200
@@ -241,7 +238,7 @@ async def recover_overflow(
     without an error. A stream that sends comments first starts now and recovers
     in-stream (stream_head.py)."""
     api = route.api
-    answer, verdict = await diagnose(response, api.stream_failure)
+    answer, verdict = await diagnose(response, api.stream_failure, hold=route.tool is None)
     if isinstance(answer, Held):
         retry = partial(_second_attempt, services, turn, route, first)
         watch_for = partial(_usage_watcher, services, turn, route)

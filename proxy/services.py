@@ -19,6 +19,7 @@ from proxy.compaction.held import HeldCuts
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
 from proxy.compaction.recall import Recall
+from proxy.compaction.recall_tool import RecallTool
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.config import Settings
@@ -65,6 +66,7 @@ class Services:
     tenant_ids: TenantIds  # the tenant of a request, under this deployment's key
     tenant_series: TenantSeries  # caps hit, config reloads
     recall: Recall  # excerpts of the archived originals (compaction/recall.py)
+    recall_tool: RecallTool  # a search of them the model calls (compaction/recall_tool.py)
     held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
     loop: asyncio.AbstractEventLoop | None = None  # the one it was built in and serves on
 
@@ -125,6 +127,7 @@ async def build_services(settings: Settings) -> Services:
         tenant_series = TenantSeries(metrics.registry)
         tenant_ids = TenantIds.from_settings(settings)
         archive = build_archive(store)  # the originals snapshots replace, beside them
+        recall = Recall(archive, metrics, settings.compaction, counters)
         compactor = Compactor(
             settings=settings,
             store=store,
@@ -156,7 +159,8 @@ async def build_services(settings: Settings) -> Services:
             policies=TenantPolicies(settings, tenant_ids.legacy_of),
             tenant_ids=tenant_ids,
             tenant_series=tenant_series,
-            recall=Recall(archive, metrics, settings.compaction, counters),
+            recall=recall,
+            recall_tool=RecallTool(recall, client, metrics.registry, settings.compaction, counters),
             loop=asyncio.get_running_loop(),
         )
         opened.pop_all()  # built: from here on, closing is Services.aclose's

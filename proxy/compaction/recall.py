@@ -98,7 +98,7 @@ class Recall:
         newest = _newest_user(history)
         if newest is None:
             return outcome
-        index = await self._index(slot_base(key), outcome.version, turn)
+        index = await self._index(slot_base(key), outcome.version, self._counter(turn))
         if not index.passages:
             return outcome
         query = query_terms(_query_text(history, newest))
@@ -128,11 +128,13 @@ class Recall:
             outcome, messages=messages, tokens=outcome.tokens + tokens, recalled=recalled
         )
 
-    async def _index(self, key: SessionKey, version: int, turn: Turn) -> _Index:
+    def _counter(self, turn: Turn) -> TokenCounter:
+        return self._counters[turn.model.tokenizer]
+
+    async def _index(self, key: SessionKey, version: int, counter: TokenCounter) -> _Index:
         """``key``'s index, with what the archive holds up to ``version`` added (its
-        passages sized by ``turn``'s tokenizer: the excerpts' cost is known before they
-        are chosen)."""
-        counter = self._counters[turn.model.tokenizer]
+        passages sized by ``counter``, the turn's tokenizer: the excerpts' cost is known
+        before they are chosen)."""
         index = self._indexes.get(key)
         if index is None:
             index = self._indexes[key] = _Index()
@@ -159,6 +161,27 @@ class Recall:
             while self._bytes > self.index_bytes and next(iter(self._indexes)) != key:
                 self._bytes -= self._indexes.popitem(last=False)[1].size
         return index
+
+    async def searchable(self, turn: Turn, key: SessionKey, outcome: Outcome) -> Outcome:
+        """``outcome`` naming ``key``'s archive as the one a recall tool searches, when
+        that archive holds anything (compaction/recall_tool.py); else ``outcome``."""
+        if outcome.messages is None or outcome.status not in _STATUSES:
+            return outcome
+        base = slot_base(key)
+        index = await self._index(base, outcome.version, self._counter(turn))
+        return replace(outcome, archive=base) if index.passages else outcome
+
+    async def search(
+        self, outcome: Outcome, query: str, counter: TokenCounter, budget: int
+    ) -> list[Passage]:
+        """The passages of ``outcome``'s archive ``query`` asks for, as excerpts choose them
+        (above ``MIN_SCORE``, within ``budget`` tokens, at most ``MAX_EXCERPTS``)."""
+        if outcome.archive is None:
+            return []
+        index = await self._index(outcome.archive, outcome.version, counter)
+        found = index.ranking.search(query_terms(query), MAX_EXCERPTS * 2)
+        hits = [Hit(score, index.passages[doc]) for score, doc in found]
+        return choose_excerpts(hits, MIN_SCORE, budget, MAX_EXCERPTS)
 
     def forget(self, key: SessionKey) -> None:
         """Drop ``key``'s index (its session was deleted)."""

@@ -38,6 +38,7 @@ from proxy.compaction.compact import Compactor
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
 from proxy.compaction.recall import Recall
+from proxy.compaction.recall_tool import RecallTool
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.compaction.summarize import PURPOSE_HEADER, SummaryRequest
@@ -340,6 +341,7 @@ def make_services(
     counters = {name: TokenCounter(EstimateEncoder(name)) for name in models.tokenizers()}
     series = TenantSeries(metrics.registry)
     tenant_ids = TenantIds.from_settings(settings)
+    archive = build_archive(store)
     compactor = Compactor(
         settings=settings,
         store=store,
@@ -350,8 +352,9 @@ def make_services(
         clock=clock,
         sleep=clock.sleep,
         caps=TenantCaps(MemoryQuota(clock), series, clock),
-        archive=build_archive(store),
+        archive=archive,
     )
+    recall = Recall(archive, metrics, settings.compaction, counters)
     return Services(
         settings=settings,
         client=upstream,
@@ -373,7 +376,8 @@ def make_services(
         policies=TenantPolicies(settings, tenant_ids.legacy_of),
         tenant_ids=tenant_ids,
         tenant_series=series,
-        recall=Recall(build_archive(store), metrics, settings.compaction, counters),
+        recall=recall,
+        recall_tool=RecallTool(recall, upstream, metrics.registry, settings.compaction, counters),
     )
 
 
