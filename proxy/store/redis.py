@@ -1,26 +1,20 @@
 """Snapshots in Redis, so any replica can serve any turn of a session.
 
-Which keys (one server's and a cluster's, hash-tagged per session) is ``keys.py``;
-which client a URL makes (``redis://``, ``redis+cluster://``) is ``connect.py``.
-How a snapshot becomes those bytes, encrypted or not, is ``codec.py``; the
-scripts that make each read-compare-write atomic are ``lua.py``.
+Which keys (hash-tagged per session on a cluster) is ``keys.py``; which client a URL makes,
+``connect.py``; a snapshot's bytes, encrypted or not, ``codec.py``; the scripts that make
+each read-compare-write atomic, ``lua.py``; the session's originals, ``redis_archive.py``.
 
-Snapshots expire after ``store.ttl_s`` without use; every load refreshes the
-TTL. Writes are compare-and-swap in one Lua script: version N is written only
-over N-1, so a stale writer can never replace a newer summary. Locks are
-released only by their owner (compare-and-delete), and expire on their own
-if a replica dies mid-summary.
+Snapshots expire after ``store.ttl_s`` without use; every load refreshes the TTL. Writes
+are compare-and-swap in one Lua script: version N is written only over N-1, so a stale
+writer can never replace a newer summary. Locks are released only by their owner
+(compare-and-delete), and expire on their own if a replica dies mid-summary.
 
-A stored value this release cannot use (bad bytes, a snapshot encrypted with
-a key no longer configured, an older format, a wrong Redis type) reads as
-"nothing stored" for that one session: it is counted, logged with a hashed
-key, and deleted if it is still exactly what was read, so the session's next
-compaction can write version 1 in its place. A snapshot of a newer format
-(written by a newer release during a rollout) reads as nothing but is kept.
-
-Every call has a short socket timeout; failures raise ``StoreError`` and the
-``resilient`` wrapper decides what a request does without the store.
-"""
+A stored value this release cannot use (bad bytes, a snapshot encrypted with a key no longer
+configured, an older format, a wrong Redis type) reads as "nothing stored" for that session:
+counted, logged with a hashed key, and deleted if still what was read, so its next compaction
+can write version 1. A newer format's snapshot (a rollout) reads as nothing but is kept. Calls
+have a short socket timeout; failures raise ``StoreError``, and the ``resilient`` wrapper
+decides what a request does without the store."""
 
 from __future__ import annotations
 
@@ -65,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("proxy.store")
 
 _LOG_INTERVAL_S = 30.0
+_UNREADABLE = "unreadable %s in redis for session=%s (%s); treated as absent and replaced%s"
 
 
 def _wrong_type(exc: ResponseError) -> bool:
@@ -78,11 +73,10 @@ def log_id(key: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RedisOptions:
-    """How a ``RedisStore`` uses its Redis: the prefix of its keys, each call's timeout,
-    its connections (``store.max_connections``, ``store.pool_wait_s``), and the keys
-    snapshots are encrypted with (none: stored in the clear, and refused with
-    ``require_encryption``, which also makes a snapshot stored in the clear unreadable).
-    The defaults are ``StoreSettings``'."""
+    """How a ``RedisStore`` uses its Redis (defaults: ``StoreSettings``'): its keys' prefix,
+    each call's timeout, its connections (``store.max_connections``, ``store.pool_wait_s``),
+    the keys snapshots are encrypted with (none: in the clear, refused with
+    ``require_encryption``, which also makes a snapshot stored in the clear unreadable)."""
 
     prefix: str = "cp"
     timeout_s: float = 0.25
@@ -190,8 +184,7 @@ class RedisStore:
 
     async def _discard(self, kind: str, ident: str, reason: str, delete: Awaitable[object]) -> None:
         """Count and log an unreadable value, and delete it if it is still what was read
-        (``delete``: the script call that does, awaited here)."""
-        # Failing to delete is harmless: the next reader tries again.
+        (``delete``: the script call that does, awaited here; failing is harmless)."""
         with contextlib.suppress(*ERRORS):
             await delete
         if self.metrics is not None:
@@ -201,13 +194,7 @@ class RedisStore:
             self._suppressed += 1
             return
         extra = f" ({self._suppressed} more since the last report)" if self._suppressed else ""
-        log.warning(
-            "unreadable %s in redis for session=%s (%s); treated as absent and replaced%s",
-            kind,
-            ident,
-            reason,
-            extra,
-        )
+        log.warning(_UNREADABLE, kind, ident, reason, extra)
         self._last_log = now
         self._suppressed = 0
 
