@@ -182,7 +182,7 @@ def stated_value(text: str, key: str) -> str | None:
     found = None
     for match in pattern.finditer(text):
         value = match.group(1).rstrip(_TRAILING)
-        if value and value != _UNKNOWN:
+        if value and value not in (_UNKNOWN, "RECALL"):  # "k: RECALL k" asks, not states
             found = value
     return found
 
