@@ -14,7 +14,6 @@ from proxy.core.excerpts import (
     Hit,
     choose_excerpts,
     excerpts_tokens,
-    newest_user_at,
     render_excerpts,
     with_excerpts,
 )
@@ -155,11 +154,8 @@ def test_the_block_goes_right_before_the_newest_user_message() -> None:
         ChatMessage(role="assistant", content="ack"),
         newest,
     ]
-    at = newest_user_at(messages, newest)
-    assert at == 3
-    out = with_excerpts(messages, at, "BLOCK")
+    out = with_excerpts(messages, 3, "BLOCK")
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert out[3]["content"] == "BLOCK"
     assert out[-1] is newest
     assert out[:3] == messages[:3]
-    assert newest_user_at(messages, ChatMessage(role="user", content="and now?")) is None
