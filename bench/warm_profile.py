@@ -16,7 +16,8 @@ the core does not count), and the table gives each step's median over the timed 
 ``--recall both`` runs two apps in the same process, one with ``compaction.recall`` on and
 one with it off, each its own session, their requests alternating, and reports each one's
 median and the difference (what excerpts cost a warm turn); the steps' table is then the
-recall-on app's.
+recall-on app's. Each request's newest message is one of ``VARIANTS`` wordings, so each
+is a new turn to recall (both apps alike).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import uvloop
 from payloads import build_payload
 from targets import COMPACTING_WINDOW, FORWARDING_WINDOW, free_port
@@ -56,6 +58,9 @@ from proxy.serve.server import GC_THRESHOLD
 
 BENCH = Path(__file__).resolve().parent
 SESSION = b"bench-warm-100k"
+# More newest-message wordings than recall keeps blocks for (recall.BLOCKS): every request
+# searches, as a new turn does (a tool loop's requests would reuse the block).
+VARIANTS = 97
 # (module, attribute, label): the steps timed, in the order the table lists them.
 STEPS: tuple[tuple[Any, str, str], ...] = (
     (pipeline_module, "read_body", "read the body"),
@@ -107,8 +112,12 @@ def _timed(samples: dict[str, list[int]], label: str, fn: Callable[..., Any]) ->
 class InProcess:
     """The app, its lifespan and one request through ASGI."""
 
-    def __init__(self, app: Any, body: bytes, session: bytes) -> None:
+    def __init__(self, app: Any, body: bytes, session: bytes, variants: int = 1) -> None:
         self.app, self.body, self.state = app, body, {}
+        # The same history, its newest message in ``variants`` wordings taken in turn: a
+        # new turn each request for what keys on it (recall's block of excerpts).
+        self.bodies = [body] if variants == 1 else [_variant(body, i) for i in range(variants)]
+        self._next = 0
         self.headers = [
             (b"host", b"127.0.0.1"),
             (b"content-type", b"application/json"),
@@ -148,7 +157,9 @@ class InProcess:
             "server": ("127.0.0.1", 8080),
             "state": dict(self.state),
         }
-        messages = [{"type": "http.request", "body": self.body, "more_body": False}]
+        body = self.bodies[self._next % len(self.bodies)]
+        self._next += 1
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
         headers: dict[bytes, bytes] = {}
 
         async def receive() -> dict[str, Any]:
@@ -163,6 +174,12 @@ class InProcess:
 
         await self.app(scope, receive, send)
         return headers
+
+
+def _variant(body: bytes, n: int) -> bytes:
+    data = orjson.loads(body)
+    data["messages"][-1]["content"] += f" (take {n})"
+    return orjson.dumps(data)
 
 
 def _config(upstream_port: int, window: int, store_url: str, recall: bool) -> Path:
@@ -188,7 +205,8 @@ async def _profile(args: argparse.Namespace, upstream_port: int) -> None:
     for recall in modes:
         settings = load_settings(_config(upstream_port, window, args.store_url, recall))
         session = SESSION + (b"-recall" if recall else b"-plain")
-        clients[recall] = InProcess(create_app(settings), build_payload(args.payload), session)
+        body = build_payload(args.payload)
+        clients[recall] = InProcess(create_app(settings), body, session, VARIANTS)
     for client in clients.values():
         await client.start()
     try:

@@ -133,7 +133,8 @@ async def archive_span(
     if not positions:
         return
     messages = job.history.messages
-    originals = archived_messages([messages[i] for i in positions], positions)
+    digests = [job.history.digests[i] for i in positions]
+    originals = archived_messages([messages[i] for i in positions], positions, digests)
     try:
         dropped = await archive.archive(slot_base(job.key), originals)
     except StoreError as exc:

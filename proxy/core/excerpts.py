@@ -104,12 +104,3 @@ def with_excerpts(
     out.append(ChatMessage(role="assistant", content=EXCERPTS_ACKNOWLEDGEMENT))
     out.extend(messages[newest_user:])
     return out
-
-
-def newest_user_at(messages: Sequence[ChatMessage], newest: ChatMessage) -> int | None:
-    """Where ``newest`` (the history's newest user message, which views keep as the same
-    object) stands in ``messages``; None when the view does not hold it verbatim."""
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i] is newest:
-            return i
-    return None

@@ -29,6 +29,7 @@ class Original:
     role: str
     text: str
     tool: str = ""
+    digest: str = ""  # the message's digest in its history (hex): is it still there?
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +42,14 @@ class Passage:
     text: str
     part: int  # 0 for the first piece of the message
     tokens: int
+    digest: str = ""  # its message's (Original.digest)
 
 
-def archived_messages(messages: Sequence[ChatMessage], positions: Sequence[int]) -> list[Original]:
-    """The originals of ``messages`` (which stood at ``positions`` of the history)."""
+def archived_messages(
+    messages: Sequence[ChatMessage], positions: Sequence[int], digests: Sequence[bytes] = ()
+) -> list[Original]:
+    """The originals of ``messages`` (which stood at ``positions`` of the history, with
+    those ``digests``, if given)."""
     sources = span_sources(messages)
     names: dict[str, str] = {}
     out: list[Original] = []
@@ -53,7 +58,8 @@ def archived_messages(messages: Sequence[ChatMessage], positions: Sequence[int])
             fn = call.get("function") or {}
             names[str(call.get("id", ""))] = str(fn.get("name", ""))
         tool = names.get(str(message.get("tool_call_id", "")), "") if role == "tool" else ""
-        out.append(Original(position, role, text, tool[:64]))
+        digest = digests[len(out)].hex() if digests else ""
+        out.append(Original(position, role, text, tool[:64], digest))
     return out
 
 
@@ -74,8 +80,9 @@ def split_passages(
         start = end
     pieces.append(text[start:].strip())
     size_of = count or _tokens
+    o = original
     return [
-        Passage(original.position, original.role, original.tool, piece, i, size_of(piece))
+        Passage(o.position, o.role, o.tool, piece, i, size_of(piece), o.digest)
         for i, piece in enumerate(p for p in pieces if p)
     ]
 

@@ -36,6 +36,9 @@ _STOP = frozenset(_STOP_WORDS.split())
 # Okapi BM25's usual constants: term frequency saturates by k1, length normalised by b.
 _K1 = 1.2
 _B = 0.75
+# A term held by at most this share of the documents (one at least) is rare: what a
+# passage is about, where a common word is not.
+RARE_SHARE = 0.07
 # The most postings one search reads, its rarest terms first: its cost is bounded.
 POSTINGS_READ = 4000
 # The longest query read: a newest turn may be a 100k-token paste.
@@ -108,8 +111,10 @@ class Ranking:
 
     def search(self, query: Sequence[str], limit: int) -> list[tuple[float, int]]:
         """The best ``limit`` (score, document) for the distinct terms ``query`` (of
-        which the ``QUERY_TERMS`` rarest the archive holds), best first; only documents
-        that hold a term score."""
+        which the ``QUERY_TERMS`` rarest the archive holds), best first. A document must
+        hold two of those terms (a compound and its part are two), or the one there is:
+        one number or name in common alone is chance; and one of them rare in the archive
+        (``RARE_SHARE``): many common words in common (a template, filler) are not a topic."""
         lengths, docs, df = self._lengths, self._docs, self._df
         n = len(lengths)
         held = [t for t in query if t in df]
@@ -121,6 +126,9 @@ class Ranking:
             held.sort(key=df.__getitem__)
         average = self._total / n or 1.0
         scores: dict[int, float] = {}
+        matched: dict[int, int] = {}
+        rare: set[int] = set()  # documents holding a term rare in the archive
+        few = max(1, int(n * RARE_SHARE))
         read = 0
         for term in held:
             postings, tfs = docs[term], self._tfs[term]
@@ -134,5 +142,10 @@ class Ranking:
                     break  # being added by a concurrent add
                 norm = _K1 * (1 - _B + _B * lengths[doc] / average)
                 scores[doc] = scores.get(doc, 0.0) + idf * tf * (_K1 + 1) / (tf + norm)
-        best = heapq.nlargest(limit, scores.items(), key=lambda item: (item[1], -item[0]))
+                matched[doc] = matched.get(doc, 0) + 1
+                if holding <= few:
+                    rare.add(doc)
+        least = min(2, len(held))
+        held_enough = ((d, v) for d, v in scores.items() if matched[d] >= least and d in rare)
+        best = heapq.nlargest(limit, held_enough, key=lambda item: (item[1], -item[0]))
         return [(score, doc) for doc, score in best]

@@ -157,7 +157,8 @@ def decode_sighting(raw: bytes | str) -> Sighting | None:
 
 def encode_original(original: Original, cipher: SnapshotCipher | None) -> bytes:
     """One archived message as Redis keeps it: JSON, encrypted like snapshots."""
-    payload = orjson.dumps([original.position, original.role, original.tool, original.text])
+    o = original
+    payload = orjson.dumps([o.position, o.role, o.tool, o.text, o.digest])
     return cipher.encrypt(payload) if cipher is not None else payload
 
 
@@ -169,9 +170,9 @@ def decode_original(raw: bytes, cipher: SnapshotCipher | None) -> Original | Non
             raw = cipher.decrypt(raw)
         elif cipher is not None and not cipher.read_plaintext:
             return None
-        position, role, tool, text = orjson.loads(raw)
+        position, role, tool, text, digest = orjson.loads(raw)
     except (StoreError, orjson.JSONDecodeError, TypeError, ValueError):
         return None
     if type(position) is not int or not all(isinstance(v, str) for v in (role, tool, text)):
         return None
-    return Original(position, role, text, tool)
+    return Original(position, role, text, tool, digest if isinstance(digest, str) else "")

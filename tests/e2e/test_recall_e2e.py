@@ -123,10 +123,11 @@ def test_without_recall_the_same_conversation_loses_the_facts(
 
 
 def _assert_prefix_stable(requests: list[dict[str, Any]]) -> None:
-    """Between two compactions, each request is the one before it less its excerpts,
-    plus the new turns: the pinned messages, the summary and the verbatim tail are
-    byte-identical, and excerpts only ever stand right before the newest user message."""
-    compared = with_excerpts = 0
+    """Between two compactions each request is the one before it, byte for byte, and its
+    new turns (the block stays where it was), but where the new turn has excerpts of its
+    own: then the block moves right before it and the rest is as before. A block only
+    ever stands after the summary, right before a user message."""
+    compared = strict = with_excerpts = 0
     previous: list[bytes] | None = None
     previous_handoff: bytes | None = None
     for request in requests:
@@ -134,24 +135,31 @@ def _assert_prefix_stable(requests: list[dict[str, Any]]) -> None:
         encoded = [orjson.dumps(m) for m in messages]
         handoff = next((e for m, e in zip(messages, encoded, strict=True) if _is_handoff(m)), None)
         acks = [i for i, m in enumerate(messages) if m.get("content") == EXCERPTS_ACKNOWLEDGEMENT]
-        assert len(acks) <= 1
-        if acks:
-            (i,) = acks
-            with_excerpts += 1
-            assert messages[i - 1]["role"] == "user"
-            assert i + 2 == len(messages)  # the newest user message follows
-            assert messages[-1]["role"] == "user"
+        for i in acks:
+            assert str(messages[i - 1]["content"]).startswith("Verbatim excerpts")
+            assert messages[i + 1]["role"] == "user"  # a user message follows
             assert handoff is not None
             assert encoded.index(handoff) < i - 1  # after the summary
-            stripped = encoded[: i - 1] + encoded[i + 1 :]
-        else:
-            stripped = encoded
+        with_excerpts += bool(acks)
         if previous is not None and handoff is not None and handoff == previous_handoff:
-            assert stripped[: len(previous)] == previous
             compared += 1
-        previous, previous_handoff = stripped[:-1], handoff  # its newest turn ends it
+            if encoded[: len(previous)] == previous:
+                strict += 1
+            else:  # the block moved: only to this turn's new one; the rest as before
+                assert acks, "a block left out with no new one"
+                assert acks[-1] == len(messages) - 2
+                assert _unblocked(encoded)[: len(_unblocked(previous))] == _unblocked(previous)
+        previous, previous_handoff = encoded, handoff
     assert compared >= 20
+    assert strict >= 20  # the turns with nothing new to recall
     assert with_excerpts >= 27
+
+
+def _unblocked(encoded: list[bytes]) -> list[bytes]:
+    """The messages but excerpt blocks and their acknowledgements."""
+    ack = orjson.dumps(EXCERPTS_ACKNOWLEDGEMENT)
+    out = [e for e in encoded if ack not in e and b"Verbatim excerpts" not in e]
+    return out
 
 
 def _is_handoff(message: dict[str, Any]) -> bool:
