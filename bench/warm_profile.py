@@ -2,6 +2,7 @@
 
     python bench/warm_profile.py [--requests 1000] [--payload big100k|chat20]
                                  [--store-url redis://127.0.0.1:P/0] [--cprofile out.prof]
+                                 [--recall on|off|both]
 
 Starts ``fake_upstream.py`` (a subprocess on a free 127.0.0.1 port), builds the proxy's app
 in this process as ``proxy-compacting`` configures it (a 120k window for ``big100k``, so the
@@ -12,6 +13,11 @@ collector is set up as the server sets it (``gc.freeze``, ``GC_THRESHOLD``). Eve
 timed by a wrapper with ``time.thread_time_ns`` (CPU time of this thread: another process on
 the core does not count), and the table gives each step's median over the timed requests.
 ``--cprofile`` writes a cProfile of the timed requests instead of timing the steps.
+``--recall both`` runs two apps in the same process, one with ``compaction.recall`` on and
+one with it off, each its own session, their requests alternating, and reports each one's
+median and the difference (what excerpts cost a warm turn); the steps' table is then the
+recall-on app's. Each request's newest message is one of ``VARIANTS`` wordings, so each
+is a new turn to recall (both apps alike).
 """
 
 from __future__ import annotations
@@ -34,11 +40,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import uvloop
 from payloads import build_payload
 from targets import COMPACTING_WINDOW, FORWARDING_WINDOW, free_port
 
 import proxy.compaction.count as count_module
+import proxy.compaction.recall as recall_module
+import proxy.core.ranking as ranking_module
 import proxy.observe.recorder as recorder_module
 import proxy.pipeline as pipeline_module
 import proxy.routes.chat as chat_module
@@ -49,6 +58,9 @@ from proxy.serve.server import GC_THRESHOLD
 
 BENCH = Path(__file__).resolve().parent
 SESSION = b"bench-warm-100k"
+# More newest-message wordings than recall keeps blocks for (recall.BLOCKS): every request
+# searches, as a new turn does (a tool loop's requests would reuse the block).
+VARIANTS = 97
 # (module, attribute, label): the steps timed, in the order the table lists them.
 STEPS: tuple[tuple[Any, str, str], ...] = (
     (pipeline_module, "read_body", "read the body"),
@@ -63,6 +75,10 @@ STEPS: tuple[tuple[Any, str, str], ...] = (
     (pipeline_module, "load_session", "load_session (store, anchor)"),
     (pipeline_module, "plan_compaction", "plan_compaction"),
     (pipeline_module, "rebuild_outcome", "rebuild_outcome"),
+    (recall_module.Recall, "excerpts", "recall excerpts (all)"),
+    (recall_module, "query_terms", "  query terms"),
+    (ranking_module.Ranking, "search", "  search (BM25)"),
+    (recall_module, "render_excerpts", "  render the block"),
     (pipeline_module, "compacted_view", "compacted_view (all)"),
     (pipeline_module, "forward", "forward (view body, upstream)"),
     (recorder_module.Recorder, "finish", "request record and ledger"),
@@ -96,8 +112,12 @@ def _timed(samples: dict[str, list[int]], label: str, fn: Callable[..., Any]) ->
 class InProcess:
     """The app, its lifespan and one request through ASGI."""
 
-    def __init__(self, app: Any, body: bytes, session: bytes) -> None:
+    def __init__(self, app: Any, body: bytes, session: bytes, variants: int = 1) -> None:
         self.app, self.body, self.state = app, body, {}
+        # The same history, its newest message in ``variants`` wordings taken in turn: a
+        # new turn each request for what keys on it (recall's block of excerpts).
+        self.bodies = [body] if variants == 1 else [_variant(body, i) for i in range(variants)]
+        self._next = 0
         self.headers = [
             (b"host", b"127.0.0.1"),
             (b"content-type", b"application/json"),
@@ -137,7 +157,9 @@ class InProcess:
             "server": ("127.0.0.1", 8080),
             "state": dict(self.state),
         }
-        messages = [{"type": "http.request", "body": self.body, "more_body": False}]
+        body = self.bodies[self._next % len(self.bodies)]
+        self._next += 1
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
         headers: dict[bytes, bytes] = {}
 
         async def receive() -> dict[str, Any]:
@@ -154,44 +176,79 @@ class InProcess:
         return headers
 
 
-async def _profile(args: argparse.Namespace, upstream_port: int) -> None:
-    big = args.payload == "big100k"
-    window = COMPACTING_WINDOW if big else FORWARDING_WINDOW
+def _variant(body: bytes, n: int) -> bytes:
+    data = orjson.loads(body)
+    data["messages"][-1]["content"] += f" (take {n})"
+    return orjson.dumps(data)
+
+
+def _config(upstream_port: int, window: int, store_url: str, recall: bool) -> Path:
     config = Path(tempfile.mkdtemp(prefix="warm-profile-")) / "proxy.yaml"
     config.write_text(
         f'upstream: {{base_url: "http://127.0.0.1:{upstream_port}/v1", api_key: "sk-bench"}}\n'
-        f'store: {{url: "{args.store_url}"}}\n'
+        f'store: {{url: "{store_url}"}}\n'
         f"default_model: {{context_window: {window}, max_output_tokens: 4096}}\n"
+        f"compaction: {{recall_budget_ratio: {0.1 if recall else 0}}}\n"
     )
+    return config
+
+
+async def _profile(args: argparse.Namespace, upstream_port: int) -> None:
+    big = args.payload == "big100k"
+    window = COMPACTING_WINDOW if big else FORWARDING_WINDOW
+    modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.recall]
     samples: dict[str, list[int]] = defaultdict(list)
     if not args.cprofile:
         for module, name, label in STEPS:
             setattr(module, name, _timed(samples, label, getattr(module, name)))
-    client = InProcess(create_app(load_settings(config)), build_payload(args.payload), SESSION)
-    await client.start()
+    clients = {}
+    for recall in modes:
+        settings = load_settings(_config(upstream_port, window, args.store_url, recall))
+        session = SESSION + (b"-recall" if recall else b"-plain")
+        body = build_payload(args.payload)
+        clients[recall] = InProcess(create_app(settings), body, session, VARIANTS)
+    for client in clients.values():
+        await client.start()
     try:
-        statuses = [(await client.request()).get(b"x-compaction-status") for _ in range(30)]
-        print(f"warm-up: X-Compaction-Status {statuses[0]!r} then {statuses[-1]!r}")
+        for recall, client in clients.items():
+            answers = [await client.request() for _ in range(30)]
+            first, last = answers[0], answers[-1]
+            print(
+                f"warm-up (recall {'on' if recall else 'off'}): X-Compaction-Status"
+                f" {first.get(b'x-compaction-status')!r} then {last.get(b'x-compaction-status')!r},"
+                f" X-Compaction-Recalled {last.get(b'x-compaction-recalled')!r}"
+            )
         gc.collect()
         gc.freeze()  # as serve_process and the server's start-up do
         gc.set_threshold(GC_THRESHOLD)
-        samples.clear()
         profile = cProfile.Profile() if args.cprofile else None
-        totals = []
+        totals: dict[bool, list[int]] = {recall: [] for recall in clients}
+        kept: dict[str, list[int]] = defaultdict(list)
         for _ in range(args.requests):
-            if profile is not None:
-                profile.enable()
-            start = time.thread_time_ns()
-            await client.request()
-            totals.append(time.thread_time_ns() - start)
-            if profile is not None:
-                profile.disable()
+            for recall, client in clients.items():
+                samples.clear()
+                if profile is not None:
+                    profile.enable()
+                start = time.thread_time_ns()
+                await client.request()
+                totals[recall].append(time.thread_time_ns() - start)
+                if profile is not None:
+                    profile.disable()
+                if recall == modes[0]:
+                    for label, values in samples.items():
+                        kept[label].extend(values)
     finally:
-        await client.stop()
+        for client in clients.values():
+            await client.stop()
     if profile is not None:
         profile.dump_stats(args.cprofile)
         print(f"wrote {args.cprofile}")
-    _table(totals, samples)
+    _table(totals[modes[0]], kept)
+    if len(modes) == 2:
+        on, off = statistics.median(totals[True]) / 1e3, statistics.median(totals[False]) / 1e3
+        print(
+            f"median µs CPU a request: recall on {on:.1f}, off {off:.1f}, on - off {on - off:+.1f}"
+        )
 
 
 def _table(totals: list[int], samples: dict[str, list[int]]) -> None:
@@ -208,6 +265,7 @@ def main() -> None:
     parser.add_argument("--payload", choices=("big100k", "chat20"), default="big100k")
     parser.add_argument("--store-url", default="memory://")
     parser.add_argument("--cprofile", help="write a cProfile of the timed requests here")
+    parser.add_argument("--recall", choices=("on", "off", "both"), default="on")
     args = parser.parse_args()
     logging.disable(logging.INFO)
     port = free_port()

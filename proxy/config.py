@@ -86,8 +86,7 @@ class ServerSettings(_Section):
 
 class UpstreamSettings(_Section):
     base_url: str = "https://api.openai.com/v1"
-    # Empty: forward the caller's own Authorization header.
-    api_key: SecretStr = SecretStr("")
+    api_key: SecretStr = SecretStr("")  # empty: forward the caller's own Authorization header
     timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
     # The most one upstream call may take from send to its last byte, streams included
@@ -210,6 +209,8 @@ class CompactionSettings(_Section):
     # once this many tenants report it, lowered once per learned_window_interval_s, by half at most.
     learned_window_quorum: int = Field(2, ge=1)
     learned_window_interval_s: float = Field(600.0, ge=0)
+    recall_budget_ratio: float = Field(0.1, ge=0, le=0.5)  # excerpts (recall.py); 0: off
+    recall_tool_rounds: int = Field(0, ge=0, le=8)  # its calls answered a turn (recall_tool.py)
 
     @property
     def effective_mode(self) -> Literal["on", "shadow", "off"]:
@@ -248,6 +249,7 @@ class ModelSpec(_Section):
     max_output_tokens: int = Field(4096, gt=0)
     tokenizer: str | None = None  # None: from the name's family (models.default_tokenizer)
     precompact: bool = True  # false: no background summaries (a single-slot server: README)
+    recall_tool: bool = True  # false: never the recall tool (compaction.recall_tool_rounds)
 
 
 class DefaultModelSpec(_Section):
@@ -255,6 +257,7 @@ class DefaultModelSpec(_Section):
     max_output_tokens: int = Field(4096, gt=0)
     tokenizer: str | None = None
     precompact: bool = True
+    recall_tool: bool = True
 
 
 class Settings(BaseSettings):

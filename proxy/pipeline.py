@@ -1,19 +1,17 @@
-"""The request's path through the proxy, top to bottom.
-
-``handle`` is the table of contents for every API the proxy compacts: read and parse,
-model, ``compacted_view`` (count, session, snapshot, plan, summarize under the session's
-lock, rebuild), then ``forward``: send, ``recover_overflow``, the usage watcher and, past
-the soft threshold, a background compaction once the answer is out (precompact.py). Each
-step is one call into the module named for it (DESIGN.md numbers them). What differs
-between APIs is an ``Api`` value (upstream/api.py) from each API's module under routes/.
-"""
+"""The request's path through the proxy, top to bottom: ``handle`` is the table of contents
+for every API the proxy compacts: read and parse, model, ``compacted_view`` (count, session,
+snapshot, plan, summarize under the session's lock, rebuild, recall), the recall tool's
+offer, then ``forward``: send, ``recover_overflow``, the recall tool's calls answered, the
+usage watcher and, past the soft threshold, a background compaction once the answer is out
+(precompact.py). Each step is one call into the module named for it (DESIGN.md numbers
+them). What differs between APIs is an ``Api`` value (upstream/api.py) from routes/."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 from dataclasses import replace
-from functools import cache, partial
+from functools import partial
 from time import perf_counter
 
 from starlette.requests import Request
@@ -30,11 +28,12 @@ from proxy.compaction.shadow import shadow_outcome
 from proxy.compaction.snapshots import load_session
 from proxy.core.budget import Budget
 from proxy.core.digest import tenant_seed
+from proxy.core.history import History
 from proxy.core.ledger import find_cached_tokens
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
-from proxy.core.session import session_name, slot_count
+from proxy.core.session import SessionKey, session_name, slot_count
 from proxy.core.tokens import output_reserve
 from proxy.errors import ClientDisconnected
 from proxy.observe.record import current_record, record_of
@@ -48,7 +47,9 @@ from proxy.upstream.overflow import Overflow
 from proxy.upstream.recover import RECOVERABLE, diagnose
 from proxy.upstream.relay import relay
 from proxy.upstream.stream_head import Held, Recovery, respond
-from proxy.upstream.urls import upstream_url
+from proxy.upstream.urls import api_url
+
+_Viewed = tuple[Outcome, tuple[FollowUp, ...], History, SessionKey]
 
 
 async def handle(
@@ -80,7 +81,7 @@ async def handle(
     record.note_request(model.name, tenant, stream=bool(chat.get("stream")), window=window)
     headers, auth = services.headers.outgoing_and_auth(request.headers.raw)
     control = request.headers.get("x-compaction", "").strip().lower()
-    url = _api_url(settings.upstream.base_url, api.path)
+    url = api_url(settings.upstream.base_url, api.path)
     kept = OutputItems(services.items, tenant) if api.keeps_items else None
     if deal.answer is None and (api.untouched(data, control) or deal.untouched):
         bypassed = Outcome.bypassed(body, window)
@@ -110,18 +111,15 @@ async def handle(
         follow_ups = () if noted is None else (noted,)
     else:  # 3-8, in the order 5, 3, 4, 6, 7-8: session_of (3) reads what 5 counted
         forced = control == "force" or deal.force
-        passed = far_below(turn, settings.compaction, services.schedule, forced)
-        later: tuple[FollowUp, ...] = ()
-        if passed is None:
-            outcome, later = await _compacted(services, turn, forced, False)
-        else:
-            outcome = passed
+        outcome, later = await compacted_view(services, turn, force=forced)
         noted = services.sightings.note(turn, outcome)  # for GET /sessions/{id}, first
         follow_ups = later if noted is None else (noted, *later)
     # Nothing to compact harder without a message (a Responses call with an empty input).
     recover = control != "off" and settings.compaction.recover_overflow and bool(chat["messages"])
+    offered = services.recall_tool.offer(api.recall_tool, turn, outcome, data)  # 8c. a tool
+    tool, data, outcome = offered or (None, data, outcome)
     first = Attempt(api.body_for(body, data, outcome), outcome, follow_ups)
-    route = Route(api, url, headers, body, data, recover, kept)
+    route = Route(api, url, headers, body, data, recover, kept, tool)
     return await forward(services, request, route, first, turn)  # 9-10.
 
 
@@ -131,8 +129,7 @@ async def compacted_view(
     """Steps 3-8: what the upstream sees of ``turn``'s history: the history itself, or
     pinned messages + handoff summary + verbatim tail; and what to start once its answer
     is out (a background pre-compaction). ``recover``: the upstream just rejected a larger
-    view, so compact now (no rate limit) against ``turn.model``'s window.
-    """
+    view, so compact now (no rate limit) against ``turn.model``'s window."""
     passed = far_below(turn, services.settings.compaction, services.schedule, force or recover)
     if passed is not None:
         return passed, ()
@@ -142,16 +139,22 @@ async def compacted_view(
 async def _compacted(
     services: Services, turn: Turn, force: bool, recover: bool
 ) -> tuple[Outcome, tuple[FollowUp, ...]]:
-    """``compacted_view`` once ``far_below`` has said no."""
-    c = turn.compaction(services.settings.compaction)
-    model = turn.model
+    """``compacted_view`` once ``far_below`` has said no: the view, then 8b. recall."""
+    outcome, later, history, session = await _view(services, turn, force, recover)
+    outcome = await services.recall.excerpts(turn, session, history, outcome)
+    return await services.recall_tool.searchable(turn, session, outcome), later  # 8c.
+
+
+async def _view(services: Services, turn: Turn, force: bool, recover: bool) -> _Viewed:
+    """Steps 3-8: the view, its follow-ups, the history counted, the session named (3)."""
+    c, model = turn.compaction(services.settings.compaction), turn.model
     reserve = output_reserve(turn.chat, model.max_output_tokens)
     counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
     history = await count_history(counter, turn, c, seed)  # 5. count
-    key = await session_of(turn, history.messages)  # 3.
-    slots, misses = slot_count(key, services.settings.session), services.metrics.slot_misses
+    session = await session_of(turn, history.messages)  # 3.
+    slots, misses = slot_count(session, services.settings.session), services.metrics.slot_misses
     key, loaded = await load_session(  # 4. snapshot
-        services.store, key, history, slots, lambda outcome: misses.labels(outcome=outcome).inc()
+        services.store, session, history, slots, lambda o: misses.labels(outcome=o).inc()
     )
     current_record().counted(key, history)
     forced = force and services.schedule.may_force(key)
@@ -166,24 +169,24 @@ async def _compacted(
         job = Job(turn, key, history, budget, asked or "threshold")
         plan = services.compactor.settle(job, loaded, plan)  # nothing to save: back off
         if plan.action == "compact":  # 7-8. summarize under the session's lock, save, rebuild
-            return await services.compactor.compact(job, loaded, plan), ()
+            return await services.compactor.compact(job, loaded, plan), (), history, session
     if plan.fits:  # 8. rebuild
         outcome = rebuild_outcome(history, plan.view, Handoff.of(loaded, c.summary_role), budget)
         # Past the soft threshold: compact in the background once the answer is out.
         after = services.precompactor.offer(turn, key, history, budget, plan.tokens)
-        return outcome, (() if after is None else (after,))
+        return outcome, (() if after is None else (after,)), history, session
     # Nothing worth summarizing, yet over the window: trim what we can (sticky.py).
-    return services.compactor.trims.outcome(key, history, loaded, budget, reuse=not recover), ()
+    trims = services.compactor.trims.outcome(key, history, loaded, budget, reuse=not recover)
+    return trims, (), history, session
 
 
 async def forward(
     services: Services, request: Request, route: Route, first: Attempt, turn: Turn | None
 ) -> Response:
     """Steps 9-12: send ``first``; when ``route.recover`` and the upstream rejects it as too
-    long, compact ``turn`` harder and retry once; relay the answer with its view's
-    headers, calibrating on ``turn``'s usage, and start the follow-ups of the attempt it
-    answers (the first, or the retry) once the answer is out, in order.
-    ``turn`` None: a request the proxy does not compact (a chained Responses call)."""
+    long, compact ``turn`` harder and retry once; answer the recall tool's calls; relay the
+    answer with its view's headers, calibrating on ``turn``'s usage, then start the follow-ups
+    of the attempt it answers, in order. ``turn`` None: a request not compacted (chained)."""
     record = record_of(request)
     sent = first  # the attempt whose answer goes back: the first, or a recovery's retry
     try:
@@ -199,6 +202,9 @@ async def forward(
             if route.recover and turn is not None and (status in RECOVERABLE or streamed):
                 client.now()  # a recovery may summarize: a client gone meanwhile stops it
                 answer, sent = await recover_overflow(services, turn, route, first, response)
+            if route.tool is not None:  # 10b. the recall tool's calls answered, asked again
+                watch_for = partial(_usage_watcher, services, turn, route)
+                answer, sent = await services.recall_tool.answer(route, sent, answer, watch_for)
             record.answered(answer.status_code, sent.outcome)
             if isinstance(answer, upstream.UpstreamResponse):
                 ok = answer.status_code == 200
@@ -232,7 +238,7 @@ async def recover_overflow(
     without an error. A stream that sends comments first starts now and recovers
     in-stream (stream_head.py)."""
     api = route.api
-    answer, verdict = await diagnose(response, api.stream_failure)
+    answer, verdict = await diagnose(response, api.stream_failure, hold=route.tool is None)
     if isinstance(answer, Held):
         retry = partial(_second_attempt, services, turn, route, first)
         watch_for = partial(_usage_watcher, services, turn, route)
@@ -273,11 +279,6 @@ async def _second_attempt(
         second = Attempt(body, outcome, follow_ups)
     current_record().sending(second.outcome)
     return await recovery.retry_once(services.client, services.metrics, route, verdict, second)
-
-
-@cache
-def _api_url(base_url: str, path: str) -> str:
-    return upstream_url(base_url, path, b"")
 
 
 def _usage_watcher(

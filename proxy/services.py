@@ -18,6 +18,8 @@ from proxy.compaction.compact import Compactor
 from proxy.compaction.held import HeldCuts
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
+from proxy.compaction.recall import Recall
+from proxy.compaction.recall_tool import RecallTool
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.config import Settings
@@ -31,6 +33,7 @@ from proxy.observe.metrics import Metrics
 from proxy.observe.references import ReferenceMetrics
 from proxy.observe.tenant_series import TenantSeries
 from proxy.store import ItemStore, Store, build_store, refuse_cluster_node
+from proxy.store.archive import build_archive
 from proxy.store.items import build_item_store
 from proxy.store.quota import build_quota
 from proxy.tenants import TenantPolicies
@@ -62,6 +65,8 @@ class Services:
     policies: TenantPolicies  # `tenants:` in force, swapped by a reload (serve/reload.py)
     tenant_ids: TenantIds  # the tenant of a request, under this deployment's key
     tenant_series: TenantSeries  # caps hit, config reloads
+    recall: Recall  # excerpts of the archived originals (compaction/recall.py)
+    recall_tool: RecallTool  # a search of them the model calls (compaction/recall_tool.py)
     held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
     loop: asyncio.AbstractEventLoop | None = None  # the one it was built in and serves on
 
@@ -121,9 +126,12 @@ async def build_services(settings: Settings) -> Services:
         await refuse_cluster_node(settings.store.url)  # an app served without serve()
         tenant_series = TenantSeries(metrics.registry)
         tenant_ids = TenantIds.from_settings(settings)
+        archive = build_archive(store)  # the originals snapshots replace, beside them
+        recall = Recall(archive, metrics, settings.compaction, counters)
         compactor = Compactor(
             settings=settings,
             store=store,
+            archive=archive,
             counters=counters,
             client=client,
             models=models,
@@ -151,6 +159,8 @@ async def build_services(settings: Settings) -> Services:
             policies=TenantPolicies(settings, tenant_ids.legacy_of),
             tenant_ids=tenant_ids,
             tenant_series=tenant_series,
+            recall=recall,
+            recall_tool=RecallTool(recall, client, metrics.registry, settings.compaction, counters),
             loop=asyncio.get_running_loop(),
         )
         opened.pop_all()  # built: from here on, closing is Services.aclose's

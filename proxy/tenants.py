@@ -32,7 +32,13 @@ MAX_IDS = 1000  # ids under one label
 SHOWN = 12  # hex digits of a tenant id the admin API shows: what a lookup keys on
 _ID = r"^([0-9a-f]{12,32}|anonymous)$"
 # What an entry may change, besides the caps and precompact (a name of CompactionSettings).
-_OVERRIDES = ("trigger_ratio", "target_ratio", "summarizer_model", "summary_max_tokens")
+_OVERRIDES = (
+    "trigger_ratio",
+    "target_ratio",
+    "summarizer_model",
+    "summary_max_tokens",
+    "recall_tool_rounds",
+)
 
 
 class TenantPolicy(BaseModel):
@@ -53,6 +59,7 @@ class TenantPolicy(BaseModel):
     summaries_per_hour: int | None = Field(None, ge=0)  # per clock hour (UTC)
     summarizer_tokens_per_day: int | None = Field(None, ge=0)  # input + output, per UTC day
     precompact: bool | None = None  # false: no background pre-compaction
+    recall_tool_rounds: int | None = Field(None, ge=0, le=8)  # 0: no recall tool
 
     @model_validator(mode="after")
     def _names(self) -> TenantPolicy:

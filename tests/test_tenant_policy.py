@@ -524,3 +524,13 @@ def test_an_entry_naming_a_legacy_id_matches_while_migrating(
         assert warning.startswith("tenants entry (old) names a tenant by its legacy id")
         assert f"its id is now {tenant[:12]}:" in warning
     assert all(A[:12] not in w for w in warnings)
+
+
+def test_an_entry_turns_the_recall_tool_on_or_off_for_its_tenants() -> None:
+    s = settings({"id": A[:12], "recall_tool_rounds": 3}, {"id": B, "recall_tool_rounds": 0})
+    policies = PolicyTable.build(s.tenants, settings(recall_tool_rounds=2).compaction)
+    a, b = policies.policy_for(A), policies.policy_for(B)
+    assert a is not None
+    assert a.compaction.recall_tool_rounds == 3
+    assert b is not None
+    assert b.compaction.recall_tool_rounds == 0

@@ -26,7 +26,7 @@ from proxy.compaction.backoff import SummaryBackoff
 from proxy.compaction.caps import TenantCaps, trimmed_at_trigger
 from proxy.compaction.fold import Folder
 from proxy.compaction.job import Job
-from proxy.compaction.snapshots import keep_rewind_point, load_snapshot, next_snapshot
+from proxy.compaction.snapshots import archive_span, keep_rewind_point, load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
 from proxy.config import Settings
 from proxy.core.models import ModelTable
@@ -40,7 +40,7 @@ from proxy.core.view import fits, view_tokens
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import current_record
-from proxy.store import LockStore, Snapshots
+from proxy.store import Archive, LockStore, Snapshots
 from proxy.upstream.client import Upstream
 
 log = logging.getLogger("proxy.compaction")
@@ -68,6 +68,7 @@ class Compactor:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     caps: TenantCaps | None = None  # tenants' caps on summaries (caps.py); None: none
+    archive: Archive | None = None  # of the originals a new snapshot covers (snapshots.py)
     backoff: SummaryBackoff = field(init=False)  # sessions whose summaries keep failing
     idle: SummaryBackoff = field(init=False)  # sessions whose plans keep saving nothing
     trims: TrimCuts = field(init=False)  # sessions' last trimmed cuts, reused (sticky.py)
@@ -165,9 +166,8 @@ class Compactor:
     def _shown(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """``plan.view`` under ``loaded``'s summary, trimmed if it does not fit."""
         if plan.fits:
-            role = self.settings.compaction.summary_role
-            h, budget = job.history, job.budget
-            return rebuild_outcome(h, plan.view, Handoff.of(loaded, role), budget)
+            handoff = Handoff.of(loaded, self.settings.compaction.summary_role)
+            return rebuild_outcome(job.history, plan.view, handoff, job.budget)
         return self.trims.for_job(job, loaded)
 
     async def _compact(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
@@ -239,14 +239,14 @@ class Compactor:
         replaces as a rewind point, and show the history under it."""
         self.idle.succeeded(job.key)
         slots = slot_count(job.key, self.settings.session)
+        await archive_span(self.archive, self.metrics, job, loaded, plan.view)  # first
         if await self.store.save(job.key, new):
             if loaded.stored is not None and slots > 1:
                 await keep_rewind_point(self.store, job.key, loaded.stored, slots)
         else:
             # A concurrent writer got there first; its snapshot is as valid as ours.
             log.info("session=%s snapshot v%d lost a write race", job.key.log_id, new.version)
-        role = self.settings.compaction.summary_role
-        handoff = Handoff(new.summary, new.version, role)
+        handoff = Handoff(new.summary, new.version, self.settings.compaction.summary_role)
         outcome = rebuild_outcome(job.history, plan.view, handoff, job.budget)
         return replace(outcome, status="compacted")
 

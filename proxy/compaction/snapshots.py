@@ -4,7 +4,7 @@ What a history may use of a snapshot is core/snapshot.py's (``Loaded``,
 ``valid_snapshot``); this loads it from the store, finds the session's slot (one
 per conversation under a name or a derived id), keeps the snapshot a compaction
 replaced as a rewind point, and stamps the snapshot that replaces it
-(``next_snapshot``).
+(``next_snapshot``), archiving the originals it newly covers first (``archive_span``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,14 @@ from dataclasses import replace
 from proxy.compaction.job import Job
 from proxy.core.digest import prefix_hash
 from proxy.core.history import History
+from proxy.core.passages import archived_messages
 from proxy.core.plan import Plan
-from proxy.core.session import SessionKey, session_slots
+from proxy.core.session import SessionKey, session_slots, slot_base
 from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot
-from proxy.store import Snapshots
+from proxy.core.view import View, elided
+from proxy.errors import StoreError
+from proxy.observe.metrics import Metrics
+from proxy.store import Archive, Snapshots
 
 log = logging.getLogger("proxy.compaction")
 
@@ -103,3 +107,43 @@ def next_snapshot(loaded: Loaded, summary: str, plan: Plan, job: Job) -> Snapsho
         updated_at=now,
         model=job.turn.model.name,
     )
+
+
+def newly_covered(job: Job, old: View, new: View) -> list[int]:
+    """The positions of ``job.history`` that ``new`` takes out of the upstream's sight
+    and ``old`` (the view the history had) did not: summarized or elided."""
+    h, elide_min = job.history, job.budget.elide_min_tokens
+    shown_before = set(range(old.covered, len(h.messages))) - set(elided(h, old, elide_min))
+    gone = set(range(h.pinned, new.covered)) | set(elided(h, new, elide_min))
+    return sorted(gone & shown_before)
+
+
+async def archive_span(
+    archive: Archive | None, metrics: Metrics, job: Job, loaded: Loaded, new: View
+) -> None:
+    """Archive what ``new`` newly covers of ``job``'s history (``loaded``'s view had it in
+    sight), under the session's name (``slot_base``: every slot's conversation in one
+    archive, which recall reads); count what happened. Before the snapshot is written:
+    a replica that reads the snapshot finds its originals archived. A write that loses
+    the snapshot's race leaves originals the winner archives too (recall indexes them
+    once); a failing one is counted and logged, and the turn goes on."""
+    if archive is None or job.key.shadow:
+        return  # shadow mode sent everything: nothing left the model's sight
+    positions = newly_covered(job, loaded.view(job.history.pinned), new)
+    if not positions:
+        return
+    messages = job.history.messages
+    digests = [job.history.digests[i] for i in positions]
+    originals = archived_messages([messages[i] for i in positions], positions, digests)
+    try:
+        dropped = await archive.archive(slot_base(job.key), originals)
+    except StoreError as exc:
+        metrics.archive.writes.labels(outcome="failed").inc()
+        log.warning("session=%s archive write failed (%s)", job.key.log_id, exc)
+        return
+    metrics.archive.writes.labels(outcome="archived").inc()
+    metrics.archive.messages.inc(len(originals))
+    if dropped.session:
+        metrics.archive.dropped_bytes.labels(bound="session").inc(dropped.session)
+    if dropped.tenant:
+        metrics.archive.dropped_bytes.labels(bound="tenant").inc(dropped.tenant)

@@ -53,6 +53,7 @@ class ResolvedModel:
     tokenizer: str
     matched: str  # the rule that matched: a pattern, or "default"
     precompact: bool = True  # background pre-compaction (precompact.py) for this model
+    recall_tool: bool = True  # the recall tool may be added (compaction/recall_tool.py)
     # Count tool definitions as an open model's chat template renders them (tokens.py):
     # every model outside OpenAI's families, which count them their own way.
     templated_tools: bool = False
@@ -110,6 +111,7 @@ class ModelTable:
                 tokenizer=spec.tokenizer or default_tokenizer(model),
                 matched=spec.match,
                 precompact=spec.precompact,
+                recall_tool=spec.recall_tool,
                 templated_tools=not openai_family(model),
             )
         return ResolvedModel(
@@ -119,6 +121,7 @@ class ModelTable:
             tokenizer=self._default.tokenizer or default_tokenizer(model),
             matched="default",
             precompact=self._default.precompact,
+            recall_tool=self._default.recall_tool,
             templated_tools=not openai_family(model),
         )
 

@@ -3,7 +3,9 @@ and the ``FollowUp`` work that travels beside an outcome, never inside it.
 
 ``Outcome.headers`` renders the response headers that tell the client what the
 upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Window``),
-and ``X-Compaction-Degraded`` when the turn was due a summary it did not get.
+and ``X-Compaction-Degraded`` when the turn was due a summary it did not get, and
+``X-Compaction-Recalled`` when recall searched the archive (how many excerpts it added),
+``X-Compaction-Recall-Tool`` when the recall tool was offered (how many calls it answered).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from proxy.types import ChatMessage, ChatRequest
 
 if TYPE_CHECKING:  # annotations only: a turn's policy comes resolved (pipeline.py)
     from proxy.config import CompactionSettings
+    from proxy.core.session import SessionKey
     from proxy.tenants import Policy
 
 Status = Literal["passthrough", "snapshot", "compacted", "trimmed", "bypassed", "shadow"]
@@ -94,6 +97,14 @@ class Outcome:
     restored: int = 0
     degraded: Degraded | None = None
     shadow: Shadow | None = None  # status "shadow": what it would have sent instead
+    # Excerpts of archived originals put before the newest user message (recall.py);
+    # None: recall did not look (no summary's view, or recall off).
+    recalled: int | None = None
+    # The session whose archive a recall tool may search (compaction/recall_tool.py): set
+    # on a compacted view of a request with tools whose archive holds passages; and how
+    # many of the tool's calls the proxy answered before this answer (None: none offered).
+    archive: SessionKey | None = None
+    tool_rounds: int | None = None
 
     @classmethod
     def bypassed(cls, body: bytes, window: int) -> Outcome:
@@ -130,6 +141,10 @@ class Outcome:
         ]
         if self.degraded is not None:
             headers.append((b"x-compaction-degraded", self.degraded.encode()))
+        if self.recalled is not None:
+            headers.append((b"x-compaction-recalled", str(self.recalled).encode()))
+        if self.tool_rounds is not None:
+            headers.append((b"x-compaction-recall-tool", str(self.tool_rounds).encode()))
         if self.shadow is not None:
             s = self.shadow
             headers.append((b"x-compaction-shadow-status", s.status.encode()))

@@ -47,7 +47,9 @@ _RECORD = attrgetter(
 )
 # Of a record's outcome, what its line reads: its figures, not the view it holds (a
 # queued line must not pin the request's conversation while stderr is slow).
-_OUTCOME = attrgetter("status", "degraded", "tokens", "counted", "shadow")
+_OUTCOME = attrgetter(
+    "status", "degraded", "tokens", "counted", "shadow", "recalled", "tool_rounds"
+)
 _OUTCOME_AT = 17  # the outcome's place in _RECORD's values
 # A finished request's line as gathered: the record's values, its duration, a named
 # session's log id (looked up on the loop: the look-up's cache is not the thread's),
@@ -187,13 +189,17 @@ class AccessLine:
         if self._include_sensitive and session_header is not None:
             fields["session_header"] = clipped(session_header)
         if outcome is not None:  # _OUTCOME's values
-            status, degraded, tokens, counted, shadow = outcome
+            status, degraded, tokens, counted, shadow, recalled, tool_rounds = outcome
             fields["compaction"] = status
             if degraded is not None:
                 fields["degraded"] = degraded
             fields["tokens_before"] = tokens if tokens_before is None else tokens_before
             fields["tokens_after"] = tokens
             fields["counted"] = counted
+            if recalled is not None:  # excerpts of archived originals (recall.py)
+                fields["recalled"] = recalled
+            if tool_rounds is not None:  # the recall tool's calls answered (recall_tool.py)
+                fields["recall_tool"] = tool_rounds
             if shadow is not None:  # what shadow mode would have sent instead
                 fields.update(shadow_status=shadow.status, shadow_version=shadow.version)
                 fields.update(shadow_tokens=shadow.tokens, shadow_saved=shadow.saved)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from proxy.core.summary_check import REASONS as REJECTIONS
+from proxy.observe.archive_series import ArchiveSeries
 from proxy.observe.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
 from proxy.observe.process_metrics import ProcessSeries
 from proxy.observe.series import (
@@ -40,6 +41,7 @@ class Metrics:
     overflows: Counter
     summary_failures: Counter
     store: StoreSeries  # the shared store's health: errors, fallbacks, degraded
+    archive: ArchiveSeries  # the archive of originals, recall by excerpts
     learned_window: ModelGauge
     learned_windows: Counter
     client_disconnects: Counter
@@ -107,6 +109,7 @@ class Metrics:
                 registry=r,
             ),
             store=StoreSeries.create(r),
+            archive=ArchiveSeries.create(r),
             learned_window=ModelGauge(
                 Gauge(
                     "compaction_proxy_learned_window_tokens",

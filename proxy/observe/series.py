@@ -41,6 +41,8 @@ STORE_OPERATIONS = (
     "load_seen",
     "remember_items",
     "recall_items",
+    "archive",
+    "load_archive",
     "probe",  # the readiness write (every primary of a cluster): store/resilient.py
 )
 # What a failed store operation met (store/failures.py): a redirect to another cluster

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from proxy import pipeline
 from proxy.core.outcome import Outcome
 from proxy.routes.parse import parse_chat_request
+from proxy.routes.tool_shapes import CHAT_TOOL
 from proxy.services import Services
 from proxy.types import ChatRequest
 from proxy.upstream.api import Api
@@ -75,4 +76,5 @@ CHAT = Api(
     prompt_tokens=find_prompt_tokens,
     stream_failure=error_event,
     stream_error=stream_error,
+    recall_tool=CHAT_TOOL,
 )

@@ -43,6 +43,7 @@ from proxy.core.outcome import Outcome
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.routes.messages_view import to_anthropic, to_chat
 from proxy.routes.parse import check_depth, load_request
+from proxy.routes.tool_shapes import MESSAGES_TOOL
 from proxy.services import Services
 from proxy.types import ChatRequest
 from proxy.upstream.api import Api
@@ -194,4 +195,5 @@ MESSAGES = Api(
     stream_error=_stream_error,
     untouched=_untouched,
     as_budget=as_budget,
+    recall_tool=MESSAGES_TOOL,
 )

@@ -43,6 +43,7 @@ from proxy.routes.compaction_answers import answer
 from proxy.routes.compaction_items import admit
 from proxy.routes.items import Item, check_count, references, to_items, to_messages
 from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, written
+from proxy.routes.tool_shapes import RESPONSES_TOOL
 from proxy.services import Services
 from proxy.types import ChatRequest
 from proxy.upstream.api import Api, Contract
@@ -192,8 +193,13 @@ RESPONSES = Api(
     resolved=chat_view,
     keeps_items=True,
     contract=_contract(compact=False),
+    recall_tool=RESPONSES_TOOL,
 )
 # POST /v1/responses/compact: the upstream's (passthrough), else the proxy's own answer.
 RESPONSES_COMPACT = replace(
-    RESPONSES, name="responses_compact", path="responses/compact", contract=_contract(True)
+    RESPONSES,
+    name="responses_compact",
+    path="responses/compact",
+    contract=_contract(True),
+    recall_tool=None,
 )

@@ -92,6 +92,8 @@ async def delete_session(request: Request, services: Services) -> Response:
     key = _key(request, services)
     slots = session_slots(key, services.settings.session.explicit_slots)
     services.ledger.sessions.pop(key.storage_key, None)  # this process's totals go too
+    for k in slots:  # and its archive's index here (the store deletes the archive)
+        services.recall.forget(k)
     shadow = ShadowStore(services.store)  # shadow mode's snapshots go too
     deletes = [*(services.store.delete(k) for k in slots), *(shadow.delete(k) for k in slots)]
     if not any(await asyncio.gather(*deletes)):

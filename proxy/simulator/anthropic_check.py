@@ -265,7 +265,11 @@ def chat_tools(tools: object) -> list[dict[str, Any]]:
     return [
         {
             "type": "function",
-            "function": {"name": t.get("name"), "parameters": t.get("input_schema")},
+            "function": {
+                "name": t.get("name"),
+                "description": t.get("description"),
+                "parameters": t.get("input_schema"),
+            },
         }
         for t in tools
         if isinstance(t, dict) and isinstance(t.get("name"), str)

@@ -189,7 +189,7 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
     summarize = request.headers.get("x-compaction-purpose", "").lower() == "summarize"
     seed = _seed(body, summarize)
     reply = build_reply(
-        body,
+        {**body, "tool_choice": None} if overrides.ignore_tool_choice else body,
         messages,
         Ask(seed, max(budget, 0), summarize),
         Voice(

@@ -254,7 +254,7 @@ async def _answer(
     ).digest()
     counter = sim.counter(profile)
     reply = build_reply(
-        {"tools": tools},
+        {"tools": tools, "tool_choice": body.get("tool_choice")},
         chat,
         Ask(seed, max(min(asked, window - total), 0), summarize),
         Voice(

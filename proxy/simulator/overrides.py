@@ -15,6 +15,8 @@ request and the simulator sees them:
                                 ``: PROCESSING`` comments before its first event
 ``X-Sim-Comment-Interval-Ms``   how often those comments come (default 1000)
 ``X-Sim-Fail``                  answer this HTTP status with a realistic error body
+``X-Sim-Ignore-Tool-Choice``    1/true: chat completions call tools under ``tool_choice: none``
+                                too, as a small model may
 ``X-Sim-Errors-In-Stream``      1/true: a streamed request's overflow comes as a 200 event
                                 stream whose first event is the error (as some servers do);
                                 on /v1/responses, as ``response.failed`` after the
@@ -51,6 +53,7 @@ class Overrides:
     fail: int | None = None
     thinking_ms: float | None = None
     comment_interval_ms: float | None = None
+    ignore_tool_choice: bool | None = None
 
     def apply(self, profile: ModelProfile) -> ModelProfile:
         if self == NO_OVERRIDES:
@@ -138,6 +141,7 @@ def read_overrides(headers: Mapping[str, str]) -> Overrides:
         fail=_optional(headers, "X-Sim-Fail", _status),
         thinking_ms=_optional(headers, "X-Sim-Thinking-Ms", _millis),
         comment_interval_ms=_optional(headers, "X-Sim-Comment-Interval-Ms", _millis),
+        ignore_tool_choice=_optional(headers, "X-Sim-Ignore-Tool-Choice", _flag),
     )
 
 

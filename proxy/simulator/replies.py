@@ -25,9 +25,13 @@ Rules, first match wins:
    the prompt states in plain words (``stated_facts``) as ``key is value``, then
    filler cut to fit the budget.
 2. Last message from a tool: ``observed <n> tool results`` (n trailing tool
-   messages).
+   messages); but after the user's ``RECALL <key>``, the RECALL answer of rule 4, read
+   from the whole request (tool results too), or, for a key still unknown, rule 4's
+   search again.
 3. Last message from the user, the request has ``tools`` and the text says
-   ``CALL <n>``: n parallel calls to the first tool, arguments ``{"step": k}``.
+   ``CALL <n>``: n parallel calls to the first tool, arguments ``{"step": k}``; and,
+   when it also asks rule 4's ``RECALL`` of a key the request does not state, rule 4's
+   search beside them (a model calling tools in parallel).
 4. Last message from the user containing ``RECALL <key>``: ``key=value`` for
    each key, space separated, or ``key=UNKNOWN``. The value is read as a reader
    of the prompt would find it: the last place anywhere in the request's messages
@@ -35,9 +39,13 @@ Rules, first match wins:
    ``key: value``, ``key is value``, ``key is now value``, ``key was set to
    value``; ``stated_value``), whoever wrote it and whatever frames it, and never
    by the proxy's own quoting format: a fact only a proxy's format holds is not
-   recalled.
+   recalled. A key the request does not state, when the request has a tool whose
+   description says it searches the earlier conversation, is looked for as a model
+   would: one call of that tool, ``{"query": "<the keys>"}``.
 5. Otherwise ``ok:`` and about ``reply_tokens`` filler words picked by a hash
    of the request.
+
+No tool is called under ``tool_choice: none`` (Messages: ``{"type": "none"}``).
 
 A text reply to a request with a JSON ``response_format`` comes as JSON
 valid against its schema, carrying the text (structured.py).
@@ -174,7 +182,7 @@ def stated_value(text: str, key: str) -> str | None:
     found = None
     for match in pattern.finditer(text):
         value = match.group(1).rstrip(_TRAILING)
-        if value and value != _UNKNOWN:
+        if value and value not in (_UNKNOWN, "RECALL"):  # "k: RECALL k" asks, not states
             found = value
     return found
 
@@ -325,6 +333,45 @@ def _tool_calls(tools: list[Any], count: int, seed: bytes, encoder: Encoder) -> 
     return Reply(None, calls, "tool_calls", tokens)
 
 
+def _search_tool(body: dict[str, Any]) -> str | None:
+    """The name of the request's tool that searches the earlier conversation (by its
+    description, as a model picks one), when it may call tools at all."""
+    choice = body.get("tool_choice")
+    if choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none"):
+        return None
+    for tool in body.get("tools") or ():
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            continue
+        about = str(fn.get("description") or "").lower()
+        if "earlier" in about and "conversation" in about:
+            return str(fn["name"])
+    return None
+
+
+def _recall(
+    body: dict[str, Any],
+    messages: list[dict[str, Any]],
+    keys: list[str],
+    ask: Ask,
+    encoder: Encoder,
+) -> Reply:
+    """The RECALL answer from every fact in the request, or a search for the keys it
+    does not state when the request has a tool for that."""
+    seed, budget = ask.seed, ask.budget
+    read = prompt_text(messages)
+    facts = {key: value for key in keys if (value := stated_value(read, key)) is not None}
+    missing = [key for key in keys if key not in facts]
+    tool = _search_tool(body) if missing else None
+    if tool is not None:
+        arguments = orjson.dumps({"query": " ".join(missing)}).decode()
+        call = ToolCallOut(f"call_{seed.hex()[:12]}_recall", tool, arguments)
+        tokens = encoder.count(call.name) + encoder.count(arguments)
+        return Reply(None, (call,), "tool_calls", tokens)
+    answer = " ".join(f"{key}={facts.get(key, _UNKNOWN)}" for key in keys)
+    return _text_reply(answer, budget, encoder)
+
+
 @dataclass(frozen=True, slots=True)
 class Ask:
     """What one request asks for: a summary or a reply (``summarize``), in at most
@@ -364,20 +411,29 @@ def _reply(
             if message["role"] not in ("tool", "function"):
                 break
             trailing += 1
+        asked = next((m for m in reversed(messages) if m["role"] == "user"), None)
+        keys = RECALL.findall(text_of(asked.get("content"))) if asked is not None else []
+        if keys:  # the results of a search for what the user asked
+            return _recall(body, messages, keys, Ask(seed, budget), encoder)
         return _text_reply(f"observed {trailing} tool results", budget, encoder)
     if role == "user":
         text = text_of(last.get("content"))
         tools = body.get("tools")
-        call = CALL.search(text) if tools else None
+        allowed = body.get("tool_choice") not in ("none", {"type": "none"})
+        call = CALL.search(text) if tools and allowed else None
         if call and int(call.group(1)) >= 1 and isinstance(tools, list):
             reply = _tool_calls(tools, int(call.group(1)), seed, encoder)
+            keys = RECALL.findall(text)
+            search = _recall(body, messages, keys, Ask(seed, budget), encoder) if keys else None
+            if reply is not None and search is not None and search.tool_calls:
+                both = (*reply.tool_calls, *search.tool_calls)
+                tokens = reply.completion_tokens + search.completion_tokens
+                return Reply(None, both, "tool_calls", tokens)
             if reply is not None:
                 return reply
         keys = RECALL.findall(text)
         if keys:
-            read = prompt_text(messages)
-            answer = " ".join(f"{key}={stated_value(read, key) or _UNKNOWN}" for key in keys)
-            return _text_reply(answer, budget, encoder)
+            return _recall(body, messages, keys, Ask(seed, budget), encoder)
     # "ok:" costs two tokens; the words one each.
     words = filler_words(seed, max(voice.reply_tokens - 2, 1))
     content, cut = fit_words("ok:", words, budget, encoder)

@@ -238,7 +238,10 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number
         summary
         if trigger and summary is not None
         else build_reply(
-            {"tools": [_chat_tool(t) for t in tools if isinstance(t, dict)]},
+            {
+                "tools": [_chat_tool(t) for t in tools if isinstance(t, dict)],
+                "tool_choice": body.get("tool_choice"),
+            },
             shown,
             Ask(seed, budget, summarize),
             voice,
@@ -333,5 +336,6 @@ def _context_exceeded() -> bytes:
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
     """A Responses tool (flat: type, name, parameters) as the chat rules read one."""
     if tool.get("type") == "function" and "function" not in tool:
-        return {"type": "function", "function": {"name": tool.get("name")}}
+        fn = {"name": tool.get("name"), "description": tool.get("description")}
+        return {"type": "function", "function": fn}
     return tool

@@ -7,7 +7,8 @@ windows under plain string keys. The protocols are split by concern
 (``Snapshots``, ``Sightings``, ``LockStore``, ``WindowStore``); callers
 take the narrowest one they need, and ``Store`` combines them. The output items
 ``item_reference`` inputs name are an ``ItemStore`` of their own, built beside the
-store on the same backend (``store/items.py``). Writes are
+store on the same backend (``store/items.py``), and so is the ``Archive`` of the originals
+a session's snapshots replaced (``store/archive.py``). Writes are
 compare-and-swap on the version: a snapshot with version N is written only
 over version N-1 (or over nothing for N=1), so a slow writer can never
 replace a newer summary.
@@ -23,8 +24,10 @@ from proxy.config import Settings
 from proxy.core.snapshot import Snapshot as Snapshot  # re-exported: the value stores keep
 
 if TYPE_CHECKING:
+    from proxy.core.passages import Original
     from proxy.core.session import SessionKey
     from proxy.observe.metrics import Metrics
+    from proxy.store.archive import Dropped
     from proxy.store.health import Health
 
 
@@ -103,6 +106,20 @@ class ItemStore(Protocol):
 
     async def recall_items(self, tenant: str, ids: Sequence[str]) -> list[bytes | None]:
         """The JSON kept for each of ``ids`` (None: not kept, or no longer), in order."""
+        ...
+
+
+class Archive(Protocol):
+    """The originals of what a session's snapshots summarized or elided, verbatim, in the
+    order archived; kept and removed with the session's snapshot (``Snapshots.delete``),
+    bounded per session and per tenant, oldest first (``store/archive.py``)."""
+
+    async def archive(self, key: SessionKey, originals: Sequence[Original]) -> Dropped:
+        """Append ``originals`` to ``key``'s archive; what the bounds dropped for it."""
+        ...
+
+    async def load_archive(self, key: SessionKey) -> list[Original]:
+        """``key``'s archive, oldest first (empty: none, or expired)."""
         ...
 
 

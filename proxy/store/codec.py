@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from proxy.core.digest import LEGACY_ANCHOR
+from proxy.core.passages import Original
 from proxy.core.snapshot import Snapshot
 from proxy.errors import ConfigError, StoreError
 from proxy.store import Sighting
@@ -152,3 +153,26 @@ def decode_sighting(raw: bytes | str) -> Sighting | None:
     if not isinstance(model, str) or not isinstance(seen_at, int | float):
         return None
     return Sighting(messages, tokens, model, float(seen_at))
+
+
+def encode_original(original: Original, cipher: SnapshotCipher | None) -> bytes:
+    """One archived message as Redis keeps it: JSON, encrypted like snapshots."""
+    o = original
+    payload = orjson.dumps([o.position, o.role, o.tool, o.text, o.digest])
+    return cipher.encrypt(payload) if cipher is not None else payload
+
+
+def decode_original(raw: bytes, cipher: SnapshotCipher | None) -> Original | None:
+    """An archived message; None for what this release did not write or cannot decrypt
+    (``store.require_encryption`` refuses plaintext)."""
+    try:
+        if cipher is not None and not raw.startswith(b"["):
+            raw = cipher.decrypt(raw)
+        elif cipher is not None and not cipher.read_plaintext:
+            return None
+        position, role, tool, text, digest = orjson.loads(raw)
+    except (StoreError, orjson.JSONDecodeError, TypeError, ValueError):
+        return None
+    if type(position) is not int or not all(isinstance(v, str) for v in (role, tool, text)):
+        return None
+    return Original(position, role, text, tool, digest if isinstance(digest, str) else "")

@@ -10,6 +10,7 @@ one server (redis://)             a cluster (redis+cluster://)
 {prefix}:snap:{key}               {prefix}:snap:{{key}}    hash   v, d (snapshot)
 {prefix}:lock:{key}               {prefix}:lock:{{key}}    string owner token, PX lock ttl
 {prefix}:seen:{key}               {prefix}:seen:{{key}}    string latest Sighting, PX ttl
+{prefix}:arch:{key}               {prefix}:arch:{{key}}    list   the archive: redis_archive.py
 {prefix}:shadow-snap:{key}        {prefix}:shadow-snap:{{key}}   shadow mode's snapshot
 {prefix}:shadow-lock:{key}        {prefix}:shadow-lock:{{key}}   its summarization lock
 {prefix}:win:{key}                {prefix}:win:{key}       string learned window, PX ttl
@@ -42,7 +43,7 @@ class KeyLayout:
     tagged: bool = False  # a cluster's: session keys hash-tagged
 
     def session(self, kind: str, key: SessionKey) -> str:
-        """A session's ``snap``, ``lock`` or ``seen`` key; a shadow key's (``key.shadow``)
+        """A session's ``snap``, ``lock``, ``seen`` or ``arch`` key; a shadow key's (``key.shadow``)
         are ``shadow-snap``..., which no scan of snapshots (``snapshots``) lists."""
         name, kind = key.storage_key, f"shadow-{kind}" if key.shadow else kind
         return f"{self.prefix}:{kind}:{{{name}}}" if self.tagged else f"{self.prefix}:{kind}:{name}"

@@ -48,3 +48,33 @@ if kind ~= 'none' and kind ~= ARGV[1] then
 end
 return 0
 """
+
+# KEYS[1] a session's archive (a list, oldest first); ARGV: the session's byte bound, ttl
+# ms, then the new entries. Appends them, then drops the oldest while the list holds
+# more bytes than the bound. Returns {bytes kept, bytes dropped}.
+ARCHIVE = """
+for i = 3, #ARGV do
+  redis.call('RPUSH', KEYS[1], ARGV[i])
+end
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+local total = 0
+for i = 1, #items do
+  total = total + #items[i]
+end
+local cap = tonumber(ARGV[1])
+local first, dropped = 1, 0
+while total > cap and first <= #items do
+  total = total - #items[first]
+  dropped = dropped + #items[first]
+  first = first + 1
+end
+if first > #items then
+  redis.call('DEL', KEYS[1])
+  return {0, dropped}
+end
+if first > 1 then
+  redis.call('LTRIM', KEYS[1], first - 1, -1)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {total, dropped}
+"""

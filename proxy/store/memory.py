@@ -22,9 +22,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
+from proxy.core.passages import Original
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
 from proxy.store import Sighting
+from proxy.store.archive import SESSION_BYTES, TENANT_BYTES, Dropped, MemoryArchive
 from proxy.store.health import Health
 
 _K = TypeVar("_K", bound=Hashable)
@@ -89,6 +91,7 @@ class MemoryStore:
         *,
         max_per_tenant: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        archive_bounds: tuple[int, int] = (SESSION_BYTES, TENANT_BYTES),
     ) -> None:
         self._ttl = ttl_s
         self._max = max_sessions
@@ -100,6 +103,7 @@ class MemoryStore:
         self._windows: OrderedDict[str, tuple[float, int]] = OrderedDict()
         self._seen: OrderedDict[SessionKey, tuple[float, Sighting]] = OrderedDict()
         self._seen_tenants = _Tenants(per_tenant)  # the sightings of _seen, per tenant
+        self._archive = MemoryArchive(ttl_s, *archive_bounds, clock=clock)
 
     async def load(self, key: SessionKey) -> Snapshot | None:
         entry = self._data.get(key)
@@ -115,6 +119,7 @@ class MemoryStore:
         self._data[key] = (now + self._ttl, snapshot)
         self._data.move_to_end(key)
         self._tenants.touch(key)
+        self._archive.touch(key)
         return snapshot
 
     async def load_many(self, keys: Sequence[SessionKey]) -> list[Snapshot | None]:
@@ -158,6 +163,7 @@ class MemoryStore:
         seen = self._seen.pop(key, None) is not None
         if seen:
             self._seen_tenants.remove(key)
+        seen = self._archive.forget(key) or seen
         if key not in self._data:
             return seen
         self._forget(key)
@@ -186,6 +192,13 @@ class MemoryStore:
     def _forget(self, key: SessionKey) -> None:
         del self._data[key]
         self._tenants.remove(key)
+        self._archive.forget(key)  # what the snapshot replaced goes with it
+
+    async def archive(self, key: SessionKey, originals: Sequence[Original]) -> Dropped:
+        return await self._archive.archive(key, originals)
+
+    async def load_archive(self, key: SessionKey) -> list[Original]:
+        return await self._archive.load_archive(key)
 
     async def acquire(self, key: SessionKey, ttl_s: float) -> str | None:
         now = self._clock()
@@ -243,3 +256,4 @@ class MemoryStore:
         self._locks.clear()
         self._windows.clear()
         self._seen.clear()
+        self._archive.clear()

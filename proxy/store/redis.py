@@ -1,26 +1,20 @@
 """Snapshots in Redis, so any replica can serve any turn of a session.
 
-Which keys (one server's and a cluster's, hash-tagged per session) is ``keys.py``;
-which client a URL makes (``redis://``, ``redis+cluster://``) is ``connect.py``.
-How a snapshot becomes those bytes, encrypted or not, is ``codec.py``; the
-scripts that make each read-compare-write atomic are ``lua.py``.
+Which keys (hash-tagged per session on a cluster) is ``keys.py``; which client a URL makes,
+``connect.py``; a snapshot's bytes, encrypted or not, ``codec.py``; the scripts that make
+each read-compare-write atomic, ``lua.py``; the session's originals, ``redis_archive.py``.
 
-Snapshots expire after ``store.ttl_s`` without use; every load refreshes the
-TTL. Writes are compare-and-swap in one Lua script: version N is written only
-over N-1, so a stale writer can never replace a newer summary. Locks are
-released only by their owner (compare-and-delete), and expire on their own
-if a replica dies mid-summary.
+Snapshots expire after ``store.ttl_s`` without use; every load refreshes the TTL. Writes
+are compare-and-swap in one Lua script: version N is written only over N-1, so a stale
+writer can never replace a newer summary. Locks are released only by their owner
+(compare-and-delete), and expire on their own if a replica dies mid-summary.
 
-A stored value this release cannot use (bad bytes, a snapshot encrypted with
-a key no longer configured, an older format, a wrong Redis type) reads as
-"nothing stored" for that one session: it is counted, logged with a hashed
-key, and deleted if it is still exactly what was read, so the session's next
-compaction can write version 1 in its place. A snapshot of a newer format
-(written by a newer release during a rollout) reads as nothing but is kept.
-
-Every call has a short socket timeout; failures raise ``StoreError`` and the
-``resilient`` wrapper decides what a request does without the store.
-"""
+A stored value this release cannot use (bad bytes, a snapshot encrypted with a key no longer
+configured, an older format, a wrong Redis type) reads as "nothing stored" for that session:
+counted, logged with a hashed key, and deleted if still what was read, so its next compaction
+can write version 1. A newer format's snapshot (a rollout) reads as nothing but is kept. Calls
+have a short socket timeout; failures raise ``StoreError``, and the ``resilient`` wrapper
+decides what a request does without the store."""
 
 from __future__ import annotations
 
@@ -41,6 +35,7 @@ from proxy.core.snapshot import Snapshot
 from proxy.errors import ConfigError, StoreError
 from proxy.store import Sighting, lua
 from proxy.store import redis_scans as scans
+from proxy.store.archive import SESSION_BYTES, TENANT_BYTES
 from proxy.store.cluster import QueuedCluster
 from proxy.store.codec import (
     NewerFormat,
@@ -56,6 +51,7 @@ from proxy.store.connect import Client, close_redis, is_cluster, open_redis
 from proxy.store.failures import ERRORS
 from proxy.store.health import ProbeFailed
 from proxy.store.keys import KeyLayout
+from proxy.store.redis_archive import RedisArchive
 
 if TYPE_CHECKING:
     from proxy.observe.metrics import Metrics
@@ -63,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("proxy.store")
 
 _LOG_INTERVAL_S = 30.0
+_UNREADABLE = "unreadable %s in redis for session=%s (%s); treated as absent and replaced%s"
 
 
 def _wrong_type(exc: ResponseError) -> bool:
@@ -76,11 +73,10 @@ def log_id(key: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RedisOptions:
-    """How a ``RedisStore`` uses its Redis: the prefix of its keys, each call's timeout,
-    its connections (``store.max_connections``, ``store.pool_wait_s``), and the keys
-    snapshots are encrypted with (none: stored in the clear, and refused with
-    ``require_encryption``, which also makes a snapshot stored in the clear unreadable).
-    The defaults are ``StoreSettings``'."""
+    """How a ``RedisStore`` uses its Redis (defaults: ``StoreSettings``'): its keys' prefix,
+    each call's timeout, its connections (``store.max_connections``, ``store.pool_wait_s``),
+    the keys snapshots are encrypted with (none: in the clear, refused with
+    ``require_encryption``, which also makes a snapshot stored in the clear unreadable)."""
 
     prefix: str = "cp"
     timeout_s: float = 0.25
@@ -88,6 +84,7 @@ class RedisOptions:
     pool_wait_s: float = 2.0
     encryption_keys: Sequence[str] = ()
     require_encryption: bool = False
+    archive_bounds: tuple[int, int] = (SESSION_BYTES, TENANT_BYTES)  # redis_archive.py
 
 
 class RedisStore:
@@ -117,6 +114,9 @@ class RedisStore:
         self._delete_if_equal = self._redis.register_script(lua.DELETE_IF_EQUAL)
         self._discard_snapshot = self._redis.register_script(lua.DISCARD_SNAPSHOT)
         self._discard_wrong_type = self._redis.register_script(lua.DISCARD_WRONG_TYPE)
+        self.archive = RedisArchive(  # the session's originals (store/archive.py)
+            self._redis, self._keys, self._ttl_ms, self._cipher, options.archive_bounds
+        )
 
     @property
     def client(self) -> Client:
@@ -133,7 +133,8 @@ class RedisStore:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.hmget(name, ["v", "d"])
                 pipe.pexpire(name, self._ttl_ms)
-                (version, raw), _ = await pipe.execute()
+                pipe.pexpire(self._k("arch", key), self._ttl_ms)  # it lives as long
+                (version, raw), *_ = await pipe.execute()
         except ERRORS as exc:
             await self._load_failed(exc, "snapshot", key.log_id, name, "hash")
             return None
@@ -144,13 +145,14 @@ class RedisStore:
         names = [self._k("snap", k) for k in keys]
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                for name in names:
+                for k, name in zip(keys, names, strict=True):
                     pipe.hmget(name, ["v", "d"])
                     pipe.pexpire(name, self._ttl_ms)
+                    pipe.pexpire(self._k("arch", k), self._ttl_ms)
                 replies = await pipe.execute()
         except ERRORS:  # each key its own way: a wrong type discarded, else StoreError
             return list(await asyncio.gather(*(self.load(k) for k in keys)))
-        pairs = zip(keys, names, replies[::2], strict=True)
+        pairs = zip(keys, names, replies[::3], strict=True)
         return [await self._decoded(k, name, *reply) for k, name, reply in pairs]
 
     async def _decoded(
@@ -182,8 +184,7 @@ class RedisStore:
 
     async def _discard(self, kind: str, ident: str, reason: str, delete: Awaitable[object]) -> None:
         """Count and log an unreadable value, and delete it if it is still what was read
-        (``delete``: the script call that does, awaited here)."""
-        # Failing to delete is harmless: the next reader tries again.
+        (``delete``: the script call that does, awaited here; failing is harmless)."""
         with contextlib.suppress(*ERRORS):
             await delete
         if self.metrics is not None:
@@ -193,13 +194,7 @@ class RedisStore:
             self._suppressed += 1
             return
         extra = f" ({self._suppressed} more since the last report)" if self._suppressed else ""
-        log.warning(
-            "unreadable %s in redis for session=%s (%s); treated as absent and replaced%s",
-            kind,
-            ident,
-            reason,
-            extra,
-        )
+        log.warning(_UNREADABLE, kind, ident, reason, extra)
         self._last_log = now
         self._suppressed = 0
 
@@ -214,10 +209,14 @@ class RedisStore:
         return bool(done)
 
     async def delete(self, key: SessionKey) -> bool:
+        """The session's snapshot, sighting and archive (one slot on a cluster: one DEL)."""
+        names = (self._k("snap", key), self._k("seen", key), self._k("arch", key))
         try:
-            return bool(await self._redis.delete(self._k("snap", key), self._k("seen", key)))
+            deleted = bool(await self._redis.delete(*names))
+            await self.archive.forget(key)
         except ERRORS as exc:
             raise StoreError(f"redis delete failed: {type(exc).__name__}") from exc
+        return deleted
 
     async def note_seen(self, key: SessionKey, sighting: Sighting) -> None:
         try:

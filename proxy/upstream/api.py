@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from starlette.responses import Response
 
-from proxy.config import Settings
+from proxy.config import CompactionSettings, Settings
 from proxy.core.frozen import quick_init
 from proxy.core.outcome import FollowUp, Outcome, Turn
+from proxy.core.recall_tool import Call
+from proxy.core.tokens import TokenCounter
 from proxy.types import ChatRequest
 from proxy.upstream.overflow import Overflow
 
@@ -105,6 +107,39 @@ class Api:
     # An overflow answer as this API's recovery reads it: Messages reads Anthropic's
     # "input length and `max_tokens` exceed context limit" as an output budget refusal.
     as_budget: Callable[[Overflow], Overflow] = as_stated
+    recall_tool: ToolShape | None = None  # None: the API never gets the recall tool
+
+
+@dataclass(frozen=True, slots=True)
+class ToolShape:
+    """How one API writes tools, their calls and their results: what the recall tool
+    (compaction/recall_tool.py) needs to declare itself, read the model's calls in an
+    answer (a JSON body, or a whole event stream) and continue the conversation."""
+
+    declared: Callable[[dict[str, Any]], list[str]]  # the names of the request's tools
+    declare: Callable[[dict[str, Any]], dict[str, Any]]  # the request with the recall tool
+    calls: Callable[[dict[str, Any]], list[Call]]  # every tool call of a JSON answer
+    stream_calls: Callable[[bytes], list[Call]]  # every tool call of a whole event stream
+    # The request with the answer's calls and, for each, its result appended.
+    continued: Callable[[dict[str, Any], list[Call], list[str]], dict[str, Any]]
+    no_more_calls: Callable[[dict[str, Any]], dict[str, Any]]  # tool_choice: none
+    # An answer read whole (streamed or not) without what it echoes of the request the
+    # proxy changed (Responses echoes ``tools`` and ``tool_choice``), as the client's
+    # request object had them.
+    scrub: Callable[[bytes, bool, dict[str, Any]], bytes] = lambda raw, stream, data: raw
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOffer:
+    """The recall tool, declared on one request (compaction/recall_tool.py): its API's
+    shape, the client's request object without it (to ask again without it), and what
+    its calls are answered within: the turn's settings, token counter and output reserve."""
+
+    shape: ToolShape
+    data: dict[str, Any]
+    c: CompactionSettings
+    counter: TokenCounter
+    reserve: int
 
 
 @quick_init
@@ -121,6 +156,7 @@ class Route:
     data: dict[str, Any]
     recover: bool = False
     items: OutputItems | None = None  # collects its answer's output items (keeps_items)
+    tool: ToolOffer | None = None  # the recall tool declared in its body (``data``)
 
     def body_for(self, outcome: Outcome) -> bytes:
         return self.api.body_for(self.body, self.data, outcome)

@@ -58,15 +58,19 @@ T = TypeVar("T")
 
 
 async def diagnose(
-    response: upstream.UpstreamResponse, failure: Callable[[bytes], bytes | None]
+    response: upstream.UpstreamResponse,
+    failure: Callable[[bytes], bytes | None],
+    hold: bool = True,
 ) -> tuple[upstream.UpstreamResponse | Response | Held, Overflow | None]:
     """The response to relay should there be nothing to recover, and the overflow to
     recover from, if any. ``response`` is consumed here, unless it is a 200 stream
     that does not open with an error (then it is returned as it was, its first bytes
     pushed back) or that sends comments first (``Held``: it decides in-stream).
-    ``failure``: a stream head's error event, as its API reads one."""
+    ``failure``: a stream head's error event, as its API reads one. ``hold`` False: a
+    stream's comments are read with its head, never ``Held`` (its answer is read whole
+    before any of it goes out: the recall tool's)."""
     if response.status_code == 200:  # a stream whose first event may be the error
-        found = await _stream_error(response, failure)
+        found = await _stream_error(response, failure, hold)
         if found is None:
             return response, None
         if isinstance(found, Held):
@@ -105,7 +109,7 @@ async def retry_once(
 
 
 async def _stream_error(
-    response: upstream.UpstreamResponse, failure: Callable[[bytes], bytes | None]
+    response: upstream.UpstreamResponse, failure: Callable[[bytes], bytes | None], hold: bool
 ) -> tuple[bytes, Response] | Held | None:
     """If a 200 event stream opens with an error event (some servers report an overflow
     that way), its JSON and the stream as read so far, as a response to relay should
@@ -121,7 +125,7 @@ async def _stream_error(
             head += chunk
             if first_event(head) is not None or len(head) > MAX_HEAD_BYTES:
                 break
-            if comments_ahead(head)[0]:  # the model is thinking: the client hears it now
+            if hold and comments_ahead(head)[0]:  # the model is thinking: the client hears it
                 return Held(response, head, source)
         error = failure(head)
         if error is None:

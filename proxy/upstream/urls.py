@@ -5,7 +5,7 @@ forwarded (``passthrough_url``), so nothing resolves outside the configured base
 from __future__ import annotations
 
 from contextlib import suppress
-from functools import lru_cache
+from functools import cache, lru_cache
 from urllib.parse import quote, unquote_to_bytes
 
 from yarl import URL
@@ -28,6 +28,12 @@ def upstream_url(base_url: str, path: str, query: bytes) -> str:
     ``passthrough_url``)."""
     url = base_url.rstrip("/") + "/" + path.lstrip("/")
     return f"{url}?{query.decode('latin-1')}" if query else url
+
+
+@cache
+def api_url(base_url: str, path: str) -> str:
+    """An API's endpoint (``Api.path``) under ``base_url``: the same few every request."""
+    return upstream_url(base_url, path, b"")
 
 
 def passthrough_url(base_url: str, path: str, raw_path: bytes | None, query: bytes) -> URL:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 import orjson
@@ -21,11 +21,13 @@ import pytest
 from proxy.compaction.compact import _POLL_S
 from proxy.compaction.summarize import TERSER
 from proxy.core.outcome import Outcome
+from proxy.core.passages import Original
 from proxy.core.session import SessionKey, session_from_header
 from proxy.errors import UpstreamUnavailable
 from proxy.pipeline import compacted_view
 from proxy.services import Services
 from proxy.store import Snapshot
+from proxy.store.archive import Dropped
 from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage, ToolCall
 from tests.support.fakes import (
@@ -264,6 +266,12 @@ class PausedLocks(MemoryStore):
 
     async def save(self, key: SessionKey, snapshot: Snapshot) -> bool:
         return await self.shared.save(key, snapshot)
+
+    async def archive(self, key: SessionKey, originals: Sequence[Original]) -> Dropped:
+        return await self.shared.archive(key, originals)
+
+    async def load_archive(self, key: SessionKey) -> list[Original]:
+        return await self.shared.load_archive(key)
 
     async def load_window(self, key: str) -> int | None:
         return await self.shared.load_window(key)

@@ -13,6 +13,7 @@ import openai
 import orjson
 import pytest
 
+from proxy.core.excerpts import EXCERPTS_ACKNOWLEDGEMENT
 from proxy.core.wording import ACKNOWLEDGEMENT, CONTINUE, HANDOFF_INTRO
 from tests.support.chat import chat_requests, stats
 from tests.support.responses import WINDOW, check_items, settings
@@ -130,7 +131,8 @@ def test_a_long_agent_loop_compacts_and_recalls_a_fact(
                 continue
             assert set(item) == {"type", "role", "content"}, item
             text = item["content"]
-            assert text.startswith(HANDOFF_INTRO) or text in (ACKNOWLEDGEMENT, CONTINUE)
+            proxy_written = text.startswith((HANDOFF_INTRO, "Verbatim excerpts"))
+            assert proxy_written or text in (ACKNOWLEDGEMENT, CONTINUE, EXCERPTS_ACKNOWLEDGEMENT)
             handoffs += text.startswith(HANDOFF_INTRO)
     assert handoffs > 0
 

@@ -37,6 +37,8 @@ from proxy.compaction.chunking import ChunkSize
 from proxy.compaction.compact import Compactor
 from proxy.compaction.inflight import BodyBudget
 from proxy.compaction.precompact import Precompactor
+from proxy.compaction.recall import Recall
+from proxy.compaction.recall_tool import RecallTool
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
 from proxy.compaction.summarize import PURPOSE_HEADER, SummaryRequest
@@ -54,6 +56,7 @@ from proxy.observe.references import ReferenceMetrics
 from proxy.observe.tenant_series import TenantSeries
 from proxy.services import Services
 from proxy.store import Store
+from proxy.store.archive import build_archive
 from proxy.store.items import MemoryItems
 from proxy.store.memory import MemoryStore
 from proxy.store.quota import MemoryQuota
@@ -338,6 +341,7 @@ def make_services(
     counters = {name: TokenCounter(EstimateEncoder(name)) for name in models.tokenizers()}
     series = TenantSeries(metrics.registry)
     tenant_ids = TenantIds.from_settings(settings)
+    archive = build_archive(store)
     compactor = Compactor(
         settings=settings,
         store=store,
@@ -348,7 +352,9 @@ def make_services(
         clock=clock,
         sleep=clock.sleep,
         caps=TenantCaps(MemoryQuota(clock), series, clock),
+        archive=archive,
     )
+    recall = Recall(archive, metrics, settings.compaction, counters)
     return Services(
         settings=settings,
         client=upstream,
@@ -370,6 +376,8 @@ def make_services(
         policies=TenantPolicies(settings, tenant_ids.legacy_of),
         tenant_ids=tenant_ids,
         tenant_series=series,
+        recall=recall,
+        recall_tool=RecallTool(recall, upstream, metrics.registry, settings.compaction, counters),
     )
 
 

@@ -1,0 +1,151 @@
+"""Which archived passages a turn is about: Okapi BM25 over the session's archive.
+
+The index grows as the archive does (``add``): a compaction's newly archived passages
+are appended to the postings already there, never a rebuild. A query asks for its
+``QUERY_TERMS`` rarest terms the archive holds (a term it lacks scores nothing, a common
+one little), and reads their postings only, at most ``POSTINGS_READ`` of them: a search
+costs tens of microseconds whatever the archive's size. Why our own and not a library's
+(tantivy, bm25s, rank-bm25 were measured): bench/README.md, "Recall index".
+
+Terms are lower-cased words and numbers; a compound such as ``vendor_contact`` or
+``build-4711`` is a term and so is each of its parts, so a question in plain words finds
+the ``key=value`` and a question naming the key finds both. Common English words are no
+terms at all: a turn matches a passage by what it is about.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+_WORD = re.compile(r"[a-z0-9]+(?:[_.:/@-][a-z0-9]+)*")
+_PARTS = re.compile(r"[a-z0-9]+")
+# Function words and the verbs of a question: what a passage is about is in the rest.
+_STOP_WORDS = (
+    "a an and are as at be been but by can could did do does for from had has have he her "
+    "his how i if in into is it its me my no not of on or our please remember she so that "
+    "the their them then there these they this to tell us was we were what when where "
+    "which who whom why will with would you your again also any just know let said say "
+    "asked recall"
+)
+_STOP = frozenset(_STOP_WORDS.split())
+# Okapi BM25's usual constants: term frequency saturates by k1, length normalised by b.
+_K1 = 1.2
+_B = 0.75
+# A term held by at most this share of the documents (one at least) is rare: what a
+# passage is about, where a common word is not.
+RARE_SHARE = 0.07
+# The most postings one search reads, its rarest terms first: its cost is bounded.
+POSTINGS_READ = 4000
+# The longest query read: a newest turn may be a 100k-token paste.
+QUERY_CHARS = 4000
+# The terms a search asks for: the query's rarest in the archive (a term the archive
+# lacks scores nothing; a common one little, and each costs the search its postings).
+QUERY_TERMS = 10
+
+
+def terms(text: str) -> list[str]:
+    """The index terms of ``text``, in order, repeats kept (BM25 counts them)."""
+    out: list[str] = []
+    add = out.append
+    for word in _WORD.findall(text.lower()):
+        if word.isalnum():  # the common case: one plain word or number
+            if word not in _STOP and (len(word) > 1 or word.isdigit()):
+                add(word)
+            continue
+        add(word)  # a compound, and its parts
+        out.extend(
+            p for p in _PARTS.findall(word) if p not in _STOP and (len(p) > 1 or p.isdigit())
+        )
+    return out
+
+
+def query_terms(text: str) -> list[str]:
+    """The distinct terms of a query (its first ``QUERY_CHARS`` characters)."""
+    words = set(_WORD.findall(text[:QUERY_CHARS].lower()))
+    words -= _STOP
+    out = [w for w in words if w.isalnum() and (len(w) > 1 or w.isdigit())]
+    for word in words:
+        if not word.isalnum():
+            out.extend(terms(word))
+    return list(dict.fromkeys(out))
+
+
+class Ranking:
+    """BM25 over documents added in order: document ``i`` is the ``i``-th added. Each
+    term's postings are two arrays (documents, term frequencies): some 8 bytes a posting.
+    ``add`` from one thread at a time (the caller's lock); ``search`` may run alongside
+    it and sees the documents added before it began, or some of those being added."""
+
+    __slots__ = ("_df", "_docs", "_lengths", "_tfs", "_total")
+
+    def __init__(self) -> None:
+        self._df: dict[str, int] = {}  # documents holding each term
+        self._docs: dict[str, array[int]] = {}
+        self._tfs: dict[str, array[int]] = {}
+        self._lengths: array[int] = array("I")
+        self._total = 0
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def add(self, documents: Iterable[str]) -> None:
+        """Index ``documents`` after those already added."""
+        docs, tfs, df = self._docs, self._tfs, self._df
+        for text in documents:
+            doc = len(self._lengths)
+            counts = Counter(terms(text))
+            for term, tf in counts.items():
+                if term not in docs:
+                    docs[term], tfs[term] = array("I"), array("H")
+                docs[term].append(doc)
+                tfs[term].append(min(tf, 65535))
+                df[term] = df.get(term, 0) + 1
+            length = sum(counts.values())
+            self._total += length
+            self._lengths.append(length)  # last: a search reads only documents it holds
+
+    def search(self, query: Sequence[str], limit: int) -> list[tuple[float, int]]:
+        """The best ``limit`` (score, document) for the distinct terms ``query`` (of
+        which the ``QUERY_TERMS`` rarest the archive holds), best first. A document must
+        hold two of those terms (a compound and its part are two), or the one there is:
+        one number or name in common alone is chance; and one of them rare in the archive
+        (``RARE_SHARE``): many common words in common (a template, filler) are not a topic."""
+        lengths, docs, df = self._lengths, self._docs, self._df
+        n = len(lengths)
+        held = [t for t in query if t in df]
+        if not n or not held or limit <= 0:
+            return []
+        if len(held) > QUERY_TERMS:
+            held = heapq.nsmallest(QUERY_TERMS, held, key=df.__getitem__)
+        else:
+            held.sort(key=df.__getitem__)
+        average = self._total / n or 1.0
+        scores: dict[int, float] = {}
+        matched: dict[int, int] = {}
+        rare: set[int] = set()  # documents holding a term rare in the archive
+        few = max(1, int(n * RARE_SHARE))
+        read = 0
+        for term in held:
+            postings, tfs = docs[term], self._tfs[term]
+            holding = len(postings)
+            if read + holding > POSTINGS_READ and read:
+                break
+            read += holding
+            idf = math.log(1 + (n - holding + 0.5) / (holding + 0.5))
+            for doc, tf in zip(postings, tfs, strict=False):
+                if doc >= n:
+                    break  # being added by a concurrent add
+                norm = _K1 * (1 - _B + _B * lengths[doc] / average)
+                scores[doc] = scores.get(doc, 0.0) + idf * tf * (_K1 + 1) / (tf + norm)
+                matched[doc] = matched.get(doc, 0) + 1
+                if holding <= few:
+                    rare.add(doc)
+        least = min(2, len(held))
+        held_enough = ((d, v) for d, v in scores.items() if matched[d] >= least and d in rare)
+        best = heapq.nlargest(limit, held_enough, key=lambda item: (item[1], -item[0]))
+        return [(score, doc) for doc, score in best]
