@@ -24,7 +24,7 @@ import openai
 import pytest
 
 from tests.support.chat import FILLER, chat_requests, small_window_settings, stats
-from tests.support.servers import proxy_settings
+from tests.support.servers import OPEN_CLIENTS, proxy_settings
 
 MODEL = "sim-4k"
 TURNS = 10
@@ -42,12 +42,17 @@ def history() -> list[dict[str, Any]]:
 
 
 def client(base: str, key: str = "sk-contract-a", session: str = "contract") -> openai.OpenAI:
-    return openai.OpenAI(
+    """Closed at the test's teardown, before its heap is collected: a client dropped in a
+    reference cycle is collected with its pooled socket still open (a ResourceWarning,
+    an error in a full run)."""
+    sdk = openai.OpenAI(
         base_url=f"{base}/v1",
         api_key=key,
         max_retries=0,
         default_headers={"X-Session-Id": session},
     )
+    OPEN_CLIENTS.append(sdk)
+    return sdk
 
 
 def _proxy(start_proxy: Callable[..., str], sim: str, mode: str, **sections: Any) -> str:
