@@ -88,6 +88,7 @@ class Services:
         the store, then the upstream client."""
         try:
             await self.precompactor.aclose()
+            await self.recall.close()
             await self.store.aclose()
         finally:
             await self.client.aclose()

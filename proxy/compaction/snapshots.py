@@ -14,15 +14,15 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from proxy.compaction.archiving import write_archive
 from proxy.compaction.job import Job
 from proxy.core.digest import prefix_hash
 from proxy.core.history import History
 from proxy.core.passages import archived_messages
 from proxy.core.plan import Plan
-from proxy.core.session import SessionKey, session_slots, slot_base
+from proxy.core.session import SessionKey, session_slots
 from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot
 from proxy.core.view import View, elided
-from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
 from proxy.store import Archive, Snapshots
 
@@ -135,15 +135,4 @@ async def archive_span(
     messages = job.history.messages
     digests = [job.history.digests[i] for i in positions]
     originals = archived_messages([messages[i] for i in positions], positions, digests)
-    try:
-        dropped = await archive.archive(slot_base(job.key), originals)
-    except StoreError as exc:
-        metrics.archive.writes.labels(outcome="failed").inc()
-        log.warning("session=%s archive write failed (%s)", job.key.log_id, exc)
-        return
-    metrics.archive.writes.labels(outcome="archived").inc()
-    metrics.archive.messages.inc(len(originals))
-    if dropped.session:
-        metrics.archive.dropped_bytes.labels(bound="session").inc(dropped.session)
-    if dropped.tenant:
-        metrics.archive.dropped_bytes.labels(bound="tenant").inc(dropped.tenant)
+    await write_archive(archive, metrics, job.key, originals)

@@ -33,6 +33,9 @@ class Budget:
     elide_min_tokens: int = 400
     # Most values quoted into a summary or a trimmed view's digest (omitted.py).
     quoted_values_max: int = 64
+    # Kept free for recall's excerpts (compaction/recall.py) when a trimmed view's cut is
+    # reused: a cut kept until the view fills the window would leave them no room.
+    recall: int = 0
 
     @classmethod
     def for_model(
@@ -51,6 +54,7 @@ class Budget:
             min_tail_messages=settings.min_tail_messages,
             elide_min_tokens=settings.elide_min_tokens,
             quoted_values_max=settings.restored_identifiers_max,
+            recall=int(window * settings.recall_budget_ratio),
         )
 
 

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 
+from proxy.core.history import History
 from proxy.core.passages import Passage
+from proxy.core.transcript import span_sources
 from proxy.types import ChatMessage
 
 EXCERPTS_INTRO = (
@@ -104,3 +106,36 @@ def with_excerpts(
     out.append(ChatMessage(role="assistant", content=EXCERPTS_ACKNOWLEDGEMENT))
     out.extend(messages[newest_user:])
     return out
+
+
+def dropped_end(history: History, messages: list[ChatMessage]) -> int:
+    """Where the view ``messages``' verbatim tail starts in ``history``: the turns from the
+    pinned ones up to it are the view's dropped span (summarized, or trimmed away). A view
+    keeps its tail's messages as the same objects, at the same distance from its end."""
+    hist = history.messages
+    n, m = len(hist), len(messages)
+    k = 0
+    while k < m and k < n - history.pinned and messages[m - 1 - k] is hist[n - 1 - k]:
+        k += 1
+    return n - k
+
+
+def still_sent(passage: Passage, history: History) -> bool:
+    """Whether ``passage``'s message is still where it was in the history the client sent:
+    an edited, rewound or branched history's discarded turns are never brought back."""
+    digests = history.digests
+    return passage.position < len(digests) and digests[passage.position].hex() == passage.digest
+
+
+def newest_user(history: History) -> int | None:
+    messages = history.messages
+    for i in range(len(messages) - 1, history.pinned - 1, -1):
+        if messages[i].get("role") == "user":
+            return i
+    return None
+
+
+def query_text(history: History, newest_user: int) -> str:
+    """The newest user message. Not the tool results after it: a tool loop's requests
+    then carry the same block, byte for byte, and the provider's cache holds through it."""
+    return span_sources(history.messages[newest_user : newest_user + 1])[0][1]

@@ -95,7 +95,8 @@ def trimmed(
 
 
 def _reusable(history: History, loaded: Loaded, budget: Budget, cut: Cut) -> bool:
-    """Whether ``cut`` still applies to ``history`` under ``loaded`` and fits the window:
+    """Whether ``cut`` still applies to ``history`` under ``loaded`` and fits the window
+    (less the room recall's excerpts may take):
     same snapshot, the same messages before its cut (their per-message digests), a cut
     that still starts a group, the newest message kept."""
     h, covered = history, cut.view.covered
@@ -105,7 +106,7 @@ def _reusable(history: History, loaded: Loaded, budget: Budget, cut: Cut) -> boo
         and covered < len(h.messages)
         and (covered == 0 or not h.results[covered])
         and cut.prefix == prefix_hash(h.digests, covered)
-        and fits(h, cut.view, budget)
+        and fits(h, cut.view, budget, budget.window - budget.recall)
     )
 
 

@@ -22,8 +22,9 @@ class ArchiveSeries:
         series = cls(
             writes=Counter(
                 "compaction_proxy_archive_writes",
-                "Compactions' writes of the originals they newly cover to the archive, by "
-                "outcome (archived, failed: the turn was served without them archived)",
+                "Writes of originals to the archive (a compaction's newly covered span, a "
+                "trimmed view's newly dropped turns), by outcome (archived; failed: the turn "
+                "was served without them archived; skipped: too many writes under way)",
                 ["outcome"],
                 registry=registry,
             ),
@@ -53,7 +54,7 @@ class ArchiveSeries:
                 registry=registry,
             ),
         )
-        for outcome in ("archived", "failed"):  # zeros from start-up: a closed set each
+        for outcome in ("archived", "failed", "skipped"):  # zeros from start-up: a closed set each
             series.writes.labels(outcome=outcome)
         for bound in ("session", "tenant"):
             series.dropped_bytes.labels(bound=bound)

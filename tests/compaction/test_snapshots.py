@@ -201,7 +201,9 @@ def model(window: int, name: str = "m") -> ResolvedModel:
 
 
 def test_budget_for_a_model_follows_the_ratios_and_summary_size() -> None:
-    c = CompactionSettings(trigger_ratio=0.8, target_ratio=0.5, summary_max_tokens=2000)
+    c = CompactionSettings(
+        trigger_ratio=0.8, target_ratio=0.5, summary_max_tokens=2000, recall_budget_ratio=0.05
+    )
     budget = Budget.for_model(model(100_000), c, reserve=4096, fixed=300)
     assert budget == Budget(
         window=100_000,
@@ -212,6 +214,7 @@ def test_budget_for_a_model_follows_the_ratios_and_summary_size() -> None:
         summary_allowance=2000 + FRAME_TOKENS,
         min_tail_messages=c.min_tail_messages,
         elide_min_tokens=c.elide_min_tokens,
+        recall=5_000,
     )
 
 

@@ -7,16 +7,19 @@ import re
 
 import pytest
 
+from proxy.compaction.recall_index import SessionIndex
 from proxy.core.excerpts import (
     EXCERPT_HEAD_TOKENS,
     EXCERPTS_ACKNOWLEDGEMENT,
     FRAME_TOKENS,
     Hit,
     choose_excerpts,
+    dropped_end,
     excerpts_tokens,
     render_excerpts,
     with_excerpts,
 )
+from proxy.core.history import History, result_flags
 from proxy.core.passages import PASSAGE_CHARS, Original, Passage, archived_messages, split_passages
 from proxy.core.ranking import QUERY_TERMS, Ranking, query_terms, terms
 from proxy.core.tokens import TokenCounter
@@ -159,3 +162,35 @@ def test_the_block_goes_right_before_the_newest_user_message() -> None:
     assert out[3]["content"] == "BLOCK"
     assert out[-1] is newest
     assert out[:3] == messages[:3]
+
+
+def _history(n: int, pinned: int = 1) -> History:
+    messages: list[ChatMessage] = [{"role": "system", "content": "s"}]
+    messages += [
+        {"role": "user" if i % 2 else "assistant", "content": f"m{i}"} for i in range(1, n)
+    ]
+    digests = [bytes([i]) * 8 for i in range(n)]
+    return History(messages, digests, [5] * n, pinned, 0, result_flags(messages))
+
+
+def test_the_dropped_span_ends_where_the_views_verbatim_tail_begins() -> None:
+    h = _history(10)
+    marker: ChatMessage = {"role": "user", "content": "[earlier turns omitted]"}
+    tail = h.messages[7:]
+    assert dropped_end(h, [h.messages[0], marker, *tail]) == 7
+    # a tail message the view rewrote (an elided tool result) is not verbatim: dropped too
+    assert dropped_end(h, [h.messages[0], marker, dict(tail[0]), *tail[1:]]) == 8
+    assert dropped_end(h, list(h.messages)) == 1  # nothing dropped: the pinned message only
+    assert dropped_end(h, [marker]) == 10  # no verbatim tail at all
+
+
+def test_an_index_reads_a_history_again_once_it_was_rewound() -> None:
+    h = _history(10)
+    index = SessionIndex()
+    assert index.unread(h) == 1  # the pinned message is never a dropped turn
+    index.sent, index.sent_digest = 6, h.digests[5]
+    assert index.unread(h) == 6
+    rewound = _history(10)
+    rewound.digests[5] = b"edited!!"
+    assert index.unread(rewound) == 1
+    assert index.unread(_history(4)) == 1  # shorter than what was read

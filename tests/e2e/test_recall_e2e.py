@@ -21,6 +21,7 @@ from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from tests.support.chat import FILLER, WINDOW, Chat, chat_requests, small_window_settings
 from tests.support.metrics import exact_metric, metric
+from tests.support.replicas import session_info
 from tests.support.servers import proxy_settings, run_server
 
 TURNS = 200
@@ -107,6 +108,35 @@ def test_facts_a_summary_dropped_come_back_as_excerpts(
     assert exact_metric(url, "compaction_proxy_recalled_excerpts_total") >= right
     assert metric(url, "compaction_proxy_archive_writes_total", outcome="archived") >= 5
     _assert_prefix_stable(chat_requests(forgetful_sim))
+
+
+@pytest.fixture
+def echoing_sim() -> Iterator[str]:
+    """A 4k model whose summaries only copy their prompt: every one is rejected, so no
+    snapshot is ever stored and every view past the trigger is trimmed."""
+    rule = ModelRule(match="sim-4k", summary_style="echo")
+    with run_server(create_simulator_app(SimulatorConfig(models=(rule,)))) as url:
+        yield url
+
+
+def test_facts_a_trimmed_view_dropped_come_back_when_no_summary_is_stored(
+    echoing_sim: str, start_proxy: Any
+) -> None:
+    """Nothing is archived by a compaction (none succeeds), yet the turns the trimmed view
+    leaves out are searched from the request itself, and archived."""
+    url = start_proxy(settings(echoing_sim, recall=True))
+    chat = Chat(url, session="trimmed")
+    facts = facts_for(TURNS)
+    play(chat, facts)
+    assert chat.statuses["trimmed"] >= 100
+    assert not chat.statuses["compacted"]
+    assert metric(url, "compaction_proxy_summary_failures_total") >= 1
+    right, wrong, recalled = ask(chat, facts)
+    assert right >= 27, (right, recalled)
+    assert wrong <= 2
+    assert metric(url, "compaction_proxy_archive_writes_total", outcome="archived") >= 1
+    assert session_info(url, "trimmed").get("version", 0) == 0  # no summary was ever stored
+    _assert_prefix_stable(chat_requests(echoing_sim))
 
 
 def test_without_recall_the_same_conversation_loses_the_facts(

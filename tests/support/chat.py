@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from proxy.core.excerpts import EXCERPTS_ACKNOWLEDGEMENT
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from tests.support.servers import OPEN_CLIENTS, proxy_settings, run_server
@@ -141,3 +142,14 @@ def assert_forwarded_as_sent(sim: str, sent: list[bytes]) -> None:
         assert found >= 0, "a request was not forwarded as the client sent it"
         at = found + len(b'"body":' + body)
         assert raw[at : at + 1] in (b"}", b",")  # the whole body, not a prefix of another
+
+
+def without_excerpts(messages: list[Any]) -> list[Any]:
+    """``messages`` but recall's excerpt blocks and their acknowledgements: by design a
+    block moves to the newest user message that has excerpts of its own."""
+    return [
+        m
+        for m in messages
+        if not str(m.get("content", "")).startswith("Verbatim excerpts")
+        and m.get("content") != EXCERPTS_ACKNOWLEDGEMENT
+    ]
