@@ -254,7 +254,10 @@ async def _answer(
     ).digest()
     counter = sim.counter(profile)
     reply = build_reply(
-        {"tools": tools, "tool_choice": body.get("tool_choice")},
+        {
+            "tools": tools,
+            "tool_choice": None if overrides.ignore_tool_choice else body.get("tool_choice"),
+        },
         chat,
         Ask(seed, max(min(asked, window - total), 0), summarize),
         Voice(

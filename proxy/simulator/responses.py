@@ -240,7 +240,7 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number
         else build_reply(
             {
                 "tools": [_chat_tool(t) for t in tools if isinstance(t, dict)],
-                "tool_choice": body.get("tool_choice"),
+                "tool_choice": None if overrides.ignore_tool_choice else body.get("tool_choice"),
             },
             shown,
             Ask(seed, budget, summarize),
