@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from proxy.core.frozen import quick_init
 from proxy.core.models import ResolvedModel
 from proxy.types import ChatMessage, ChatRequest
 
@@ -43,7 +42,6 @@ FollowUp = Callable[[], Awaitable[None]]
 _ESTIMATE_BYTES_PER_TOKEN = 4
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One chat request, as the compaction steps see it."""
@@ -81,7 +79,6 @@ class Shadow:
         return self.history - self.tokens - sum(self.summarizer)
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The API view for one request; ``messages`` None means send the body as is."""
