@@ -20,7 +20,6 @@ from tests.support.docs import page
 from tests.support.metrics import client, long_history
 from tests.support.servers import proxy_settings
 
-
 # Labels Prometheus adds when it scrapes, not the proxy.
 TARGET_LABELS = frozenset({"job", "instance"})
 
