@@ -143,8 +143,8 @@ def test_plain_paths_arrive_under_the_base_path_exactly_as_encoded(
 def test_an_sdk_encoded_slash_reaches_the_upstream_as_one_encoded_segment(
     guarded: tuple[str, _Upstream],
 ) -> None:
-    """Issue 20 item 13: the official SDK sends a "/" inside an id as %2F (what the
-    README promises about encoded slashes); refusing it would fail such calls, and it
+    """Issue 20 item 13: the official SDK sends a "/" inside an id as %2F (what
+    docs/security.md promises about encoded slashes); refusing it would fail such calls, and it
     is forwarded still encoded, never as a new path segment."""
     import openai
 
