@@ -271,4 +271,4 @@ def _within(model: ResolvedModel, learned: int | None) -> ResolvedModel:
     """``model`` with the window ``learned``, when that is smaller than its own."""
     if learned is None or learned >= model.context_window:
         return model
-    return replace(model, context_window=learned)
+    return replace(model, context_window=learned, source="learned")
