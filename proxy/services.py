@@ -40,6 +40,7 @@ from proxy.store.items import build_item_store
 from proxy.store.quota import build_quota
 from proxy.tenants import TenantPolicies
 from proxy.upstream.calibrate import Calibration
+from proxy.upstream.ceilings import LearnedCeilings
 from proxy.upstream.client import Upstream, UpstreamClient
 from proxy.upstream.headers import HeaderPolicy
 from proxy.upstream.registry import read_registry
@@ -62,6 +63,7 @@ class Services:
     precompactor: Precompactor
     sightings: SessionSightings
     windows: LearnedWindows
+    ceilings: LearnedCeilings  # output limits learned the same way (upstream/ceilings.py)
     metrics: Metrics
     bodies: BodyBudget  # request bodies held by this process (server.max_inflight_body_bytes)
     items: ItemStore  # output items relayed, for Responses item_reference inputs
@@ -174,6 +176,7 @@ async def build_services(settings: Settings) -> Services:
             precompactor=Precompactor(settings.compaction, compactor, metrics),
             sightings=SessionSightings(store),
             windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics),
+            ceilings=LearnedCeilings(store, WindowPolicy.from_settings(settings), metrics),
             metrics=metrics,
             bodies=BodyBudget(settings.server),
             items=build_item_store(settings, store),
