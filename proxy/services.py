@@ -181,7 +181,7 @@ async def build_services(settings: Settings) -> Services:
             bodies=BodyBudget(settings.server),
             items=build_item_store(settings, store),
             references=ReferenceMetrics(metrics.registry),
-            ledger=Ledger(metrics.registry, settings.pricing),
+            ledger=Ledger(metrics.registry, settings.pricing, models.registry),
             policies=TenantPolicies(settings, tenant_ids.legacy_of),
             tenant_ids=tenant_ids,
             tenant_series=tenant_series,
