@@ -76,3 +76,34 @@ def test_a_stream_is_clamped_too_and_a_budget_within_the_limit_is_not(
     )
     assert "x-compaction-output-clamped" not in small.headers
     assert stats(sim_reset)["rejected_output"] == 1
+
+
+def test_claude_codes_32000_against_a_smaller_limit_is_learned_on_messages_too(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    """Claude Code asks 32,000 without CLAUDE_CODE_MAX_OUTPUT_TOKENS (streamed, as it
+    does); Anthropic refuses a budget above the model's limit as "max_tokens: 32000 >
+    4096, which is the maximum allowed number of output tokens for ..."."""
+    import anthropic
+
+    url = start_proxy(proxy_settings(sim_reset))
+    client = anthropic.Anthropic(base_url=url, api_key="sk-ant-ceiling", max_retries=0)
+    OPEN_CLIENTS.append(client)
+    messages: list[Any] = []
+    statuses, clamped = [], []
+    for i in range(10):
+        messages.append({"role": "user", "content": f"Step {i}: fix the build."})
+        raw = client.messages.with_raw_response.create(
+            model="sim-claude", max_tokens=ASKED, messages=messages, stream=True
+        )
+        text = "".join(
+            e.delta.text  # type: ignore[union-attr]
+            for e in raw.parse()
+            if e.type == "content_block_delta" and e.delta.type == "text_delta"
+        )
+        messages.append({"role": "assistant", "content": text})
+        statuses.append(raw.headers["x-compaction-status"])
+        clamped.append(raw.headers.get("x-compaction-output-clamped"))
+    assert stats(sim_reset)["rejected_output"] == 1
+    assert statuses == ["passthrough"] * 10
+    assert clamped == [str(LIMIT)] * 10
