@@ -101,16 +101,25 @@ def _print_tenants(settings: Settings) -> None:
 
 
 def _print_learned_windows(learned: dict[str, int]) -> None:
-    """The windows learned from overflow errors (a shared store's; memory://'s live in
-    each serving process)."""
+    """The windows learned from overflow errors, then the output limits learned from
+    output-budget errors (a shared store's; memory://'s live in each serving process)."""
+    from proxy.upstream.ceilings import LearnedCeilings
+    from proxy.upstream.windows import LearnedWindows
+
+    for kind, what in ((LearnedWindows, "windows"), (LearnedCeilings, "output limits")):
+        _print_learned(learned, kind.PREFIX, what, always=kind is LearnedWindows)
+
+
+def _print_learned(learned: dict[str, int], prefix: str, what: str, *, always: bool) -> None:
     from proxy.upstream.windows import parse_window_key
 
-    # Only windows: a shared window's "lowered recently" marker is bookkeeping, and keys
+    # Only values: a shared value's "lowered recently" marker is bookkeeping, and keys
     # of the old layout are no longer read (they expire).
-    parsed = {parse_window_key(k): v for k, v in learned.items()}
+    parsed = {parse_window_key(k, prefix): v for k, v in learned.items()}
     windows = [(k, v) for k, v in parsed.items() if k is not None]
     windows.sort(key=lambda item: (item[0][0], item[0][1], item[0][2] or ""))
-    print(f"learned windows: {len(windows) or 'none'}")
+    if windows or always:
+        print(f"learned {what}: {len(windows) or 'none'}")
     for (upstream, model, tenant), tokens in windows:
         scope = "one tenant, " if tenant else ""
         name = model if model.isprintable() else repr(model)  # the client's text

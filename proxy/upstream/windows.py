@@ -76,13 +76,13 @@ def window_key(
     return prefix + "".join(f"{len(part)}:{part}" for part in parts)
 
 
-def parse_window_key(key: str) -> tuple[str, str, str | None] | None:
+def parse_window_key(key: str, prefix: str = _KEY_PREFIX) -> tuple[str, str, str | None] | None:
     """``window_key``'s parts back (upstream, model, tenant), or None for any other key
-    (an old-layout key, a lowering marker)."""
-    if not key.startswith(_KEY_PREFIX):
+    (an old-layout key, a lowering marker, another limit's ``prefix``)."""
+    if not key.startswith(prefix):
         return None
     parts: list[str] = []
-    at = len(_KEY_PREFIX)
+    at = len(prefix)
     while at < len(key) and len(parts) < 3:
         colon = key.find(":", at)
         digits = key[at:colon]

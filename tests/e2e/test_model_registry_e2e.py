@@ -5,8 +5,10 @@ the proxy under uvicorn, the simulator upstream."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
+import httpx
 import openai
 import pytest
 
@@ -57,3 +59,28 @@ def test_a_models_entry_overrides_the_registry(
     OPEN_CLIENTS.append(client)
     assert _ask(client, "gpt-4o") == (64_000, "config")
     assert _ask(client, "gpt-4o-mini") == (128_000, "registry")
+
+
+def test_the_sessions_api_says_where_the_models_window_came_from(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(proxy_settings(sim_reset))
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-registry", max_retries=0)
+    OPEN_CLIENTS.append(client)
+    client.chat.completions.create(
+        model="claude-sonnet-4-5",
+        messages=[{"role": "user", "content": "hello"}],
+        extra_headers={"X-Session-Id": "registry-session"},
+    )
+    auth = {"Authorization": "Bearer sk-registry"}
+    deadline = time.monotonic() + 10  # the sighting is noted once the answer is out
+    seen = httpx.get(f"{url}/sessions/registry-session", headers=auth)
+    while seen.status_code == 404 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        seen = httpx.get(f"{url}/sessions/registry-session", headers=auth)
+    info = seen.json()
+    assert (info["model"], info["context_window"], info["window_source"]) == (
+        "claude-sonnet-4-5",
+        200_000,
+        "registry",
+    )
