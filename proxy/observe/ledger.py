@@ -8,6 +8,10 @@ summary that ends after its request's line (a background pre-compaction) reaches
 per-tenant totals (``GET /sessions/{id}``, ``GET /admin/tenants``) and the calibration
 ratios are this process's since it started, bounded (least recently used dropped): one
 worker's or replica's view.
+
+Money needs a price: the first ``pricing`` rule matching the model, else the model
+registry's list price (``core/registry.py``); totals priced from the registry say so
+(``prices``), since list prices are not what every account pays.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from proxy.core.ledger import (
     Entry,
     Figures,
     Price,
+    costs,
     figures_for,
     learn_ratio,
-    money_saved,
     price_for,
     sent_whole,
     summed,
 )
+from proxy.core.registry import Prices, Registry
 from proxy.core.session import session_from_header
 from proxy.observe.shadow_series import ShadowSeries
 from proxy.observe.tally import plain_child
@@ -43,6 +48,7 @@ _SESSIONS_LIMIT = 10_000
 _TENANTS_LIMIT = 10_000
 # Entry's figures a Totals sums, in Entry's field order (``estimated`` apart).
 _SUMMED = ("would_send", "sent", "cached", "would_cached", "summarizer_input", "summarizer_output")
+_Priced = tuple[Figures, float | None, bool]  # an entry, its money, at list prices or not
 
 
 class Totals:
@@ -51,7 +57,7 @@ class Totals:
     are plain numbers added in place: a new ``Entry`` per request (``Entry.plus``, a
     frozen dataclass of seven fields) cost more than the rest of the ledger's step."""
 
-    __slots__ = ("_estimated", "_sums", "last_would_send", "money", "requests")
+    __slots__ = ("_estimated", "_sums", "last_would_send", "listed", "money", "requests")
 
     def __init__(
         self, entry: Entry, money: float | None = None, last_would_send: int = 0, requests: int = 0
@@ -61,14 +67,18 @@ class Totals:
         self.money = money
         self.last_would_send = last_would_send
         self.requests = requests
+        self.listed = False  # some of ``money`` is at the registry's list prices
 
     @property
     def entry(self) -> Entry:
         would_send, sent, cached, would_cached, given, written = self._sums
         return Entry(would_send, sent, cached, would_cached, given, written, self._estimated)
 
-    def add(self, figures: Figures, money: float | None, counted: bool) -> None:
-        """One request's entry (its ``figures``), its money saved."""
+    def add(
+        self, figures: Figures, money: float | None, counted: bool, listed: bool = False
+    ) -> None:
+        """One request's entry (its ``figures``), its money saved (``listed``: at the
+        registry's list prices)."""
         sums = self._sums  # in _SUMMED's order, Figures' first six
         sums[0] += figures[0]
         sums[1] += figures[1]
@@ -79,6 +89,7 @@ class Totals:
         self._estimated = self._estimated or figures[6]
         if money is not None:
             self.money = (self.money or 0.0) + money
+            self.listed = self.listed or listed
         if counted:
             self.requests += 1
             self.last_would_send = figures[0]
@@ -88,12 +99,17 @@ class Totals:
         out["requests"] = self.requests
         if self.money is not None:
             out["money_saved_usd"] = round(self.money, 6)
+            out["prices"] = "registry" if self.listed else "pricing"
         return out
 
 
 class Ledger:
-    def __init__(self, registry: CollectorRegistry, pricing: list[Any]) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, pricing: list[Any], listed: Registry | None = None
+    ) -> None:
         self._pricing = pricing
+        self._listed = listed  # the model registry: list prices for models pricing lacks
+        self._list_prices: dict[str, Price | None] = {}  # by model name, bounded
         self.sessions: LRUCache[str, Totals] = LRUCache(_SESSIONS_LIMIT)
         self.tenants: LRUCache[str, Totals] = LRUCache(_TENANTS_LIMIT)
         # Upstream tokens per one of the proxy's, by tenant and model (core/ledger.py).
@@ -119,8 +135,9 @@ class Ledger:
         )
         self.cost = Counter(
             "compaction_proxy_cost_usd",
-            "USD at the configured prices (pricing), by side: would_have_paid (the history as "
-            "sent), paid (what was sent, and the summaries); saved = would_have_paid - paid",
+            "USD at the prices in pricing, else the model registry's list prices, by side: "
+            "would_have_paid (the history as sent), paid (what was sent, and the summaries); "
+            "saved = would_have_paid - paid",
             ["side"],
             registry=registry,
         )
@@ -131,6 +148,8 @@ class Ledger:
         # > 0), as recorder.py's.
         self._kinds = tuple(plain_child(self.tokens.labels(kind=kind)) for kind in KINDS)
         self._estimated = plain_child(self.estimated)
+        self._would_have_paid = plain_child(self.cost.labels(side="would_have_paid"))
+        self._paid = plain_child(self.cost.labels(side="paid"))
         for direction in ("input", "output"):
             self.summarizer.labels(direction=direction)
         for side in ("would_have_paid", "paid"):
@@ -151,8 +170,8 @@ class Ledger:
         if counted and outcome is not None:
             figures = self._figures(rec, outcome, session)
         figures = summed(figures, rec.summarized)
-        money = self._money(figures, rec.model, rec.summarizer_model)
-        self._add(rec.tenant, session, (figures, money), counted)
+        money, listed = self._money(figures, rec.model, rec.summarizer_model)
+        self._add(rec.tenant, session, (figures, money, listed), counted)
         return figures, money
 
     def _figures(self, rec: Record, outcome: Outcome, session: str | None) -> Figures:
@@ -180,8 +199,8 @@ class Ledger:
     def late(self, rec: Record, model: str, summarized: tuple[int, int, bool]) -> None:
         """A summary's tokens spent after ``rec``'s line was written (in the background)."""
         figures = summed(NOTHING, summarized)
-        money = self._money(figures, rec.model or model, model)
-        self._add(rec.tenant, self._session_key(rec), (figures, money), False)
+        money, listed = self._money(figures, rec.model or model, model)
+        self._add(rec.tenant, self._session_key(rec), (figures, money, listed), False)
 
     def _session_key(self, rec: Record) -> str | None:
         """The key a session's totals are filed under: its name's (``GET /sessions/{id}``
@@ -190,28 +209,36 @@ class Ledger:
             return self.named.of(rec.tenant, rec.session_header)[0]
         return None if rec.session is None else rec.session.storage_key
 
-    def _money(self, figures: Figures, model: str, summarizer: str | None) -> float | None:
-        if not self._pricing:  # the default: no prices, no money
-            return None
-        price = price_for(self._pricing, model)
+    def _money(
+        self, figures: Figures, model: str, summarizer: str | None
+    ) -> tuple[float | None, bool]:
+        """The money ``figures`` saved (None: ``model`` has no price), and whether a
+        price in it is the registry's."""
+        price, listed = self._price(model)
         if price is None:
-            return None
-        theirs = price_for(self._pricing, summarizer) if summarizer else None
-        entry = Entry(*figures)
-        self._count_cost(entry, price, theirs)
-        return money_saved(entry, price, theirs)
+            return None, False
+        theirs, listed_too = self._price(summarizer) if summarizer else (None, False)
+        would, paid = costs(figures, price, theirs)
+        self._would_have_paid.inc(max(would / 1_000_000, 0.0))
+        self._paid.inc(max(paid / 1_000_000, 0.0))
+        return (would - paid) / 1_000_000, listed or listed_too
 
-    def _count_cost(self, entry: Entry, price: Price, summarizer: Price | None) -> None:
-        _, sent, cached, _, given, written, estimated = entry.figures
-        paid = -money_saved(Entry(0, sent, cached, 0, given, written, estimated), price, summarizer)
-        would = money_saved(Entry(entry.would_send, would_cached=entry.would_cached), price, None)
-        self.cost.labels(side="would_have_paid").inc(max(would, 0.0))
-        self.cost.labels(side="paid").inc(max(paid, 0.0))
+    def _price(self, model: str) -> tuple[Price | None, bool]:
+        """``model``'s price: its pricing rule's, else the registry's (True)."""
+        price = price_for(self._pricing, model) if self._pricing else None
+        if price is not None or self._listed is None:
+            return price, False
+        known = self._list_prices
+        if model not in known:
+            if len(known) >= _LISTED_LIMIT:  # names are the clients': start again
+                known.clear()
+            entry = self._listed.lookup(model)
+            known[model] = _list_price(entry.prices if entry is not None else None)
+        price = known[model]
+        return price, price is not None
 
-    def _add(
-        self, tenant: str, session: str | None, priced: tuple[Figures, float | None], counted: bool
-    ) -> None:
-        figures, money = priced
+    def _add(self, tenant: str, session: str | None, priced: _Priced, counted: bool) -> None:
+        figures, money, listed = priced
         for child, amount in zip(self._kinds, figures):  # noqa: B905 (KINDS: Figures' first six)
             if amount > 0:
                 child.inc(amount)
@@ -222,9 +249,17 @@ class Ledger:
         if figures[6]:
             self._estimated.inc(1)
         if session:
-            _totals(self.sessions, session).add(figures, money, counted)
+            _totals(self.sessions, session).add(figures, money, counted, listed)
         if tenant:
-            _totals(self.tenants, tenant).add(figures, money, counted)
+            _totals(self.tenants, tenant).add(figures, money, counted, listed)
+
+
+def _list_price(prices: Prices | None) -> Price | None:
+    """A registry listing's prices as the ledger's, when it lists input and output."""
+    if prices is None or prices.input is None or prices.output is None:
+        return None
+    cached = prices.input if prices.cache_read is None else prices.cache_read
+    return Price(prices.input, cached, prices.output)
 
 
 def _totals(table: LRUCache[str, Totals], key: str) -> Totals:
@@ -255,3 +290,4 @@ class NamedSessions:
 
 
 _NAMES_KEPT = 4096
+_LISTED_LIMIT = 4096

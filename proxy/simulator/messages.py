@@ -62,7 +62,12 @@ from proxy.simulator.validate import parse_json_object
 if TYPE_CHECKING:
     from proxy.simulator.app import Simulator
 
-_COUNTED = {"structure": "rejected_structure", "overflow": "overflows", "failure": "failures"}
+_COUNTED = {
+    "structure": "rejected_structure",
+    "overflow": "overflows",
+    "failure": "failures",
+    "output_budget": "rejected_output",
+}
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",

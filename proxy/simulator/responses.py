@@ -84,6 +84,7 @@ _COUNTED: dict[str, Counter] = {
     "structure": "rejected_structure",
     "overflow": "overflows",
     "failure": "failures",
+    "output_budget": "rejected_output",
 }
 
 
@@ -208,6 +209,7 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number
             f"{profile.max_output_tokens}, but got {asked} instead.",
             param="max_output_tokens",
             code="integer_above_max_value",
+            kind="output_budget",
         )
     counter = sim.counter(profile)
     messages = chat_messages(body.get("instructions"), items)
