@@ -28,12 +28,14 @@ from proxy.routes import (
     chat,
     messages,
     messages_count,
+    models_list,
     passthrough,
     responses,
     sessions_api,
 )
 from proxy.routes.dispatch import Dispatch
 from proxy.routes.endpoints import endpoint
+from proxy.routes.models_list import MAX_LISTING_BYTES as MAX_LISTING
 from proxy.serve.reload import Reloader
 from proxy.serve.shutdown import Drain
 from proxy.services import Services, build_services
@@ -103,6 +105,13 @@ def _compacting(api: Api) -> Route:
 
 async def relay_other(request: Request) -> Response:
     return await passthrough.handle_passthrough(request, _scoped(request))
+
+
+async def list_models(request: Request) -> Response:
+    """``GET /v1/models`` (or one model): relayed, each model given its window."""
+    services = _scoped(request)
+    rewrite = (partial(models_list.with_windows, resolve=services.models.resolve), MAX_LISTING)
+    return await passthrough.handle_passthrough(request, services, rewrite=rewrite)
 
 
 async def count_messages(request: Request) -> Response:
@@ -207,6 +216,9 @@ ROUTES = [
         methods=["POST"],
         name="passthrough",
     ),
+    # A models listing: relayed with the windows the proxy plans with (models_list.py).
+    Route("/v1/models", endpoint(list_models), methods=["GET"], name="passthrough"),
+    Route("/v1/models/{model:path}", endpoint(list_models), methods=["GET"], name="passthrough"),
     Route("/v1/{path:path}", endpoint(relay_other), methods=_ALL_METHODS, name="passthrough"),
     Route("/sessions/{session_id}", endpoint(get_session), methods=["GET"], name="sessions"),
     Route("/sessions/{session_id}", endpoint(delete_session), methods=["DELETE"], name="sessions"),

@@ -19,15 +19,18 @@ from starlette.responses import Response
 from proxy.errors import ClientDisconnected
 from proxy.observe.record import record_of
 from proxy.services import Services
-from proxy.upstream.relay import relay
+from proxy.upstream.relay import buffered, relay
+from proxy.upstream.response import UpstreamResponse
 from proxy.upstream.urls import passthrough_url
 
 Headers = list[tuple[bytes, bytes]]
 Extra = Callable[[bytes], Coroutine[Any, Any, Headers]]
+# A 200 JSON answer's body rewritten (None: relayed as it came), read up to its bound.
+Rewrite = tuple[Callable[[bytes], bytes | None], int]
 
 
 async def handle_passthrough(
-    request: Request, services: Services, extra: Extra | None = None
+    request: Request, services: Services, extra: Extra | None = None, rewrite: Rewrite | None = None
 ) -> Response:
     settings = services.settings
     record = record_of(request)
@@ -61,4 +64,43 @@ async def handle_passthrough(
         record.answered(response.status_code)
     except ClientDisconnect:  # gone mid-body (or cut for stalling): nobody to answer
         raise ClientDisconnected("The client closed the connection.") from None
-    return await relay(response, await worked_out if worked_out is not None else ())
+    headers = await worked_out if worked_out is not None else []
+    if rewrite is not None and _rewritable(response):
+        return await _rewritten(response, headers, *rewrite)
+    return await relay(response, headers)
+
+
+def _rewritable(response: UpstreamResponse) -> bool:
+    """A 200 whose body is plain JSON (not compressed: the proxy relays raw bytes)."""
+    headers = response.headers
+    return (
+        response.status_code == 200
+        and headers.get("content-encoding", "identity").lower() == "identity"
+        and headers.get("content-type", "").lower().startswith("application/json")
+    )
+
+
+async def _rewritten(
+    response: UpstreamResponse,
+    headers: Headers,
+    rewrite: Callable[[bytes], bytes | None],
+    limit: int,
+) -> Response:
+    """``response`` with its body rewritten; past ``limit`` bytes, relayed from what was
+    read on, untouched."""
+    chunks: list[bytes] = []
+    size = 0
+    raw = response.aiter_raw()
+    try:
+        async for chunk in raw:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                return await relay(response, headers, started=(b"".join(chunks), raw))
+    except BaseException:
+        await response.aclose()
+        raise
+    await response.aclose()
+    body = b"".join(chunks)
+    changed = rewrite(body)
+    return buffered(response, body if changed is None else changed, headers)
