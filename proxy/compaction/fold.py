@@ -83,6 +83,7 @@ class Folder:
             turn, self.settings, self.models, self.client, self.counters
         )
         started = time.perf_counter()
+        current_record().summary_s = 0.0  # under way: what a turn's deadline reads
         if not background:
             self.metrics.summary_waits.labels(kind="summarized").inc()
         try:
