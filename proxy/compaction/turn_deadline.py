@@ -25,17 +25,20 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from proxy.compaction.compact import Compactor
 from proxy.compaction.job import Job
 from proxy.compaction.pace import SummaryPace
-from proxy.compaction.precompact import Precompactor
 from proxy.core.outcome import Degraded, Outcome
 from proxy.core.plan import Plan
 from proxy.core.rebuild import Handoff, rebuild_outcome
 from proxy.core.snapshot import Loaded
 from proxy.core.view import fits
 from proxy.observe.record import current_record
+
+if TYPE_CHECKING:  # annotations only: services.py builds both first, and passes them
+    from proxy.compaction.compact import Compactor
+    from proxy.compaction.precompact import Precompactor
 
 log = logging.getLogger("proxy.compaction")
 
