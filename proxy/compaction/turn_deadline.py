@@ -64,7 +64,8 @@ class TurnDeadline:
             # It would not finish in time: to the background at once, where allowed.
             if job.turn.model.precompact and self.precompactor.skip_reason(job.key) is None:
                 task = asyncio.create_task(self._timed(job, loaded, plan, model))
-                self.precompactor.adopt(job.key, task)  # no bound says no: just checked
+                if not self.precompactor.adopt(job.key, task):  # it says yes: just asked
+                    task.cancel()
             return self._too_slow(job, loaded, model, (expected, deadline))
         started = self.clock()
         current_record().summary_s = None  # until its own summary starts (fold.py)
