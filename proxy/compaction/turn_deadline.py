@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from proxy.compaction.fold import SUMMARY_WATCH, SummaryWatch
 from proxy.compaction.job import Job
 from proxy.compaction.pace import SummaryPace
 from proxy.core.outcome import Degraded, Outcome
@@ -58,18 +59,17 @@ class TurnDeadline:
         deadline, (start, end) = c.summary_deadline_s, plan.summarize
         if not deadline or start == end:  # no bound, or nothing to summarize (elision)
             return await self.compactor.compact(job, loaded, plan)
-        model = c.summarizer_model or job.turn.chat["model"]
+        model = self._summarizer(job)
         expected = self.pace.expected_s(job.key.tenant, model)
         if expected is not None and expected > deadline:
             # It would not finish in time: to the background at once, where allowed.
             if job.turn.model.precompact and self.precompactor.skip_reason(job.key) is None:
-                task = asyncio.create_task(self._timed(job, loaded, plan, model))
+                task = asyncio.create_task(self._timed(job, loaded, plan, SummaryWatch()))
                 if not self.precompactor.adopt(job.key, task):  # it says yes: just asked
                     task.cancel()
             return self._too_slow(job, loaded, model, (expected, deadline))
-        started = self.clock()
-        current_record().summary_s = None  # until its own summary starts (fold.py)
-        task = asyncio.create_task(self._timed(job, loaded, plan, model))
+        started, watch = self.clock(), SummaryWatch()
+        task = asyncio.create_task(self._timed(job, loaded, plan, watch))
         try:
             done, _ = await asyncio.wait({task}, timeout=deadline)
         except asyncio.CancelledError:
@@ -77,26 +77,39 @@ class TurnDeadline:
             raise
         if done:
             return task.result()
-        return await self._past(job, loaded, task, model, started)
+        return await self._past(job, loaded, task, watch, started)
 
-    async def _timed(self, job: Job, loaded: Loaded, plan: Plan, model: str) -> Outcome:
-        """The compaction, the model busy meanwhile; its summary's time learned."""
+    def _summarizer(self, job: Job) -> str:
+        c = job.turn.compaction(self.compactor.settings.compaction)
+        return c.summarizer_model or job.turn.chat["model"]
+
+    async def _timed(self, job: Job, loaded: Loaded, plan: Plan, watch: SummaryWatch) -> Outcome:
+        """The compaction (in a task of its own), the summarizer's model busy meanwhile;
+        its summary's time learned. ``watch``: whether it asked for a summary (fold.py)."""
+        model = self._summarizer(job)
+        SUMMARY_WATCH.set(watch)  # this task's context only
         record = current_record()
         written = record.summarized[1]
         with self.precompactor.busy.summarizing(model):
             outcome = await self.compactor.compact(job, loaded, plan)
-        if outcome.status == "compacted" and record.summary_s:
+        if outcome.status == "compacted" and watch.seconds:
+            # The output tokens it wrote, while the request's record still counts them.
             tokens = None if record.finished else record.summarized[1] - written
-            self.pace.finished(job.key.tenant, model, record.summary_s, tokens)
+            self.pace.finished(job.key.tenant, model, watch.seconds, tokens or None)
         return outcome
 
     async def _past(
-        self, job: Job, loaded: Loaded, task: asyncio.Task[Outcome], model: str, started: float
+        self,
+        job: Job,
+        loaded: Loaded,
+        task: asyncio.Task[Outcome],
+        watch: SummaryWatch,
+        started: float,
     ) -> Outcome:
         """The turn served without ``task``'s summary, which goes on in the background or
-        is dropped."""
-        key, record = job.key, current_record()
-        summarizing = record.summary_s is not None  # its own, not a wait for another's
+        is dropped; ``watch`` says whether it asked for one, since ``started``."""
+        key = job.key
+        summarizing = watch.started  # its own, not a wait for another request's
         degraded: Degraded = "summary_deadline" if summarizing else "summary_late"
         if job.turn.model.precompact and self.precompactor.adopt(key, task):
             kept = "finishing in the background"
@@ -106,9 +119,9 @@ class TurnDeadline:
             kept = "dropped"
             if summarizing:
                 cost = self.clock() - started
-                record.summary_s = cost
+                current_record().summary_s = cost  # the request's line: what it waited
                 self.compactor.backoff.failed(key, cost)
-                self.pace.ran_out(key.tenant, model, cost)
+                self.pace.ran_out(key.tenant, self._summarizer(job), cost)
                 metrics = self.compactor.metrics
                 metrics.compactions.labels(trigger=job.trigger, outcome="dropped").inc()
         log.warning(

@@ -9,10 +9,15 @@ import pytest
 
 from proxy.compaction.backoff import COST_FACTOR, SummaryBackoff
 from proxy.compaction.pace import SummaryPace
+from proxy.config import ModelSpec
+from proxy.core.outcome import Outcome
 from proxy.core.session import session_from_header
 from proxy.errors import UpstreamUnavailable
 from proxy.pipeline import compacted_view
+from proxy.services import Services
+from proxy.upstream.api import Attempt
 from tests.support.fakes import (
+    MODEL,
     TENANT,
     FakeClock,
     FakeUpstream,
@@ -21,6 +26,7 @@ from tests.support.fakes import (
     fake_settings,
     make_services,
     metric,
+    summary_reply,
     turn_of,
 )
 
@@ -104,3 +110,70 @@ def test_pace_is_measured_again_once_its_knowledge_expires() -> None:
     pace.ran_out(TENANT, "m", 60.0)
     clock.advance(901)
     assert pace.expected_s(TENANT, "m") is None
+
+
+# The turn's deadline (turn_deadline.py), in-process: a summary held at the fake upstream.
+
+DEADLINE_S = 0.05  # real seconds: the turn waits this long, then goes without the summary
+
+
+def _deadline_services(upstream: FakeUpstream, *, precompact: bool) -> Services:
+    settings = fake_settings(precompact_ratio=None, summary_deadline_s=DEADLINE_S)
+    model = ModelSpec(
+        match=MODEL, context_window=4096, max_output_tokens=256, precompact=precompact
+    )
+    settings = settings.model_copy(update={"models": [model]})
+    return make_services(settings, upstream, FakeClock())
+
+
+async def test_past_its_deadline_a_turn_goes_without_the_summary_which_lands_later() -> None:
+    upstream, gate = FakeUpstream(), asyncio.Event()
+    upstream.script(summaries=[summary_reply(gate=gate)])
+    services = _deadline_services(upstream, precompact=True)
+    outcome, _ = await compacted_view(services, await turn_of(services, conversation(14)))
+    assert outcome.degraded == "summary_deadline"
+    assert outcome.version == 0  # served as it was (it still fits), no summary in it
+    assert KEY in services.precompactor.running  # finishing in the background
+    gate.set()
+    await asyncio.wait_for(services.precompactor.running[KEY], 5)
+    stored = await services.store.load(KEY)
+    assert stored is not None
+    assert stored.version == 1
+    assert metric(services.metrics, "precompactions", outcome="compacted") == 1
+
+
+async def test_past_its_deadline_a_single_slot_models_summary_is_dropped() -> None:
+    """``precompact: false``: cancelled, the session backed off by its time, the model's
+    summaries known to take at least that long: the next turn does not ask."""
+    upstream = FakeUpstream()
+    upstream.script(summaries=[summary_reply(gate=asyncio.Event())])  # never answers
+    services = _deadline_services(upstream, precompact=False)
+    outcome, _ = await compacted_view(services, await turn_of(services, conversation(14)))
+    assert outcome.degraded == "summary_deadline"
+    assert not services.precompactor.running
+    assert upstream.responses == []  # the call was cancelled before any answer
+    assert metric(services.metrics, "compactions", trigger="threshold", outcome="dropped") == 1
+    expected = services.deadline.pace.expected_s(TENANT, MODEL)
+    assert expected is not None
+    assert expected >= DEADLINE_S
+    assert services.compactor.backoff.active(KEY)
+    other = await turn_of(services, conversation(14), session="s2")  # another session
+    outcome, _ = await compacted_view(services, other)
+    assert outcome.degraded == "summary_slow"
+    assert len(upstream.summary_calls) == 1
+    assert metric(services.metrics, "compactions", trigger="threshold", outcome="too_slow") == 1
+
+
+async def test_a_turn_sent_while_a_summary_runs_on_its_model_says_so() -> None:
+    upstream, gate = FakeUpstream(), asyncio.Event()
+    upstream.script(summaries=[summary_reply(gate=gate)])
+    services = _deadline_services(upstream, precompact=True)
+    await compacted_view(services, await turn_of(services, conversation(14)))
+    turn = await turn_of(services, conversation(2), session="s2")
+    attempt = Attempt(b"{}", Outcome.passthrough(b"{}", 4096))
+    marked = services.precompactor.note_sent(turn, attempt)
+    assert marked.outcome.degraded == "summary_busy"
+    assert metric(services.metrics, "turns_sent_during_summary") == 1
+    gate.set()
+    await asyncio.wait_for(services.precompactor.running[KEY], 5)
+    assert services.precompactor.note_sent(turn, attempt).outcome.degraded is None

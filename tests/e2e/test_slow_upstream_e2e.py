@@ -66,9 +66,12 @@ def _settings(sim: str, *, precompact: bool, **compaction: Any) -> Any:
     return settings.model_copy(update={"models": [model]})
 
 
+FACT = "Ticket triage gave us an identifier for it - FACT ticket_9=val911q1 - keep it handy."
+
+
 def _turn(chat: Chat, number: int) -> float:
     started = time.monotonic()
-    chat.say(f"Turn {number}: {FILLER * 3}")
+    chat.say(f"Turn {number}: {FILLER * 3}" + (f" {FACT}" if number == 1 else ""))
     return time.monotonic() - started
 
 
@@ -101,6 +104,11 @@ def test_no_turn_waits_past_the_deadline_on_a_summary_it_cannot_finish(
     assert skipped >= TURNS // 2
     assert degraded.count("summary_slow") == skipped
     assert metric(url, "compaction_proxy_degraded_requests", reason="summary_deadline") == 1
+    # Served trimmed, yet what the trim dropped comes back by recall (recall.py).
+    answer = chat.say("Quick question about the ticket we noted, ticket_9: RECALL ticket_9")
+    assert answer == "ticket_9=val911q1"
+    assert chat.last is not None
+    assert int(chat.last.get("x-compaction-recalled", "0")) >= 1
 
 
 def test_a_summary_past_the_deadline_finishes_in_the_background(
