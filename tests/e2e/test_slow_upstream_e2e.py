@@ -84,7 +84,7 @@ def test_no_turn_waits_past_the_deadline_on_a_summary_it_cannot_finish(
     knows the model's summaries cannot finish in time it stops asking (counted)."""
     url = start_proxy(_settings(single_slot, precompact=False))
     chat = Chat(url, session="slow-one-slot")
-    summaries = stats(single_slot)["summaries"]
+    before = stats(single_slot)
     took, degraded = [], []
     for number in range(TURNS):
         took.append(_turn(chat, number))
@@ -94,12 +94,14 @@ def test_no_turn_waits_past_the_deadline_on_a_summary_it_cannot_finish(
     bound = DEADLINE_S + ordinary + slack_s(url, 0.5)
     assert max(took) <= bound, (took, bound)  # without the deadline: 4 s and more
     assert chat.statuses["trimmed"] >= TURNS // 2  # through compaction, served trimmed
-    assert degraded.count("summary_deadline") == 1  # the one turn that waited on it
-    waited = [i for i, t in enumerate(took) if t > ordinary + DEADLINE_S / 2]
-    assert waited, took
-    assert all(degraded[i] in ("summary_deadline", "summary_busy") for i in waited), degraded
+    # The one turn that waited on a summary says so; no other queued for the slot (that
+    # one may, for the moment the dropped summary's slot takes to be freed).
+    assert degraded.count("summary_deadline") == 1
+    assert took[degraded.index("summary_deadline")] >= DEADLINE_S
+    after = stats(single_slot)
+    assert after["slot_waits"] - before["slot_waits"] <= 1
     # It cannot finish in time: asked once, then not again; each turn it skipped counted.
-    assert stats(single_slot)["summaries"] - summaries == 1
+    assert after["summaries"] - before["summaries"] == 1
     skipped = metric(url, "compaction_proxy_compactions", outcome="too_slow")
     assert skipped >= TURNS // 2
     assert degraded.count("summary_slow") == skipped
@@ -155,10 +157,12 @@ def test_a_turn_queued_behind_a_background_summary_says_so(
         _turn(chat, number)
         number += 1
         assert number < 30
+    deadline = time.monotonic() + 30
     while stats(single_slot)["summaries"] == summaries or not metric(
         url, "compaction_proxy_precompactions_running"
     ):
-        time.sleep(0.05)  # the background summary holds the slot now
+        assert time.monotonic() < deadline, "no background summary started"
+        time.sleep(0.05)  # until the background summary holds the slot
     waits = stats(single_slot)["slot_waits"]
     _turn(chat, number)
     assert chat.last is not None
