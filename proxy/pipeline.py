@@ -188,8 +188,8 @@ async def forward(
     answer with its view's headers, calibrating on ``turn``'s usage, then start the follow-ups
     of the attempt it answers, in order. ``turn`` None: a request not compacted (chained)."""
     record = record_of(request)
-    # The attempt whose answer goes back: the first, or a recovery's retry; the first says
-    sent = first = services.precompactor.note_sent(turn, first)  # if it queues (busy.py)
+    # The attempt whose answer goes back: the first, or a recovery's retry.
+    sent = first = services.precompactor.note_sent(turn, first)  # behind a summary? busy.py
     try:
         # Until the answer's bytes flow, only this notices a client that gave up.
         with cancelled_on_disconnect(request.receive, record.read_at, services.loop) as client:

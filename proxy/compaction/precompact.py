@@ -24,7 +24,9 @@ them all taken preempts the newest run of a tenant over its share (counted
 ``preempted``; that session is not backed off and is offered again by its next
 turn), so one tenant's throwaway sessions cannot keep another's from compacting.
 A held lock means the session is being compacted already: skipped, never waited
-for. ``aclose`` cancels and awaits what runs. Every outcome is counted; nothing
+for. An inline compaction that outlived its turn's deadline may be adopted to finish
+here (``adopt``, turn_deadline.py), within the same bounds. ``aclose`` cancels and
+awaits what runs. Every outcome is counted; nothing
 here raises into a request.
 """
 
