@@ -159,8 +159,7 @@ class SessionSettings(_Section):
 
 class CompactionSettings(_Section):
     enabled: bool = True  # false: mode off
-    # shadow: plan, forward untouched, report (README "Shadow mode"). None: on, or enabled's
-    mode: Literal["on", "shadow", "off"] | None = None
+    mode: Literal["on", "shadow", "off"] | None = None  # None: enabled's (README "Shadow mode")
     shadow_summarize: bool = False  # in shadow, also run the summaries (kept apart)
     trigger_ratio: float = Field(0.8, gt=0, le=1)
     target_ratio: float = Field(0.5, gt=0, le=1)
@@ -169,6 +168,9 @@ class CompactionSettings(_Section):
     # ...and at most this share of the chat model's window (raise it for small windows).
     summary_budget_ratio: float = Field(0.15, gt=0, le=0.5)
     summary_timeout_s: float = Field(60.0, gt=0)
+    # An inline summary delays its turn at most this long (0: none; README "A single-slot
+    # server"): as a turn waits for another's; half the 60 s gateways allow (nginx), answer due.
+    summary_deadline_s: float = Field(30.0, ge=0)
     summarizer_context_window: int | None = Field(None, gt=0)  # if not the request's model
     # The most the summarizer model can write in one answer, if below the summary
     # budget. Not the chat model's max_output_tokens: that is the reply reserve.
@@ -192,15 +194,13 @@ class CompactionSettings(_Section):
     precompact_ratio: float | None = Field(0.6, ge=0, lt=1)  # None or 0: off
     cache_aware: bool = False  # hold a cached view until the trigger (compaction/held.py)
     precompact_concurrency: int = Field(2, ge=1)  # background summaries at once, per process
-    # ...of which one tenant keeps at most this many while another tenant wants one (it
-    # may fill free slots, but its newest run over this share is cancelled to make room
-    # for a tenant under it). None: half of precompact_concurrency, rounded up.
+    # ...of which one tenant keeps this many while another wants one (its newest run over it
+    # is cancelled for a tenant under it). None: half of precompact_concurrency, rounded up.
     precompact_per_tenant: int | None = Field(None, ge=1)
-    # A session whose background run failed or did nothing waits this long for the next one.
-    precompact_retry_s: float = Field(60.0, ge=0)
+    precompact_retry_s: float = Field(60.0, ge=0)  # after a background run failed or idle
     force_interval_s: float = Field(30.0, ge=0)
-    # After a failed or cut-off summary, none for the session for summary_backoff_s (its
-    # turns trimmed), doubling per failure in a row up to summary_backoff_max_s. 0: off.
+    # After a failed or cut-off summary, none for the session for summary_backoff_s (its turns
+    # trimmed), doubling per failure in a row up to summary_backoff_max_s, or 4x its time.
     summary_backoff_s: float = Field(30.0, ge=0)
     summary_backoff_max_s: float = Field(900.0, ge=0)
     recover_overflow: bool = True  # the last line of defence: on even with enabled: false

@@ -170,7 +170,7 @@ async def _view(services: Services, turn: Turn, force: bool, recover: bool) -> _
         job = Job(turn, key, history, budget, asked or "threshold")
         plan = services.compactor.settle(job, loaded, plan)  # nothing to save: back off
         if plan.action == "compact":  # 7-8. summarize under the session's lock, save, rebuild
-            return await services.compactor.compact(job, loaded, plan), (), history, session
+            return await services.deadline.compact(job, loaded, plan), (), history, session
     if plan.fits:  # 8. rebuild
         outcome = rebuild_outcome(history, plan.view, Handoff.of(loaded, c.summary_role), budget)
         # Past the soft threshold: compact in the background once the answer is out.
@@ -189,12 +189,12 @@ async def forward(
     answer with its view's headers, calibrating on ``turn``'s usage, then start the follow-ups
     of the attempt it answers, in order. ``turn`` None: a request not compacted (chained)."""
     record = record_of(request)
-    sent = first  # the attempt whose answer goes back: the first, or a recovery's retry
+    # The attempt whose answer goes back: the first, or a recovery's retry.
+    sent = first = services.precompactor.note_sent(turn, first)  # behind a summary? busy.py
     try:
         # Until the answer's bytes flow, only this notices a client that gave up.
         with cancelled_on_disconnect(request.receive, record.read_at, services.loop) as client:
             record.sending(first.outcome)
-            services.precompactor.note_sent(turn)  # queued behind a background summary?
             response = await services.client.send("POST", route.url, route.headers, first.body)
             answer: upstream.UpstreamResponse | Response = response
             status = response.status_code

@@ -18,11 +18,13 @@ from proxy.compaction.caps import TenantCaps
 from proxy.compaction.compact import Compactor
 from proxy.compaction.held import HeldCuts
 from proxy.compaction.inflight import BodyBudget
+from proxy.compaction.pace import SummaryPace
 from proxy.compaction.precompact import Precompactor
 from proxy.compaction.recall import Recall
 from proxy.compaction.recall_tool import RecallTool
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
+from proxy.compaction.turn_deadline import TurnDeadline
 from proxy.config import Settings
 from proxy.core.encodings import Encoder, load_encoders
 from proxy.core.models import ModelTable, ResolvedModel
@@ -76,6 +78,11 @@ class Services:
     recall_tool: RecallTool  # a search of them the model calls (compaction/recall_tool.py)
     held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
     loop: asyncio.AbstractEventLoop | None = None  # the one it was built in and serves on
+    deadline: TurnDeadline = field(init=False)  # inline summaries bounded (turn_deadline.py)
+
+    def __post_init__(self) -> None:
+        pace = SummaryPace(self.settings.compaction.summary_backoff_max_s)
+        self.deadline = TurnDeadline(self.compactor, self.precompactor, pace)
 
     def known_model(self, name: str, tenant: str) -> ResolvedModel | None:
         """``effective_model`` when the windows learned for it were read lately (nearly

@@ -1,13 +1,15 @@
-"""Background summaries in flight, by the model they call: what a turn sent meanwhile
-may queue behind.
+"""The proxy's own summaries in flight (background ones, and inline ones under a turn's
+deadline: turn_deadline.py), by the model they call: what a turn sent meanwhile may
+queue behind.
 
 A server with one slot (llama.cpp's ``-np 1``, common for self-hosted models) answers
-one request at a time: a turn sent while a background summary on the same model runs
-waits for it upstream (tens of seconds on a CPU: bench/README.md), which none of
-the proxy's own waits shows. ``pipeline.forward`` counts such turns
-(``compaction_proxy_turns_sent_during_summary_total``); whether they waited depends on
-the server's slots, so a count here is a risk, not a wait. Per process: another
-replica's summaries are not seen.
+one request at a time: a turn sent while a summary on the same model runs waits for it
+upstream (tens of seconds on a CPU: bench/README.md), which none of the proxy's own
+waits shows. ``pipeline.forward`` counts such turns
+(``compaction_proxy_turns_sent_during_summary_total``) and marks their answers
+``X-Compaction-Degraded: summary_busy`` (precompact.py ``note_sent``); whether they
+waited depends on the server's slots, so this is a risk, not a measured wait. Per
+process: another replica's summaries are not seen.
 """
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ class Compactor:
         try:
             folded = await (fold if self.caps is None else self.caps.spending(job.turn, fold))
         except SummaryError as exc:
-            self.backoff.failed(job.key)
+            self.backoff.failed(job.key, self.clock() - started)
             if job.background:
                 raise  # no turn to serve a fallback to: the precompactor counts it
             log.warning(
@@ -220,7 +220,7 @@ class Compactor:
             )
             return self._failed(job, self.trims.for_job(job, loaded), started)
         if folded is None:  # far over its budget: not kept
-            self.backoff.failed(job.key)
+            self.backoff.failed(job.key, self.clock() - started)
             return self._failed(job, self.trims.for_job(job, loaded), started)
         self.backoff.succeeded(job.key)
         plan = replace(plan, view=replace(plan.view, summary_tokens=folded.tokens))

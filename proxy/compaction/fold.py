@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from proxy.compaction.count import INLINE_COUNT_BYTES, count_text
@@ -46,6 +47,21 @@ log = logging.getLogger("proxy.compaction")
 # A summary counted at more than this many times its budget is not kept: no model that
 # honours max_tokens writes it, whatever the difference between tokenizers.
 _MAX_OVERRUN = 2
+
+
+@dataclass(slots=True)
+class SummaryWatch:
+    """Whether a compaction got as far as asking for its summary, and what that took:
+    for the caller that sets one in ``SUMMARY_WATCH`` around it (turn_deadline.py), which
+    tells its turn's own summary from a wait for another request's."""
+
+    started: bool = False
+    seconds: float | None = None  # once it ended, succeeded or not
+
+
+# Per task: a compaction started with one set reports to it (fold is the one place that
+# knows a summary is being asked for).
+SUMMARY_WATCH: ContextVar[SummaryWatch | None] = ContextVar("summary_watch", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +99,9 @@ class Folder:
             turn, self.settings, self.models, self.client, self.counters
         )
         started = time.perf_counter()
+        watch = SUMMARY_WATCH.get()
+        if watch is not None:
+            watch.started = True
         if not background:
             self.metrics.summary_waits.labels(kind="summarized").inc()
         try:
@@ -148,6 +167,9 @@ class Folder:
         elapsed = time.perf_counter() - started
         self.metrics.summarization_duration.labels(outcome=outcome).observe(elapsed)
         current_record().summary_s = elapsed
+        watch = SUMMARY_WATCH.get()
+        if watch is not None:
+            watch.seconds = elapsed
 
 
 async def _restore(

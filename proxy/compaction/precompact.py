@@ -24,7 +24,9 @@ them all taken preempts the newest run of a tenant over its share (counted
 ``preempted``; that session is not backed off and is offered again by its next
 turn), so one tenant's throwaway sessions cannot keep another's from compacting.
 A held lock means the session is being compacted already: skipped, never waited
-for. ``aclose`` cancels and awaits what runs. Every outcome is counted; nothing
+for. An inline compaction that outlived its turn's deadline may be adopted to finish
+here (``adopt``, turn_deadline.py), within the same bounds. ``aclose`` cancels and
+awaits what runs. Every outcome is counted; nothing
 here raises into a request.
 """
 
@@ -52,12 +54,13 @@ from proxy.config import CompactionSettings
 from proxy.core.budget import Budget
 from proxy.core.cache_cuts import landing_ratio
 from proxy.core.history import History
-from proxy.core.outcome import FollowUp, Turn
+from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.session import TRACKED_LIMIT, SessionKey
 from proxy.core.view import fits
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
+from proxy.upstream.api import Attempt
 
 if TYPE_CHECKING:
     from proxy.compaction.compact import Compactor
@@ -137,11 +140,17 @@ class Precompactor:
         job = Job(turn, key, history, early, "precompact", background=True)
         return partial(self.start, job)
 
-    def note_sent(self, turn: Turn | None) -> None:
-        """Count ``turn`` as sent upstream while a background summary on its model runs:
-        a single-slot server makes it wait for that summary (busy.py). O(1)."""
-        if turn is not None and self.busy.busy(turn.chat["model"]):
-            self.metrics.sent_during_summary.inc()
+    def note_sent(self, turn: Turn | None, attempt: Attempt) -> Attempt:
+        """``attempt``, to be sent for ``turn``: counted, and its answer marked
+        ``summary_busy`` (unless degraded already), when a summary of the proxy's own on
+        its model runs meanwhile: a single-slot server makes it wait for that summary
+        (busy.py). O(1)."""
+        if turn is None or not self.busy.busy(turn.chat["model"]):
+            return attempt
+        self.metrics.sent_during_summary.inc()
+        if attempt.outcome.degraded is not None:
+            return attempt
+        return replace(attempt, outcome=replace(attempt.outcome, degraded="summary_busy"))
 
     async def start(self, job: Job) -> None:
         """Start compacting ``job``'s session in the background, unless a bound says no.
@@ -157,6 +166,21 @@ class Precompactor:
         self.running[key] = task
         self.metrics.precompactions_running.inc()
         task.add_done_callback(partial(self._done, key))
+
+    def adopt(self, key: SessionKey, compaction: asyncio.Task[Outcome]) -> bool:
+        """Let ``compaction``, an inline one that outlived its turn's deadline
+        (turn_deadline.py), finish as a background run: bounded, counted and cancelled at
+        close as one. False when a bound says no (the caller drops it): closing, a run of
+        the session already (which it waits for), every slot taken."""
+        if self.closed or key in self.running:
+            return False
+        if len(self.running) >= self.settings.precompact_concurrency:
+            return False
+        task = asyncio.create_task(_finished(compaction))
+        self.running[key] = task
+        self.metrics.precompactions_running.inc()
+        task.add_done_callback(partial(self._done, key))
+        return True
 
     def skip_reason(self, key: SessionKey) -> str | None:
         """Why ``key`` is not pre-compacted now (a metric outcome), or None to go ahead."""
@@ -249,3 +273,17 @@ class Precompactor:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _finished(compaction: asyncio.Task[Outcome]) -> str:
+    """An adopted compaction's outcome, as a background run's is counted; cancelling
+    this cancels it."""
+    try:
+        outcome = await compaction
+    # Nobody to raise to, as in Precompactor._run: logged (its type only) and counted.
+    except Exception as exc:
+        log.warning("background end of an inline compaction failed: %s", type(exc).__name__)
+        return "failed"
+    if outcome.status == "compacted":
+        return "compacted"
+    return "covered" if outcome.degraded is None else "failed"

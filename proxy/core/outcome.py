@@ -31,9 +31,20 @@ ShadowStatus = Literal["passthrough", "snapshot", "compacted", "trimmed", "faile
 # ended without a snapshot, after the time that took; the one it waited for was still
 # running when compaction.wait_for_summary_s ran out (late); or the session's back-off
 # after failures skipped it (backoff.py); or its tenant is over that cap of its policy
-# (tenants.py: trimmed instead). A closed set: a metric label.
+# (tenants.py: trimmed instead); or its own summary outlived compaction.summary_deadline_s
+# (finishing in the background, or dropped), or the model's summaries are known to take
+# longer than that, so none was asked (compaction/turn_deadline.py). And a turn sent while
+# a summary of the proxy's own ran on its model, which a single-slot server queues it
+# behind (summary_busy: compaction/busy.py). A closed set: a metric label.
 Degraded = Literal[
-    "summary_failed", "summary_late", "backoff", "summaries_per_hour", "summarizer_tokens_per_day"
+    "summary_failed",
+    "summary_late",
+    "backoff",
+    "summaries_per_hour",
+    "summarizer_tokens_per_day",
+    "summary_deadline",
+    "summary_slow",
+    "summary_busy",
 ]
 # Work to start once a turn's model answer has gone out (a stream: once it has ended):
 # the write of its session's sighting (sightings.py), a background pre-compaction

@@ -95,7 +95,7 @@ class Metrics:
                 "precompact: in the background after an answer, counted only when it "
                 "compacted) and outcome (compacted; trimmed: the summary failed; failed: it "
                 "failed, the view fit; backoff: not asked, its summaries failed or plans saved "
-                "nothing; nothing_to_save: nothing written; snapshot: another's served)",
+                "nothing; nothing_to_save; snapshot: another's; too_slow, dropped: the deadline)",
                 ["trigger", "outcome"],
                 registry=r,
             ),
@@ -279,7 +279,7 @@ class Metrics:
                 "compaction_proxy_degraded_requests",
                 "Chat requests due a summary and served without one (X-Compaction-Degraded), "
                 "by reason (summary_failed: theirs or the one they waited for; summary_late: "
-                "that one outlived the wait; backoff: the session's kept failing, none asked)",
+                "that one outlived the wait; backoff: none asked; summary_deadline|slow|busy)",
                 ["reason"],
                 registry=r,
             ),

@@ -68,6 +68,7 @@ CHAT_STATUSES = ("passthrough", "snapshot", "compacted", "trimmed", "bypassed", 
 DEGRADED_REASONS = (  # outcome.Degraded
     *("summary_failed", "summary_late", "backoff"),
     *("summaries_per_hour", "summarizer_tokens_per_day"),
+    *("summary_deadline", "summary_slow", "summary_busy"),
 )
 PRECOMPACTION_OUTCOMES = (
     "compacted",

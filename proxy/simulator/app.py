@@ -10,7 +10,8 @@ A chat request goes through these steps, in order (``_answer_chat``):
 5. count prompt tokens and reject an overflow in the model's error format; the
    prefix a recent request of the same API key repeated is cached (prompt_cache.py);
 6. build the deterministic reply (``replies.py``) and send it as JSON, after
-   ``latency_ms`` (a summary: ``summary_latency_ms``), or as SSE with the stream delays,
+   ``latency_ms`` (a summary: ``summary_latency_ms``) and the time ``tokens_per_s`` takes
+   to write it, or as SSE with the stream delays (that time before the first byte),
    holding one of ``slots`` (when set: others queue, as on a single-slot server).
 
 ``/v1/responses`` follows the same steps with the Responses API's shapes
@@ -207,13 +208,15 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
         f"chatcmpl-{seed.hex()[:24]}", profile.name, reply, prompt.total, cached
     )
     sim.recorder.answered(number, completion.usage())
+    writing = _writing_ms(sim.config, reply.completion_tokens)
     if body.get("stream") is True:
-        return _stream(sim, overrides, body, completion)
+        return _stream(sim, overrides, body, completion, writing)
     latency = sim.config.latency_ms
     if summarize and sim.config.summary_latency_ms is not None:
         latency = sim.config.summary_latency_ms
     if overrides.latency_ms is not None:
         latency = overrides.latency_ms
+    latency += writing
     async with sim.slot():
         if latency > 0 and await _abandoned_during(request, latency):
             sim.recorder.bump("calls_abandoned")
@@ -221,8 +224,17 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
     return _json(completion_body(completion))
 
 
+def _writing_ms(config: SimulatorConfig, tokens: int) -> float:
+    """How long writing ``tokens`` output tokens takes at ``config.tokens_per_s``."""
+    return 0.0 if config.tokens_per_s is None else tokens / config.tokens_per_s * 1000
+
+
 def _stream(
-    sim: Simulator, overrides: Overrides, body: dict[str, Any], completion: Completion
+    sim: Simulator,
+    overrides: Overrides,
+    body: dict[str, Any],
+    completion: Completion,
+    writing_ms: float = 0.0,
 ) -> Response:
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -231,10 +243,11 @@ def _stream(
         completion, chunk_chars=settings.chunk_chars, include_usage=include_usage
     )
     first = overrides.first_byte_delay_ms
+    first_ms = (settings.first_byte_delay_ms if first is None else first) + writing_ms
     delay = overrides.chunk_delay_ms
     events = sse_events(
         chunks,
-        first_byte_delay_s=(settings.first_byte_delay_ms if first is None else first) / 1000,
+        first_byte_delay_s=first_ms / 1000,
         delay_s=(settings.delay_ms if delay is None else delay) / 1000,
         on_abandoned=lambda: sim.recorder.bump("streams_abandoned"),
     )

@@ -12,6 +12,7 @@ Every key is optional::
     latency_ms: 0
     summary_latency_ms: null # summaries (X-Compaction-Purpose: summarize); null: latency_ms
     slots: null              # chat completions served at once (llama.cpp -np); more queue
+    tokens_per_s: null       # output tokens generated a second (a slow CPU); null: at once
     recording: {max_requests: 10000, max_bytes: 134217728}   # for GET /_sim/requests
     prompt_cache: {ttl_s: 600, min_tokens: 1024, increment: 128}  # ttl_s 0: off (prompt_cache.py)
 
@@ -103,6 +104,10 @@ class SimulatorConfig(_Section):
     # Chat completions (summaries included) answered at once, as llama.cpp's -np: one
     # beyond them queues for a slot (counted: slot_waits). None: no limit.
     slots: int | None = Field(default=None, ge=1)
+    # How fast replies are written, in output tokens a second, as a model on a loaded CPU
+    # writes them: a reply (a summary too) of N tokens takes N / tokens_per_s seconds more,
+    # in its slot, after the latency. None: written at once.
+    tokens_per_s: float | None = Field(default=None, gt=0)
     recording: RecordingConfig = RecordingConfig()
     prompt_cache: PromptCacheConfig = PromptCacheConfig()
 

@@ -1,0 +1,73 @@
+"""How long each summarizer takes: learned from the proxy's own summaries, as windows
+are learned from the upstream's errors, so a slow server is not rediscovered by every
+session's turns.
+
+A summary that finished records its time and its speed (output tokens a second); one
+dropped at its turn's deadline (turn_deadline.py) records that it takes at least that
+long. A turn's summary whose expected time is past its deadline is not asked for inline
+(turn_deadline.py counts it). What was learned is trusted for ``ttl_s``
+(``compaction.summary_backoff_max_s``), then the next summary measures again: the server
+may have been given a core, or a lighter load. Per process; per tenant and model, so one
+tenant's long spans never make another's summaries look slow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cachetools import LRUCache
+
+# Tenants and model names are the clients': the table is bounded.
+_LIMIT = 4096
+# The weight of the newest summary's time in the estimate: the last two count most.
+_NEWEST = 0.5
+
+
+@dataclass(slots=True)
+class _Pace:
+    seconds: float  # a summary's expected time
+    tokens_per_s: float | None  # its output speed, when an answer said how much it wrote
+    until: float  # when this stops being trusted
+
+
+@dataclass(slots=True)
+class SummaryPace:
+    """Event loop only: no lock."""
+
+    ttl_s: float
+    clock: Callable[[], float] = time.monotonic
+    entries: LRUCache[tuple[str, str], _Pace] = field(default_factory=lambda: LRUCache(_LIMIT))
+
+    def finished(self, tenant: str, model: str, seconds: float, tokens: int | None) -> None:
+        """A summary by ``model`` took ``seconds`` and wrote ``tokens`` (None: unknown)."""
+        speed = tokens / seconds if tokens and seconds > 0 else None
+        known = self._known(tenant, model)
+        if known is not None:
+            seconds = _NEWEST * seconds + (1 - _NEWEST) * known.seconds
+            speed = speed or known.tokens_per_s
+        self.entries[tenant, model] = _Pace(seconds, speed, self.clock() + self.ttl_s)
+
+    def ran_out(self, tenant: str, model: str, seconds: float) -> None:
+        """A summary by ``model`` was still unfinished after ``seconds``, and dropped."""
+        known = self._known(tenant, model)
+        speed = None if known is None else known.tokens_per_s
+        longest = seconds if known is None else max(seconds, known.seconds)
+        self.entries[tenant, model] = _Pace(longest, speed, self.clock() + self.ttl_s)
+
+    def expected_s(self, tenant: str, model: str) -> float | None:
+        """How long a summary by ``model`` takes, as far as the proxy knows now."""
+        known = self._known(tenant, model)
+        return None if known is None else known.seconds
+
+    def speed(self, tenant: str, model: str) -> float | None:
+        """``model``'s output tokens a second in its summaries, when measured."""
+        known = self._known(tenant, model)
+        return None if known is None else known.tokens_per_s
+
+    def _known(self, tenant: str, model: str) -> _Pace | None:
+        known = self.entries.get((tenant, model))
+        if known is None or known.until <= self.clock():
+            return None
+        return known

@@ -1,0 +1,171 @@
+"""A slow, single-slot upstream (llama.cpp ``-np 1`` on a loaded CPU): no turn waits on a
+summary longer than ``compaction.summary_deadline_s``, a turn that queued behind the
+proxy's own summary says so, and summaries the model cannot finish in time stop.
+
+End to end: the real proxy under uvicorn, the OpenAI SDK as the client (tests/support/
+chat.py), the project's simulator as the upstream with one slot and a generation speed
+(``tokens_per_s``) at which its summary takes four times the turn's deadline.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.config import ModelSpec
+from proxy.simulator import create_simulator_app
+from proxy.simulator.config import ModelRule, SimulatorConfig
+from tests.support.chat import FILLER, WINDOW, Chat, small_window_settings, stats
+from tests.support.metrics import metric
+from tests.support.servers import run_server
+from tests.support.timing import slack_s
+
+pytestmark = pytest.mark.e2e
+
+DEADLINE_S = 1.0
+# The simulator's summary of these conversations is about 50 tokens: at 12 tokens a
+# second it takes over 4 s, four times the deadline; a turn's 2-token reply takes 0.17 s.
+SPEED = 12.0
+TURNS = 60
+SOFT = 0.6  # the soft threshold, where a background summary starts
+
+
+def _simulator(slots: int | None) -> SimulatorConfig:
+    return SimulatorConfig(
+        slots=slots,
+        tokens_per_s=SPEED,
+        reply_tokens=2,
+        models=(ModelRule(match="sim-4k", context_window=WINDOW),),
+    )
+
+
+@pytest.fixture(scope="module")
+def single_slot() -> Iterator[str]:
+    with run_server(create_simulator_app(_simulator(slots=1))) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def many_slots() -> Iterator[str]:
+    with run_server(create_simulator_app(_simulator(slots=None))) as url:
+        yield url
+
+
+def _settings(sim: str, *, precompact: bool, **compaction: Any) -> Any:
+    settings = small_window_settings(
+        sim, summary_deadline_s=DEADLINE_S, summary_timeout_s=30, **compaction
+    )
+    model = ModelSpec(
+        match="sim-4k", context_window=WINDOW, max_output_tokens=256, precompact=precompact
+    )
+    return settings.model_copy(update={"models": [model]})
+
+
+FACT = "Ticket triage gave us an identifier for it - FACT ticket_9=val911q1 - keep it handy."
+
+
+def _turn(chat: Chat, number: int) -> float:
+    started = time.monotonic()
+    chat.say(f"Turn {number}: {FILLER * 3}" + (f" {FACT}" if number == 1 else ""))
+    return time.monotonic() - started
+
+
+def test_no_turn_waits_past_the_deadline_on_a_summary_it_cannot_finish(
+    single_slot: str, start_proxy: Callable[..., str]
+) -> None:
+    """One slot (its model declared ``precompact: false``, as the README advises for one),
+    a summary four times the deadline: 60 turns through compaction, none waits longer than
+    the deadline plus one ordinary turn, the one that waited says so, and once the proxy
+    knows the model's summaries cannot finish in time it stops asking (counted)."""
+    url = start_proxy(_settings(single_slot, precompact=False))
+    chat = Chat(url, session="slow-one-slot")
+    before = stats(single_slot)
+    took, degraded = [], []
+    for number in range(TURNS):
+        took.append(_turn(chat, number))
+        assert chat.last is not None
+        degraded.append(chat.last.get("x-compaction-degraded"))
+    ordinary = statistics.median(took[:5])  # before the trigger: a turn and nothing else
+    bound = DEADLINE_S + ordinary + slack_s(url, 0.5)
+    assert max(took) <= bound, (took, bound)  # without the deadline: 4 s and more
+    assert chat.statuses["trimmed"] >= TURNS // 2  # through compaction, served trimmed
+    # The one turn that waited on a summary says so; no other queued for the slot (that
+    # one may, for the moment the dropped summary's slot takes to be freed).
+    assert degraded.count("summary_deadline") == 1
+    assert took[degraded.index("summary_deadline")] >= DEADLINE_S
+    after = stats(single_slot)
+    assert after["slot_waits"] - before["slot_waits"] <= 1
+    # It cannot finish in time: asked once, then not again; each turn it skipped counted.
+    assert after["summaries"] - before["summaries"] == 1
+    skipped = metric(url, "compaction_proxy_compactions", outcome="too_slow")
+    assert skipped >= TURNS // 2
+    assert degraded.count("summary_slow") == skipped
+    assert metric(url, "compaction_proxy_degraded_requests", reason="summary_deadline") == 1
+    # Served trimmed, yet what the trim dropped comes back by recall (recall.py).
+    answer = chat.say("Quick question about the ticket we noted, ticket_9: RECALL ticket_9")
+    assert answer == "ticket_9=val911q1"
+    assert chat.last is not None
+    assert int(chat.last.get("x-compaction-recalled", "0")) >= 1
+
+
+def test_a_summary_past_the_deadline_finishes_in_the_background(
+    many_slots: str, start_proxy: Callable[..., str]
+) -> None:
+    """An upstream with slots to spare: the turn is served at its deadline without the
+    summary, which goes on in the background and is applied to a later turn."""
+    url = start_proxy(_settings(many_slots, precompact=True))
+    chat = Chat(url, session="slow-many-slots")
+    number, took = 0, []
+    while chat.last is None or chat.last.get("x-compaction-degraded") != "summary_deadline":
+        took.append(_turn(chat, number))
+        number += 1
+        assert number < 30, "no turn reached its deadline"
+    ordinary = statistics.median(took[:5])
+    assert took[-1] <= DEADLINE_S + ordinary + slack_s(url, 0.5), took
+    deadline = time.monotonic() + 30
+    while _version(url, "slow-many-slots") == 0:
+        assert time.monotonic() < deadline, "the summary never landed"
+        time.sleep(0.1)
+    _turn(chat, number)
+    assert chat.last is not None
+    assert chat.last["x-compaction-status"] == "snapshot"
+    assert int(chat.last["x-compaction-version"]) >= 1
+    assert metric(url, "compaction_proxy_compactions", outcome="compacted") >= 1
+
+
+def _version(url: str, session: str) -> int:
+    """The session's snapshot version (GET /sessions/{id}); 0: none yet."""
+    answer = httpx.get(f"{url}/sessions/{session}", headers={"Authorization": "Bearer sk-tenant-a"})
+    return int(answer.json().get("version", 0)) if answer.status_code == 200 else 0
+
+
+def test_a_turn_queued_behind_a_background_summary_says_so(
+    single_slot: str, start_proxy: Callable[..., str]
+) -> None:
+    """The proxy's defaults on one slot: past the soft threshold a background summary
+    takes the slot, and the turn sent meanwhile queues behind it upstream; it carries
+    ``X-Compaction-Degraded: summary_busy`` and is counted."""
+    url = start_proxy(_settings(single_slot, precompact=True, precompact_ratio=SOFT))
+    chat = Chat(url, session="slow-busy")
+    summaries, number = stats(single_slot)["summaries"], 0
+    while int(chat.last["x-context-tokens"] if chat.last else 0) + 256 <= WINDOW * SOFT:
+        _turn(chat, number)
+        number += 1
+        assert number < 30
+    deadline = time.monotonic() + 30
+    while stats(single_slot)["summaries"] == summaries or not metric(
+        url, "compaction_proxy_precompactions_running"
+    ):
+        assert time.monotonic() < deadline, "no background summary started"
+        time.sleep(0.05)  # until the background summary holds the slot
+    waits = stats(single_slot)["slot_waits"]
+    _turn(chat, number)
+    assert chat.last is not None
+    assert stats(single_slot)["slot_waits"] > waits  # it did queue, upstream
+    assert chat.last.get("x-compaction-degraded") == "summary_busy"
+    assert metric(url, "compaction_proxy_degraded_requests", reason="summary_busy") >= 1
