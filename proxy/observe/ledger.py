@@ -17,20 +17,21 @@ from typing import TYPE_CHECKING, Any
 from cachetools import LRUCache
 from prometheus_client import CollectorRegistry, Counter
 
+from proxy.core.cache_outcome import CACHE_OUTCOMES, CacheOutcome, Cause
 from proxy.core.ledger import (
     NOTHING,
     Counted,
     Entry,
     Figures,
-    Price,
+    Ledgered,
     figures_for,
     learn_ratio,
-    money_saved,
-    price_for,
     sent_whole,
     summed,
 )
+from proxy.core.prices import DEFAULT_TTLS, cache_ttls, price_for, sides
 from proxy.core.session import session_from_header
+from proxy.observe.cache_ledger import CacheLedger
 from proxy.observe.shadow_series import ShadowSeries
 from proxy.observe.tally import plain_child
 
@@ -42,52 +43,75 @@ KINDS = ("would_send", "sent", "cached", "would_cached", "summarizer_input", "su
 _SESSIONS_LIMIT = 10_000
 _TENANTS_LIMIT = 10_000
 # Entry's figures a Totals sums, in Entry's field order (``estimated`` apart).
-_SUMMED = ("would_send", "sent", "cached", "would_cached", "summarizer_input", "summarizer_output")
+_SUMMED = (*KINDS, "written_5m", "written_1h", "would_written")
+# A request's money: what it would have cost without the proxy, and what it cost (USD).
+Sides = tuple[float, float]
+# A Totals' cache counts: each outcome's, then the prefix changes the proxy made.
+_CACHE_KEYS = (*CACHE_OUTCOMES, "prefix_change_by_proxy")
 
 
 class Totals:
-    """A session's or a tenant's sum (``entry``), the money saved (None: unpriced), the
-    last would_send (the next request's cache estimate) and how many requests. The sums
+    """A session's or a tenant's sum (``entry``), its money (what it would have cost
+    without the proxy and what it cost; None: unpriced), its requests' cache outcomes,
+    the last would_send (the next request's cache estimate) and how many requests. The sums
     are plain numbers added in place: a new ``Entry`` per request (``Entry.plus``, a
     frozen dataclass of seven fields) cost more than the rest of the ledger's step."""
 
-    __slots__ = ("_estimated", "_sums", "last_would_send", "money", "requests")
+    __slots__ = ("_cache", "_estimated", "_sums", "last_would_send", "money", "requests")
 
     def __init__(
-        self, entry: Entry, money: float | None = None, last_would_send: int = 0, requests: int = 0
+        self, entry: Entry, money: Sides | None = None, last_would_send: int = 0, requests: int = 0
     ) -> None:
         self._sums = [getattr(entry, name) for name in _SUMMED]
         self._estimated = entry.estimated
+        self._cache = [0] * len(_CACHE_KEYS)
         self.money = money
         self.last_would_send = last_would_send
         self.requests = requests
 
     @property
     def entry(self) -> Entry:
-        would_send, sent, cached, would_cached, given, written = self._sums
-        return Entry(would_send, sent, cached, would_cached, given, written, self._estimated)
+        would_send, sent, cached, would_cached, given, written, short, long, would_w = self._sums
+        estimated = self._estimated
+        return Entry(
+            would_send, sent, cached, would_cached, given, written, estimated, short, long, would_w
+        )
 
-    def add(self, figures: Figures, money: float | None, counted: bool) -> None:
-        """One request's entry (its ``figures``), its money saved."""
-        sums = self._sums  # in _SUMMED's order, Figures' first six
+    def add(self, figures: Figures, money: Sides | None, counted: bool) -> None:
+        """One request's entry (its ``figures``), its money (both sides)."""
+        sums = self._sums  # in _SUMMED's order: Figures' but ``estimated``
         sums[0] += figures[0]
         sums[1] += figures[1]
         sums[2] += figures[2]
         sums[3] += figures[3]
         sums[4] += figures[4]
         sums[5] += figures[5]
+        sums[6] += figures[7]
+        sums[7] += figures[8]
+        sums[8] += figures[9]
         self._estimated = self._estimated or figures[6]
         if money is not None:
-            self.money = (self.money or 0.0) + money
+            would, paid = self.money or (0.0, 0.0)
+            self.money = (would + money[0], paid + money[1])
         if counted:
             self.requests += 1
             self.last_would_send = figures[0]
 
+    def add_cache(self, outcome: CacheOutcome, cause: Cause) -> None:
+        """One request's cache outcome (and who made a prefix change)."""
+        self._cache[_CACHE_KEYS.index(outcome)] += 1
+        if cause == "proxy":
+            self._cache[-1] += 1
+
     def as_dict(self) -> dict[str, Any]:
         out = self.entry.as_dict()
         out["requests"] = self.requests
+        out["cache"] = dict(zip(_CACHE_KEYS, self._cache, strict=True))
         if self.money is not None:
-            out["money_saved_usd"] = round(self.money, 6)
+            would, paid = self.money
+            out["money_saved_usd"] = round(would - paid, 6)
+            out["would_have_paid_usd"] = round(would, 6)
+            out["paid_usd"] = round(paid, 6)
         return out
 
 
@@ -125,6 +149,7 @@ class Ledger:
             registry=registry,
         )
         self.shadow = ShadowSeries(registry)  # what shadow mode would have sent
+        self.cache = CacheLedger(registry)  # each request's cache outcome
         self.named = NamedSessions()
         # Each kind's child's value, looked up once and plain (tally.py): ``labels()``
         # costs a lock and checks per call, ``inc`` checks what ``_add`` does (amounts
@@ -136,10 +161,10 @@ class Ledger:
         for side in ("would_have_paid", "paid"):
             self.cost.labels(side=side)
 
-    def finish(self, rec: Record) -> tuple[Figures, float | None] | None:
-        """The entry of ``rec`` (a chat request, finished), as its figures, and its money
-        saved, counted in the series and its session's and tenant's totals; None for
-        other requests."""
+    def finish(self, rec: Record) -> Ledgered | None:
+        """The entry of ``rec`` (a chat request, finished), as its figures, its money
+        saved and its cache outcome, counted in the series and its session's and
+        tenant's totals; None for other requests."""
         outcome = rec.outcome
         if rec.model is None or (outcome is None and not rec.summarized[0]):
             return None
@@ -147,28 +172,35 @@ class Ledger:
             self.shadow.observe(outcome.shadow)
         counted = rec.upstream_status == 200 and outcome is not None
         session = self._session_key(rec)
-        figures = NOTHING
+        figures, cache = NOTHING, None
         if counted and outcome is not None:
-            figures = self._figures(rec, outcome, session)
+            if session:
+                ttls = cache_ttls(self._pricing, rec.model) if self._pricing else DEFAULT_TTLS
+                cache = self.cache.observe(rec, session, ttls)
+            cold = cache is not None and cache[0] in ("cold_start", "ttl_expiry")
+            figures = self._figures(rec, outcome, session, cold)
         figures = summed(figures, rec.summarized)
         money = self._money(figures, rec.model, rec.summarizer_model)
         self._add(rec.tenant, session, (figures, money), counted)
-        return figures, money
+        if cache is not None:
+            self._add_cache(rec.tenant, session, cache)
+        return figures, None if money is None else money[0] - money[1], cache
 
-    def _figures(self, rec: Record, outcome: Outcome, session: str | None) -> Figures:
+    def _figures(self, rec: Record, outcome: Outcome, session: str | None, cold: bool) -> Figures:
         """A counted request's entry (summaries apart), and what calibration learns."""
         as_sent, usage, before = outcome.messages is None, rec.usage, rec.tokens_before
         model = (rec.tenant, rec.model or "")
+        writes = rec.cache_writes or (0, 0)
         if as_sent and usage is not None:  # most requests: the upstream's count is all
             if before is not None:  # the proxy counted the history too: calibration learns
                 ratio = self._ratios.get(model)
                 learned = learn_ratio(ratio, before, usage[0])
                 if learned is not None and learned != ratio:
                     self._ratios[model] = learned
-            return sent_whole(usage)
+            return sent_whole(usage, writes)
         totals = self.sessions.get(session) if session else None
         ratio = self._ratios.get(model) or 1.0
-        facts = Counted(before, outcome.tokens, as_sent, usage, ratio)
+        facts = Counted(before, outcome.tokens, as_sent, usage, ratio, writes, cold)
         return figures_for(facts, totals.last_would_send if totals else 0)
 
     def caches(self, rec: Record) -> bool:
@@ -190,26 +222,29 @@ class Ledger:
             return self.named.of(rec.tenant, rec.session_header)[0]
         return None if rec.session is None else rec.session.storage_key
 
-    def _money(self, figures: Figures, model: str, summarizer: str | None) -> float | None:
+    def _money(self, figures: Figures, model: str, summarizer: str | None) -> Sides | None:
+        """What the request would have cost and what it cost (None: unpriced), counted."""
         if not self._pricing:  # the default: no prices, no money
             return None
         price = price_for(self._pricing, model)
         if price is None:
             return None
         theirs = price_for(self._pricing, summarizer) if summarizer else None
-        entry = Entry(*figures)
-        self._count_cost(entry, price, theirs)
-        return money_saved(entry, price, theirs)
-
-    def _count_cost(self, entry: Entry, price: Price, summarizer: Price | None) -> None:
-        _, sent, cached, _, given, written, estimated = entry.figures
-        paid = -money_saved(Entry(0, sent, cached, 0, given, written, estimated), price, summarizer)
-        would = money_saved(Entry(entry.would_send, would_cached=entry.would_cached), price, None)
+        would, paid = sides(Entry(*figures), price, theirs)
         self.cost.labels(side="would_have_paid").inc(max(would, 0.0))
         self.cost.labels(side="paid").inc(max(paid, 0.0))
+        return would, paid
+
+    def _add_cache(
+        self, tenant: str, session: str | None, cache: tuple[CacheOutcome, Cause]
+    ) -> None:
+        if session:
+            _totals(self.sessions, session).add_cache(*cache)
+        if tenant:
+            _totals(self.tenants, tenant).add_cache(*cache)
 
     def _add(
-        self, tenant: str, session: str | None, priced: tuple[Figures, float | None], counted: bool
+        self, tenant: str, session: str | None, priced: tuple[Figures, Sides | None], counted: bool
     ) -> None:
         figures, money = priced
         for child, amount in zip(self._kinds, figures):  # noqa: B905 (KINDS: Figures' first six)

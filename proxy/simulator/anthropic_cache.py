@@ -97,7 +97,9 @@ class AnthropicCache:
             )
         read = total * read_bytes // size
         created = max(total * hashes[last][1] // size - read, 0)
-        long = min(total * long_bytes // size, created)
+        # Pro rata, but a write wholly at one tier is all that tier's (no rounding left over).
+        written = max(hashes[last][1] - read_bytes, 1)
+        long = created if long_bytes >= written else created * long_bytes // written
         return _usage(total, read, (created - long, long)), outcome
 
 

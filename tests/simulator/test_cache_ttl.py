@@ -69,7 +69,8 @@ def test_anthropic_writes_are_billed_by_tier_and_expire_by_it() -> None:
     usage, outcome = cache.usage(_body("a ", "b "), 2000)
     assert outcome == "hit"
     read, short, long = _tiers(usage)
-    assert read > 0 and short == 2000 - read and long == 0
+    assert read > 0
+    assert (short, long) == (2000 - read, 0)
     clock.now += 301  # the 5-minute tier has gone
     usage, outcome = cache.usage(_body("a ", "b ", "c "), 3000)
     assert outcome == "ttl_expiry"
