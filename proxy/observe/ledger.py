@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from cachetools import LRUCache
 from prometheus_client import CollectorRegistry, Counter
 
-from proxy.core.cache_outcome import CACHE_OUTCOMES, CacheOutcome, Cause
+from proxy.core.cache_outcome import CacheOutcome, Cause
 from proxy.core.ledger import (
     NOTHING,
     Counted,
@@ -32,87 +32,17 @@ from proxy.core.ledger import (
 from proxy.core.prices import DEFAULT_TTLS, cache_ttls, price_for, sides
 from proxy.core.session import session_from_header
 from proxy.observe.cache_ledger import CacheLedger
+from proxy.observe.regret_series import RegretLedger
 from proxy.observe.shadow_series import ShadowSeries
 from proxy.observe.tally import plain_child
+from proxy.observe.totals import KINDS, Sides, Totals, totals_of
 
 if TYPE_CHECKING:
     from proxy.core.outcome import Outcome
     from proxy.observe.record import Record
 
-KINDS = ("would_send", "sent", "cached", "would_cached", "summarizer_input", "summarizer_output")
 _SESSIONS_LIMIT = 10_000
 _TENANTS_LIMIT = 10_000
-# Entry's figures a Totals sums, in Entry's field order (``estimated`` apart).
-_SUMMED = (*KINDS, "written_5m", "written_1h", "would_written")
-# A request's money: what it would have cost without the proxy, and what it cost (USD).
-Sides = tuple[float, float]
-# A Totals' cache counts: each outcome's, then the prefix changes the proxy made.
-_CACHE_KEYS = (*CACHE_OUTCOMES, "prefix_change_by_proxy")
-
-
-class Totals:
-    """A session's or a tenant's sum (``entry``), its money (what it would have cost
-    without the proxy and what it cost; None: unpriced), its requests' cache outcomes,
-    the last would_send (the next request's cache estimate) and how many requests. The sums
-    are plain numbers added in place: a new ``Entry`` per request (``Entry.plus``, a
-    frozen dataclass of seven fields) cost more than the rest of the ledger's step."""
-
-    __slots__ = ("_cache", "_estimated", "_sums", "last_would_send", "money", "requests")
-
-    def __init__(
-        self, entry: Entry, money: Sides | None = None, last_would_send: int = 0, requests: int = 0
-    ) -> None:
-        self._sums = [getattr(entry, name) for name in _SUMMED]
-        self._estimated = entry.estimated
-        self._cache = [0] * len(_CACHE_KEYS)
-        self.money = money
-        self.last_would_send = last_would_send
-        self.requests = requests
-
-    @property
-    def entry(self) -> Entry:
-        would_send, sent, cached, would_cached, given, written, short, long, would_w = self._sums
-        estimated = self._estimated
-        return Entry(
-            would_send, sent, cached, would_cached, given, written, estimated, short, long, would_w
-        )
-
-    def add(self, figures: Figures, money: Sides | None, counted: bool) -> None:
-        """One request's entry (its ``figures``), its money (both sides)."""
-        sums = self._sums  # in _SUMMED's order: Figures' but ``estimated``
-        sums[0] += figures[0]
-        sums[1] += figures[1]
-        sums[2] += figures[2]
-        sums[3] += figures[3]
-        sums[4] += figures[4]
-        sums[5] += figures[5]
-        sums[6] += figures[7]
-        sums[7] += figures[8]
-        sums[8] += figures[9]
-        self._estimated = self._estimated or figures[6]
-        if money is not None:
-            would, paid = self.money or (0.0, 0.0)
-            self.money = (would + money[0], paid + money[1])
-        if counted:
-            self.requests += 1
-            self.last_would_send = figures[0]
-
-    def add_cache(self, outcome: CacheOutcome, cause: Cause) -> None:
-        """One request's cache outcome (and who made a prefix change)."""
-        self._cache[_CACHE_KEYS.index(outcome)] += 1
-        if cause == "proxy":
-            self._cache[-1] += 1
-
-    def as_dict(self) -> dict[str, Any]:
-        out = self.entry.as_dict()
-        out["requests"] = self.requests
-        out["cache"] = dict(zip(_CACHE_KEYS, self._cache, strict=True))
-        if self.money is not None:
-            would, paid = self.money
-            out["money_saved_usd"] = round(would - paid, 6)
-            out["would_have_paid_usd"] = round(would, 6)
-            out["paid_usd"] = round(paid, 6)
-        return out
 
 
 class Ledger:
@@ -150,6 +80,7 @@ class Ledger:
         )
         self.shadow = ShadowSeries(registry)  # what shadow mode would have sent
         self.cache = CacheLedger(registry)  # each request's cache outcome
+        self.regret = RegretLedger(registry)  # tool calls a compaction made the model repeat
         self.named = NamedSessions()
         # Each kind's child's value, looked up once and plain (tally.py): ``labels()``
         # costs a lock and checks per call, ``inc`` checks what ``_add`` does (amounts
@@ -172,18 +103,19 @@ class Ledger:
             self.shadow.observe(outcome.shadow)
         counted = rec.upstream_status == 200 and outcome is not None
         session = self._session_key(rec)
-        figures, cache = NOTHING, None
+        figures, cache, regret = NOTHING, None, 0
         if counted and outcome is not None:
             if session:
                 ttls = cache_ttls(self._pricing, rec.model) if self._pricing else DEFAULT_TTLS
                 cache = self.cache.observe(rec, session, ttls)
+                regret = self.regret.observe(rec, session, cache[0] != "hit")
             cold = cache is not None and cache[0] in ("cold_start", "ttl_expiry")
             figures = self._figures(rec, outcome, session, cold)
         figures = summed(figures, rec.summarized)
         money = self._money(figures, rec.model, rec.summarizer_model)
         self._add(rec.tenant, session, (figures, money), counted)
         if cache is not None:
-            self._add_cache(rec.tenant, session, cache)
+            self._add_cache(rec.tenant, session, cache, regret)
         return figures, None if money is None else money[0] - money[1], cache
 
     def _figures(self, rec: Record, outcome: Outcome, session: str | None, cold: bool) -> Figures:
@@ -236,12 +168,12 @@ class Ledger:
         return would, paid
 
     def _add_cache(
-        self, tenant: str, session: str | None, cache: tuple[CacheOutcome, Cause]
+        self, tenant: str, session: str | None, cache: tuple[CacheOutcome, Cause], regret: int
     ) -> None:
         if session:
-            _totals(self.sessions, session).add_cache(*cache)
+            totals_of(self.sessions, session).add_cache(*cache, regret)
         if tenant:
-            _totals(self.tenants, tenant).add_cache(*cache)
+            totals_of(self.tenants, tenant).add_cache(*cache, regret)
 
     def _add(
         self, tenant: str, session: str | None, priced: tuple[Figures, Sides | None], counted: bool
@@ -257,16 +189,9 @@ class Ledger:
         if figures[6]:
             self._estimated.inc(1)
         if session:
-            _totals(self.sessions, session).add(figures, money, counted)
+            totals_of(self.sessions, session).add(figures, money, counted)
         if tenant:
-            _totals(self.tenants, tenant).add(figures, money, counted)
-
-
-def _totals(table: LRUCache[str, Totals], key: str) -> Totals:
-    totals = table.get(key)
-    if totals is None:
-        totals = table[key] = Totals(Entry())
-    return totals
+            totals_of(self.tenants, tenant).add(figures, money, counted)
 
 
 class NamedSessions:
