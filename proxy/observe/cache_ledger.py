@@ -4,10 +4,11 @@ how long the provider keeps it (pricing's ``cache_ttl_s``, or ``cache_long_ttl_s
 a request that wrote only at the hour's tier), counted in series of its own.
 
 What is kept: per session (bounded, least recently used dropped) the last request's
-``Sent``: two 16-byte prints and two numbers. The view's message digests are the
-history's where the view holds the history's own messages (the tail, the pinned ones)
-and computed for the rest (a summary, an elided result), so a turn costs the few
-messages the proxy wrote, not the view.
+``Sent`` (core/cache_outcome.py). The view's message digests are the history's where
+the view holds the history's own messages (the tail, the pinned ones) and computed for
+the rest (a summary, an elided result), so a turn costs the few messages the proxy
+wrote, not the view; a history sent uncounted has only the two messages its check
+reads digested.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from proxy.core.cache_outcome import (
     Cause,
     Sent,
     classify,
-    sent,
+    prefix_of,
 )
 from proxy.core.digest import message_digests, tenant_seed
 
@@ -71,7 +72,7 @@ class CacheLedger:
         the hour's."""
         history = _history_digests(rec)
         outcome = rec.outcome
-        view = history
+        view: _Known | _Lazy = history
         if outcome is not None and outcome.messages is not None:
             view = _view_digests(outcome.messages, rec, history)
         last = self._sent.get(session)
@@ -83,7 +84,7 @@ class CacheLedger:
             ttl = ttls[0]
         else:
             ttl = last.ttl_s
-        self._sent[session] = sent(view, history, rec.sent_at, ttl)
+        self._sent[session] = Sent(prefix_of(view), prefix_of(history), rec.sent_at, ttl)
         self.outcomes.labels(outcome=found, cause=cause).inc()
         if short:
             self.written.labels(tier="5m").inc(short)
@@ -95,17 +96,40 @@ class CacheLedger:
         self._sent.pop(session, None)
 
 
-def _history_digests(rec: Record) -> Sequence[bytes]:
+class _Known:
+    """Digests all at hand."""
+
+    __slots__ = ("count", "full")
+
+    def __init__(self, digests: Sequence[bytes]) -> None:
+        self.count, self.full = len(digests), digests
+
+    def at(self, index: int) -> bytes:
+        return self.full[index]
+
+
+class _Lazy:
+    """A history sent uncounted: a message is digested when the check reads it."""
+
+    __slots__ = ("_messages", "_seed", "count", "full")
+
+    def __init__(self, messages: Sequence[ChatMessage], seed: int) -> None:
+        self._messages, self._seed = messages, seed
+        self.count, self.full = len(messages), None
+
+    def at(self, index: int) -> bytes:
+        return message_digests([self._messages[index]], self._seed)[0]
+
+
+def _history_digests(rec: Record) -> _Known | _Lazy:
     """The client's history's message digests: the ones counting made, else (a request
-    sent uncounted, far below the trigger) its messages'."""
+    sent uncounted, far below the trigger) its messages', each when read."""
     if rec.digests is not None:
-        return rec.digests
-    return message_digests(rec.messages or [], tenant_seed(rec.tenant))
+        return _Known(rec.digests)
+    return _Lazy(rec.messages or [], tenant_seed(rec.tenant))
 
 
-def _view_digests(
-    messages: Sequence[ChatMessage], rec: Record, history: Sequence[bytes]
-) -> list[bytes]:
+def _view_digests(messages: Sequence[ChatMessage], rec: Record, history: _Known | _Lazy) -> _Known:
     """A view's message digests: the history's for its own messages, computed for the
     messages the proxy wrote."""
     own = rec.messages or []
@@ -114,8 +138,8 @@ def _view_digests(
     fresh: list[tuple[int, ChatMessage]] = []
     for message in messages:
         i = index.get(id(message))
-        if i is not None and i < len(history) and own[i] is message:
-            digests.append(history[i])
+        if i is not None and i < history.count and own[i] is message:
+            digests.append(history.at(i))
         else:
             fresh.append((len(digests), message))
             digests.append(b"")
@@ -124,4 +148,4 @@ def _view_digests(
         computed = message_digests([m for _, m in fresh], seed)
         for (at, _), digest in zip(fresh, computed, strict=True):
             digests[at] = digest
-    return digests
+    return _Known(digests)
