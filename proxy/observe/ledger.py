@@ -1,5 +1,7 @@
 """The ledger kept: each request's entry (core/ledger.py) summed per session and per
-tenant, and counted in series of its own (metrics.py is full), on ``Metrics.registry``.
+tenant (totals.py), and counted in series of its own (metrics.py is full), on
+``Metrics.registry``; with each request's prompt-cache outcome (cache_ledger.py) and the
+tool calls a compaction made the model repeat (regret_series.py).
 
 ``Recorder.finish`` hands every finished chat request's record to ``Ledger.finish``; a
 summary that ends after its request's line (a background pre-compaction) reaches
