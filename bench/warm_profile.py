@@ -179,7 +179,22 @@ class InProcess:
 def _variant(body: bytes, n: int) -> bytes:
     data = orjson.loads(body)
     data["messages"][-1]["content"] += f" (take {n})"
+    if RELEVANT:  # a short question about a fact of an early (archived) turn: excerpts
+        data["messages"][-1]["content"] = f"{QUESTION} (take {n})"
     return orjson.dumps(data)
+
+
+def _planted(body: bytes) -> bytes:
+    data = orjson.loads(body)
+    data["messages"][3]["content"] += f" {FACT}"
+    return orjson.dumps(data)
+
+
+# ``--relevant``: a fact planted early in the history and a question about it in every
+# request's newest message, so recall finds it and each request carries a block.
+RELEVANT = False
+FACT = "The deployment codename is zephyr-4471; the vendor_contact is rhea.okafor."
+QUESTION = "Which deployment codename did we pick, and who is the vendor_contact?"
 
 
 def _config(upstream_port: int, window: int, store_url: str, recall: bool) -> Path:
@@ -206,6 +221,7 @@ async def _profile(args: argparse.Namespace, upstream_port: int) -> None:
         settings = load_settings(_config(upstream_port, window, args.store_url, recall))
         session = SESSION + (b"-recall" if recall else b"-plain")
         body = build_payload(args.payload)
+        body = _planted(body) if RELEVANT else body
         clients[recall] = InProcess(create_app(settings), body, session, VARIANTS)
     for client in clients.values():
         await client.start()
@@ -266,7 +282,14 @@ def main() -> None:
     parser.add_argument("--store-url", default="memory://")
     parser.add_argument("--cprofile", help="write a cProfile of the timed requests here")
     parser.add_argument("--recall", choices=("on", "off", "both"), default="on")
+    parser.add_argument(
+        "--relevant",
+        action="store_true",
+        help="every request asks about a fact of an archived turn: a block of excerpts each",
+    )
     args = parser.parse_args()
+    global RELEVANT
+    RELEVANT = args.relevant
     logging.disable(logging.INFO)
     port = free_port()
     script = str(BENCH / "fake_upstream.py")

@@ -18,10 +18,13 @@ if TYPE_CHECKING:  # imported once SIGTERM is handled (main): pydantic, orjson t
 log = logging.getLogger("proxy")
 
 
-def _check_config(settings: Settings, *, contact: bool = True, write: bool = False) -> int:
-    """``check-config``: the config as it resolves; 1 when the store it names cannot be
-    used (``contact``: reached, its credentials accepted; ``write``: written to as well),
-    so a deploy step or a post-install check fails on the store as on a bad key."""
+def _check_config(
+    settings: Settings, *, contact: bool = True, write: bool = False, names: Sequence[str] = ()
+) -> int:
+    """``check-config``: the config as it resolves (and each model of ``names``, with where
+    its figures come from); 1 when the store it names cannot be used (``contact``: reached,
+    its credentials accepted; ``write``: written to as well), so a deploy step or a
+    post-install check fails on the store as on a bad key."""
     import asyncio
 
     from proxy.services import load_models
@@ -46,6 +49,7 @@ def _check_config(settings: Settings, *, contact: bool = True, write: bool = Fal
     from proxy.core.tenant_ids import tenant_key
 
     print(f"tenant ids: keyed by {_TENANT_KEYS[tenant_key(settings)[1]]}")
+    print(f"model registry: {table.registry.release} ({len(table.registry)} model names)")
     print(f"{'match':<28} {'window':>9} {'max out':>8}  tokenizer")
     rules = [(s.match, s.context_window, s.max_output_tokens) for s in settings.models]
     rules.append(("(default)", settings.default_model.context_window, 0))
@@ -55,6 +59,9 @@ def _check_config(settings: Settings, *, contact: bool = True, write: bool = Fal
         quality = "exact" if enc.exact else "approximate"
         max_out = max_out or resolved.max_output_tokens
         print(f"{match:<28} {window:>9} {max_out:>8}  {resolved.tokenizer} ({quality})")
+    for name in names:  # --model: as a request for it resolves (before learned windows)
+        m = table.resolve(name)
+        print(f"{name:<28} {m.context_window:>9} {m.max_output_tokens:>8}  from {m.source}")
     if not remote:
         print("learned windows: kept in each serving process (see /metrics)")
         if write:
@@ -94,16 +101,25 @@ def _print_tenants(settings: Settings) -> None:
 
 
 def _print_learned_windows(learned: dict[str, int]) -> None:
-    """The windows learned from overflow errors (a shared store's; memory://'s live in
-    each serving process)."""
+    """The windows learned from overflow errors, then the output limits learned from
+    output-budget errors (a shared store's; memory://'s live in each serving process)."""
+    from proxy.upstream.ceilings import LearnedCeilings
+    from proxy.upstream.windows import LearnedWindows
+
+    for kind, what in ((LearnedWindows, "windows"), (LearnedCeilings, "output limits")):
+        _print_learned(learned, kind.PREFIX, what, always=kind is LearnedWindows)
+
+
+def _print_learned(learned: dict[str, int], prefix: str, what: str, *, always: bool) -> None:
     from proxy.upstream.windows import parse_window_key
 
-    # Only windows: a shared window's "lowered recently" marker is bookkeeping, and keys
+    # Only values: a shared value's "lowered recently" marker is bookkeeping, and keys
     # of the old layout are no longer read (they expire).
-    parsed = {parse_window_key(k): v for k, v in learned.items()}
+    parsed = {parse_window_key(k, prefix): v for k, v in learned.items()}
     windows = [(k, v) for k, v in parsed.items() if k is not None]
     windows.sort(key=lambda item: (item[0][0], item[0][1], item[0][2] or ""))
-    print(f"learned windows: {len(windows) or 'none'}")
+    if windows or always:
+        print(f"learned {what}: {len(windows) or 'none'}")
     for (upstream, model, tenant), tokens in windows:
         scope = "one tenant, " if tenant else ""
         name = model if model.isprintable() else repr(model)  # the client's text
@@ -192,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="listen port (overrides server.port)")
     check = sub.add_parser("check-config", help="validate a config and print the model table")
     check.add_argument("config", help="YAML config file")
+    check.add_argument(
+        "--model", action="append", default=[], help="also resolve this model name (repeatable)"
+    )
     reach = check.add_mutually_exclusive_group()
     reach.add_argument(
         "--store", action="store_true", help="write to the store too (exit 1 if it refuses)"
@@ -230,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _tenant_id(settings)
         if args.command == "check-config":
             _setup_logging(LoggingSettings(format="text", level="warning"))
-            return _check_config(settings, contact=not args.no_store, write=args.store)
+            contact, names = not args.no_store, args.model
+            return _check_config(settings, contact=contact, write=args.store, names=names)
         server = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
         if server:
             settings = settings.model_copy(

@@ -1,9 +1,9 @@
-"""The request's path through the proxy, top to bottom: ``handle`` is the table of contents
-for every API the proxy compacts: read and parse, model, ``compacted_view`` (count, session,
-snapshot, plan, summarize under the session's lock, rebuild, recall), the recall tool's
-offer, then ``forward``: send, ``recover_overflow``, the recall tool's calls answered, the
-usage watcher and, past the soft threshold, a background compaction once the answer is out
-(precompact.py). Each step is one call into the module named for it (DESIGN.md numbers
+"""The request's path through the proxy, top to bottom: ``handle`` is the table of contents for
+every API the proxy compacts: read and parse, model, ``compacted_view`` (count, session,
+snapshot, plan, summarize under the session's lock, rebuild, recall), the recall tool's offer,
+the output budget clamped, then ``forward``: send, ``recover_overflow``, the recall tool's calls
+answered, the usage watcher and, past the soft threshold, a background compaction once the answer
+is out (precompact.py). Each step is one call into the module named for it (DESIGN.md numbers
 them). What differs between APIs is an ``Api`` value (upstream/api.py) from routes/."""
 
 from __future__ import annotations
@@ -119,6 +119,7 @@ async def handle(
     offered = services.recall_tool.offer(api.recall_tool, turn, outcome, data)  # 8c. a tool
     tool, data, outcome = offered or (None, data, outcome)
     first = Attempt(api.body_for(body, data, outcome), outcome, follow_ups)
+    first = await services.ceilings.clamp(api, turn, first) if recover else first  # 8d.
     route = Route(api, url, headers, body, data, recover, kept, tool)
     return await forward(services, request, route, first, turn)  # 9-10.
 
@@ -258,13 +259,8 @@ async def _second_attempt(
     same view with a lower output budget keeps ``first``'s follow-ups; a view compacted
     again has its own (no sighting: a turn that recovered leaves the next one due)."""
     current_record().upstream_done()  # the error is read: what follows is the proxy's own time
-    verdict = route.api.as_budget(verdict)
-    if verdict.kind == "output_budget":
-        lowered = route.api.lower_output(first.body, verdict)
-        if lowered is None:  # nothing we can change: the retry would fail the same way
-            return None
-        second = replace(first, body=lowered)
-    else:
+    verdict, second = await services.ceilings.budget_retry(route.api, turn, first, verdict)
+    if verdict.kind != "output_budget":  # too long: compact harder (a budget: lowered above)
         windows, models = services.windows, services.models
         window, stated = await recovery.learn_window(windows, models, turn, first, verdict)
         model = replace(turn.model, context_window=window)
@@ -277,6 +273,8 @@ async def _second_attempt(
         if len(body) >= len(first.body):  # it would only fail again
             return None
         second = Attempt(body, outcome, follow_ups)
+    if second is None:
+        return None
     current_record().sending(second.outcome)
     return await recovery.retry_once(services.client, services.metrics, route, verdict, second)
 

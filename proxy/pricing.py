@@ -1,6 +1,8 @@
 """``pricing``: what a provider bills per million tokens, by model, for the ledger's money
 (core/ledger.py, core/prices.py), and how long it keeps a prompt cached (the ledger's
-``ttl_expiry``, core/cache_outcome.py). No price is shipped as a fact.
+``ttl_expiry``, core/cache_outcome.py). No price is shipped as a fact: a model no rule
+matches takes the model registry's list prices (observe/ledger.py), whose cache write,
+where listed, is the 5-minute tier's.
 
 Cache writes are billed only where the provider reports them (Anthropic's
 ``cache_creation_input_tokens``): by default at its multiples of the input price,

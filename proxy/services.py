@@ -9,6 +9,7 @@ as the server builds it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,6 +29,7 @@ from proxy.core.models import ModelTable, ResolvedModel
 from proxy.core.tenant_ids import TenantIds
 from proxy.core.tokens import TokenCounter
 from proxy.observe.ledger import Ledger
+from proxy.observe.line import clipped
 from proxy.observe.log_series import count_unformatted_lines
 from proxy.observe.metrics import Metrics
 from proxy.observe.references import ReferenceMetrics
@@ -38,9 +40,13 @@ from proxy.store.items import build_item_store
 from proxy.store.quota import build_quota
 from proxy.tenants import TenantPolicies
 from proxy.upstream.calibrate import Calibration
+from proxy.upstream.ceilings import LearnedCeilings
 from proxy.upstream.client import Upstream, UpstreamClient
 from proxy.upstream.headers import HeaderPolicy
+from proxy.upstream.registry import read_registry
 from proxy.upstream.windows import LearnedWindows, WindowPolicy
+
+log = logging.getLogger("proxy.models")
 
 
 @dataclass(slots=True)
@@ -57,6 +63,7 @@ class Services:
     precompactor: Precompactor
     sightings: SessionSightings
     windows: LearnedWindows
+    ceilings: LearnedCeilings  # output limits learned the same way (upstream/ceilings.py)
     metrics: Metrics
     bodies: BodyBudget  # request bodies held by this process (server.max_inflight_body_bytes)
     items: ItemStore  # output items relayed, for Responses item_reference inputs
@@ -73,8 +80,10 @@ class Services:
     def known_model(self, name: str, tenant: str) -> ResolvedModel | None:
         """``effective_model`` when the windows learned for it were read lately (nearly
         always): no store read, no coroutine. None: ask ``effective_model``."""
-        model = self.calibration.apply(self.models.resolve(name), tenant)
-        return self.windows.known(model, tenant)
+        model = self.models.resolve(name)
+        if model.source == "default":
+            self.metrics.models.defaulted.inc()
+        return self.windows.known(self.calibration.apply(model, tenant), tenant)
 
     async def effective_model(self, name: str, tenant: str) -> ResolvedModel:
         """The model's spec with the one window every step and every response uses: the
@@ -95,8 +104,9 @@ class Services:
 
 
 async def load_models(settings: Settings) -> tuple[ModelTable, dict[str, Encoder]]:
-    """The model table and one encoder per tokenizer it names (``ConfigError`` if unknown)."""
-    models = ModelTable(settings)
+    """The model table, the model registry read into it, and one encoder per tokenizer it
+    names (``ConfigError`` if unknown)."""
+    models = ModelTable(settings, await asyncio.to_thread(read_registry))
     # A model family's tokenizer that no configured model names is loaded in case a
     # client asks for such a model; should it be approximated, that is said then.
     unnamed = models.tokenizers() - models.configured_tokenizers()
@@ -106,6 +116,20 @@ async def load_models(settings: Settings) -> tuple[ModelTable, dict[str, Encoder
     )
     models.announce_on_first_use({name: encoders[name] for name in unnamed})
     return models, encoders
+
+
+def _note_resolved(metrics: Metrics, model: ResolvedModel) -> None:
+    """Count where a newly resolved name's figures came from; warn of one known nowhere."""
+    metrics.models.resolved.labels(source=model.source).inc()
+    if model.source == "default":
+        # %r: the name is the client's text (clipped: up to server.max_model_bytes); a
+        # newline in it must not start a forged line.
+        log.warning(
+            "model %r is in no models: entry and not in the model registry: planned against "
+            "default_model's window (%d tokens)",
+            clipped(model.name),
+            model.context_window,
+        )
 
 
 async def build_services(settings: Settings) -> Services:
@@ -118,6 +142,7 @@ async def build_services(settings: Settings) -> Services:
     count_unformatted_lines(metrics.registry)  # the process's log writer counts there
     models, encoders = await load_models(settings)
     metrics.learned_window.entry_of = models.entry_of
+    models.on_resolved = partial(_note_resolved, metrics)
     counters = {name: TokenCounter(enc) for name, enc in encoders.items()}
     async with AsyncExitStack() as opened:
         client = UpstreamClient(settings)
@@ -152,11 +177,12 @@ async def build_services(settings: Settings) -> Services:
             precompactor=Precompactor(settings.compaction, compactor, metrics),
             sightings=SessionSightings(store),
             windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics),
+            ceilings=LearnedCeilings(store, WindowPolicy.from_settings(settings), metrics),
             metrics=metrics,
             bodies=BodyBudget(settings.server),
             items=build_item_store(settings, store),
             references=ReferenceMetrics(metrics.registry),
-            ledger=Ledger(metrics.registry, settings.pricing),
+            ledger=Ledger(metrics.registry, settings.pricing, models.registry),
             policies=TenantPolicies(settings, tenant_ids.legacy_of),
             tenant_ids=tenant_ids,
             tenant_series=tenant_series,

@@ -39,7 +39,14 @@ from proxy.compaction.recall import Recall
 from proxy.config import CompactionSettings
 from proxy.core.excerpts import excerpts_tokens
 from proxy.core.outcome import Outcome, Turn
-from proxy.core.recall_tool import TOOL_NAME, TOOL_TOKENS, Call, query_of, tool_result
+from proxy.core.recall_tool import (
+    TOOL_NAME,
+    TOOL_TOKENS,
+    Call,
+    query_of,
+    tool_result,
+    view_summary,
+)
 from proxy.core.session import SessionKey
 from proxy.core.tokens import TokenCounter, output_reserve
 from proxy.errors import UpstreamError
@@ -204,10 +211,10 @@ class RecallTool:
                 body = orjson.dumps(shape.no_more_calls(orjson.loads(body)))
             else:
                 tokens += cost
-                results = []
+                results, summary = [], view_summary(outcome.messages)
                 for call in ours:
                     share = int(outcome.window * (c.recall_budget_ratio or _RATIO))
-                    query, budget = query_of(call.arguments), min(share, room - cost)
+                    query, budget = query_of(call.arguments, summary), min(share, room - cost)
                     found = await self._recall.search(outcome, query, offered.counter, budget)
                     results.append(tool_result(found))
                     tokens += excerpts_tokens(found) if found else _CALL_TOKENS

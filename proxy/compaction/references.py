@@ -69,9 +69,16 @@ def _item(raw: bytes | None) -> dict[str, Any] | None:
 
 
 def reference_headers(outcome: Outcome, turn: Turn | None) -> list[tuple[bytes, bytes]]:
-    """The view's headers, and how many items named by reference the proxy could not read."""
+    """The view's headers, where its window came from (``turn``'s model: a models: entry,
+    the registry, the default, or learned since), and how many items named by reference
+    the proxy could not read."""
     headers = outcome.headers()
-    if turn is not None and turn.unresolved:
+    if turn is None:
+        return headers
+    model = turn.model
+    source = "learned" if outcome.window < model.context_window else model.source
+    headers.append((b"x-context-window-source", source.encode()))
+    if turn.unresolved:
         headers.append((b"x-compaction-unresolved-references", str(turn.unresolved).encode()))
     return headers
 

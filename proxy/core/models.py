@@ -1,18 +1,21 @@
 """The per-model table: which window, output reserve and tokenizer a model gets.
 
 Matching is by exact name first, then the first glob (``fnmatch``) in file
-order, then ``default_model``. Results are cached per model name: the table
-is fixed for the life of the process, so the request path only does a cache
-lookup.
+order, then the maintained model registry (``core/registry.py``), then
+``default_model``. Each result says where its figures came from (``source``).
+Results are cached per model name: the table is fixed for the life of the
+process, so the request path only does a cache lookup.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from proxy.core.encodings import Encoder, warn_inexact
+from proxy.core.registry import Registry
 
 if TYPE_CHECKING:  # for annotations: the table reads the settings it is built from
     from proxy.config import Settings
@@ -31,6 +34,11 @@ DEFAULT_TOKENIZER = "cl100k_base"
 # Model names come from clients: bounded in entries, and in bytes because parsing
 # refuses a name over server.max_model_bytes (at most ~5 MB at the 512-byte default).
 _CACHE_LIMIT = 10_000
+# Where a model's figures came from: a models: entry, the provider's own description of
+# the model (not asked yet: its seam is in ModelTable._resolve), the registry, or
+# default_model; "learned" once an upstream's overflow error narrowed the window.
+ModelSource = Literal["config", "provider", "registry", "default", "learned"]
+SOURCES: tuple[ModelSource, ...] = ("config", "provider", "registry", "default", "learned")
 
 
 def openai_family(model: str) -> bool:
@@ -57,12 +65,17 @@ class ResolvedModel:
     # Count tool definitions as an open model's chat template renders them (tokens.py):
     # every model outside OpenAI's families, which count them their own way.
     templated_tools: bool = False
+    source: ModelSource = "config"
 
 
 class ModelTable:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, registry: Registry | None = None) -> None:
         self._specs = settings.models
         self._default = settings.default_model
+        self.registry = registry or Registry.empty()
+        # Told of each name the first time it is resolved (and again once forgotten): the
+        # caller counts and warns there, so a request resolved from the cache costs nothing.
+        self.on_resolved: Callable[[ResolvedModel], None] | None = None
         # Least recently used first; only ever used on the event loop, so no lock. A plain
         # dict: cachetools' LRUCache took five Python calls a hit (issue 27).
         self._cache: dict[str, ResolvedModel] = {}
@@ -79,6 +92,8 @@ class ModelTable:
         while len(cache) >= _CACHE_LIMIT:
             del cache[next(iter(cache))]  # the least recently used
         hit = cache[model] = self._resolve(model)
+        if self.on_resolved is not None:
+            self.on_resolved(hit)
         if self._unannounced:
             self._announce(hit.tokenizer)
         return hit
@@ -86,8 +101,8 @@ class ModelTable:
     def entry_of(self, model: str) -> str:
         """The configured entry (its ``match``) ``model`` resolves to, else ``other``: a
         closed set, for a metric's label (never the client's own name)."""
-        matched = self.resolve(model).matched
-        return "other" if matched == "default" else matched
+        hit = self.resolve(model)
+        return hit.matched if hit.source == "config" else "other"
 
     def announce_on_first_use(self, encoders: dict[str, Encoder]) -> None:
         """Warn about an inexact encoder among ``encoders`` (loaded quietly) the first
@@ -114,6 +129,25 @@ class ModelTable:
                 recall_tool=spec.recall_tool,
                 templated_tools=not openai_family(model),
             )
+        # The provider's own word on its model (/v1/models, /props) would come here, before
+        # the registry, once fetched off the request path: not asked yet.
+        listed = self.registry.lookup(model)
+        if listed is not None:
+            window = listed.context_window
+            # Some hosts list the whole window as the output limit: a reserve that large
+            # would leave no room for input, so at most half the window is reserved.
+            output = min(listed.max_output_tokens or self._default.max_output_tokens, window // 2)
+            return ResolvedModel(
+                name=model,
+                context_window=window,
+                max_output_tokens=max(output, 1),
+                tokenizer=self._default.tokenizer or default_tokenizer(model),
+                matched="registry",
+                precompact=self._default.precompact,
+                recall_tool=self._default.recall_tool,
+                templated_tools=not openai_family(model),
+                source="registry",
+            )
         return ResolvedModel(
             name=model,
             context_window=self._default.context_window,
@@ -123,6 +157,7 @@ class ModelTable:
             precompact=self._default.precompact,
             recall_tool=self._default.recall_tool,
             templated_tools=not openai_family(model),
+            source="default",
         )
 
     def tokenizers(self) -> set[str]:

@@ -5,7 +5,8 @@ and the ``FollowUp`` work that travels beside an outcome, never inside it.
 upstream saw (``X-Compaction-Status``, ``-Version``, ``X-Context-Tokens``, ``-Window``),
 and ``X-Compaction-Degraded`` when the turn was due a summary it did not get, and
 ``X-Compaction-Recalled`` when recall searched the archive (how many excerpts it added),
-``X-Compaction-Recall-Tool`` when the recall tool was offered (how many calls it answered).
+``X-Compaction-Recall-Tool`` when the recall tool was offered (how many calls it answered),
+``X-Compaction-Output-Clamped`` when the output budget was lowered to the model's limit.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from proxy.core.frozen import quick_init
 from proxy.core.models import ResolvedModel
 from proxy.types import ChatMessage, ChatRequest
 
@@ -43,7 +43,6 @@ FollowUp = Callable[[], Awaitable[None]]
 _ESTIMATE_BYTES_PER_TOKEN = 4
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One chat request, as the compaction steps see it."""
@@ -81,7 +80,6 @@ class Shadow:
         return self.history - self.tokens - sum(self.summarizer)
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The API view for one request; ``messages`` None means send the body as is."""
@@ -105,6 +103,9 @@ class Outcome:
     # many of the tool's calls the proxy answered before this answer (None: none offered).
     archive: SessionKey | None = None
     tool_rounds: int | None = None
+    # The output budget the request was sent with when the proxy lowered the client's to
+    # the model's output limit (upstream/ceilings.py); None: sent as the client asked.
+    clamped: int | None = None
 
     @classmethod
     def bypassed(cls, body: bytes, window: int) -> Outcome:
@@ -145,6 +146,8 @@ class Outcome:
             headers.append((b"x-compaction-recalled", str(self.recalled).encode()))
         if self.tool_rounds is not None:
             headers.append((b"x-compaction-recall-tool", str(self.tool_rounds).encode()))
+        if self.clamped is not None:
+            headers.append((b"x-compaction-output-clamped", str(self.clamped).encode()))
         if self.shadow is not None:
             s = self.shadow
             headers.append((b"x-compaction-shadow-status", s.status.encode()))

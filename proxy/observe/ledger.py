@@ -10,6 +10,10 @@ summary that ends after its request's line (a background pre-compaction) reaches
 per-tenant totals (``GET /sessions/{id}``, ``GET /admin/tenants``) and the calibration
 ratios are this process's since it started, bounded (least recently used dropped): one
 worker's or replica's view.
+
+Money needs a price: the first ``pricing`` rule matching the model, else the model
+registry's list price (``core/registry.py``); totals priced from the registry say so
+(``prices``), since list prices are not what every account pays.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from proxy.core.ledger import (
     sent_whole,
     summed,
 )
-from proxy.core.prices import DEFAULT_TTLS, cache_ttls, price_for, sides
+from proxy.core.prices import DEFAULT_TTLS, Price, cache_ttls, price_for, sides
+from proxy.core.registry import Prices, Registry
 from proxy.core.session import session_from_header
 from proxy.observe.cache_ledger import CacheLedger
 from proxy.observe.regret_series import RegretLedger
@@ -45,11 +50,18 @@ if TYPE_CHECKING:
 
 _SESSIONS_LIMIT = 10_000
 _TENANTS_LIMIT = 10_000
+# A request's money, both sides (None: unpriced), and whether a price in it is the
+# model registry's list price.
+_Money = tuple[Sides | None, bool]
 
 
 class Ledger:
-    def __init__(self, registry: CollectorRegistry, pricing: list[Any]) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, pricing: list[Any], listed: Registry | None = None
+    ) -> None:
         self._pricing = pricing
+        self._listed = listed  # the model registry: list prices for models pricing lacks
+        self._list_prices: dict[str, Price | None] = {}  # by model name, bounded
         self.sessions: LRUCache[str, Totals] = LRUCache(_SESSIONS_LIMIT)
         self.tenants: LRUCache[str, Totals] = LRUCache(_TENANTS_LIMIT)
         # Upstream tokens per one of the proxy's, by tenant and model (core/ledger.py).
@@ -75,8 +87,9 @@ class Ledger:
         )
         self.cost = Counter(
             "compaction_proxy_cost_usd",
-            "USD at the configured prices (pricing), by side: would_have_paid (the history as "
-            "sent), paid (what was sent, and the summaries); saved = would_have_paid - paid",
+            "USD at the prices in pricing, else the model registry's list prices, by side: "
+            "would_have_paid (the history as sent), paid (what was sent, and the summaries); "
+            "saved = would_have_paid - paid",
             ["side"],
             registry=registry,
         )
@@ -89,6 +102,8 @@ class Ledger:
         # > 0), as recorder.py's.
         self._kinds = tuple(plain_child(self.tokens.labels(kind=kind)) for kind in KINDS)
         self._estimated = plain_child(self.estimated)
+        self._would_have_paid = plain_child(self.cost.labels(side="would_have_paid"))
+        self._paid = plain_child(self.cost.labels(side="paid"))
         for direction in ("input", "output"):
             self.summarizer.labels(direction=direction)
         for side in ("would_have_paid", "paid"):
@@ -114,8 +129,8 @@ class Ledger:
             cold = cache is not None and cache[0] in ("cold_start", "ttl_expiry")
             figures = self._figures(rec, outcome, session, cold)
         figures = summed(figures, rec.summarized)
-        money = self._money(figures, rec.model, rec.summarizer_model)
-        self._add(rec.tenant, session, (figures, money), counted)
+        money, listed = self._money(figures, rec.model, rec.summarizer_model)
+        self._add(rec.tenant, session, (figures, money), counted, listed)
         if cache is not None:
             self._add_cache(rec.tenant, session, cache, regret)
         return figures, None if money is None else money[0] - money[1], cache
@@ -146,8 +161,8 @@ class Ledger:
     def late(self, rec: Record, model: str, summarized: tuple[int, int, bool]) -> None:
         """A summary's tokens spent after ``rec``'s line was written (in the background)."""
         figures = summed(NOTHING, summarized)
-        money = self._money(figures, rec.model or model, model)
-        self._add(rec.tenant, self._session_key(rec), (figures, money), False)
+        money, listed = self._money(figures, rec.model or model, model)
+        self._add(rec.tenant, self._session_key(rec), (figures, money), False, listed)
 
     def _session_key(self, rec: Record) -> str | None:
         """The key a session's totals are filed under: its name's (``GET /sessions/{id}``
@@ -156,18 +171,31 @@ class Ledger:
             return self.named.of(rec.tenant, rec.session_header)[0]
         return None if rec.session is None else rec.session.storage_key
 
-    def _money(self, figures: Figures, model: str, summarizer: str | None) -> Sides | None:
-        """What the request would have cost and what it cost (None: unpriced), counted."""
-        if not self._pricing:  # the default: no prices, no money
-            return None
-        price = price_for(self._pricing, model)
+    def _money(self, figures: Figures, model: str, summarizer: str | None) -> _Money:
+        """What the request would have cost and what it cost (None: ``model`` has no
+        price), counted, and whether a price in it is the registry's."""
+        price, listed = self._price(model)
         if price is None:
-            return None
-        theirs = price_for(self._pricing, summarizer) if summarizer else None
+            return None, False
+        theirs, listed_too = self._price(summarizer) if summarizer else (None, False)
         would, paid = sides(Entry(*figures), price, theirs)
-        self.cost.labels(side="would_have_paid").inc(max(would, 0.0))
-        self.cost.labels(side="paid").inc(max(paid, 0.0))
-        return would, paid
+        self._would_have_paid.inc(max(would, 0.0))
+        self._paid.inc(max(paid, 0.0))
+        return (would, paid), listed or listed_too
+
+    def _price(self, model: str) -> tuple[Price | None, bool]:
+        """``model``'s price: its pricing rule's, else the registry's (True)."""
+        price = price_for(self._pricing, model) if self._pricing else None
+        if price is not None or self._listed is None:
+            return price, False
+        known = self._list_prices
+        if model not in known:
+            if len(known) >= _LISTED_LIMIT:  # names are the clients': start again
+                known.clear()
+            entry = self._listed.lookup(model)
+            known[model] = _list_price(entry.prices if entry is not None else None)
+        price = known[model]
+        return price, price is not None
 
     def _add_cache(
         self, tenant: str, session: str | None, cache: tuple[CacheOutcome, Cause], regret: int
@@ -178,7 +206,12 @@ class Ledger:
             totals_of(self.tenants, tenant).add_cache(*cache, regret)
 
     def _add(
-        self, tenant: str, session: str | None, priced: tuple[Figures, Sides | None], counted: bool
+        self,
+        tenant: str,
+        session: str | None,
+        priced: tuple[Figures, Sides | None],
+        counted: bool,
+        listed: bool = False,
     ) -> None:
         figures, money = priced
         for child, amount in zip(self._kinds, figures):  # noqa: B905 (KINDS: Figures' first six)
@@ -191,9 +224,19 @@ class Ledger:
         if figures[6]:
             self._estimated.inc(1)
         if session:
-            totals_of(self.sessions, session).add(figures, money, counted)
+            totals_of(self.sessions, session).add(figures, money, counted, listed)
         if tenant:
-            totals_of(self.tenants, tenant).add(figures, money, counted)
+            totals_of(self.tenants, tenant).add(figures, money, counted, listed)
+
+
+def _list_price(prices: Prices | None) -> Price | None:
+    """A registry listing's prices as the ledger's, when it lists input and output: its
+    cache write (where listed) is the 5-minute tier's; the hour's, unlisted, is input's
+    multiple (core/prices.py)."""
+    if prices is None or prices.input is None or prices.output is None:
+        return None
+    cached = prices.input if prices.cache_read is None else prices.cache_read
+    return Price(prices.input, cached, prices.output, prices.cache_write)
 
 
 class NamedSessions:
@@ -217,3 +260,4 @@ class NamedSessions:
 
 
 _NAMES_KEPT = 4096
+_LISTED_LIMIT = 4096

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from proxy.core.summary_check import REASONS as REJECTIONS
 from proxy.observe.archive_series import ArchiveSeries
 from proxy.observe.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
+from proxy.observe.model_series import ModelSeries
 from proxy.observe.process_metrics import ProcessSeries
 from proxy.observe.series import (
     ADDED_BUCKETS,
@@ -42,6 +43,7 @@ class Metrics:
     summary_failures: Counter
     store: StoreSeries  # the shared store's health: errors, fallbacks, degraded
     archive: ArchiveSeries  # the archive of originals, recall by excerpts
+    models: ModelSeries  # where windows came from; output limits learned and applied
     learned_window: ModelGauge
     learned_windows: Counter
     client_disconnects: Counter
@@ -110,6 +112,7 @@ class Metrics:
             ),
             store=StoreSeries.create(r),
             archive=ArchiveSeries.create(r),
+            models=ModelSeries.create(r),
             learned_window=ModelGauge(
                 Gauge(
                     "compaction_proxy_learned_window_tokens",

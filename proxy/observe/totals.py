@@ -31,6 +31,7 @@ class Totals:
         "_estimated",
         "_sums",
         "last_would_send",
+        "listed",
         "money",
         "regret",
         "requests",
@@ -46,6 +47,7 @@ class Totals:
         self.money = money
         self.last_would_send = last_would_send
         self.requests = requests
+        self.listed = False  # some of ``money`` is at the registry's list prices
 
     @property
     def entry(self) -> Entry:
@@ -55,8 +57,11 @@ class Totals:
             would_send, sent, cached, would_cached, given, written, estimated, short, long, would_w
         )
 
-    def add(self, figures: Figures, money: Sides | None, counted: bool) -> None:
-        """One request's entry (its ``figures``), its money (both sides)."""
+    def add(
+        self, figures: Figures, money: Sides | None, counted: bool, listed: bool = False
+    ) -> None:
+        """One request's entry (its ``figures``), its money (both sides; ``listed``: at
+        the registry's list prices)."""
         sums = self._sums  # in _SUMMED's order: Figures' but ``estimated``
         sums[0] += figures[0]
         sums[1] += figures[1]
@@ -71,6 +76,7 @@ class Totals:
         if money is not None:
             would, paid = self.money or (0.0, 0.0)
             self.money = (would + money[0], paid + money[1])
+            self.listed = self.listed or listed
         if counted:
             self.requests += 1
             self.last_would_send = figures[0]
@@ -93,6 +99,7 @@ class Totals:
             out["money_saved_usd"] = round(would - paid, 6)
             out["would_have_paid_usd"] = round(would, 6)
             out["paid_usd"] = round(paid, 6)
+            out["prices"] = "registry" if self.listed else "pricing"
         return out
 
 

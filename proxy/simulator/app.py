@@ -71,6 +71,7 @@ _COUNTER_FOR: dict[str, Counter] = {
     "structure": "rejected_structure",
     "overflow": "overflows",
     "failure": "failures",
+    "output_budget": "rejected_output",
 }
 Handler = Callable[[Request], Awaitable[Response]]
 

@@ -20,7 +20,7 @@ Every key is optional::
 A model rule may override ``tokenizer``, ``error_format`` and ``strict_alternation``,
 say how it counts tool definitions (``tool_format``) and how the model summarizes:
 ``summary_style`` (ideal | realistic | plain, or a weak model's echo | short |
-cut_off: replies.py) and ``summary_forgets``.
+cut_off | parrot: replies.py) and ``summary_forgets``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from proxy.errors import ConfigError
 
 ErrorFormat = Literal["openai", "vllm", "vllm_legacy", "anthropic", "llamacpp", "gateway413"]
 ERROR_FORMATS: tuple[str, ...] = get_args(ErrorFormat)
-SummaryStyle = Literal["ideal", "realistic", "plain", "echo", "short", "cut_off"]
+SummaryStyle = Literal["ideal", "realistic", "plain", "echo", "short", "cut_off", "parrot"]
 ToolFormat = Literal["json", "hermes"]
 
 

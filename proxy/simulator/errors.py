@@ -15,7 +15,7 @@ import orjson
 
 from proxy.simulator.config import ErrorFormat
 
-ErrorKind = Literal["request", "structure", "overflow", "failure"]
+ErrorKind = Literal["request", "structure", "overflow", "failure", "output_budget"]
 
 _JSON = "application/json"
 
@@ -233,12 +233,13 @@ def max_tokens_error(
             f"output tokens for {model}"
         )
         body = {"type": "error", "error": {"type": "invalid_request_error", "message": text}}
-        return SimError(400, orjson.dumps(body))
+        return SimError(400, orjson.dumps(body), kind="output_budget")
     # api.openai.com; param names whichever field the client used.
     return invalid_request(
         f"{param} is too large: {requested}. This model supports at most {limit} completion "
         f"tokens, whereas you provided {requested}.",
         param=param,
+        kind="output_budget",
     )
 
 

@@ -7,9 +7,9 @@ A request goes through the chat handler's steps with Anthropic's shapes:
 2. check it as api.anthropic.com does (anthropic_check.py): ``max_tokens`` required,
    alternation, the first message the user's, tool_use/tool_result pairing, thinking
    signatures, a thinking block opening the last assistant turn of a tool loop;
-   ``system`` messages between turns only under the ``mid-conversation-system`` beta
-   (Claude Code's); ``context_management`` and ``output_config`` are accepted and
-   ignored;
+   ``system`` messages between turns only under the ``mid-conversation-system`` beta or
+   the newer ``mid-conversation-tool-changes`` one (Claude Code's);
+   ``context_management`` and ``output_config`` are accepted and ignored;
 3. reject ``max_tokens`` above the model's output limit (Anthropic's words);
 4. count the prompt (system, the messages as chat messages, thinking passed back, tool
    definitions) and reject an overflow in Anthropic's words: "prompt is too long: N
@@ -57,7 +57,12 @@ from proxy.simulator.validate import parse_json_object
 if TYPE_CHECKING:
     from proxy.simulator.app import Simulator
 
-_COUNTED = {"structure": "rejected_structure", "overflow": "overflows", "failure": "failures"}
+_COUNTED = {
+    "structure": "rejected_structure",
+    "overflow": "overflows",
+    "failure": "failures",
+    "output_budget": "rejected_output",
+}
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -125,9 +130,15 @@ def _error_stream(body: dict[str, Any], err: SimError) -> bytes:
     return out + b"event: error\ndata: " + err.body + b"\n\n"
 
 
+# Betas that allow a system message between turns: Claude Code asked for the first, and
+# from 2.1.332 sends its mid-conversation system message under the second.
+_SYSTEM_TURN_BETAS = ("mid-conversation-system", "mid-conversation-tool-changes")
+
+
 def _system_turns(request: Request) -> bool:
     """Whether the request asks for Anthropic's mid-conversation system messages."""
-    return "mid-conversation-system" in request.headers.get("anthropic-beta", "")
+    betas = request.headers.get("anthropic-beta", "")
+    return any(beta in betas for beta in _SYSTEM_TURN_BETAS)
 
 
 def _json(payload: object) -> Response:
@@ -187,7 +198,10 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number
     ).digest()
     counter = sim.counter(profile)
     reply = build_reply(
-        {"tools": tools, "tool_choice": body.get("tool_choice")},
+        {
+            "tools": tools,
+            "tool_choice": None if overrides.ignore_tool_choice else body.get("tool_choice"),
+        },
         chat,
         Ask(seed, max(min(asked, window - total), 0), summarize),
         Voice(

@@ -15,7 +15,7 @@ request and the simulator sees them:
                                 ``: PROCESSING`` comments before its first event
 ``X-Sim-Comment-Interval-Ms``   how often those comments come (default 1000)
 ``X-Sim-Fail``                  answer this HTTP status with a realistic error body
-``X-Sim-Ignore-Tool-Choice``    1/true: chat completions call tools under ``tool_choice: none``
+``X-Sim-Ignore-Tool-Choice``    1/true: call tools under ``tool_choice: none`` (every API)
                                 too, as a small model may
 ``X-Sim-Errors-In-Stream``      1/true: a streamed request's overflow comes as a 200 event
                                 stream whose first event is the error (as some servers do);

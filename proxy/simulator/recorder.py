@@ -20,6 +20,7 @@ Counter = Literal[
     "overflows",
     "summaries",
     "rejected_structure",
+    "rejected_output",  # an output budget above the model's output limit (max_tokens_error)
     "failures",
     "streams_abandoned",
     "calls_abandoned",

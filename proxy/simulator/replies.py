@@ -23,7 +23,8 @@ Rules, first match wins:
    (``finish_reason: "length"``). ``plain`` keeps every fact but writes no heading
    at all, as a model that ignores the requested layout: a line of prose, each fact
    the prompt states in plain words (``stated_facts``) as ``key is value``, then
-   filler cut to fit the budget.
+   filler cut to fit the budget. ``parrot`` repeats the quoted span's assistant
+   turns, newest first, as a model that answers with its own replies.
 2. Last message from a tool: ``observed <n> tool results`` (n trailing tool
    messages); but after the user's ``RECALL <key>``, the RECALL answer of rule 4, read
    from the whole request (tool results too), or, for a key still unknown, rule 4's
@@ -258,6 +259,8 @@ def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Vo
     sections = _asked_sections(messages)
     if voice.summary_style == "echo":
         return _echo(messages, prompt, budget, encoder)
+    if voice.summary_style == "parrot":
+        return _parrot(quoted or [], budget, encoder)
     if voice.summary_style == "short":
         content = "\n".join([f"SUMMARY of {count} messages.", *(f"## {s}" for s in sections)])
         return Reply(content, (), "stop", encoder.count(content))
@@ -315,6 +318,14 @@ def _echo(messages: list[dict[str, Any]], prompt: str, budget: int, encoder: Enc
     first = messages[0] if messages and messages[0].get("role") != "user" else {}
     parts.append(text_of(first.get("content")))
     content, _ = fit_words("", "\n".join(parts).split(" "), budget, encoder)
+    return Reply(content, (), "stop", encoder.count(content))
+
+
+def _parrot(quoted: list[tuple[str, str]], budget: int, encoder: Encoder) -> Reply:
+    """What a weak model writes when it repeats its own replies instead of summarizing:
+    the quoted span's assistant turns, newest first, up to the budget."""
+    said = [text for role, text in reversed(quoted) if role == "assistant"]
+    content, _ = fit_words("", "\n".join(said).split(" "), budget, encoder)
     return Reply(content, (), "stop", encoder.count(content))
 
 

@@ -84,6 +84,7 @@ _COUNTED: dict[str, Counter] = {
     "structure": "rejected_structure",
     "overflow": "overflows",
     "failure": "failures",
+    "output_budget": "rejected_output",
 }
 
 
@@ -208,6 +209,7 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number
             f"{profile.max_output_tokens}, but got {asked} instead.",
             param="max_output_tokens",
             code="integer_above_max_value",
+            kind="output_budget",
         )
     counter = sim.counter(profile)
     messages = chat_messages(body.get("instructions"), items)
@@ -240,7 +242,7 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number
         else build_reply(
             {
                 "tools": [_chat_tool(t) for t in tools if isinstance(t, dict)],
-                "tool_choice": body.get("tool_choice"),
+                "tool_choice": None if overrides.ignore_tool_choice else body.get("tool_choice"),
             },
             shown,
             Ask(seed, budget, summarize),

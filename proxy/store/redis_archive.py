@@ -21,6 +21,7 @@ they are the oldest, so they go first, freeing nothing live.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 
@@ -33,6 +34,9 @@ from proxy.store.codec import SnapshotCipher, decode_original, encode_original
 from proxy.store.connect import Client
 from proxy.store.failures import ERRORS
 from proxy.store.keys import KeyLayout
+
+# Archived messages decoded (and decrypted) on the event loop; more go to a thread.
+_INLINE_ENTRIES = 8
 
 
 class RedisArchive:
@@ -117,6 +121,11 @@ class RedisArchive:
                 raw, _ = await pipe.execute()
         except ERRORS as exc:
             raise StoreError(f"redis archive load failed: {type(exc).__name__}") from exc
+        if len(raw) > _INLINE_ENTRIES:  # decrypting and parsing megabytes: off the loop
+            return await asyncio.to_thread(self._decoded, raw)
+        return self._decoded(raw)
+
+    def _decoded(self, raw: list[bytes]) -> list[Original]:
         out = []
         for entry in raw:
             original = decode_original(entry, self._cipher)

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, cast
 from starlette.responses import Response
 
 from proxy.config import CompactionSettings, Settings
-from proxy.core.frozen import quick_init
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.recall_tool import Call
 from proxy.core.tokens import TokenCounter
@@ -142,7 +141,6 @@ class ToolOffer:
     reserve: int
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Route:
     """One request's way upstream: its API, the URL and headers it goes with, the body
@@ -162,7 +160,6 @@ class Route:
         return self.api.body_for(self.body, self.data, outcome)
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """What was sent upstream: the body, the view it came from, and the work to start

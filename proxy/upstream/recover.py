@@ -102,7 +102,10 @@ async def retry_once(
     outcome = second.outcome
     if retry.status_code < 400:
         metrics.overflows.labels(**labels, outcome="recovered").inc()
-        status = outcome.status if outcome.status != "passthrough" else "trimmed"
+        # A view sent as it came is now trimmed, unless only its output budget was lowered
+        # (its outcome says so: X-Compaction-Output-Clamped).
+        budget = verdict.kind == "output_budget"
+        status = "trimmed" if outcome.status == "passthrough" and not budget else outcome.status
         return retry, replace(second, outcome=replace(outcome, status=status))
     metrics.overflows.labels(**labels, outcome="failed").inc()
     return retry, second

@@ -66,21 +66,23 @@ LOWERED_MARKER = "|!lowered"
 _KEY_PREFIX = "w2|"
 
 
-def window_key(upstream: str, model: str, tenant: str | None = None) -> str:
+def window_key(
+    upstream: str, model: str, tenant: str | None = None, prefix: str = _KEY_PREFIX
+) -> str:
     """The key of ``model``'s window at ``upstream``, shared (``tenant`` None) or one
-    tenant's: ``w2|`` and each part as ``<length>:<text>``, so no two distinct triples
-    share a key whatever their text holds."""
+    tenant's: ``w2|`` (``prefix``: another limit's) and each part as ``<length>:<text>``,
+    so no two distinct triples share a key whatever their text holds."""
     parts = (upstream, model) if tenant is None else (upstream, model, tenant)
-    return _KEY_PREFIX + "".join(f"{len(part)}:{part}" for part in parts)
+    return prefix + "".join(f"{len(part)}:{part}" for part in parts)
 
 
-def parse_window_key(key: str) -> tuple[str, str, str | None] | None:
+def parse_window_key(key: str, prefix: str = _KEY_PREFIX) -> tuple[str, str, str | None] | None:
     """``window_key``'s parts back (upstream, model, tenant), or None for any other key
-    (an old-layout key, a lowering marker)."""
-    if not key.startswith(_KEY_PREFIX):
+    (an old-layout key, a lowering marker, another limit's ``prefix``)."""
+    if not key.startswith(prefix):
         return None
     parts: list[str] = []
-    at = len(_KEY_PREFIX)
+    at = len(prefix)
     while at < len(key) and len(parts) < 3:
         colon = key.find(":", at)
         digits = key[at:colon]
@@ -148,6 +150,12 @@ class _Recent:
 
 
 class LearnedWindows:
+    # What is learned (a subclass learns another limit the same way: ceilings.py), the
+    # smallest value ever learned, and the key layout's prefix.
+    NOUN = "context window"
+    FLOOR = MIN_WINDOW
+    PREFIX = _KEY_PREFIX
+
     def __init__(
         self,
         store: WindowStore,
@@ -176,7 +184,8 @@ class LearnedWindows:
             if len(self._keys) >= _LOCAL_LIMIT:
                 self._keys.clear()
             tenant = tenant or None
-            key = self._keys[model, tenant] = window_key(self._upstream, model, tenant)
+            key = window_key(self._upstream, model, tenant, self.PREFIX)
+            self._keys[model, tenant] = key
         return key
 
     async def _read(self, key: str) -> int | None:
@@ -202,12 +211,17 @@ class LearnedWindows:
     def known(self, model: ResolvedModel, tenant: str) -> ResolvedModel | None:
         """What ``apply`` returns, when both windows were read lately (every request but
         the first in _LOCAL_S): no store, no coroutine. None: ``apply`` must read."""
-        shared = self._local.get(self._key(model.name, None))
-        own = self._local.get(self._key(model.name, tenant)) if tenant else None
+        read, learned = self._recent(model.name, tenant)
+        return _within(model, learned) if read else None
+
+    def _recent(self, model: str, tenant: str) -> tuple[bool, int | None]:
+        """Whether both of ``model``'s values (everyone's, ``tenant``'s) were read lately,
+        and then the smaller of those learned."""
+        shared = self._local.get(self._key(model, None))
+        own = self._local.get(self._key(model, tenant)) if tenant else None
         if shared is _MISSING or own is _MISSING:
-            return None
-        learned = own if shared is None else shared if own is None else min(shared, own)
-        return _within(model, learned)
+            return False, None
+        return True, own if shared is None else shared if own is None else min(shared, own)
 
     async def apply(self, model: ResolvedModel, tenant: str) -> ResolvedModel:
         known = self.known(model, tenant)
@@ -221,17 +235,17 @@ class LearnedWindows:
         it, which also counts as the tenant's report towards a shared window. (``tokens``
         may be scaled by how the caller's request counted, which the caller controls, so
         only the upstream's own number is ever shared.)"""
-        tokens = max(tokens, MIN_WINDOW)
+        tokens = max(tokens, self.FLOOR)
         current = await self.get(model, tenant)
         if stated is not None and stated < configured:  # at or above it, the config is right
-            await self._report(model, tenant, max(stated, MIN_WINDOW), configured)
+            await self._report(model, tenant, max(stated, self.FLOOR), configured)
         if current is not None and current <= tokens:
             return current
         ttl = self._ttl if stated is not None else TENANT_TTL_S
         await self._write(self._key(model, tenant), tokens, ttl)
-        self._metrics.learned_windows.labels(scope="tenant").inc()
+        self._counted("tenant", model, tokens)
         # %r: the name is the client's text; a newline in it must not start a forged line.
-        log.warning("learned context window for model %r (one tenant): %d tokens", model, tokens)
+        log.warning("learned %s for model %r (one tenant): %d tokens", self.NOUN, model, tokens)
         return tokens
 
     async def _report(self, model: str, tenant: str, tokens: int, configured: int) -> None:
@@ -253,22 +267,27 @@ class LearnedWindows:
         marker = f"{shared_key}{LOWERED_MARKER}"
         if self._interval > 0 and await self._store.load_window(marker) is not None:
             return  # lowered recently: the next lowering waits, whoever asks
-        lowered = max(agreed, current // 2, MIN_WINDOW)
+        lowered = max(agreed, current // 2, self.FLOOR)
         await self._write(shared_key, lowered, self._ttl)
         if self._interval > 0:
             await self._store.save_window(marker, lowered, self._interval)
-        self._metrics.learned_window.labels(model=model).set(lowered)
-        self._metrics.learned_windows.labels(scope="shared").inc()
+        self._counted("shared", model, lowered)
         log.warning(
-            "learned context window for model %r (all callers, %d tenants agree): %d tokens",
+            "learned %s for model %r (all callers, %d tenants agree): %d tokens",
+            self.NOUN,
             model,
             agreeing,
             lowered,
         )
+
+    def _counted(self, scope: str, model: str, tokens: int) -> None:
+        if scope == "shared":
+            self._metrics.learned_window.labels(model=model).set(tokens)
+        self._metrics.learned_windows.labels(scope=scope).inc()
 
 
 def _within(model: ResolvedModel, learned: int | None) -> ResolvedModel:
     """``model`` with the window ``learned``, when that is smaller than its own."""
     if learned is None or learned >= model.context_window:
         return model
-    return replace(model, context_window=learned)
+    return replace(model, context_window=learned, source="learned")

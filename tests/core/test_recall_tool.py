@@ -14,8 +14,10 @@ from proxy.core.recall_tool import (
     TOOL_TOKENS,
     query_of,
     tool_result,
+    view_summary,
 )
 from proxy.core.tokens import TokenCounter
+from proxy.core.wording import handoff_text
 from proxy.types import ChatRequest
 from tests.support.chat import TOOLS
 from tests.support.encoders import ENCODER
@@ -56,3 +58,43 @@ def test_a_calls_query_is_its_query_string_bounded(arguments: str, query: str) -
 
 def test_nothing_found_says_so() -> None:
     assert tool_result([]) == NOTHING_FOUND
+
+
+SUMMARY = """## Goal
+Ship the billing export.
+
+## Decisions
+- The queue is the managed one, not the self-hosted broker.
+- Exports run nightly.
+
+## Open questions
+- Who signs off?"""
+
+
+def test_a_section_opened_is_searched_by_its_own_words() -> None:
+    """Its sources share its words: the section's lines are the query, the others not."""
+    query = query_of('{"section": "decisions"}', SUMMARY)
+    assert "managed one" in query
+    assert "nightly" in query
+    assert "billing export" not in query
+    assert "signs off" not in query
+    # a heading written with its hashes, or only its start, opens the same section
+    assert query_of('{"section": "## Decisions"}', SUMMARY) == query
+    assert "signs off" in query_of('{"section": "Open"}', SUMMARY)
+
+
+def test_a_section_and_a_query_are_both_searched_and_an_unknown_one_is_its_words() -> None:
+    both = query_of('{"query": "vault_code", "section": "Goal"}', SUMMARY)
+    assert both.startswith("vault_code")
+    assert "billing export" in both
+    assert query_of('{"section": "Risks"}', SUMMARY) == "Risks"
+    assert query_of('{"section": "Goal"}', "") == "Goal"  # no summary in the view
+    long = orjson.dumps({"section": "Decisions", "query": "q" * 5000}).decode()
+    assert len(query_of(long, SUMMARY)) == MAX_QUERY_CHARS
+
+
+def test_the_views_summary_is_read_from_its_handoff() -> None:
+    handoff = {"role": "user", "content": handoff_text(SUMMARY)}
+    assert view_summary([{"role": "system", "content": "s"}, handoff]) == SUMMARY
+    assert view_summary([{"role": "user", "content": "no handoff"}]) == ""
+    assert view_summary(None) == ""

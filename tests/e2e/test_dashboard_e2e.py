@@ -15,17 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.observe.metrics import Metrics
 from proxy.store.memory import MemoryStore
 from proxy.store.resilient import ResilientStore
-from tests.support.dashboard import (
-    ROOT,
-    dashboard,
-    expressions,
-    referenced,
-)
+from tests.support.dashboard import dashboard, expressions, referenced
+from tests.support.docs import page
 from tests.support.metrics import client, long_history
 from tests.support.servers import proxy_settings
-
-README = ROOT / "README.md"
-
 
 # Labels Prometheus adds when it scrapes, not the proxy.
 TARGET_LABELS = frozenset({"job", "instance"})
@@ -118,9 +111,9 @@ def _samples_of(store: ResilientStore) -> dict[str, set[str]]:
     return series
 
 
-def readme_alerts() -> list[str]:
-    """The PromQL of the README's alerts table (Deploy on Kubernetes)."""
-    text = README.read_text(encoding="utf-8")
+def documented_alerts() -> list[str]:
+    """The PromQL of the alerts table (docs/kubernetes.md, "Alerts")."""
+    text = page("kubernetes.md")
     table = text[text.index("**Alerts**") :].split("\n## ", 1)[0]
     return re.findall(r"^\| [^|]+ \| `([^`]+)`", table, re.MULTILINE)
 
@@ -131,14 +124,14 @@ SCRAPE_SERIES = {"up": {"job", "instance"}}
 
 
 def test_every_series_the_dashboard_queries_is_exported(scraped: dict[str, set[str]]) -> None:
-    """And every series the alerts the README recommends query (or Prometheus records)."""
-    alerts = readme_alerts()
+    """And every series the alerts the docs recommend query (or Prometheus records)."""
+    alerts = documented_alerts()
     assert len(alerts) >= 5
     known = {**scraped, **SCRAPE_SERIES}
     for expr in alerts:
         names, labels = referenced(expr)
         assert names, expr
-        assert not names - known.keys(), f"README alert {expr!r}"
+        assert not names - known.keys(), f"docs alert {expr!r}"
         assert labels <= set().union(*(known[name] for name in names)), expr
     used: set[str] = set()
     for expr in expressions(dashboard()):

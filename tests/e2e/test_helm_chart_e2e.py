@@ -26,6 +26,7 @@ import yaml
 from cryptography.fernet import Fernet
 
 from proxy.config import load_settings
+from tests.support.docs import page
 from tests.support.helm import (
     CHART,
     ROOT,
@@ -446,15 +447,15 @@ def test_ingress_and_httproute_are_off_by_default_and_route_to_the_service(helm:
 # --- item 6: PrometheusRule -------------------------------------------------------------
 
 
-def _readme_rules() -> list[tuple[str, str, str]]:
-    """(name, expression, for) of each row of the README's alerts table."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def _documented_rules() -> list[tuple[str, str, str]]:
+    """(name, expression, for) of each row of the alerts table (docs/kubernetes.md)."""
+    text = page("kubernetes.md")
     table = text[text.index("**Alerts**") :].split("\n## ", 1)[0]
     return re.findall(r"^\| `([^`]+)` \| `([^`]+)` \| ([^|]+) \|", table, re.MULTILINE)
 
 
 @pytest.mark.e2e
-def test_the_prometheus_rule_is_the_readme_alerts_table_and_fits_the_crd(helm: Helm) -> None:
+def test_the_prometheus_rule_is_the_documented_alerts_table_and_fits_the_crd(helm: Helm) -> None:
     assert not [d for d in helm.render() if d["kind"] == "PrometheusRule"]
     extra = {"record": "x:y:rate5m", "expr": "sum(rate(compaction_proxy_responses_total[5m]))"}
     docs = helm.render(FULL, sets={"metrics.prometheusRule.additionalRules": [extra]})
@@ -464,9 +465,9 @@ def test_the_prometheus_rule_is_the_readme_alerts_table_and_fits_the_crd(helm: H
     [group] = rule["spec"]["groups"]
     *rendered, added = group["rules"]
     assert added == extra
-    readme = _readme_rules()
-    assert len(readme) >= 6
-    # The README writes the proxy's scrape targets as the rule file does (job="compaction-proxy").
+    documented = _documented_rules()
+    assert len(documented) >= 6
+    # The docs write the proxy's scrape targets as the rule file does (job="compaction-proxy").
     targets = 'job="rel-compaction-proxy",namespace="llm"'
     assert [
         (
@@ -475,7 +476,7 @@ def test_the_prometheus_rule_is_the_readme_alerts_table_and_fits_the_crd(helm: H
             r.get("for", "(recorded)"),
         )
         for r in rendered
-    ] == [(name, expr, when.strip()) for name, expr, when in readme]
+    ] == [(name, expr, when.strip()) for name, expr, when in documented]
     for r in rendered:
         if "alert" in r:
             assert r["labels"] == {"severity": "warning", "team": "platform"}

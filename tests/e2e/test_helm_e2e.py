@@ -220,7 +220,7 @@ def test_wrong_values_fail_to_render(helm: Helm, tmp_path: Path, case: str) -> N
     ],
 )
 def test_cluster_and_sentinel_urls_are_external_stores(helm: Helm, url: str) -> None:
-    """The chart's schema takes every topology the proxy does (README "Many replicas"),
+    """The chart's schema takes every topology the proxy does (docs/operations.md, "Many replicas"),
     and the URL, password and all, goes to the Secret: the ConfigMap names it."""
     docs = helm.render(sets={"redis.external.url": url})
     config = yaml.safe_load(_config(docs))
@@ -305,7 +305,7 @@ def test_secrets_reach_the_secret_and_never_the_configmap(helm: Helm) -> None:
 def test_the_tenant_id_secret_is_read_back_or_required_never_generated_per_render(
     helm: Helm,
 ) -> None:
-    """Tenant ids are keyed by a secret of the deployment's (README "Security"), in the
+    """Tenant ids are keyed by a secret of the deployment's (docs/security.md), in the
     chart's Secret whenever it makes one. An upgrade reads the installed one back
     (lookup); where lookup sees no cluster (helm template, client-side --dry-run, Argo
     CD) a generated one would differ on every render, moving every tenant and rolling

@@ -303,17 +303,25 @@ def test_an_answer_that_also_calls_the_clients_tools_is_asked_again_without_ours
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("api", APIS)
 def test_a_model_that_keeps_calling_after_tool_choice_none_gets_a_502(
-    forgetful_sim: str, start_proxy: Any, stream: bool
+    forgetful_sim: str, start_proxy: Any, api: str, stream: bool
 ) -> None:
     """A model that ignores ``tool_choice: none`` (a small one may): the client gets the
     proxy's 502 in the API's own error shape, before any byte of a stream."""
     url = start_proxy(settings(forgetful_sim, rounds=1))
-    conversation = played(Conversation(url, "chat", f"refused-{stream}"))
+    conversation = played(Conversation(url, api, f"refused-{api}-{stream}"))
     conversation.sim_headers = {"X-Sim-Ignore-Tool-Choice": "1"}
-    with pytest.raises(openai.APIStatusError) as raised:
+    errors = anthropic.APIStatusError if api == "messages" else openai.APIStatusError
+    with pytest.raises(errors) as raised:
         conversation.say("And the item_999? RECALL item_999", stream=stream)
     assert raised.value.status_code == 502
-    assert raised.value.code == "recall_tool_refused"
+    body = raised.value.response.json()
+    if api == "messages":  # Anthropic's shape: {"type": "error", "error": {type, message}}
+        assert body["type"] == "error"
+        assert body["error"]["type"] == "api_error"
+        assert "recall tool" in body["error"]["message"]
+    else:
+        assert body["error"]["code"] == "recall_tool_refused"
     assert TOOL_NAME not in raised.value.response.text
     assert metric(url, "compaction_proxy_recall_tool_total", outcome="refused") == 1

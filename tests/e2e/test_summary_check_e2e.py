@@ -1,5 +1,5 @@
 """Issue 21 items 2 and 4 end to end: the real proxy over HTTP in front of the simulator
-playing a weak summarizer (``summary_style``: echo, short, cut_off), or one that keeps
+playing a weak summarizer (``summary_style``: echo, short, cut_off, parrot), or one that keeps
 every fact in prose and writes none of the requested headings (plain), which is kept.
 The checks as values: tests/core/test_summary_check.py.
 """
@@ -57,7 +57,9 @@ def talk_past_the_trigger(chat: Chat, turns: int = 40) -> None:
             return
 
 
-@pytest.mark.parametrize(("style", "reason"), [("echo", "echo"), ("short", "too_short")])
+@pytest.mark.parametrize(
+    ("style", "reason"), [("echo", "echo"), ("short", "too_short"), ("parrot", "copied")]
+)
 def test_a_weak_summarizers_answer_is_rejected_retried_once_and_never_stored(
     weak_sim: Callable[[SummaryStyle], str],
     start_proxy: Callable[..., str],

@@ -681,7 +681,8 @@ def test_llamacpp_model_rejects_only_the_prompt_and_stops_at_the_window(
     assert too_long.json()["error"]["type"] == "exceed_context_size_error"
 
 
-def test_max_tokens_above_model_limit(sdk: openai.OpenAI) -> None:
+def test_max_tokens_above_model_limit(sdk: openai.OpenAI, http: httpx.Client) -> None:
+    before = stats(http)["rejected_output"]
     with pytest.raises(openai.BadRequestError) as caught:
         sdk.chat.completions.create(model="sim-small", messages=HELLO, max_tokens=99999)
     assert caught.value.body == {
@@ -691,6 +692,7 @@ def test_max_tokens_above_model_limit(sdk: openai.OpenAI) -> None:
         "param": "max_tokens",
         "code": None,
     }
+    assert stats(http)["rejected_output"] == before + 1
 
 
 # --- simulated failures and overrides --------------------------------------
@@ -785,6 +787,7 @@ def test_requests_are_recorded_with_relevant_headers_and_cleared(http: httpx.Cli
         "overflows": 0,
         "summaries": 0,
         "rejected_structure": 1,
+        "rejected_output": 0,
         "failures": 0,
         "streams_abandoned": 0,
         "calls_abandoned": 0,

@@ -192,3 +192,23 @@ def test_prompt_cache_usage(simulator: str) -> None:
     )
     assert counted.status_code == 200
     assert counted.json()["input_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    "beta", ["mid-conversation-system-2025-10-01", "mid-conversation-tool-changes-2026-07-01"]
+)
+def test_a_system_message_between_turns_needs_a_beta_that_allows_it(
+    simulator: str, beta: str
+) -> None:
+    """Claude Code 2.1.332 sends its mid-conversation system message under the newer
+    ``mid-conversation-tool-changes`` beta; without a beta the API refuses the role."""
+    late = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "system", "content": "tools changed"},
+        {"role": "user", "content": "c"},
+    ]
+    body = {"model": "sim", "max_tokens": 20, "messages": late}
+    assert post(simulator, body).status_code == 400
+    answer = post(simulator, body, **{"anthropic-beta": f"prompt-caching-2024-07-31,{beta}"})
+    assert answer.status_code == 200, answer.text

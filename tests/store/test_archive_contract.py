@@ -246,3 +246,35 @@ async def test_with_encryption_keys_redis_holds_no_plaintext_of_an_archived_mess
     finally:
         raw.close()
         await store.aclose()
+
+
+@pytest.mark.redis
+async def test_a_long_archive_is_decrypted_off_the_event_loop(
+    redis_server: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decrypting megabytes of originals would stall every request on the loop."""
+    import threading
+
+    import proxy.store.redis_archive as module
+
+    threads: set[str] = set()
+    decode = module.decode_original
+
+    def recorded(raw: bytes, cipher: Any) -> Original | None:
+        threads.add(threading.current_thread().name)
+        return decode(raw, cipher)
+
+    monkeypatch.setattr(module, "decode_original", recorded)
+    options = RedisOptions(encryption_keys=[fernet_key()])
+    store = RedisStore(redis_server.url, ttl_s=LONG_TTL, options=options)  # type: ignore[attr-defined]
+    try:
+        originals = [original(i, f"message {i}") for i in range(40)]
+        await store.archive.archive(key("long"), originals)
+        assert await store.archive.load_archive(key("long")) == originals
+        assert threading.main_thread().name not in threads, threads
+        threads.clear()
+        await store.archive.archive(key("short"), originals[:2])
+        assert await store.archive.load_archive(key("short")) == originals[:2]
+        assert threads == {threading.main_thread().name}  # a few: inline, no thread hop
+    finally:
+        await store.aclose()

@@ -482,7 +482,7 @@ async def test_one_tenant_cannot_push_out_another_tenants_sightings() -> None:
 
 
 async def test_memory_store_holds_max_sessions_summaries_and_no_more() -> None:
-    """The bound the README states: ``max_sessions`` x (summary + under 1 KB), however
+    """The bound docs/security.md states: ``max_sessions`` x (summary + under 1 KB), however
     many sessions come and go."""
     import tracemalloc
 

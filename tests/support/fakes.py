@@ -63,6 +63,7 @@ from proxy.store.quota import MemoryQuota
 from proxy.tenants import TenantPolicies
 from proxy.types import ChatMessage
 from proxy.upstream.calibrate import Calibration
+from proxy.upstream.ceilings import LearnedCeilings
 from proxy.upstream.client import UpstreamResponse
 from proxy.upstream.headers import HeaderPolicy
 from proxy.upstream.windows import LearnedWindows, WindowPolicy
@@ -366,6 +367,7 @@ def make_services(
         schedule=Schedule(force_interval_s=settings.compaction.force_interval_s, clock=clock),
         compactor=compactor,
         windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics, clock=clock),
+        ceilings=LearnedCeilings(store, WindowPolicy.from_settings(settings), metrics, clock=clock),
         metrics=metrics,
         precompactor=Precompactor(settings.compaction, compactor, metrics, clock=clock),
         sightings=SessionSightings(store, clock=clock),
