@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from proxy import config_file
 from proxy.config_file import YamlSource, describe_invalid, read_config_file, yaml_values
 from proxy.errors import ConfigError
+from proxy.pricing import PriceRule
 from proxy.redact import redact_url
 from proxy.tenants import MAX_TENANTS, TenantPolicy, check_tenants
 
@@ -234,13 +235,6 @@ class LoggingSettings(_Section):
     # The proxy's loggers; other libraries log warnings and up (uvicorn's: server.log_level).
     level: Literal["debug", "info", "warning", "error"] = "info"
     include_sensitive: bool = False  # request lines carry the raw session header (not keys)
-
-
-class PriceRule(_Section):  # USD per million tokens (core/ledger.py); none shipped as facts
-    match: str = "*"  # a glob on the model name: a model's first matching rule prices it
-    input: float = Field(ge=0)
-    cached_input: float | None = Field(None, ge=0)  # None: priced as input
-    output: float = Field(ge=0)
 
 
 class ModelSpec(_Section):

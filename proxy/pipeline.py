@@ -29,7 +29,7 @@ from proxy.compaction.snapshots import load_session
 from proxy.core.budget import Budget
 from proxy.core.digest import tenant_seed
 from proxy.core.history import History
-from proxy.core.ledger import find_cached_tokens
+from proxy.core.ledger import find_cache_writes, find_cached_tokens
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
@@ -291,7 +291,7 @@ def _usage_watcher(
     def watch(chunk: bytes) -> None:
         theirs = prompt_tokens(chunk)
         if theirs is not None:
-            record.used(theirs, find_cached_tokens(chunk))
+            record.used(theirs, find_cached_tokens(chunk), find_cache_writes(chunk))
             if calibrate:
                 calibration.observe(tenant, model, outcome.tokens, theirs)
 

@@ -14,7 +14,7 @@ From the top down; a module may import its own wing and any wing below it:
     observe      observe/
     core         core/                       pure: core/, config, errors, types, the
                                              stdlib's pure modules, PURE_LIBRARIES
-    config       config.py config_file.py redact.py tenants.py
+    config       config.py config_file.py redact.py tenants.py pricing.py
     base         errors.py types.py
 
 Every import counts, wherever it stands (a function's lazy import and a
@@ -58,6 +58,7 @@ _TOP = {
     "config_file": "config",
     "tenants": "config",
     "redact": "config",
+    "pricing": "config",
     "errors": "base",
     "types": "base",
     "": "base",  # proxy/__init__.py

@@ -16,22 +16,29 @@ One request's ``Entry``, in the upstream's tokens (its usage is the truth):
   cached: ``cached`` itself when the history went as sent, else an estimate, the
   session's previous ``would_send`` under OpenAI's caching rule (``cacheable``);
 * ``summarizer_input``, ``summarizer_output``: the summarizer's usage, every call;
+* ``written_5m``, ``written_1h``: of ``sent``, what the provider's cache wrote, by tier
+  (Anthropic's ``usage.cache_creation``; a provider that reports no writes, none);
+  ``would_written``: of ``would_send``, what the history as sent would have written
+  (itself when it went as sent; else, where the request wrote at all, what it would not
+  have read);
 * ``estimated``: some figure is the proxy's own count, not the upstream's: no usage in
   the answer (a stream without ``include_usage``, an error), or a summarizer's answer
   without usage (its input then sized at 4 bytes a token, its output likewise).
 
 ``net`` = would_send - sent - summarizer_input - summarizer_output. With a price
-(USD per million tokens) the money saved is what ``would_send`` would have cost
-(``would_cached`` at the cached price) less what was paid: ``sent`` (``cached`` at the
-cached price) and the summarizer's input and output at its model's price.
+(USD per million tokens, core/prices.py) the money saved is what ``would_send`` would
+have cost (``would_cached`` at the cached price, ``would_written`` at the write price)
+less what was paid: ``sent`` (``cached`` at the cached price, the writes at their
+tier's) and the summarizer's input and output at its model's price.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
-from fnmatch import fnmatchcase
 from typing import Any
+
+from proxy.core.cache_outcome import CacheOutcome, Cause
 
 # OpenAI's prompt caching: prompts of 1024 tokens or more, hits in steps of 128 tokens.
 CACHE_MIN_TOKENS = 1024
@@ -42,6 +49,10 @@ _CACHED = re.compile(rb'"(?:cached_tokens|cache_read_input_tokens)"\s*:\s*(\d{1,
 # Anthropic's prompt tokens besides ``input_tokens``: what its cache read and wrote.
 _CACHE_IN = [
     re.compile(rb'"cache_' + k + rb'_input_tokens"\s*:\s*(\d{1,9})') for k in (b"read", b"creation")
+]
+# Anthropic's writes by tier (``usage.cache_creation``), and their sum.
+_WRITES = [
+    re.compile(rb'"ephemeral_' + k + rb'_input_tokens"\s*:\s*(\d{1,9})') for k in (b"5m", b"1h")
 ]
 _IN = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d{1,9})')
 _OUT = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d{1,9})')
@@ -55,6 +66,19 @@ def find_cached_tokens(chunk: bytes) -> int | None:
         return None
     m = _CACHED.search(chunk)
     return int(m.group(1)) if m else None
+
+
+def find_cache_writes(chunk: bytes) -> tuple[int, int] | None:
+    """What an answer's bytes say the provider's cache wrote, by tier (5 minutes, an
+    hour): Anthropic's ``cache_creation`` object, else its ``cache_creation_input_tokens``
+    (an older answer, all at 5 minutes); None: the answer says nothing of writes."""
+    if b"cache_creation" not in chunk:
+        return None
+    short, long = (pattern.search(chunk) for pattern in _WRITES)
+    if short or long:
+        return (int(short.group(1)) if short else 0, int(long.group(1)) if long else 0)
+    total = _CACHE_IN[1].search(chunk)
+    return None if total is None else (int(total.group(1)), 0)
 
 
 def summarizer_usage(raw: bytes, sent: bytes) -> tuple[int, int, bool]:
@@ -87,8 +111,11 @@ def cacheable(tokens: int) -> int:
 # An entry's fields, in ``Entry``'s order, as a plain tuple: what a request's step in the
 # ledger builds (observe/ledger.py). A frozen dataclass of seven fields costs ~0.75 µs to
 # build (a call of ``object.__setattr__`` per field), a tuple ~0.05.
-Figures = tuple[int, int, int, int, int, int, bool]
-NOTHING: Figures = (0, 0, 0, 0, 0, 0, False)
+Figures = tuple[int, int, int, int, int, int, bool, int, int, int]
+NOTHING: Figures = (0, 0, 0, 0, 0, 0, False, 0, 0, 0)
+# What the ledger hands a request's line: its figures, its money saved (None: unpriced)
+# and its cache outcome with who made a prefix change (None: not counted).
+Ledgered = tuple[Figures, float | None, tuple[CacheOutcome, Cause] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +129,9 @@ class Entry:
     summarizer_input: int = 0
     summarizer_output: int = 0
     estimated: bool = False
+    written_5m: int = 0
+    written_1h: int = 0
+    would_written: int = 0
 
     @property
     def net(self) -> int:
@@ -118,6 +148,9 @@ class Entry:
             self.summarizer_input,
             self.summarizer_output,
             self.estimated,
+            self.written_5m,
+            self.written_1h,
+            self.would_written,
         )
 
     def plus(self, other: Entry) -> Entry:
@@ -129,6 +162,9 @@ class Entry:
             self.summarizer_input + other.summarizer_input,
             self.summarizer_output + other.summarizer_output,
             self.estimated or other.estimated,
+            self.written_5m + other.written_5m,
+            self.written_1h + other.written_1h,
+            self.would_written + other.would_written,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -151,6 +187,8 @@ class Counted:
     as_sent: bool  # the view is the history as sent
     usage: tuple[int, int] | None  # the upstream's input tokens, and of them cached
     ratio: float = 1.0  # the upstream's tokens per one of the proxy's (calibration)
+    writes: tuple[int, int] = (0, 0)  # of them, what its cache wrote: 5 minutes', an hour's
+    cold: bool = False  # the cache was cold anyway (a first request, an expiry)
 
 
 def entry_for(counted: Counted, previous_would_send: int) -> Entry:
@@ -162,22 +200,26 @@ def entry_for(counted: Counted, previous_would_send: int) -> Entry:
 def figures_for(counted: Counted, previous_would_send: int) -> Figures:
     """``entry_for``'s figures, as a plain tuple."""
     if counted.as_sent and counted.usage is not None:
-        return sent_whole(counted.usage)
+        return sent_whole(counted.usage, counted.writes)
     history = counted.view if counted.history is None else counted.history
-    if counted.usage is None:
-        would = round(history * counted.ratio)
-        would_cached = 0 if counted.as_sent else cacheable(min(previous_would_send, would))
-        return (would, round(counted.view * counted.ratio), 0, would_cached, 0, 0, True)
-    sent, cached = counted.usage
     would = round(history * counted.ratio)
-    return (would, sent, cached, cacheable(min(previous_would_send, would)), 0, 0, False)
+    would_cached = 0 if counted.cold else cacheable(min(previous_would_send, would))
+    if counted.usage is None:
+        would_cached = 0 if counted.as_sent else would_cached
+        view = round(counted.view * counted.ratio)
+        return (would, view, 0, would_cached, 0, 0, True, 0, 0, 0)
+    (sent, cached), (short, long) = counted.usage, counted.writes
+    would_written = would - would_cached if short or long else 0
+    return (would, sent, cached, would_cached, 0, 0, False, short, long, would_written)
 
 
-def sent_whole(usage: tuple[int, int]) -> Figures:
+def sent_whole(usage: tuple[int, int], writes: tuple[int, int] = (0, 0)) -> Figures:
     """The figures of a history sent as it came, with the upstream's usage (input tokens,
-    of them cached): its count is the truth, what would have been sent is what was."""
+    of them cached, and written by tier): its count is the truth, what would have been
+    sent is what was."""
     sent, cached = usage
-    return (sent, sent, cached, cached, 0, 0, False)
+    short, long = writes
+    return (sent, sent, cached, cached, 0, 0, False, short, long, short + long)
 
 
 def with_summaries(entry: Entry, summarized: tuple[int, int, bool]) -> Entry:
@@ -193,7 +235,7 @@ def summed(figures: Figures, summarized: tuple[int, int, bool]) -> Figures:
     given, written, estimated = summarized
     if not (given or written or estimated):  # most requests: no summary, the same figures
         return figures
-    would, sent, cached, would_cached, given_before, written_before, was = figures
+    would, sent, cached, would_cached, given_before, written_before, was = figures[:7]
     return (
         would,
         sent,
@@ -202,45 +244,10 @@ def summed(figures: Figures, summarized: tuple[int, int, bool]) -> Figures:
         given_before + given,
         written_before + written,
         was or estimated,
+        *figures[7:],
     )
 
 
 def net(figures: Figures) -> int:
     """``Entry.net`` of an entry's figures."""
     return figures[0] - figures[1] - figures[4] - figures[5]
-
-
-@dataclass(frozen=True, slots=True)
-class Price:
-    """USD per million tokens: input, cached input, output."""
-
-    input: float
-    cached_input: float
-    output: float
-
-
-def price_for(table: list[Any], model: str) -> Price | None:
-    """The first rule of ``table`` (``match``: a glob, input, cached_input, output)
-    matching ``model``; a rule without cached_input prices cached input as input."""
-    for rule in table:
-        if fnmatchcase(model, rule.match):
-            cached = rule.input if rule.cached_input is None else rule.cached_input
-            return Price(rule.input, cached, rule.output)
-    return None
-
-
-def money_saved(entry: Entry, price: Price, summarizer: Price | None) -> float:
-    """USD ``entry`` saved at ``price`` (the request's model), its summarizer tokens at
-    ``summarizer`` (the summarizer model's; None: ``price``)."""
-    would, paid = costs(entry.figures, price, summarizer)
-    return (would - paid) / 1_000_000
-
-
-def costs(figures: Figures, price: Price, summarizer: Price | None) -> tuple[float, float]:
-    """What an entry's ``figures`` would have cost and what they cost, in USD per million
-    tokens: ``money_saved``'s two sides, from the figures (no ``Entry`` built)."""
-    would_send, sent, cached, would_cached, given, written, _ = figures
-    s = summarizer or price
-    would = (would_send - would_cached) * price.input + would_cached * price.cached_input
-    paid = (sent - cached) * price.input + cached * price.cached_input
-    return would, paid + given * s.input + written * s.output

@@ -1,5 +1,7 @@
 """The ledger kept: each request's entry (core/ledger.py) summed per session and per
-tenant, and counted in series of its own (metrics.py is full), on ``Metrics.registry``.
+tenant (totals.py), and counted in series of its own (metrics.py is full), on
+``Metrics.registry``; with each request's prompt-cache outcome (cache_ledger.py) and the
+tool calls a compaction made the model repeat (regret_series.py).
 
 ``Recorder.finish`` hands every finished chat request's record to ``Ledger.finish``; a
 summary that ends after its request's line (a background pre-compaction) reaches
@@ -21,86 +23,36 @@ from typing import TYPE_CHECKING, Any
 from cachetools import LRUCache
 from prometheus_client import CollectorRegistry, Counter
 
+from proxy.core.cache_outcome import CacheOutcome, Cause
 from proxy.core.ledger import (
     NOTHING,
     Counted,
     Entry,
     Figures,
-    Price,
-    costs,
+    Ledgered,
     figures_for,
     learn_ratio,
-    price_for,
     sent_whole,
     summed,
 )
+from proxy.core.prices import DEFAULT_TTLS, Price, cache_ttls, price_for, sides
 from proxy.core.registry import Prices, Registry
 from proxy.core.session import session_from_header
+from proxy.observe.cache_ledger import CacheLedger
+from proxy.observe.regret_series import RegretLedger
 from proxy.observe.shadow_series import ShadowSeries
 from proxy.observe.tally import plain_child
+from proxy.observe.totals import KINDS, Sides, Totals, totals_of
 
 if TYPE_CHECKING:
     from proxy.core.outcome import Outcome
     from proxy.observe.record import Record
 
-KINDS = ("would_send", "sent", "cached", "would_cached", "summarizer_input", "summarizer_output")
 _SESSIONS_LIMIT = 10_000
 _TENANTS_LIMIT = 10_000
-# Entry's figures a Totals sums, in Entry's field order (``estimated`` apart).
-_SUMMED = ("would_send", "sent", "cached", "would_cached", "summarizer_input", "summarizer_output")
-_Priced = tuple[Figures, float | None, bool]  # an entry, its money, at list prices or not
-
-
-class Totals:
-    """A session's or a tenant's sum (``entry``), the money saved (None: unpriced), the
-    last would_send (the next request's cache estimate) and how many requests. The sums
-    are plain numbers added in place: a new ``Entry`` per request (``Entry.plus``, a
-    frozen dataclass of seven fields) cost more than the rest of the ledger's step."""
-
-    __slots__ = ("_estimated", "_sums", "last_would_send", "listed", "money", "requests")
-
-    def __init__(
-        self, entry: Entry, money: float | None = None, last_would_send: int = 0, requests: int = 0
-    ) -> None:
-        self._sums = [getattr(entry, name) for name in _SUMMED]
-        self._estimated = entry.estimated
-        self.money = money
-        self.last_would_send = last_would_send
-        self.requests = requests
-        self.listed = False  # some of ``money`` is at the registry's list prices
-
-    @property
-    def entry(self) -> Entry:
-        would_send, sent, cached, would_cached, given, written = self._sums
-        return Entry(would_send, sent, cached, would_cached, given, written, self._estimated)
-
-    def add(
-        self, figures: Figures, money: float | None, counted: bool, listed: bool = False
-    ) -> None:
-        """One request's entry (its ``figures``), its money saved (``listed``: at the
-        registry's list prices)."""
-        sums = self._sums  # in _SUMMED's order, Figures' first six
-        sums[0] += figures[0]
-        sums[1] += figures[1]
-        sums[2] += figures[2]
-        sums[3] += figures[3]
-        sums[4] += figures[4]
-        sums[5] += figures[5]
-        self._estimated = self._estimated or figures[6]
-        if money is not None:
-            self.money = (self.money or 0.0) + money
-            self.listed = self.listed or listed
-        if counted:
-            self.requests += 1
-            self.last_would_send = figures[0]
-
-    def as_dict(self) -> dict[str, Any]:
-        out = self.entry.as_dict()
-        out["requests"] = self.requests
-        if self.money is not None:
-            out["money_saved_usd"] = round(self.money, 6)
-            out["prices"] = "registry" if self.listed else "pricing"
-        return out
+# A request's money, both sides (None: unpriced), and whether a price in it is the
+# model registry's list price.
+_Money = tuple[Sides | None, bool]
 
 
 class Ledger:
@@ -142,6 +94,8 @@ class Ledger:
             registry=registry,
         )
         self.shadow = ShadowSeries(registry)  # what shadow mode would have sent
+        self.cache = CacheLedger(registry)  # each request's cache outcome
+        self.regret = RegretLedger(registry)  # tool calls a compaction made the model repeat
         self.named = NamedSessions()
         # Each kind's child's value, looked up once and plain (tally.py): ``labels()``
         # costs a lock and checks per call, ``inc`` checks what ``_add`` does (amounts
@@ -155,10 +109,10 @@ class Ledger:
         for side in ("would_have_paid", "paid"):
             self.cost.labels(side=side)
 
-    def finish(self, rec: Record) -> tuple[Figures, float | None] | None:
-        """The entry of ``rec`` (a chat request, finished), as its figures, and its money
-        saved, counted in the series and its session's and tenant's totals; None for
-        other requests."""
+    def finish(self, rec: Record) -> Ledgered | None:
+        """The entry of ``rec`` (a chat request, finished), as its figures, its money
+        saved and its cache outcome, counted in the series and its session's and
+        tenant's totals; None for other requests."""
         outcome = rec.outcome
         if rec.model is None or (outcome is None and not rec.summarized[0]):
             return None
@@ -166,28 +120,36 @@ class Ledger:
             self.shadow.observe(outcome.shadow)
         counted = rec.upstream_status == 200 and outcome is not None
         session = self._session_key(rec)
-        figures = NOTHING
+        figures, cache, regret = NOTHING, None, 0
         if counted and outcome is not None:
-            figures = self._figures(rec, outcome, session)
+            if session:
+                ttls = cache_ttls(self._pricing, rec.model) if self._pricing else DEFAULT_TTLS
+                cache = self.cache.observe(rec, session, ttls)
+                regret = self.regret.observe(rec, session, cache[0] != "hit")
+            cold = cache is not None and cache[0] in ("cold_start", "ttl_expiry")
+            figures = self._figures(rec, outcome, session, cold)
         figures = summed(figures, rec.summarized)
         money, listed = self._money(figures, rec.model, rec.summarizer_model)
-        self._add(rec.tenant, session, (figures, money, listed), counted)
-        return figures, money
+        self._add(rec.tenant, session, (figures, money), counted, listed)
+        if cache is not None:
+            self._add_cache(rec.tenant, session, cache, regret)
+        return figures, None if money is None else money[0] - money[1], cache
 
-    def _figures(self, rec: Record, outcome: Outcome, session: str | None) -> Figures:
+    def _figures(self, rec: Record, outcome: Outcome, session: str | None, cold: bool) -> Figures:
         """A counted request's entry (summaries apart), and what calibration learns."""
         as_sent, usage, before = outcome.messages is None, rec.usage, rec.tokens_before
         model = (rec.tenant, rec.model or "")
+        writes = rec.cache_writes or (0, 0)
         if as_sent and usage is not None:  # most requests: the upstream's count is all
             if before is not None:  # the proxy counted the history too: calibration learns
                 ratio = self._ratios.get(model)
                 learned = learn_ratio(ratio, before, usage[0])
                 if learned is not None and learned != ratio:
                     self._ratios[model] = learned
-            return sent_whole(usage)
+            return sent_whole(usage, writes)
         totals = self.sessions.get(session) if session else None
         ratio = self._ratios.get(model) or 1.0
-        facts = Counted(before, outcome.tokens, as_sent, usage, ratio)
+        facts = Counted(before, outcome.tokens, as_sent, usage, ratio, writes, cold)
         return figures_for(facts, totals.last_would_send if totals else 0)
 
     def caches(self, rec: Record) -> bool:
@@ -200,7 +162,7 @@ class Ledger:
         """A summary's tokens spent after ``rec``'s line was written (in the background)."""
         figures = summed(NOTHING, summarized)
         money, listed = self._money(figures, rec.model or model, model)
-        self._add(rec.tenant, self._session_key(rec), (figures, money, listed), False)
+        self._add(rec.tenant, self._session_key(rec), (figures, money), False, listed)
 
     def _session_key(self, rec: Record) -> str | None:
         """The key a session's totals are filed under: its name's (``GET /sessions/{id}``
@@ -209,19 +171,17 @@ class Ledger:
             return self.named.of(rec.tenant, rec.session_header)[0]
         return None if rec.session is None else rec.session.storage_key
 
-    def _money(
-        self, figures: Figures, model: str, summarizer: str | None
-    ) -> tuple[float | None, bool]:
-        """The money ``figures`` saved (None: ``model`` has no price), and whether a
-        price in it is the registry's."""
+    def _money(self, figures: Figures, model: str, summarizer: str | None) -> _Money:
+        """What the request would have cost and what it cost (None: ``model`` has no
+        price), counted, and whether a price in it is the registry's."""
         price, listed = self._price(model)
         if price is None:
             return None, False
         theirs, listed_too = self._price(summarizer) if summarizer else (None, False)
-        would, paid = costs(figures, price, theirs)
-        self._would_have_paid.inc(max(would / 1_000_000, 0.0))
-        self._paid.inc(max(paid / 1_000_000, 0.0))
-        return (would - paid) / 1_000_000, listed or listed_too
+        would, paid = sides(Entry(*figures), price, theirs)
+        self._would_have_paid.inc(max(would, 0.0))
+        self._paid.inc(max(paid, 0.0))
+        return (would, paid), listed or listed_too
 
     def _price(self, model: str) -> tuple[Price | None, bool]:
         """``model``'s price: its pricing rule's, else the registry's (True)."""
@@ -237,8 +197,23 @@ class Ledger:
         price = known[model]
         return price, price is not None
 
-    def _add(self, tenant: str, session: str | None, priced: _Priced, counted: bool) -> None:
-        figures, money, listed = priced
+    def _add_cache(
+        self, tenant: str, session: str | None, cache: tuple[CacheOutcome, Cause], regret: int
+    ) -> None:
+        if session:
+            totals_of(self.sessions, session).add_cache(*cache, regret)
+        if tenant:
+            totals_of(self.tenants, tenant).add_cache(*cache, regret)
+
+    def _add(
+        self,
+        tenant: str,
+        session: str | None,
+        priced: tuple[Figures, Sides | None],
+        counted: bool,
+        listed: bool = False,
+    ) -> None:
+        figures, money = priced
         for child, amount in zip(self._kinds, figures):  # noqa: B905 (KINDS: Figures' first six)
             if amount > 0:
                 child.inc(amount)
@@ -249,24 +224,19 @@ class Ledger:
         if figures[6]:
             self._estimated.inc(1)
         if session:
-            _totals(self.sessions, session).add(figures, money, counted, listed)
+            totals_of(self.sessions, session).add(figures, money, counted, listed)
         if tenant:
-            _totals(self.tenants, tenant).add(figures, money, counted, listed)
+            totals_of(self.tenants, tenant).add(figures, money, counted, listed)
 
 
 def _list_price(prices: Prices | None) -> Price | None:
-    """A registry listing's prices as the ledger's, when it lists input and output."""
+    """A registry listing's prices as the ledger's, when it lists input and output: its
+    cache write (where listed) is the 5-minute tier's; the hour's, unlisted, is input's
+    multiple (core/prices.py)."""
     if prices is None or prices.input is None or prices.output is None:
         return None
     cached = prices.input if prices.cache_read is None else prices.cache_read
-    return Price(prices.input, cached, prices.output)
-
-
-def _totals(table: LRUCache[str, Totals], key: str) -> Totals:
-    totals = table.get(key)
-    if totals is None:
-        totals = table[key] = Totals(Entry())
-    return totals
+    return Price(prices.input, cached, prices.output, prices.cache_write)
 
 
 class NamedSessions:

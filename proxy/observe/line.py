@@ -15,7 +15,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from proxy.core.ledger import Entry, Figures, net
+from proxy.core.ledger import Entry, Ledgered, net
 
 if TYPE_CHECKING:
     from proxy.observe.record import Record
@@ -54,7 +54,7 @@ _OUTCOME_AT = 17  # the outcome's place in _RECORD's values
 # A finished request's line as gathered: the record's values, its duration, a named
 # session's log id (looked up on the loop: the look-up's cache is not the thread's),
 # and the ledger's figures and money saved.
-Gathered = tuple[tuple[Any, ...], float, str | None, tuple[Figures, float | None] | None]
+Gathered = tuple[tuple[Any, ...], float, str | None, Ledgered | None]
 # Each ledger figure's name on the line, in Figures' order (Entry.as_dict's keys, net apart).
 _LEDGER_FIELDS = tuple(f"ledger_{k}" for k in Entry().as_dict() if k != "net")
 
@@ -105,7 +105,7 @@ def gathered(
     rec: Record,
     total: float,
     named: str | None = None,
-    ledgered: tuple[Figures, float | None] | None = None,
+    ledgered: Ledgered | None = None,
 ) -> Gathered:
     """What ``rec``'s line is made of, as it ended ``total`` seconds after it started."""
     values = _RECORD(rec)
@@ -168,11 +168,15 @@ class AccessLine:
         if model is not None:
             self._chat_fields(values, named, fields)
         if ledgered is not None:  # the ledger's entry, flat: ledger_net, ledger_sent...
-            figures, money = ledgered
+            figures, money, cache = ledgered
             fields.update(zip(_LEDGER_FIELDS, figures))  # noqa: B905 (as_dict's, unbuilt)
             fields["ledger_net"] = net(figures)
             if money is not None:
                 fields["ledger_money_saved_usd"] = round(money, 6)
+            if cache is not None:  # its prompt cache's outcome, and who made a prefix change
+                fields["ledger_cache"] = cache[0]
+                if cache[1] != "none":
+                    fields["ledger_cache_cause"] = cache[1]
         return fields
 
     def _chat_fields(self, values: tuple[Any, ...], named: str | None, fields: Any) -> None:

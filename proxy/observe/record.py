@@ -16,7 +16,7 @@ Health, readiness and metrics scrapes are not recorded.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from proxy.core.session import SessionKey
     from proxy.observe.ledger import Ledger
     from proxy.observe.recorder import Recorder
+    from proxy.types import ChatMessage
 
 _UNRECORDED = frozenset({"/healthz", "/readyz", "/metrics"})
 _SCOPE_KEY = "proxy.record"
@@ -84,6 +85,13 @@ class Record:
     # ``summarizer_spent``: every summarizer call's input + output, finished or not (the
     # tenant caps' measure, compaction/caps.py).
     usage: tuple[int, int] | None = None
+    # Of the input, what the provider's cache wrote by tier (5 minutes, an hour; None:
+    # the answer said nothing of writes); when the view answered was sent; the client's
+    # messages and their digests (the cache outcome's, observe/cache_ledger.py).
+    cache_writes: tuple[int, int] | None = None
+    sent_at: float = 0.0
+    messages: Sequence[ChatMessage] | None = None
+    digests: Sequence[bytes] | None = None
     summarized: tuple[int, int, bool] = (0, 0, False)
     summarizer_spent: int = 0
     summarizer_model: str | None = None
@@ -108,17 +116,19 @@ class Record:
         model, stream = turn.model, bool(turn.chat.get("stream"))
         self.note_request(model.name, turn.tenant, stream=stream, window=model.context_window)
         self.session_header = turn.session_header
+        self.messages = turn.chat["messages"]
 
     def counted(self, session: SessionKey, history: History) -> None:
         """The chat's session and the tokens of its history as sent."""
         self.session = session
         self.tokens_before = sum(history.counts) + history.fixed
+        self.digests = history.digests
 
     def sending(self, outcome: Outcome | None = None) -> None:
         """An upstream call (with the view ``outcome``) is sent: its time counts until
         ``upstream_done``, or until the request ends (the answer is relayed as it is read)."""
         self.upstream_done()
-        self.upstream_sent_at = perf_counter()
+        self.upstream_sent_at = self.sent_at = perf_counter()
         self.upstream_status = 0
         if outcome is not None:
             self.outcome = outcome
@@ -129,8 +139,13 @@ class Record:
             self.upstream_s += perf_counter() - self.upstream_sent_at
             self.upstream_sent_at = 0.0
 
-    def used(self, input_tokens: int | None, cached: int | None) -> None:
-        """What the upstream's answer says the view cost: its input tokens, cached ones."""
+    def used(
+        self, input_tokens: int | None, cached: int | None, writes: tuple[int, int] | None = None
+    ) -> None:
+        """What the upstream's answer says the view cost: its input tokens, cached ones,
+        and what its cache wrote by tier."""
+        if writes is not None:
+            self.cache_writes = writes
         if input_tokens is not None:
             self.usage = (input_tokens, 0 if self.usage is None else self.usage[1])
         if cached is not None and self.usage is not None:

@@ -95,6 +95,8 @@ async def delete_session(request: Request, services: Services) -> Response:
     key = _key(request, services)
     slots = session_slots(key, services.settings.session.explicit_slots)
     services.ledger.sessions.pop(key.storage_key, None)  # this process's totals go too
+    services.ledger.cache.forget(key.storage_key)  # and what its next cache outcome reads
+    services.ledger.regret.forget(key.storage_key)
     for k in slots:  # and its archive's index here (the store deletes the archive)
         services.recall.forget(k)
     shadow = ShadowStore(services.store)  # shadow mode's snapshots go too

@@ -8,7 +8,8 @@ A chat request goes through these steps, in order (``_answer_chat``):
    alternation when the model (or ``X-Sim-Strict-Alternation``) asks for it;
 4. reject ``max_tokens`` above the model's output limit;
 5. count prompt tokens and reject an overflow in the model's error format; the
-   prefix a recent request of the same API key repeated is cached (prompt_cache.py);
+   prefix a recent request of the same API key repeated is cached (prompt_cache.py),
+   and why it read what it read goes in the request's record (``cache``);
 6. build the deterministic reply (``replies.py``) and send it as JSON, after
    ``latency_ms`` (a summary: ``summary_latency_ms``) and the time ``tokens_per_s`` takes
    to write it, or as SSE with the stream delays (that time before the first byte),
@@ -37,7 +38,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from proxy.core.cache_outcome import CacheOutcome
 from proxy.core.encodings import load_encoders
+from proxy.simulator.anthropic_cache import AnthropicCache
 from proxy.simulator.completion import Completion, completion_body, completion_chunks
 from proxy.simulator.config import ModelProfile, SimulatorConfig, resolve_model
 from proxy.simulator.counting import PromptCounter
@@ -87,6 +90,7 @@ class Simulator:
         self.prompt_cache = PromptCache(
             ttl_s=cache.ttl_s, min_tokens=cache.min_tokens, increment=cache.increment
         )
+        self.anthropic_cache = AnthropicCache(cache.anthropic_ttl_s, cache.anthropic_long_ttl_s)
         # Bounded: clients may invent model names. Event loop only, so no lock.
         self._profiles: LRUCache[str, ModelProfile] = LRUCache(_PROFILE_CACHE_LIMIT)
         self._slots = asyncio.Semaphore(config.slots) if config.slots else None
@@ -114,9 +118,9 @@ class Simulator:
 
     def cached(
         self, request: Request, blocks: list[tuple[object, int]], total: int, scale: float
-    ) -> int:
+    ) -> tuple[int, CacheOutcome | None]:
         """The cached tokens of a prompt of ``blocks`` (prompt_cache.py), ``total`` tokens
-        counted at ``scale``, sent with the request's API key."""
+        counted at ``scale``, sent with the request's API key, and the cache's outcome."""
         if scale != 1.0:
             blocks = [(value, int(tokens * scale)) for value, tokens in blocks]
         return self.prompt_cache.lookup(request.headers.get("authorization", ""), blocks, total)
@@ -203,11 +207,11 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
     blocks = chat_blocks(
         counter, messages, prompt.tools, body.get("tools") or body.get("functions")
     )
-    cached = sim.cached(request, blocks, prompt.total, profile.token_scale)
+    cached, outcome = sim.cached(request, blocks, prompt.total, profile.token_scale)
     completion = Completion(
         f"chatcmpl-{seed.hex()[:24]}", profile.name, reply, prompt.total, cached
     )
-    sim.recorder.answered(number, completion.usage())
+    sim.recorder.answered(number, completion.usage(), outcome)
     writing = _writing_ms(sim.config, reply.completion_tokens)
     if body.get("stream") is True:
         return _stream(sim, overrides, body, completion, writing)
@@ -343,6 +347,7 @@ def _observability_routes(sim: Simulator) -> list[Route]:
     async def clear_requests(request: Request) -> Response:
         sim.recorder.clear()
         sim.prompt_cache.clear()  # each test starts cold
+        sim.anthropic_cache.clear()
         return Response(status_code=204)
 
     async def stats(request: Request) -> Response:

@@ -15,6 +15,8 @@ Every key is optional::
     tokens_per_s: null       # output tokens generated a second (a slow CPU); null: at once
     recording: {max_requests: 10000, max_bytes: 134217728}   # for GET /_sim/requests
     prompt_cache: {ttl_s: 600, min_tokens: 1024, increment: 128}  # ttl_s 0: off (prompt_cache.py)
+    # Anthropic's (anthropic_cache.py): 5 minutes, 1 hour for a breakpoint's ttl: "1h"
+    #   anthropic_ttl_s: 300, anthropic_long_ttl_s: 3600
 
 A model rule may override ``tokenizer``, ``error_format`` and ``strict_alternation``,
 say how it counts tool definitions (``tool_format``) and how the model summarizes:
@@ -89,6 +91,9 @@ class PromptCacheConfig(_Section):
     ttl_s: float = Field(default=600, ge=0)  # how long a prefix stays cached; 0: never
     min_tokens: int = Field(default=1024, gt=0)
     increment: int = Field(default=128, gt=0)
+    # Anthropic's lifetimes (anthropic_cache.py): a breakpoint's default, and ttl "1h"'s.
+    anthropic_ttl_s: float = Field(default=300, gt=0)
+    anthropic_long_ttl_s: float = Field(default=3600, gt=0)
 
 
 class SimulatorConfig(_Section):

@@ -24,11 +24,8 @@ A request goes through the chat handler's steps with Anthropic's shapes:
    ``content_block_start``/``delta``/``stop``, ``message_delta`` with usage,
    ``message_stop``).
 
-Prompt caching is simulated: the prefixes up to each ``cache_control`` breakpoint are
-remembered (by a hash of their content, the markers themselves aside), and ``usage``
-splits the prompt into ``cache_read_input_tokens`` (the longest prefix seen before),
-``cache_creation_input_tokens`` (up to the last breakpoint, beyond that) and
-``input_tokens`` (the rest), prefix sizes pro rata of their bytes.
+Prompt caching is simulated as Anthropic bills it (anthropic_cache.py): reads, writes
+by tier (5 minutes, or an hour), expiry, and each request's outcome in its record.
 ``POST /v1/messages/count_tokens`` answers ``{"input_tokens": N}``.
 """
 
@@ -39,13 +36,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from cachetools import LRUCache
 from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.simulator.anthropic_check import (
     anthropic_error,
-    blocks,
     chat_tools,
     chat_view,
     check_messages,
@@ -78,70 +73,10 @@ _ERROR_TYPES = {
     529: "overloaded_error",
 }
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-_CACHE_LIMIT = 4096
 _NO_REPLY = Reply(content=None, tool_calls=(), finish_reason="stop", completion_tokens=0)
 
 
-class PromptCache:
-    """Prefix hashes seen at ``cache_control`` breakpoints (Anthropic's prompt cache)."""
-
-    def __init__(self) -> None:
-        self._seen: LRUCache[bytes, bool] = LRUCache(_CACHE_LIMIT)
-
-    def usage(self, body: dict[str, Any], total: int) -> dict[str, int]:
-        """``total`` prompt tokens split as Anthropic's usage reports them."""
-        units = _units(body)
-        size = sum(len(u) for u, _ in units) or 1
-        state, at, hashes = b"", 0, []
-        for unit, marked in units:
-            state = hashlib.blake2b(state + unit, digest_size=16).digest()
-            at += len(unit)
-            hashes.append((state, at, marked))
-        marks = [i for i, (_, _, marked) in enumerate(hashes) if marked]
-        if not marks:
-            return {
-                "input_tokens": total,
-                "cache_read_input_tokens": 0,
-                "cache_creation_input_tokens": 0,
-            }
-        last = marks[-1]
-        read_bytes = max((at for h, at, _ in hashes[: last + 1] if h in self._seen), default=0)
-        for i in marks:
-            self._seen[hashes[i][0]] = True
-        read = total * read_bytes // size
-        created = max(total * hashes[last][1] // size - read, 0)
-        return {
-            "input_tokens": total - read - created,
-            "cache_read_input_tokens": read,
-            "cache_creation_input_tokens": created,
-        }
-
-
-def _units(body: dict[str, Any]) -> list[tuple[bytes, bool]]:
-    """The prompt in cacheable order (tools, system, messages' blocks): each unit's
-    bytes without its ``cache_control``, and whether it carries one."""
-    out: list[tuple[bytes, bool]] = []
-
-    def add(role: str, unit: object) -> None:
-        marked = isinstance(unit, dict) and "cache_control" in unit
-        if marked and isinstance(unit, dict):
-            unit = {k: v for k, v in unit.items() if k != "cache_control"}
-        out.append((orjson.dumps([role, unit]), marked))
-
-    for tool in body.get("tools") or []:
-        add("tool", tool)
-    for block in blocks(body.get("system")):
-        add("system", block)
-    for message in body.get("messages") or []:
-        if isinstance(message, dict):
-            for block in blocks(message.get("content")):
-                add(str(message.get("role")), block)
-    return out
-
-
 def messages_routes(sim: Simulator) -> list[tuple[str, Callable[[Request], Awaitable[Response]]]]:
-    cache = PromptCache()
-
     async def messages(request: Request) -> Response:
         sim.recorder.bump("requests")
         body: dict[str, Any] = {}
@@ -149,7 +84,7 @@ def messages_routes(sim: Simulator) -> list[tuple[str, Callable[[Request], Await
             raw = await request.body()
             body = _parse(raw)
             number = sim.recorder.record(request.headers, raw)
-            return await _answer(sim, cache, request, body, number)
+            return await _answer(sim, request, body, number)
         except SimError as err:
             if err.kind in _COUNTED:
                 sim.recorder.bump(_COUNTED[err.kind])  # type: ignore[arg-type]
@@ -238,9 +173,7 @@ def _prompt_tokens(sim: Simulator, profile: Any, body: dict[str, Any]) -> int:
     return int(total * profile.token_scale)
 
 
-async def _answer(
-    sim: Simulator, cache: PromptCache, request: Request, body: dict[str, Any], number: int
-) -> Response:
+async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number: int) -> Response:
     """The answer to the request recorded as ``number``, its usage recorded with it."""
     overrides = read_overrides(request.headers)
     if overrides.fail is not None:
@@ -280,16 +213,16 @@ async def _answer(
     thinking = body.get("thinking")
     thinks = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
     thought = f"Thinking about {len(messages)} messages." if thinks else None
-    usage = cache.usage(body, total)
+    usage, outcome = sim.anthropic_cache.usage(body, total)
     message = message_object(f"msg_{seed.hex()[:24]}", profile.name, reply, thought, usage)
-    sim.recorder.answered(number, message["usage"])
+    sim.recorder.answered(number, message["usage"], outcome)
     if body.get("stream") is True:
         return named_stream(message_events(message, sim.config.stream.chunk_chars), sim, overrides)
     return _json(message)
 
 
 def message_object(
-    message_id: str, model: str, reply: Reply, thought: str | None, usage: dict[str, int]
+    message_id: str, model: str, reply: Reply, thought: str | None, usage: dict[str, Any]
 ) -> dict[str, Any]:
     """A ``message`` answer: thinking (signed) first, then text, then tool uses."""
     content: list[dict[str, Any]] = []

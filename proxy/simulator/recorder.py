@@ -1,5 +1,6 @@
 """What the simulator saw: recent chat requests, the usage it answered each with
-(``usage``, when it answered with one), and counters, for ``/_sim/``.
+(``usage``, when it answered with one, and ``cache``: why its prompt cache read what it
+read), and counters, for ``/_sim/``.
 
 Bodies are kept as the raw bytes that arrived (they already parsed as JSON),
 bounded by count and by total size: a benchmark sends thousands of long
@@ -66,10 +67,12 @@ class Recorder:
             self._usage.pop(number, None)
         return self._numbered
 
-    def answered(self, number: int, usage: Mapping[str, object]) -> None:
-        """The usage request ``number`` (``record``'s) was answered with."""
+    def answered(self, number: int, usage: Mapping[str, object], cache: str | None = None) -> None:
+        """The usage request ``number`` (``record``'s) was answered with, and its prompt
+        cache's outcome (core/cache_outcome.py; None: not cached), its billing record."""
         if self._entries and self._entries[0][0] <= number:
-            self._usage[number] = orjson.dumps(usage)
+            billed = b',"usage":' + orjson.dumps(usage) + b',"cache":' + orjson.dumps(cache)
+            self._usage[number] = billed
 
     def bump(self, counter: Counter) -> None:
         self._stats[counter] += 1
@@ -80,7 +83,7 @@ class Recorder:
 
     def _with_usage(self, number: int, entry: bytes) -> bytes:
         usage = self._usage.get(number)
-        return entry if usage is None else entry[:-1] + b',"usage":' + usage + b"}"
+        return entry if usage is None else entry[:-1] + usage + b"}"
 
     def stats(self) -> dict[str, int]:
         return {str(name): count for name, count in self._stats.items()}

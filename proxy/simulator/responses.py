@@ -254,14 +254,14 @@ async def _answer(sim: Simulator, request: Request, body: dict[str, Any], number
     thinks = isinstance(body.get("reasoning"), dict) and not trigger
     reasoning = f"Thinking about {len(items)} items." if thinks else None
     blocks = chat_blocks(counter, messages, prompt.tools, tools)
-    cached = sim.cached(request, blocks, total, profile.token_scale)
+    cached, outcome = sim.cached(request, blocks, total, profile.token_scale)
     answer = Answer(seed.hex()[:24], profile.name, reply, total, reasoning, cached)
     response = response_object(answer, body)
     if summary is not None:
         sim.recorder.bump("compactions")
         item = compaction_item(answer.tag, summary.content or "")
         response["output"] = [item] if trigger else [item, *response["output"]]
-    sim.recorder.answered(number, response["usage"])
+    sim.recorder.answered(number, response["usage"], outcome)
     if body.get("store") is not False:
         sim.responses.put(response["id"], [*items, *response["output"]], response["output"])
     if body.get("stream") is True:

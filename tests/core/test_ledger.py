@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import orjson
 import pytest
 
 from proxy.core.ledger import (
     Counted,
     Entry,
-    Price,
     cacheable,
     entry_for,
     find_cached_tokens,
     learn_ratio,
-    money_saved,
-    price_for,
     summarizer_usage,
     with_summaries,
 )
+from proxy.core.prices import Price, money_saved, price_for
+from proxy.pricing import PriceRule
 
 
 def test_a_history_sent_as_it_came_is_the_upstreams_count() -> None:
@@ -64,7 +61,7 @@ def test_money_prices_cached_input_and_the_summaries() -> None:
 
 
 def test_the_first_matching_rule_prices_a_model() -> None:
-    rule = SimpleNamespace
+    rule = PriceRule
     table = [
         rule(match="gpt-4o-mini*", input=0.1, cached_input=None, output=0.4),
         rule(match="gpt-4o*", input=2.0, cached_input=1.0, output=8.0),

@@ -7,6 +7,7 @@ from those records, never read back from the proxy's answers."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -15,95 +16,25 @@ import httpx
 import pytest
 
 from proxy.config import Settings
-from proxy.core.encodings import load_encoders
+from proxy.core.cache_outcome import CACHE_OUTCOMES
 from proxy.observe.logs import ACCESS
-from proxy.simulator.counting import PromptCounter
 from tests.support.chat import FILLER, Chat, small_window_settings, upstream_requests
+from tests.support.ledger import PRICE, ledger_fields, messages_measure
+from tests.support.ledger import expected as expected_entries
+from tests.support.ledger import money as money_sides
 from tests.support.logs import request_lines
 from tests.support.messages import SYSTEM, with_breakpoint
 from tests.support.metrics import metric, wait_for_idle
 from tests.support.responses import settings as responses_settings
 from tests.support.servers import OPEN_CLIENTS
 
-PRICE = {"match": "sim-*", "input": 2.0, "cached_input": 0.5, "output": 8.0}  # test figures
 ADMIN_KEY = "admin-secret"
 TURNS = 32
 
 
-def _simulator_count(messages: list[dict[str, Any]]) -> int:
-    """The simulator's own count of a history (cl100k_base, its framing)."""
-    counter = PromptCounter(load_encoders(["cl100k_base"])["cl100k_base"])
-    return counter.prompt({"messages": messages}).total
-
-
-def _cacheable(tokens: int) -> int:
-    return 0 if tokens < 1024 else tokens - tokens % 128
-
-
-# What one forwarded call measures: (would_send, sent, cached), from the simulator's
-# record of the call and the history the client sent for it.
-Measure = Callable[[str, dict[str, Any], list[dict[str, Any]]], tuple[int, int, int]]
-
-
-def _chat_measure(
-    sim: str, call: dict[str, Any], history: list[dict[str, Any]]
-) -> tuple[int, int, int]:
-    usage = call["usage"]
-    sent, cached = usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
-    return _simulator_count(history), sent, cached
-
-
-def _expected(
-    sim: str, histories: list[list[dict[str, Any]]], measure: Measure = _chat_measure
-) -> list[dict[str, Any]]:
-    """Each client request's entry, from the simulator's records: its usage, the summary
-    calls made for it (recorded just before it; on chat, the default), and the history
-    the client sent."""
-    entries: list[dict[str, Any]] = []
-    summarized = [0, 0]
-    previous_would = 0
-    chats = iter(histories)
-    for call in upstream_requests(sim):
-        usage = call["usage"]
-        if call["headers"].get("x-compaction-purpose") == "summarize":
-            summarized[0] += usage["prompt_tokens"]
-            summarized[1] += usage["completion_tokens"]
-            continue
-        history = next(chats)
-        would, sent, cached = measure(sim, call, history)
-        as_sent = call["body"]["messages"] == history
-        if as_sent:
-            assert would == sent
-        would_cached = cached if as_sent else _cacheable(min(previous_would, would))
-        entries.append(_entry(would, sent, cached, would_cached, summarized))
-        summarized = [0, 0]
-        previous_would = would
-    assert next(chats, None) is None
-    return entries
-
-
-def _entry(
-    would: int, sent: int, cached: int, would_cached: int, summarized: list[int]
-) -> dict[str, Any]:
-    """One request's ledger entry as the simulator's records make it."""
-    return {
-        "would_send": would,
-        "sent": sent,
-        "cached": cached,
-        "would_cached": would_cached,
-        "summarizer_input": summarized[0],
-        "summarizer_output": summarized[1],
-        "estimated": False,
-        "net": would - sent - summarized[0] - summarized[1],
-    }
-
-
-def _money(entry: dict[str, Any]) -> float:
-    p_in, p_cached, p_out = PRICE["input"], PRICE["cached_input"], PRICE["output"]
-    would = (entry["would_send"] - entry["would_cached"]) * p_in + entry["would_cached"] * p_cached
-    paid = (entry["sent"] - entry["cached"]) * p_in + entry["cached"] * p_cached
-    paid += entry["summarizer_input"] * p_in + entry["summarizer_output"] * p_out
-    return float((would - paid) / 1_000_000)
+def _saved(entry: dict[str, Any]) -> float:
+    would, paid = money_sides(entry)
+    return would - paid
 
 
 def _converse(url: str, caplog: pytest.LogCaptureFixture) -> tuple[Chat, list[Any], list[Any]]:
@@ -116,10 +47,6 @@ def _converse(url: str, caplog: pytest.LogCaptureFixture) -> tuple[Chat, list[An
             message = chat.send()
             chat.history.append({"role": "assistant", "content": message.content})
     return chat, histories, lines
-
-
-def _ledger_fields(line: dict[str, Any]) -> dict[str, Any]:
-    return {k.removeprefix("ledger_"): v for k, v in line.items() if k.startswith("ledger_")}
 
 
 @pytest.mark.parametrize("priced", [False, True], ids=["unpriced", "priced"])
@@ -135,16 +62,16 @@ def test_the_ledger_adds_up_per_request_and_per_session(
     url = start_proxy(Settings(**settings))
     chat, histories, lines = _converse(url, caplog)
     assert chat.statuses["compacted"] >= 1  # a summary, then views that are not the history
-    expected = _expected(sim_reset, histories)
+    expected = expected_entries(sim_reset, histories)
     assert any(e["cached"] for e in expected)  # the simulator cached a repeated prefix
     assert any(e["summarizer_input"] for e in expected)
     assert len(lines) == len(expected) == TURNS
     for line, want in zip(lines, expected, strict=True):
-        got = _ledger_fields(line)
+        got = ledger_fields(line)
         money = got.pop("money_saved_usd", None)
         assert got == want
         if priced:
-            assert money == pytest.approx(_money(want), abs=1e-6)
+            assert money == pytest.approx(_saved(want), abs=1e-6)
         else:
             assert money is None
     # The session's totals: the sum of its requests'.
@@ -157,9 +84,20 @@ def test_the_ledger_adds_up_per_request_and_per_session(
     assert totals["summarizer_output"] == sum(e["summarizer_output"] for e in expected)
     assert totals["requests"] == TURNS
     assert totals["estimated"] is False
+    outcomes = Counter(e["cache"] for e in expected)
+    assert totals["cache"] == {
+        **dict.fromkeys(CACHE_OUTCOMES, 0),
+        **outcomes,
+        "prefix_change_by_proxy": outcomes["prefix_change"],
+    }
+    assert outcomes["hit"]
+    assert outcomes["prefix_change"]  # compactions cost the cache
     if priced:
-        want_money = sum(_money(e) for e in expected)
+        want_money = sum(_saved(e) for e in expected)
         assert totals["money_saved_usd"] == pytest.approx(want_money, abs=1e-5)
+        would, paid = (sum(money_sides(e)[side] for e in expected) for side in (0, 1))
+        assert totals["would_have_paid_usd"] == pytest.approx(would, abs=1e-5)
+        assert totals["paid_usd"] == pytest.approx(paid, abs=1e-5)
     else:
         assert "money_saved_usd" not in totals
     # The tenant's (one session here) in the admin API, and the series.
@@ -176,7 +114,11 @@ def test_the_ledger_adds_up_per_request_and_per_session(
     saved = metric(url, "compaction_proxy_cost_usd", side="would_have_paid") - metric(
         url, "compaction_proxy_cost_usd", side="paid"
     )
-    assert saved == pytest.approx(sum(_money(e) for e in expected) if priced else 0.0, abs=1e-5)
+    assert saved == pytest.approx(sum(_saved(e) for e in expected) if priced else 0.0, abs=1e-5)
+    for outcome, count in outcomes.items():
+        cause = "proxy" if outcome == "prefix_change" else "none"
+        got = metric(url, "compaction_proxy_cache_outcomes", cause=cause, outcome=outcome)
+        assert got == count, outcome
 
 
 def test_without_usage_the_entry_says_estimated(
@@ -197,7 +139,7 @@ def test_without_usage_the_entry_says_estimated(
         while len([r for r in caplog.records if r.name == ACCESS.name]) < 2:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-    (bare, usage) = (_ledger_fields(line) for line in lines)
+    (bare, usage) = (ledger_fields(line) for line in lines)
     assert bare["estimated"] is True
     assert usage["estimated"] is False
     (_, with_usage) = (r["usage"] for r in upstream_requests(sim_reset))
@@ -225,7 +167,7 @@ def test_responses_cached_tokens_reach_the_ledger(
     usages = [call["usage"] for call in upstream_requests(sim_reset)]
     assert usages[1]["input_tokens_details"]["cached_tokens"] > 0
     for line, usage in zip(lines, usages, strict=True):
-        got = _ledger_fields(line)
+        got = ledger_fields(line)
         sent, cached = usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
         assert (got["sent"], got["cached"], got["would_send"]) == (sent, cached, sent)
         assert (got["would_cached"], got["net"], got["estimated"]) == (cached, 0, False)
@@ -257,21 +199,6 @@ def test_a_background_summarys_tokens_reach_its_session(
     assert given == totals["summarizer_input"]
 
 
-def _messages_measure(
-    sim: str, call: dict[str, Any], history: list[dict[str, Any]]
-) -> tuple[int, int, int]:
-    """On the Messages API: the prompt is ``input_tokens`` plus what the cache read and
-    wrote, ``cached`` what it read, and the history as the client sent it is counted by
-    the simulator's own ``count_tokens``."""
-    usage = call["usage"]
-    cached = usage["cache_read_input_tokens"]
-    sent = usage["input_tokens"] + cached + usage["cache_creation_input_tokens"]
-    asked = {**call["body"], "messages": history}
-    del asked["max_tokens"]
-    would = httpx.post(f"{sim}/v1/messages/count_tokens", json=asked).json()["input_tokens"]
-    return would, sent, cached
-
-
 def test_messages_usage_reaches_the_ledger(
     sim_reset: str, start_proxy: Callable[..., str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -298,12 +225,12 @@ def test_messages_usage_reaches_the_ledger(
             text = raw.parse().content[0].text  # type: ignore[union-attr]
             history.append({"role": "assistant", "content": text})
     assert "compacted" in statuses
-    expected = _expected(sim_reset, histories, _messages_measure)
+    expected = expected_entries(sim_reset, histories, messages_measure)
     assert any(e["cached"] for e in expected)  # the simulator's cache read a prefix
     assert any(e["summarizer_input"] for e in expected)
     assert len(lines) == len(expected) == TURNS
     for line, want in zip(lines, expected, strict=True):
-        got = _ledger_fields(line)
+        got = ledger_fields(line)
         got.pop("money_saved_usd", None)
         assert got == want
     session = httpx.get(

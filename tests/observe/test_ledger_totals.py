@@ -15,8 +15,9 @@ from proxy.core.ledger import Counted, Entry, entry_for, learn_ratio, with_summa
 from proxy.core.outcome import Outcome
 from proxy.core.session import session_from_header
 from proxy.observe import ledger as ledger_module
-from proxy.observe.ledger import KINDS, Ledger, NamedSessions, Totals
+from proxy.observe.ledger import Ledger, NamedSessions
 from proxy.observe.record import Record
+from proxy.observe.totals import KINDS, Totals
 
 _FIGURE = st.integers(min_value=0, max_value=10**9)
 _ENTRIES = st.builds(Entry, _FIGURE, _FIGURE, _FIGURE, _FIGURE, _FIGURE, _FIGURE, st.booleans())
@@ -29,7 +30,10 @@ def test_totals_add_up_as_entries_do(entries: list[Entry], first: Entry) -> None
         totals.add(entry.figures, None, counted=True)
     assert totals.entry == reduce(Entry.plus, entries, first)
     assert totals.requests == len(entries)
-    assert totals.as_dict() == {**totals.entry.as_dict(), "requests": len(entries)}
+    cache = dict.fromkeys(("hit", "ttl_expiry", "cold_start", "prefix_change"), 0)
+    expected = {**totals.entry.as_dict(), "requests": len(entries)}
+    cache["prefix_change_by_proxy"] = 0
+    assert totals.as_dict() == {**expected, "cache": cache, "regret_tool_calls": 0}
 
 
 _USAGE = st.none() | st.tuples(_FIGURE, _FIGURE)
@@ -55,7 +59,9 @@ def test_the_ledger_counts_each_request_as_its_entry(
         rec.usage, rec.summarized = usage, summarized
         facts = Counted(before, 700, as_sent, usage, ratio or 1.0)
         expected = with_summaries(entry_for(facts, previous), summarized)
-        assert ledger.finish(rec) == (expected.figures, None)
+        got = ledger.finish(rec)
+        assert got is not None
+        assert got[:2] == (expected.figures, None)
         if as_sent and usage is not None and before is not None:
             ratio = learn_ratio(ratio, before, usage[0])
         previous, total = expected.would_send, total.plus(expected)
