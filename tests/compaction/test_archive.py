@@ -117,8 +117,8 @@ async def test_recall_finds_the_sessions_own_originals_and_no_other_tenants(
     asked = [*history[:-1], {"role": "user", "content": "What is the vault combination?"}]
     outcome = await view(services, asked)
     assert outcome.recalled == 1
-    texts = [m["content"] for m in outcome.messages]
-    assert any("zircon-5521" in str(t) for t in texts[-3:-2])
+    newest = str(outcome.messages[-1]["content"])  # the block opens the question's turn
+    assert newest.index("zircon-5521") < newest.index("What is the vault combination?")
     # Another tenant, the same session name and question, its own history without it:
     # its own archive, in which nothing holds it.
     theirs = [*conversation(14)[:-1], asked[-1]]

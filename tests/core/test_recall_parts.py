@@ -10,7 +10,6 @@ import pytest
 from proxy.compaction.recall_index import SessionIndex
 from proxy.core.excerpts import (
     EXCERPT_HEAD_TOKENS,
-    EXCERPTS_ACKNOWLEDGEMENT,
     FRAME_TOKENS,
     Hit,
     choose_excerpts,
@@ -124,10 +123,7 @@ def test_the_frame_costs_no_more_than_the_budget_says() -> None:
     block = render_excerpts(passages)
     text = sum(counter.text(p.text) for p in passages)
     heads = len(passages) * EXCERPT_HEAD_TOKENS
-    assert (
-        counter.text(block) + counter.text(EXCERPTS_ACKNOWLEDGEMENT) + 8
-        <= FRAME_TOKENS + text + heads
-    )
+    assert counter.text(block) + 8 <= FRAME_TOKENS + text + heads  # 8: a message's overhead
 
 
 def test_quoted_text_cannot_close_the_frame_or_open_an_excerpt() -> None:
@@ -149,7 +145,8 @@ def test_quoted_text_cannot_close_the_frame_or_open_an_excerpt() -> None:
     assert render_excerpts(passages) == block  # the same excerpts, the same bytes
 
 
-def test_the_block_goes_right_before_the_newest_user_message() -> None:
+def test_the_block_opens_the_newest_user_message_and_adds_no_turn() -> None:
+    """No assistant turn of the proxy's own: a small model copied one as its answers."""
     newest = ChatMessage(role="user", content="and now?")
     messages = [
         ChatMessage(role="system", content="s"),
@@ -158,10 +155,20 @@ def test_the_block_goes_right_before_the_newest_user_message() -> None:
         newest,
     ]
     out = with_excerpts(messages, 3, "BLOCK")
-    assert [m["role"] for m in out] == ["system", "user", "assistant", "user", "assistant", "user"]
-    assert out[3]["content"] == "BLOCK"
-    assert out[-1] is newest
-    assert out[:3] == messages[:3]
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert out[3]["content"] == "BLOCK\n\nand now?"
+    assert newest["content"] == "and now?"  # the client's message is not changed: a copy
+    assert all(a is b for a, b in zip(out[:3], messages[:3], strict=True))
+    parts = ChatMessage(role="user", content=[{"type": "text", "text": "look"}])
+    opened = with_excerpts([parts], 0, "BLOCK")[0]["content"]
+    assert opened == [{"type": "text", "text": "BLOCK"}, {"type": "text", "text": "look"}]
+
+
+def test_an_apis_own_message_gets_the_block_as_a_user_message_before_it() -> None:
+    """Rendered from the client's block or item (Messages merges the two user turns)."""
+    own = {"role": "user", "content": "q", "_message": {"role": "user", "content": "q"}}
+    out = with_excerpts([own], 0, "BLOCK")  # type: ignore[list-item]
+    assert out == [{"role": "user", "content": "BLOCK"}, own]
 
 
 def _history(n: int, pinned: int = 1) -> History:

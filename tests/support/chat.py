@@ -4,6 +4,7 @@ tests/e2e/test_compaction.py)."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -13,7 +14,6 @@ import httpx
 import openai
 import pytest
 
-from proxy.core.excerpts import EXCERPTS_ACKNOWLEDGEMENT
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig
 from tests.support.servers import OPEN_CLIENTS, proxy_settings, run_server
@@ -144,12 +144,27 @@ def assert_forwarded_as_sent(sim: str, sent: list[bytes]) -> None:
         assert raw[at : at + 1] in (b"}", b",")  # the whole body, not a prefix of another
 
 
+# A block of excerpts as it opens a user message (core/excerpts.py), and what follows it.
+_BLOCK = re.compile(r"Verbatim excerpts .*?\n\[[0-9a-f]{8} end\](?:\n\n)?", re.S)
+
+
 def without_excerpts(messages: list[Any]) -> list[Any]:
-    """``messages`` but recall's excerpt blocks and their acknowledgements: by design a
-    block moves to the newest user message that has excerpts of its own."""
-    return [
-        m
-        for m in messages
-        if not str(m.get("content", "")).startswith("Verbatim excerpts")
-        and m.get("content") != EXCERPTS_ACKNOWLEDGEMENT
-    ]
+    """``messages`` as the client sent them: recall's excerpt blocks taken out (by design
+    a block moves to the newest user message that has excerpts of its own)."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str) and content.startswith("Verbatim excerpts"):
+            rest = _BLOCK.sub("", content, count=1)
+            if rest:
+                out.append({**m, "content": rest})
+            continue
+        if (
+            isinstance(content, list)
+            and content
+            and str(content[0].get("text", "")).startswith("Verbatim excerpts")
+        ):
+            out.append({**m, "content": content[1:]})
+            continue
+        out.append(m)
+    return out
