@@ -16,7 +16,7 @@ SDK:
   ``models``, the compaction settings given by ``--proxy-set`` and
   ``--proxy-config-extra``);
 - ``proxy-LABEL``: the same with ``--proxy-variant LABEL:KEY=VALUE,...`` on top (e.g.
-  ``--proxy-variant no-recall:compaction.recall=false``), played after ``proxy`` against
+  ``--proxy-variant no-recall:compaction.recall_budget_ratio=0``), played after ``proxy`` against
   the same seeds, so two configurations compare in one invocation.
 
 Scenarios: ``facts`` (8 planted facts, one per kind, each in one of several phrasings
@@ -773,7 +773,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         metavar="YAML",
         help="a YAML mapping (or @file) merged into every proxy mode's generated config, "
-        "before --proxy-set: 'compaction: {recall: false}'",
+        "before --proxy-set: 'compaction: {recall_budget_ratio: 0}'",
     )
     parser.add_argument(
         "--proxy-variant",
@@ -781,7 +781,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         metavar="LABEL:KEY=VALUE,...",
         help="one more mode, proxy-LABEL: the proxy with these --proxy-set settings on top "
-        "(no-recall:compaction.recall=false)",
+        "(no-recall:compaction.recall_budget_ratio=0)",
     )
     parser.add_argument("--server-bin", type=Path, help="default: setup.sh's cache")
     parser.add_argument("--model-path", type=Path, help="default: setup.sh's cache")
