@@ -16,7 +16,7 @@ SDK:
   ``models``, the compaction settings given by ``--proxy-set`` and
   ``--proxy-config-extra``);
 - ``proxy-LABEL``: the same with ``--proxy-variant LABEL:KEY=VALUE,...`` on top (e.g.
-  ``--proxy-variant no-recall:compaction.recall=false``), played after ``proxy`` against
+  ``--proxy-variant no-recall:compaction.recall_budget_ratio=0``), played after ``proxy`` against
   the same seeds, so two configurations compare in one invocation.
 
 Scenarios: ``facts`` (8 planted facts, one per kind, each in one of several phrasings
@@ -50,7 +50,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,6 +63,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import phrasings
 import scenarios
+import tap
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -242,13 +243,18 @@ def proxy(
 ) -> Iterator[str]:
     port = free_port()
     path = workdir / f"proxy-{window}-{port}.yaml"
-    # JSON is YAML: no YAML writer needed.
-    path.write_text(json.dumps(proxy_config(args, window, upstream, mode), indent=2))
-    cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(path)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port)]
-    base = f"http://127.0.0.1:{port}"
-    with process(cmd, workdir / f"proxy-{window}-{port}.log", base + "/healthz", "proxy"):
-        yield base
+    with ExitStack() as stack:
+        if args.capture:  # the prompts the model saw, for tracing a miss (tap.py)
+            prefix = workdir / f"upstream-{window}-{port}"
+            relayed = stack.enter_context(tap.relay(int(upstream.rsplit(":", 1)[1]), prefix))
+            upstream = f"http://127.0.0.1:{relayed}"
+        # JSON is YAML: no YAML writer needed.
+        path.write_text(json.dumps(proxy_config(args, window, upstream, mode), indent=2))
+        cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(path)]
+        cmd += ["--host", "127.0.0.1", "--port", str(port)]
+        base = f"http://127.0.0.1:{port}"
+        with process(cmd, workdir / f"proxy-{window}-{port}.log", base + "/healthz", "proxy"):
+            yield base
 
 
 def proxy_log_path(workdir: Path, target: str, window: int) -> Path:
@@ -773,7 +779,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         metavar="YAML",
         help="a YAML mapping (or @file) merged into every proxy mode's generated config, "
-        "before --proxy-set: 'compaction: {recall: false}'",
+        "before --proxy-set: 'compaction: {recall_budget_ratio: 0}'",
     )
     parser.add_argument(
         "--proxy-variant",
@@ -781,7 +787,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         metavar="LABEL:KEY=VALUE,...",
         help="one more mode, proxy-LABEL: the proxy with these --proxy-set settings on top "
-        "(no-recall:compaction.recall=false)",
+        "(no-recall:compaction.recall_budget_ratio=0)",
+    )
+    parser.add_argument(
+        "--capture",
+        action="store_true",
+        help="keep what each proxy run sends llama-server and gets back "
+        "(results/run-*/upstream-WINDOW-PORT-cN.req/.resp, read by tap.messages)",
     )
     parser.add_argument("--server-bin", type=Path, help="default: setup.sh's cache")
     parser.add_argument("--model-path", type=Path, help="default: setup.sh's cache")
