@@ -95,6 +95,10 @@ _TRAILING = ".,;:!?"
 # What this simulator answers for a key it finds no value of: not a value.
 _UNKNOWN = "UNKNOWN"
 CALL = re.compile(r"(?<![A-Za-z])CALL (\d+)")
+# A block of quoted data a message declares in words ("... the quote ends at [m end]"),
+# as recall's excerpts open a user message: a model takes the message's instructions
+# from its own words after it, not from what it quotes.
+_QUOTE_END = re.compile(r"the quote ends at \[(\w+) end\]")
 MAX_CALLS = 128
 
 # Common English words, each a single cl100k token with its leading space, so a
@@ -410,6 +414,16 @@ def build_reply(
     return Reply(structured, (), "stop", voice.encoder.count(structured))
 
 
+def own_words(text: str) -> str:
+    """A message's own words: what follows a block of quoted data it declares."""
+    declared = _QUOTE_END.search(text)
+    if declared is None:
+        return text
+    end = f"[{declared.group(1)} end]"
+    at = text.rfind(end)
+    return text[at + len(end) :] if at >= 0 else text
+
+
 def _reply(
     body: dict[str, Any], messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Voice
 ) -> Reply:
@@ -423,12 +437,12 @@ def _reply(
                 break
             trailing += 1
         asked = next((m for m in reversed(messages) if m["role"] == "user"), None)
-        keys = RECALL.findall(text_of(asked.get("content"))) if asked is not None else []
+        keys = RECALL.findall(own_words(text_of(asked.get("content")))) if asked else []
         if keys:  # the results of a search for what the user asked
             return _recall(body, messages, keys, Ask(seed, budget), encoder)
         return _text_reply(f"observed {trailing} tool results", budget, encoder)
     if role == "user":
-        text = text_of(last.get("content"))
+        text = own_words(text_of(last.get("content")))
         tools = body.get("tools")
         allowed = body.get("tool_choice") not in ("none", {"type": "none"})
         call = CALL.search(text) if tools and allowed else None

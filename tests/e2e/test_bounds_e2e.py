@@ -180,7 +180,7 @@ def test_metrics_stay_a_few_hundred_series_whatever_clients_and_upstreams_send(
     """1,000 requests: random model names (some taught a shared window by two tenants),
     random passthrough paths and unknown URLs, random upstream statuses."""
     url = start_proxy(proxy_settings(as_asked))
-    fresh = len(_series(url))  # the fixed label sets every proxy exports (~190)
+    fresh = len(_series(url))  # the fixed label sets every proxy exports (233, 2026-12-02)
     rng = random.Random(20)
     tenants = [{"Authorization": f"Bearer sk-{i}"} for i in range(2)]
     started = time.monotonic()
@@ -211,7 +211,9 @@ def test_metrics_stay_a_few_hundred_series_whatever_clients_and_upstreams_send(
     # What 1,000 hostile requests add is bounded by the label sets, not by the ~600 names
     # and paths they made up (a label taking one: 200+ more). ~220 here (2026-11-26).
     assert len(series) - fresh < 250, f"{fresh} series fresh, {len(series)} after"
-    assert len(series) < 450, f"{len(series)} series"
+    # 2026-12-02: 233 fresh (the model registry's, output ceilings', cache outcomes',
+    # regret's and the turn deadline's closed sets added 43), 451 after.
+    assert len(series) < 500, f"{fresh} series fresh, {len(series)} series"
 
 
 def _names(series: list[str]) -> set[str]:
