@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.chat import chat_requests, stats
 from tests.support.faulty_upstream import DONE, FaultyUpstream, answer, chunk_event, stream
-from tests.support.servers import proxy_settings, run_proxy
+from tests.support.servers import OPEN_CLIENTS, proxy_settings, run_proxy
 from tests.support.streams import OVERFLOW_ERROR, REAL, long_history
 
 THINKING = {"X-Sim-Thinking-Ms": "2000", "X-Sim-Comment-Interval-Ms": "300"}
@@ -114,6 +114,7 @@ def test_an_overflow_after_comments_is_recovered_within_the_same_response(
 
     # The official SDK reads it as one valid stream.
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-a", max_retries=0)
+    OPEN_CLIENTS.append(client)  # closed at teardown, before the heap is collected
     messages = cast(Any, long_history())
     chunks = list(
         client.chat.completions.create(
@@ -135,6 +136,8 @@ def test_a_responses_overflow_after_comments_is_recovered_within_the_same_respon
     assert len(chat_requests(sim_reset)) == 2  # recovered: the failed stream and one retry
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-a", max_retries=0)
+
+    OPEN_CLIENTS.append(client)  # closed at teardown, before the heap is collected
     stream = client.responses.create(
         model="sim-big", input=cast(Any, items), stream=True, extra_headers=headers
     )
@@ -196,6 +199,7 @@ def test_a_retry_that_fails_after_comments_ends_the_stream_with_an_error_event(
         assert len(faulty.requests()) == 2
         calls[0] = 0
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-a", max_retries=0)
+        OPEN_CLIENTS.append(client)  # closed at teardown, before the heap is collected
         with pytest.raises(openai.APIError, match="maximum context length"):
             list(
                 client.chat.completions.create(
