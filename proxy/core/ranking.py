@@ -20,7 +20,9 @@ import math
 import re
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+
+import Stemmer
 
 _WORD = re.compile(r"[a-z0-9]+(?:[_.:/@-][a-z0-9]+)*")
 _PARTS = re.compile(r"[a-z0-9]+")
@@ -33,6 +35,12 @@ _STOP_WORDS = (
     "asked recall"
 )
 _STOP = frozenset(_STOP_WORDS.split())
+# Snowball's English stemmer (PyStemmer, C): "internally" and "internal", "launches" and
+# "launch", "coordinates" and "coordinate" are one term, so a question worded in another
+# form of a word than the turn it asks about still finds it. A compound stays whole (its
+# parts are stemmed): ``vendor_contact`` is an identifier, not a word. PyStemmer caches
+# the words it has stemmed.
+_STEM: Callable[[str], str] = Stemmer.Stemmer("english").stemWord
 # Okapi BM25's usual constants: term frequency saturates by k1, length normalised by b.
 _K1 = 1.2
 _B = 0.75
@@ -46,33 +54,58 @@ QUERY_CHARS = 4000
 # The terms a search asks for: the query's rarest in the archive (a term the archive
 # lacks scores nothing; a common one little, and each costs the search its postings).
 QUERY_TERMS = 10
+# A term held by at most this share of the documents (one at least) is so rare that a
+# document holding it alone is a match, when no document holds two of the query's terms:
+# "the migration" of a question is the turn that named the migration, whatever else the
+# question says (bench/recall_wordings.py: a question's other words, an inflection away
+# from a common word, made the two-term rule miss a fact the question named).
+ALONE_SHARE = 0.01
+# ...for a query of at most this many distinct terms: a question, not a paste.
+ALONE_QUERY_TERMS = 16
 
 
 def terms(text: str) -> list[str]:
     """The index terms of ``text``, in order, repeats kept (BM25 counts them)."""
     out: list[str] = []
-    add = out.append
+    extend, known = out.extend, _WORD_TERMS
     for word in _WORD.findall(text.lower()):
-        if word.isalnum():  # the common case: one plain word or number
-            if word not in _STOP and (len(word) > 1 or word.isdigit()):
-                add(word)
-            continue
-        add(word)  # a compound, and its parts
-        out.extend(
-            p for p in _PARTS.findall(word) if p not in _STOP and (len(p) > 1 or p.isdigit())
-        )
+        found = known.get(word)
+        extend(found if found is not None else _word_terms(word))
     return out
 
 
 def query_terms(text: str) -> list[str]:
     """The distinct terms of a query (its first ``QUERY_CHARS`` characters)."""
-    words = set(_WORD.findall(text[:QUERY_CHARS].lower()))
-    words -= _STOP
-    out = [w for w in words if w.isalnum() and (len(w) > 1 or w.isdigit())]
-    for word in words:
-        if not word.isalnum():
-            out.extend(terms(word))
-    return list(dict.fromkeys(out))
+    out: set[str] = set()
+    update, known = out.update, _WORD_TERMS
+    for word in set(_WORD.findall(text[:QUERY_CHARS].lower())):
+        found = known.get(word)
+        update(found if found is not None else _word_terms(word))
+    return list(out)
+
+
+# The terms of each word seen, stemmed once: a word recurs in every turn and every
+# query, and a stem costs ten times a lookup. Bounded (a flood of distinct words, a
+# hostile tenant's, empties it; it fills again as words recur).
+_WORD_TERMS: dict[str, tuple[str, ...]] = {}
+_WORD_TERMS_MAX = 1 << 16
+
+
+def _word_terms(word: str) -> tuple[str, ...]:
+    """``word``'s terms: its stem (none for a common or one-letter word), or for a compound
+    the compound and each of its parts' stems."""
+    if word.isalnum():  # the common case: one plain word or number
+        found: tuple[str, ...] = (_STEM(word),) if _kept(word) else ()
+    else:
+        found = (word, *(_STEM(p) for p in _PARTS.findall(word) if _kept(p)))
+    if len(_WORD_TERMS) >= _WORD_TERMS_MAX:
+        _WORD_TERMS.clear()
+    _WORD_TERMS[word] = found
+    return found
+
+
+def _kept(word: str) -> bool:
+    return word not in _STOP and (len(word) > 1 or word.isdigit())
 
 
 class Ranking:
@@ -114,7 +147,10 @@ class Ranking:
         which the ``QUERY_TERMS`` rarest the archive holds), best first. A document must
         hold two of those terms (a compound and its part are two), or the one there is:
         one number or name in common alone is chance; and one of them rare in the archive
-        (``RARE_SHARE``): many common words in common (a template, filler) are not a topic."""
+        (``RARE_SHARE``): many common words in common (a template, filler) are not a topic.
+        Only when no document does, one holding a single term rarer still (``ALONE_SHARE``)
+        is a match, for a short query (``ALONE_QUERY_TERMS``): the question names what the
+        turn was about and little else it held."""
         lengths, docs, df = self._lengths, self._docs, self._df
         n = len(lengths)
         held = [t for t in query if t in df]
@@ -128,7 +164,10 @@ class Ranking:
         scores: dict[int, float] = {}
         matched: dict[int, int] = {}
         rare: set[int] = set()  # documents holding a term rare in the archive
+        alone: set[int] = set()  # documents holding a term rarer still (ALONE_SHARE)
         few = max(1, int(n * RARE_SHARE))
+        # A long turn (a paste) shares some rare word with some passage by chance.
+        fewest = max(1, int(n * ALONE_SHARE)) if len(query) <= ALONE_QUERY_TERMS else 0
         read = 0
         for term in held:
             postings, tfs = docs[term], self._tfs[term]
@@ -145,7 +184,11 @@ class Ranking:
                 matched[doc] = matched.get(doc, 0) + 1
                 if holding <= few:
                     rare.add(doc)
+                    if holding <= fewest:
+                        alone.add(doc)
         least = min(2, len(held))
-        held_enough = ((d, v) for d, v in scores.items() if matched[d] >= least and d in rare)
+        held_enough = [(d, v) for d, v in scores.items() if matched[d] >= least and d in rare]
+        if not held_enough:
+            held_enough = [(d, v) for d, v in scores.items() if d in alone]
         best = heapq.nlargest(limit, held_enough, key=lambda item: (item[1], -item[0]))
         return [(score, doc) for doc, score in best]
