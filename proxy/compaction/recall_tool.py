@@ -26,7 +26,7 @@ counted (``compaction_proxy_recall_tool_tokens``), the calls answered are the re
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -169,7 +169,7 @@ class RecallTool:
         tokens = outcome.tokens
         told = False  # asked with tool_choice: none
         while True:
-            raw, rest = await _read(response)
+            raw, rest = await response.aread_or_rest(MAX_ANSWER_BYTES)
             done = _with(sent, rounds, tokens)
             encoded = response.headers.get("content-encoding", "identity") != "identity"
             if rest is not None or encoded:
@@ -249,25 +249,3 @@ def _calls(shape: ToolShape, raw: bytes, streamed: bool) -> list[Call]:
 
 def _is_stream(response: upstream.UpstreamResponse) -> bool:
     return response.headers.get("content-type", "").startswith("text/event-stream")
-
-
-async def _read(
-    response: upstream.UpstreamResponse,
-) -> tuple[bytes, AsyncIterator[bytes] | None]:
-    """``response``'s body whole (the response closed), or its first part and the
-    iterator for the rest when it is bigger than ``MAX_ANSWER_BYTES``."""
-    prefix, source = response.started or (b"", response.aiter_raw())
-    response.started = None
-    chunks = [prefix]
-    size = len(prefix)
-    try:
-        async for chunk in source:
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_ANSWER_BYTES:
-                return b"".join(chunks), source
-    except BaseException:
-        await response.aclose()
-        raise
-    await response.aclose()
-    return b"".join(chunks), None

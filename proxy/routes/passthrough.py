@@ -88,19 +88,8 @@ async def _rewritten(
 ) -> Response:
     """``response`` with its body rewritten; past ``limit`` bytes, relayed from what was
     read on, untouched."""
-    chunks: list[bytes] = []
-    size = 0
-    raw = response.aiter_raw()
-    try:
-        async for chunk in raw:
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                return await relay(response, headers, started=(b"".join(chunks), raw))
-    except BaseException:
-        await response.aclose()
-        raise
-    await response.aclose()
-    body = b"".join(chunks)
+    body, rest = await response.aread_or_rest(limit)
+    if rest is not None:
+        return await relay(response, headers, started=(body, rest))
     changed = rewrite(body)
     return buffered(response, body if changed is None else changed, headers)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
 
@@ -78,7 +78,7 @@ async def diagnose(
         raw, original = found
         verdict = classify_error(400, response.headers, raw)
     else:
-        raw, rest = await _read_error(response)
+        raw, rest = await response.aread_or_rest(_MAX_ERROR_BYTES)
         if rest is not None:  # too big to be an error we can act on: relay it whole
             return await relay(response, started=(raw, rest)), None
         original = buffered(response, raw)
@@ -139,27 +139,6 @@ async def _stream_error(
         raise
     await response.aclose()
     return error, buffered(response, head)
-
-
-async def _read_error(
-    response: upstream.UpstreamResponse,
-) -> tuple[bytes, AsyncIterator[bytes] | None]:
-    """The raw error body, whole (and the response closed), or its first part
-    and the iterator for the rest when it is too big to be an error we act on."""
-    chunks: list[bytes] = []
-    size = 0
-    source = response.aiter_raw()
-    try:
-        async for chunk in source:
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > _MAX_ERROR_BYTES:
-                return b"".join(chunks), source  # the caller relays the rest
-    except BaseException:  # the upstream broke, or the client left: free the connection
-        await response.aclose()
-        raise
-    await response.aclose()
-    return b"".join(chunks), None
 
 
 async def learn_window(

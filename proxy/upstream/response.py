@@ -93,6 +93,27 @@ class UpstreamResponse:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    async def aread_or_rest(self, limit: int) -> tuple[bytes, AsyncIterator[bytes] | None]:
+        """The body whole, the response closed; or, once past ``limit`` bytes, what was
+        read and the iterator for the rest, the response open: the caller relays it as
+        it is (an answer too big to parse is still the client's). Bytes a caller already
+        read (``started``) come first."""
+        prefix, source = self.started or (b"", self.aiter_raw())
+        self.started = None
+        chunks = [prefix]
+        size = len(prefix)
+        try:
+            async for chunk in source:
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    return b"".join(chunks), source
+        except BaseException:  # the upstream broke, or the client left: free the connection
+            await self.aclose()
+            raise
+        await self.aclose()
+        return b"".join(chunks), None
+
     async def aread_closed(self) -> bytes:
         """The whole body, then ``aclose``, in one step: unbounded, for an answer relayed
         as it came (relay.py); a body the proxy itself parses is read with
