@@ -4,19 +4,25 @@ The rule is core/cache_cuts.py's: while the upstream reports cached tokens for t
 session (the ledger's totals, observe/ledger.py) and the snapshot this process served
 last still applies to the history and fits under the trigger, a snapshot saved since
 (a background pre-compaction's) waits, and the upstream keeps seeing the prefix it
-caches. Per process, bounded, like sticky.py's trimmed cuts: with several replicas each
-holds its own, which costs a cache miss, nothing more. A compaction something asked for
-(forced, scheduled, an overflow's recovery) is never held back.
+caches; unless that cache is gone: when the session's last request was sent longer ago
+than its provider keeps a prompt (pricing's ``cache_ttl_s``, as the ledger judges
+``ttl_expiry``), the waiting snapshot is applied on this turn, whose prefix is paid in
+full either way. What was chosen and why is the record's ``cache_plan`` (the line's
+field, the ``X-Compaction-Cache-Plan`` header, a series). Per process, bounded, like
+sticky.py's trimmed cuts: with several replicas each holds its own, which costs a cache
+miss, nothing more. A compaction something asked for (forced, scheduled, an overflow's
+recovery) is never held back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from time import perf_counter
 
 from cachetools import LRUCache
 
 from proxy.core.budget import Budget
-from proxy.core.cache_cuts import holds
+from proxy.core.cache_cuts import cache_plan
 from proxy.core.history import History
 from proxy.core.session import TRACKED_LIMIT, SessionKey
 from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot
@@ -31,6 +37,13 @@ def upstream_caches() -> bool:
     """Whether the upstream has reported cached tokens for the current request's session."""
     rec = current_record()
     return rec.ledger is not None and rec.ledger.caches(rec)
+
+
+def cache_warm() -> bool:
+    """Whether the prompt the current request's session sent last is in the provider's
+    cache still, by the ledger's clock (its send time and TTL); True when unknown."""
+    rec = current_record()
+    return rec.ledger is None or rec.ledger.warm(rec, perf_counter())
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +69,13 @@ class HeldCuts:
         self, key: SessionKey, history: History, loaded: Loaded, budget: Budget, asked: bool = False
     ) -> Loaded:
         """The snapshot to plan ``history`` with: the one served last (or none: the
-        history as sent) while it holds (cache_cuts.holds) and the upstream caches, else
-        ``loaded``; remembered as served. ``asked`` (a compaction something asked for):
-        ``loaded``, and nothing held, so the next turn is not served what came before it."""
+        history as sent) while it holds under the trigger, the upstream caches and the
+        session's cache is warm (cache_cuts.cache_plan: the plan noted on the record),
+        else ``loaded``; remembered as served. ``asked`` (a compaction something asked
+        for): ``loaded``, and nothing held, so the next turn is not served what came
+        before it."""
+        rec = current_record()
+        rec.cache_plan = None  # a recovery's second look plans afresh
         if asked:
             self.entries.pop(key, None)
             return loaded
@@ -68,7 +85,9 @@ class HeldCuts:
             again = Loaded(last, valid_snapshot(last, history))
             applies = last is None or again.valid is not None
             tokens = view_tokens(history, again.view(history.pinned), budget) if applies else None
-            if holds(tokens, budget) and upstream_caches():
+            plan = cache_plan(tokens, budget, caches=upstream_caches(), warm=cache_warm())
+            rec.cache_plan = plan
+            if plan == "held":
                 return again
         self.entries[key] = _Served(loaded.valid)
         return loaded

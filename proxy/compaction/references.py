@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from proxy.core.outcome import FollowUp, Outcome, Turn
+from proxy.observe.record import current_record
 from proxy.store import ItemStore
 from proxy.types import ChatRequest
 from proxy.upstream.api import Api, Route
@@ -70,11 +71,15 @@ def _item(raw: bytes | None) -> dict[str, Any] | None:
 
 def reference_headers(outcome: Outcome, turn: Turn | None) -> list[tuple[bytes, bytes]]:
     """The view's headers, where its window came from (``turn``'s model: a models: entry,
-    the registry, the default, or learned since), and how many items named by reference
-    the proxy could not read."""
+    the registry, the default, or learned since), a cache-aware turn's plan for a newer
+    snapshot (the record's, held.py), and how many items named by reference the proxy
+    could not read."""
     headers = outcome.headers()
     if turn is None:
         return headers
+    plan = current_record().cache_plan  # a cache-aware turn's, for a newer snapshot (held.py)
+    if plan is not None:
+        headers.append((b"x-compaction-cache-plan", plan.encode()))
     model = turn.model
     source = "learned" if outcome.window < model.context_window else model.source
     headers.append((b"x-context-window-source", source.encode()))

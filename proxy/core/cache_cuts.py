@@ -12,13 +12,30 @@ turns away as an inline compaction's), the background run folds in deeper: down 
 ``landing_ratio`` of the window, what the history grows by between the two ratios
 taken off the target. The turn that crosses the trigger still finds its summary ready.
 
+Holding is worth only the cache it keeps: a session idle past its provider's TTL has
+lost that cache already, so its next turn pays for the whole prefix whatever it sends,
+and a snapshot waiting then is applied on that turn (``expired``), not later over a warm
+cache. The turn after an idle is where the cut moves.
+
 Pure arithmetic: the caller says whether the upstream caches this session's prompts
-(the ledger's cached tokens, observe/ledger.py) and what the held view costs now.
+(the ledger's cached tokens, observe/ledger.py), whether its last prompt is cached still
+(sent within its TTL, observe/cache_ledger.py) and what the held view costs now.
 """
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from proxy.core.budget import Budget
+
+# What became of a snapshot newer than the view served last (a cache-aware turn's plan):
+# ``held``, it waits (the view served last fits under the trigger and is cached still);
+# applied because the session's cache ``expired`` (idle past its TTL), the held view
+# would cross the ``trigger``, the upstream reported no caching (``uncached``), or the
+# history no longer starts with what the held view covered (``changed``: a rewind, an
+# edit). A closed set: a metric label, the X-Compaction-Cache-Plan header.
+CachePlan = Literal["held", "expired", "trigger", "uncached", "changed"]
+CACHE_PLANS: tuple[CachePlan, ...] = get_args(CachePlan)
 
 
 def holds(held_tokens: int | None, budget: Budget) -> bool:
@@ -36,3 +53,17 @@ def landing_ratio(trigger: float, target: float, precompact: float) -> float:
     a low ``precompact`` then lands above the target rather than fold in everything."""
     scaled = target * precompact / trigger
     return max(target - (trigger - precompact), scaled / 2)
+
+
+def cache_plan(held_tokens: int | None, budget: Budget, *, caches: bool, warm: bool) -> CachePlan:
+    """Whether a newer snapshot waits (``held``) or is applied now, and why: the view
+    served last (``held_tokens`` as for ``holds``) is held while it fits under the
+    trigger, the upstream ``caches`` the session's prompts and the last one is ``warm``
+    (cached still)."""
+    if held_tokens is None:
+        return "changed"
+    if not holds(held_tokens, budget):
+        return "trigger"
+    if not caches:
+        return "uncached"
+    return "held" if warm else "expired"

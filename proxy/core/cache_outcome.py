@@ -96,6 +96,11 @@ class Sent:
     ttl_s: float
 
 
+def alive(before: Sent, at: float) -> bool:
+    """Whether the prefix ``before`` sent is still cached at ``at``: used within its TTL."""
+    return at - before.at <= before.ttl_s
+
+
 def classify(
     before: Sent | None, view: Digests, history: Digests, at: float
 ) -> tuple[CacheOutcome, Cause]:
@@ -103,7 +108,7 @@ def classify(
     ``at``, after ``before`` (None: the session's first request)."""
     if before is None:
         return "cold_start", "none"
-    if at - before.at > before.ttl_s:
+    if not alive(before, at):
         return "ttl_expiry", "none"
     if extends(view, before.view):
         return "hit", "none"

@@ -1,7 +1,9 @@
 """Each request's prompt-cache outcome (core/cache_outcome.py), as the ledger judges it
 from what the proxy saw of its session: the prefix the previous request sent, when, and
 how long the provider keeps it (pricing's ``cache_ttl_s``, or ``cache_long_ttl_s`` after
-a request that wrote only at the hour's tier), counted in series of its own.
+a request that wrote only at the hour's tier), counted in series of its own; and whether
+a session's last prompt is cached still (``warm``), which cache-aware cuts plan by
+(compaction/held.py), with the plans they made (core/cache_cuts.py) counted here too.
 
 What is kept: per session (bounded, least recently used dropped) the last request's
 ``Sent`` (core/cache_outcome.py). The view's message digests are the history's where
@@ -19,12 +21,14 @@ from typing import TYPE_CHECKING
 from cachetools import LRUCache
 from prometheus_client import CollectorRegistry, Counter
 
+from proxy.core.cache_cuts import CACHE_PLANS, CachePlan
 from proxy.core.cache_outcome import (
     CACHE_OUTCOMES,
     CAUSES,
     CacheOutcome,
     Cause,
     Sent,
+    alive,
     classify,
     prefix_of,
 )
@@ -57,6 +61,16 @@ class CacheLedger:
             ["tier"],
             registry=registry,
         )
+        self.plans = Counter(
+            "compaction_proxy_cache_plans",
+            "Cache-aware turns with a snapshot newer than the view served last, by plan: "
+            "held (the cached view served again), or applied: expired (the session idle "
+            "past its cache's TTL), trigger, uncached, changed",
+            ["plan"],
+            registry=registry,
+        )
+        for plan in CACHE_PLANS:
+            self.plans.labels(plan=plan)
         for outcome in CACHE_OUTCOMES:
             for cause in CAUSES:
                 if (outcome == "prefix_change") == (cause != "none"):
@@ -91,6 +105,16 @@ class CacheLedger:
         if long:
             self.written.labels(tier="1h").inc(long)
         return found, cause
+
+    def warm(self, session: str, now: float) -> bool:
+        """Whether ``session``'s last prompt is still in its provider's cache at ``now``
+        (sent within its TTL, as ``observe`` judges the next one); True when none is
+        known here (nothing says it expired)."""
+        last = self._sent.get(session)
+        return last is None or alive(last, now)
+
+    def planned(self, plan: CachePlan) -> None:
+        self.plans.labels(plan=plan).inc()
 
     def forget(self, session: str) -> None:
         self._sent.pop(session, None)

@@ -122,6 +122,8 @@ class Ledger:
         session = self._session_key(rec)
         figures, cache, regret = NOTHING, None, 0
         if counted and outcome is not None:
+            if rec.cache_plan is not None:  # a cache-aware turn's (compaction/held.py)
+                self.cache.planned(rec.cache_plan)
             if session:
                 ttls = cache_ttls(self._pricing, rec.model) if self._pricing else DEFAULT_TTLS
                 cache = self.cache.observe(rec, session, ttls)
@@ -157,6 +159,12 @@ class Ledger:
         session = self._session_key(rec)
         totals = self.sessions.get(session) if session else None
         return totals is not None and totals.entry.cached > 0
+
+    def warm(self, rec: Record, now: float) -> bool:
+        """Whether the prompt ``rec``'s session sent last is cached still at ``now``
+        (cache_ledger.py); True when the ledger has not seen the session."""
+        session = self._session_key(rec)
+        return not session or self.cache.warm(session, now)
 
     def late(self, rec: Record, model: str, summarized: tuple[int, int, bool]) -> None:
         """A summary's tokens spent after ``rec``'s line was written (in the background)."""

@@ -44,6 +44,7 @@ _RECORD = attrgetter(
     "trigger",
     "summary_s",
     "summary_failed_s",
+    "cache_plan",
 )
 # Of a record's outcome, what its line reads: its figures, not the view it holds (a
 # queued line must not pin the request's conversation while stderr is slow).
@@ -181,7 +182,7 @@ class AccessLine:
 
     def _chat_fields(self, values: tuple[Any, ...], named: str | None, fields: Any) -> None:
         model, stream, tenant, session, session_header, outcome = values[12:18]
-        tokens_before, trigger, summary_s, summary_failed_s = values[18:]
+        tokens_before, trigger, summary_s, summary_failed_s, cache_plan = values[18:]
         fields["model"] = model if len(model) <= LOGGED_VALUE_CHARS else clipped(model)
         fields["stream"] = stream
         # The same ids /admin/sessions shows for tenants, and every other line for sessions.
@@ -213,3 +214,5 @@ class AccessLine:
             fields["summary_ms"] = round(summary_s * 1000, 2)
         if summary_failed_s:
             fields["summary_failed_ms"] = round(summary_failed_s * 1000, 2)
+        if cache_plan is not None:  # held, or why a newer snapshot was applied (held.py)
+            fields["cache_plan"] = cache_plan

@@ -30,6 +30,7 @@ from proxy.observe.logs import REQUEST_ID
 from proxy.observe.request_id import HEADER, new_request_id, request_id_from, response_headers
 
 if TYPE_CHECKING:
+    from proxy.core.cache_cuts import CachePlan
     from proxy.core.history import History
     from proxy.core.outcome import Outcome, Turn
     from proxy.core.session import SessionKey
@@ -92,6 +93,9 @@ class Record:
     sent_at: float = 0.0
     messages: Sequence[ChatMessage] | None = None
     digests: Sequence[bytes] | None = None
+    # A cache-aware turn's plan for a snapshot newer than the view served last
+    # (compaction/held.py): held, or why it was applied; None: no such choice was made.
+    cache_plan: CachePlan | None = None
     summarized: tuple[int, int, bool] = (0, 0, False)
     summarizer_spent: int = 0
     summarizer_model: str | None = None

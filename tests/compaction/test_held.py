@@ -1,13 +1,15 @@
 """compaction/held.py: the view served last is held over a newer snapshot while the
-upstream caches the session's prompts and it fits under the trigger."""
+upstream caches the session's prompts, its cache is warm and it fits under the trigger."""
 
 from __future__ import annotations
+
+from time import perf_counter
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.compaction import held as held_module
-from proxy.compaction.held import HeldCuts, upstream_caches
+from proxy.compaction.held import HeldCuts, cache_warm, upstream_caches
 from proxy.core.budget import Budget
 from proxy.core.digest import digests_and_sizes, prefix_hash
 from proxy.core.history import History, result_flags
@@ -45,6 +47,14 @@ def caching(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return said
 
 
+@pytest.fixture
+def warm(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether the session's last prompt is cached still, as the ledger would say."""
+    said = [True]
+    monkeypatch.setattr(held_module, "cache_warm", lambda: said[0])
+    return said
+
+
 def test_a_newer_snapshot_waits_while_the_view_served_last_fits(caching: list[bool]) -> None:
     cuts = HeldCuts()
     h = history(6)  # 14 messages
@@ -56,6 +66,33 @@ def test_a_newer_snapshot_waits_while_the_view_served_last_fits(caching: list[bo
     assert chosen == Loaded(old, old)
     caching[0] = False  # an upstream that reports no cached tokens: nothing to hold for
     assert cuts.choose(KEY, grown, Loaded(new, new), BUDGET).valid is new
+
+
+def test_a_newer_snapshot_is_applied_once_the_sessions_cache_expired(
+    caching: list[bool], warm: list[bool]
+) -> None:
+    """Idle past the TTL, the held view's prefix is paid in full anyway: the newer
+    snapshot is served on that turn, held from then on, and the record says why."""
+    cuts = HeldCuts()
+    h = history(6)
+    old = snapshot(h, 3, version=1)
+    rec = Record("r", 0.0)
+    with recording(rec):
+        cuts.choose(KEY, h, Loaded(old, old), BUDGET)
+        assert rec.cache_plan is None  # nothing newer than what was served
+        grown = history(7)  # 1450 under v1: under the trigger
+        new = snapshot(grown, 11, version=2)
+        assert cuts.choose(KEY, grown, Loaded(new, new), BUDGET).valid is old
+        assert rec.cache_plan == "held"
+        warm[0] = False
+        assert cuts.choose(KEY, grown, Loaded(new, new), BUDGET).valid is new
+        assert rec.cache_plan == "expired"
+        warm[0] = True
+        newer = snapshot(history(8), 13, version=3)
+        assert cuts.choose(KEY, history(8), Loaded(newer, newer), BUDGET).valid is new
+        assert rec.cache_plan == "held"
+        cuts.choose(KEY, history(8), Loaded(newer, newer), BUDGET, asked=True)
+        assert rec.cache_plan is None  # asked for: no plan of the cache's
 
 
 def test_past_the_trigger_the_newer_snapshot_is_served_and_then_held(
@@ -119,3 +156,23 @@ def test_the_ledger_says_whether_the_upstream_caches_the_session() -> None:
         assert upstream_caches() is False  # answers without cached tokens
         ledger.sessions[KEY.storage_key] = Totals(Entry(sent=2000, cached=1024))
         assert upstream_caches() is True
+
+
+def test_the_ledger_says_whether_the_sessions_cache_is_warm() -> None:
+    """By its last prompt's send time and TTL, the rule that judges ``ttl_expiry``."""
+    ledger = Ledger(CollectorRegistry(), [])
+    rec = Record("r", 0.0, tenant="tenant", session_header="held")
+    rec.ledger = ledger
+    messages = convo("s u")
+    sent = Record("p", 0.0, tenant="tenant", session_header="held", messages=messages)
+    sent.digests = digests_and_sizes(messages)[0]
+    with recording(rec):
+        assert cache_warm() is True  # nothing known: nothing says it expired
+        sent.sent_at = perf_counter() - 10
+        ledger.cache.observe(sent, KEY.storage_key, (300.0, 3600.0))
+        assert cache_warm() is True
+        assert ledger.warm(rec, sent.sent_at + 299.5) is True
+        assert ledger.warm(rec, sent.sent_at + 300.5) is False
+        sent.sent_at = perf_counter() - 301
+        ledger.cache.observe(sent, KEY.storage_key, (300.0, 3600.0))
+        assert cache_warm() is False

@@ -1,12 +1,13 @@
-"""core/cache_cuts.py: when a view served before is held, and where a held session's
-background compaction folds in to. Figures worked out by hand."""
+"""core/cache_cuts.py: when a view served before is held, what a cache-aware turn plans
+for a newer snapshot, and where a held session's background compaction folds in to.
+Figures worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 
 from proxy.core.budget import Budget
-from proxy.core.cache_cuts import holds, landing_ratio
+from proxy.core.cache_cuts import cache_plan, holds, landing_ratio
 
 BUDGET = Budget(
     window=10_000, reserve=256, fixed=0, trigger=8000, target=5000, summary_allowance=460
@@ -27,6 +28,25 @@ def test_a_view_served_before_is_held_while_it_fits_under_the_trigger(
     tokens: int | None, held: bool
 ) -> None:
     assert holds(tokens, BUDGET) is held
+
+
+@pytest.mark.parametrize(
+    ("tokens", "caches", "warm", "plan"),
+    [
+        (7000, True, True, "held"),  # under the trigger, cached and warm: it waits
+        (8000, True, True, "held"),
+        (7000, True, False, "expired"),  # idle past the TTL: the prefix is paid anyway
+        (8001, True, True, "trigger"),  # past the trigger: applied, warm or not
+        (8001, True, False, "trigger"),
+        (7000, False, True, "uncached"),  # no cached tokens reported: nothing to keep
+        (7000, False, False, "uncached"),
+        (None, True, True, "changed"),  # the history no longer starts with the held view
+    ],
+)
+def test_a_newer_snapshot_waits_only_while_the_held_view_is_cached_and_under_the_trigger(
+    tokens: int | None, caches: bool, warm: bool, plan: str
+) -> None:
+    assert cache_plan(tokens, BUDGET, caches=caches, warm=warm) == plan
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import LoggingSettings, Settings
+from proxy.core.cache_cuts import CACHE_PLANS
 from proxy.core.outcome import Outcome
 from proxy.core.session import session_from_header
 from proxy.observe import formats, logs
@@ -92,6 +93,8 @@ def _as_it_was_written(rec: Record, total: float, sensitive: bool, ledgered: Any
             f["summary_ms"] = round(rec.summary_s * 1000, 2)
         if rec.summary_failed_s:
             f["summary_failed_ms"] = round(rec.summary_failed_s * 1000, 2)
+        if rec.cache_plan is not None:
+            f["cache_plan"] = rec.cache_plan
     if ledgered is not None:
         figures, money, cache = ledgered
         names = ("would_send", "sent", "cached", "would_cached", "summarizer_input")
@@ -138,6 +141,7 @@ def _records(draw: st.DrawFn) -> Record:
     rec.trigger = draw(st.none() | _TEXT)
     rec.summary_s = draw(_MAYBE_S)
     rec.summary_failed_s = draw(st.floats(0, 1e4, allow_nan=False))
+    rec.cache_plan = draw(st.none() | st.sampled_from(CACHE_PLANS))
     return rec
 
 
