@@ -1,5 +1,5 @@
-"""What sets one compacting API apart (``Api``), where one of its requests goes (``Route``),
-and what went there (``Attempt``).
+"""What sets one compacting API apart (``Api``), one of its requests as the proxy read it
+(``Incoming``), where it goes (``Route``), and what went there (``Attempt``).
 
 Every API the proxy compacts runs the same steps (``pipeline.handle``): read, parse,
 model, session, compact, forward, recover an overflow, calibrate. What differs is
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 from starlette.responses import Response
 
 from proxy.config import CompactionSettings, Settings
+from proxy.core.models import ResolvedModel
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.recall_tool import Call
 from proxy.core.tokens import TokenCounter
@@ -158,6 +159,51 @@ class Route:
 
     def body_for(self, outcome: Outcome) -> bytes:
         return self.api.body_for(self.body, self.data, outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One request of ``api`` as read (pipeline step 1-2): its body, object and chat view
+    (under its contract, ``deal``: ``AS_SENT`` for none), its tenant (and the legacy id it
+    is still known by), its model, the headers and credential it goes upstream with, its
+    ``X-Compaction`` value, the URL it goes to and where its output items are kept."""
+
+    api: Api
+    body: bytes
+    data: dict[str, Any]
+    chat: ChatRequest
+    tenant: str
+    legacy: str | None
+    deal: Contract
+    model: ResolvedModel
+    headers: list[tuple[bytes, bytes]]
+    auth: list[tuple[bytes, bytes]]
+    control: str
+    url: str
+    kept: OutputItems | None
+
+    @property
+    def untouched(self) -> bool:
+        """Whether it goes upstream as it came: its API or its contract says so (a chained
+        call, an edit the upstream compacts itself), unless the proxy answers it itself."""
+        deal = self.deal
+        return deal.answer is None and (
+            self.api.untouched(self.data, self.control) or deal.untouched
+        )
+
+    def bypassed(self) -> Attempt:
+        """It sent as it came, uncounted (``untouched``)."""
+        return Attempt(self.body, Outcome.bypassed(self.body, self.model.context_window))
+
+    def route(
+        self,
+        data: dict[str, Any] | None = None,
+        recover: bool = False,
+        tool: ToolOffer | None = None,
+    ) -> Route:
+        """Its way upstream, with ``data`` for the object parsed (a tool declared in it)."""
+        data = self.data if data is None else data
+        return Route(self.api, self.url, self.headers, self.body, data, recover, self.kept, tool)
 
 
 @dataclass(frozen=True, slots=True)
