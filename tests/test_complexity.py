@@ -35,8 +35,6 @@ CEILINGS: dict[str, int] = {
     "serve/cycle.py:Cycle._render_head": 28,
     "upstream/client.py:UpstreamClient._request": 18,
     "upstream/headers.py:HeaderPolicy._outgoing": 20,
-    "upstream/overflow.py:_walk": 21,
-    "upstream/overflow.py:classify_error": 20,
     "upstream/stream_head.py:_body": 16,
 }
 
