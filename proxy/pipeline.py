@@ -4,7 +4,7 @@ the proxy compacts, one named step each: ``_read`` (body, parse, contract, tenan
 count, session, snapshot, plan, summarize under the session's lock, rebuild, recall; or
 shadow, or the body as sent), ``_first_attempt`` (the recall tool, the output budget clamped),
 then ``forward`` (send, ``recover_overflow``, the recall tool's calls, relay, the follow-ups).
-DESIGN.md numbers them; what differs between APIs is its ``Api`` value (upstream/api.py)."""
+DESIGN.md numbers them; what differs between APIs is its ``Api`` subclass (upstream/api.py)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ async def _turn(request: Request, services: Services, came: Incoming) -> Turn:
     policy = services.policies.policy_for(came.tenant, came.legacy)  # tenants.py
     mode = (services.settings.compaction if policy is None else policy.compaction).effective_mode
     chat, counts = came.chat, (0, 0)  # items named by reference, and those not read
-    if came.control != "off" and mode != "off" and came.api.resolved is not None:
+    if came.control != "off" and mode != "off" and came.api.names_items:
         read = await refs.resolve_references(services.items, came.api, came.tenant, came.data, chat)
         services.references.observe(read.references, read.unresolved)
         chat, counts = read.chat, (read.references, read.unresolved)

@@ -3,17 +3,19 @@
 
 Every API the proxy compacts runs the same steps (``pipeline.handle``): read, parse,
 model, session, compact, forward, recover an overflow, calibrate. What differs is
-its shapes, and an ``Api`` value holds each of them as a function: the request's
-chat view (the messages the steps count, plan and rebuild), the body for a view,
-the output budget lowered, the prompt's tokens in an answer, a failure at the head of
-its stream, an error as its stream carries one, and which requests go upstream
-untouched. Each API is one module under ``routes/`` with its ``Api`` (routes/chat.py,
-routes/responses.py, routes/messages.py), served at ``/v1/`` and its path upstream from app.py's
+its shapes, each a method of its ``Api`` subclass: the request's chat view (the
+messages the steps count, plan and rebuild), the body for a view, the output budget
+lowered, the prompt's tokens in an answer, a failure at the head of its stream, an
+error as its stream carries one, which requests go upstream untouched, and its own
+compaction contract. Each API is one module under ``routes/`` with its class and its
+one instance (routes/chat.py ``CHAT``, routes/responses.py ``RESPONSES``,
+routes/messages.py ``MESSAGES``), served at ``/v1/`` and its path upstream from app.py's
 ``APIS``: a new API is one more module and one more entry there.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -30,21 +32,6 @@ from proxy.upstream.overflow import Overflow
 
 if TYPE_CHECKING:
     from proxy.upstream.output_items import OutputItems
-
-
-def no_references(data: dict[str, Any]) -> list[str]:
-    """No request of the API names items it does not carry (the chat completions default)."""
-    return []
-
-
-def as_stated(verdict: Overflow) -> Overflow:
-    """An overflow answer read as its classifier read it (the default)."""
-    return verdict
-
-
-def never(data: dict[str, Any], control: str) -> bool:
-    """No request of the API goes upstream untouched (the chat completions default)."""
-    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,47 +54,82 @@ class Contract:
 AS_SENT = Contract(b"", {}, cast(ChatRequest, {}))
 
 
-@dataclass(frozen=True, slots=True)
-class Api:
-    """One API's shapes, as the pipeline's steps need them."""
+class Api(ABC):
+    """One API's shapes, as the pipeline's steps need them: one subclass per API under
+    routes/ (``ChatApi``, ``ResponsesApi``, ``MessagesApi``), one instance of it served.
+    What only one API does is a method of its class, so a call leads to the code that
+    runs; the defaults here are what an API without that feature does."""
 
     name: str  # its route's, in metrics and request lines
     path: str  # below the upstream's base URL, as the client's is below /v1/
-    # The body (at most this many messages or items, a model name of at most this many
-    # bytes) as a JSON object, and as the chat the steps read: its messages and the
-    # fields that size the answer. Raises InvalidRequest (the client's 400).
-    parse: Callable[[bytes, int, int], tuple[dict[str, Any], ChatRequest]]
-    # The request for a view (the client's body, and the object parsed from it): the
-    # body itself when the view is the history as sent.
-    body_for: Callable[[bytes, dict[str, Any], Outcome], bytes]
-    # The body with its output budget lowered to what the model allows; None if unchanged.
-    lower_output: Callable[[bytes, Overflow], bytes | None]
-    prompt_tokens: Callable[[bytes], int | None]  # what an answer says the prompt took
-    # The data of a stream head's first event when that event is an error (an overflow
-    # there is recovered); stream_head.error_event reads chat's and Responses' alike.
-    stream_failure: Callable[[bytes], bytes | None]
-    stream_error: Callable[[dict[str, Any]], bytes]  # an error object as a stream's event
-    # Whether a request (parsed, and its X-Compaction value) goes upstream as it came,
-    # without a session or recovery: its history is not in sight (a chained call).
-    untouched: Callable[[dict[str, Any], str], bool] = never
-    # The ids of items the request names by reference rather than carries (Responses'
-    # ``item_reference``), and its chat view with those it was given (id -> item) read
-    # in their place (compaction/references.py).
-    references: Callable[[dict[str, Any]], list[str]] = no_references
-    resolved: Callable[[dict[str, Any], Mapping[str, Any]], ChatRequest] | None = None
-    # Whether its answers' output items are remembered for later references
-    # (upstream/output_items.py).
+    # Whether its requests may name items they do not carry (Responses' ``item_reference``:
+    # ``references``, ``resolved``), and whether its answers' output items are remembered
+    # for them (upstream/output_items.py).
+    names_items: bool = False
     keeps_items: bool = False
-    # The request (its body, object, chat view), its tenant (then the legacy id it is still
-    # known by, while a deployment's ids move: tenants.py) and the settings under the API's
-    # own compaction contract; None: the request as it came (the default: none).
-    contract: Callable[
-        [bytes, dict[str, Any], ChatRequest, tuple[str, ...], Settings], Contract | None
-    ] = lambda body, data, chat, tenants, settings: None
-    # An overflow answer as this API's recovery reads it: Messages reads Anthropic's
-    # "input length and `max_tokens` exceed context limit" as an output budget refusal.
-    as_budget: Callable[[Overflow], Overflow] = as_stated
     recall_tool: ToolShape | None = None  # None: the API never gets the recall tool
+
+    @abstractmethod
+    def parse(
+        self, body: bytes, max_messages: int, max_model_bytes: int
+    ) -> tuple[dict[str, Any], ChatRequest]:
+        """The body (at most this many messages or items, a model name of at most this
+        many bytes) as a JSON object, and as the chat the steps read: its messages and the
+        fields that size the answer. Raises InvalidRequest (the client's 400)."""
+
+    @abstractmethod
+    def body_for(self, body: bytes, data: dict[str, Any], outcome: Outcome) -> bytes:
+        """The request for a view (the client's body, and the object parsed from it): the
+        body itself when the view is the history as sent."""
+
+    @abstractmethod
+    def lower_output(self, body: bytes, verdict: Overflow) -> bytes | None:
+        """The body with its output budget lowered to what the model allows; None if
+        unchanged."""
+
+    @abstractmethod
+    def prompt_tokens(self, chunk: bytes) -> int | None:
+        """What an answer says the prompt took."""
+
+    @abstractmethod
+    def stream_failure(self, head: bytes) -> bytes | None:
+        """The data of a stream head's first event when that event is an error (an overflow
+        there is recovered)."""
+
+    @abstractmethod
+    def stream_error(self, error: dict[str, Any]) -> bytes:
+        """An error object as the API's stream carries one."""
+
+    def untouched(self, data: dict[str, Any], control: str) -> bool:
+        """Whether a request (parsed, and its X-Compaction value) goes upstream as it came,
+        without a session or recovery: its history is not in sight (a chained call)."""
+        return False
+
+    def references(self, data: dict[str, Any]) -> list[str]:
+        """The ids of the items the request names by reference rather than carries."""
+        return []
+
+    def resolved(self, data: dict[str, Any], found: Mapping[str, Any]) -> ChatRequest:
+        """The request's chat view with the items it names (id -> item) read in their
+        place (compaction/references.py); only for an API that ``names_items``."""
+        raise NotImplementedError(f"{self.name} names no items")
+
+    def contract(
+        self,
+        body: bytes,
+        data: dict[str, Any],
+        chat: ChatRequest,
+        tenants: tuple[str, ...],
+        settings: Settings,
+    ) -> Contract | None:
+        """The request (its body, object, chat view), its tenant (then the legacy id it is
+        still known by, while a deployment's ids move: tenants.py) and the settings under
+        the API's own compaction contract; None: the request as it came (no contract)."""
+        return None
+
+    def as_budget(self, verdict: Overflow) -> Overflow:
+        """An overflow answer as this API's recovery reads it (as its classifier did)."""
+        return verdict
 
 
 @dataclass(frozen=True, slots=True)
