@@ -30,7 +30,6 @@ DATA_TABLES: dict[str, str] = {}
 # treats it). "path:function" (a method as Class.method) -> its count today.
 CEILINGS: dict[str, int] = {
     "compaction/recall_tool.py:RecallTool._rounds": 20,
-    "compaction/summarize.py:_Run.chunk": 16,
     "core/ranking.py:Ranking.search": 18,
     "serve/cycle.py:Cycle._render_head": 28,
     "upstream/client.py:UpstreamClient._request": 18,

@@ -52,7 +52,7 @@ from proxy.core.outcome import Turn
 from proxy.core.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
 from proxy.core.summary_check import Reason
 from proxy.core.tokens import TokenCounter
-from proxy.core.transcript import Entry, frame_prompt, framed_marker
+from proxy.core.transcript import Entry, frame_prompt, framed_marker, holds_marker
 from proxy.core.wording import omitted_marker
 from proxy.errors import (
     SummaryError,
@@ -182,7 +182,7 @@ class _Run:
         answer = await self._finished(framed)
         # The call's marker is in no quoted text: an answer holding it copied the framing.
         marker = framed_marker(framed)
-        copied = answer.finish_reason == "length" or (bool(marker) and marker in answer.text)
+        copied = answer.finish_reason == "length" or holds_marker(answer.text, marker)
         reason: Reason | None = "echo" if copied else None
         why = partial(rejection, span_chars=span_chars, turns=turns)
         reason = reason or await why(answer.text, req.prompt, answer.max_tokens)
@@ -195,7 +195,7 @@ class _Run:
         # template often follows two sections.
         answer = await self._ask(SIMPLE, framed, answer.max_tokens)
         retried: Reason | None = "truncated" if answer.finish_reason == "length" else None
-        if retried is None and marker and marker in answer.text:
+        if retried is None and holds_marker(answer.text, marker):
             retried = "echo"
         retried = retried or await why(answer.text, SIMPLE, answer.max_tokens)
         if retried is not None:
