@@ -29,8 +29,11 @@ DATA_TABLES: dict[str, str] = {}
 # list once at or under the limit (the simulator is a test double, as test_code_shape.py
 # treats it). "path:function" (a method as Class.method) -> its count today.
 CEILINGS: dict[str, int] = {
+    # Being reworked with recall's retrieval at the time of writing (issue 38 left them).
     "compaction/recall_tool.py:RecallTool._rounds": 20,
     "core/ranking.py:Ranking.search": 18,
+    # Framework shortcuts (uvicorn's send, aiohttp's _request, step for step): issue 38
+    # item 2 moves them behind version gates, or drops them, rather than reshaping them.
     "serve/cycle.py:Cycle._render_head": 28,
     "upstream/client.py:UpstreamClient._request": 18,
 }
