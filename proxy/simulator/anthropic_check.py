@@ -129,28 +129,35 @@ def _check_pairing(messages: list[dict[str, Any]]) -> None:
         asked = _ids(message, "tool_use", "id") if message["role"] == "assistant" else []
         answered = _ids(message, "tool_result", "tool_use_id")
         if answered:
-            before = _ids(messages[i - 1], "tool_use", "id") if i else []
-            extra = [a for a in answered if a not in before]
-            if extra or message["role"] != "user":
-                raise invalid(
-                    f"messages.{i}.content.0: unexpected `tool_use_id` found in `tool_result` "
-                    f"blocks: {', '.join(extra or answered)}. Each `tool_result` block must "
-                    "have a corresponding `tool_use` block in the previous message.",
-                    structure=True,
-                )
-        if not asked:
-            continue
-        following = (
-            _ids(messages[i + 1], "tool_result", "tool_use_id") if i + 1 < len(messages) else []
+            _check_answered(messages, i, answered)
+        if asked:
+            _check_asked(messages, i, asked)
+
+
+def _check_answered(messages: list[dict[str, Any]], i: int, answered: list[str]) -> None:
+    """Message ``i``'s tool results answer the calls of the message before it, a user's."""
+    before = _ids(messages[i - 1], "tool_use", "id") if i else []
+    extra = [a for a in answered if a not in before]
+    if extra or messages[i]["role"] != "user":
+        raise invalid(
+            f"messages.{i}.content.0: unexpected `tool_use_id` found in `tool_result` "
+            f"blocks: {', '.join(extra or answered)}. Each `tool_result` block must "
+            "have a corresponding `tool_use` block in the previous message.",
+            structure=True,
         )
-        missing = [a for a in asked if a not in following]
-        if missing and i + 1 < len(messages):
-            raise invalid(
-                f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
-                f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
-                "corresponding `tool_result` block in the next message.",
-                structure=True,
-            )
+
+
+def _check_asked(messages: list[dict[str, Any]], i: int, asked: list[str]) -> None:
+    """Message ``i``'s tool calls are answered by the message after it, when one follows."""
+    following = _ids(messages[i + 1], "tool_result", "tool_use_id") if i + 1 < len(messages) else []
+    missing = [a for a in asked if a not in following]
+    if missing and i + 1 < len(messages):
+        raise invalid(
+            f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+            f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
+            "corresponding `tool_result` block in the next message.",
+            structure=True,
+        )
 
 
 def _check_thinking(body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
