@@ -26,8 +26,7 @@ MAX_COMPLEXITY = 15
 # Keep it small; none is needed today.
 DATA_TABLES: dict[str, str] = {}
 # Over MAX_COMPLEXITY as radon counts it today: they may shrink, not grow, and leave the
-# list once at or under the limit (the simulator is a test double, as test_code_shape.py
-# treats it). "path:function" (a method as Class.method) -> its count today.
+# list once at or under the limit. "path:function" (a method as Class.method) -> its count.
 CEILINGS: dict[str, int] = {
     # Being reworked with recall's retrieval at the time of writing (issue 38 left them).
     "compaction/recall_tool.py:RecallTool._rounds": 20,
@@ -36,6 +35,12 @@ CEILINGS: dict[str, int] = {
     # item 2 moves them behind version gates, or drops them, rather than reshaping them.
     "serve/cycle.py:Cycle._render_head": 28,
     "upstream/client.py:UpstreamClient._request": 18,
+    # The simulator's answers: one branch per behaviour of a provider or a weak model it
+    # plays (summary styles, error formats, tool choice), a test double's table.
+    "simulator/app.py:_answer_chat": 22,
+    "simulator/replies.py:_reply": 22,
+    "simulator/replies.py:_summary": 24,
+    "simulator/responses.py:_answer": 25,
 }
 
 _BRANCHES = (
@@ -135,8 +140,6 @@ def test_no_function_in_proxy_is_over_complexity_15() -> None:
 def test_no_function_outside_the_ceilings_is_over_15_as_radon_counts() -> None:
     over = {}
     for name, node in functions().items():
-        if name.startswith("simulator/"):
-            continue
         count = complexity(node)
         if count > CEILINGS.get(name, MAX_COMPLEXITY):
             over[name] = count
