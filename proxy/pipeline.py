@@ -54,7 +54,7 @@ async def handle(
     """Steps 1-12 for one request of ``api`` (its ``tenant``, if its caller found it): read
     into the chat view the steps read, then compacted (or not), sent and recovered."""
     came = await _read(request, services, api, tenant)  # 1. read and parse, 2. the model
-    if came.untouched:  # its history is not in sight: it goes as it came, uncounted
+    if came.untouched:  # its API or contract says so: as it came, uncounted, no session
         return await forward(services, request, came.route(), came.bypassed(), None)
     turn = await _turn(request, services, came)
     if came.deal.answer is not None:  # a compaction the client asked for: the proxy answers it
