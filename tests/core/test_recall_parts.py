@@ -112,7 +112,7 @@ def test_a_question_about_someone_finds_the_passage_naming_a_person() -> None:
     filler turn says too): the passage naming a person is the one a who-question asks for."""
     filler = [f"turn {i}: the release schedule slipped again, as it does" for i in range(60)]
     ranking = Ranking()
-    ranking.add([*filler, "Since the reorg Dana Whitfield holds the keys to every release."])
+    ranking.add([*filler, "Dana Whitfield signs off every release from now on."])
     ranking.add(["Our codename for the release is GREEN-LYNX."])
     found = ranking.search(query_terms("Who is in charge of the release?"), 3)
     assert [doc for _, doc in found] == [60]
