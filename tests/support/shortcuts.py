@@ -4,6 +4,7 @@
 from then on (an app, an upstream client, a protocol) and forgets the gate's decisions;
 ``monkeypatch`` puts the variable back, and ``tests/conftest.py`` forgets the decisions
 again once the test ends (``forget_if_switched``), so the next test decides afresh.
+``pretend(monkeypatch, starlette="1.11.0")`` makes the gate see another release.
 """
 
 from __future__ import annotations
@@ -30,8 +31,15 @@ def forget_if_switched() -> None:
         gate.on.cache_clear()
 
 
-def off_for_the_run() -> bool:
-    """Whether the run was started with every shortcut off (the environment's switch)."""
-    import os
+def pretend(monkeypatch: pytest.MonkeyPatch, **versions: str) -> None:
+    """The gate sees these releases installed (``starlette="1.11.0"``), the others as
+    they are, from now on in this test."""
+    real = gate.metadata.version
 
-    return gate.decide("uvicorn", "0.54.0", os.environ.get(gate.SWITCH)) is not None
+    def version(name: str) -> str:
+        return versions.get(name) or real(name)
+
+    monkeypatch.setattr(gate.metadata, "version", version)
+    monkeypatch.delenv(gate.SWITCH, raising=False)
+    gate.on.cache_clear()
+    _switched[0] = True
