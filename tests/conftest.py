@@ -1,6 +1,6 @@
 """Shared fixtures: real servers under uvicorn on 127.0.0.1, in background threads.
 
-The tests mirror proxy/'s wings (tests/core/, compaction/, upstream/, routes/, store/,
+The tests mirror proxy/'s wings (tests/core/, compaction/, upstream/, routes/, shortcuts/, store/,
 observe/, serve/, simulator/; the top-level modules' tests at the top), with helpers in
 tests/support/ and the end-to-end tests in tests/e2e/.
 

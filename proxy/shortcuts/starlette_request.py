@@ -6,6 +6,8 @@ request makes about ten. ``ProxyRequest`` is the same object with ``FastHeaders`
 lookups read one dict built on first use, and with ``Request``'s constructor in one frame.
 Both set Starlette 1.10's private attributes (``Headers._list``, ``Request._headers``,
 ``_receive``...): ``request_class()`` gives it on that series, else Starlette's own.
+``consumed`` marks a body read from ``request.receive`` (compaction/inflight.py, without
+``Request.stream()``'s async generator) as ``stream()`` would, on that series.
 """
 
 from __future__ import annotations
@@ -108,3 +110,11 @@ class ProxyRequest(Request):
 def request_class() -> type[Request]:
     """``ProxyRequest`` on the tested Starlette series, else Starlette's ``Request``."""
     return ProxyRequest if on("starlette") else Request
+
+
+def consumed(request: Request) -> None:
+    """``request``'s body was read whole: a second read raises, as after ``stream()``
+    (Starlette 1.10's private flag; off that series unmarked: the proxy reads a body
+    once)."""
+    if on("starlette"):
+        request._stream_consumed = True
