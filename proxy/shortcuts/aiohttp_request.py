@@ -17,20 +17,25 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import aiohttp
-from aiohttp import hdrs
-from aiohttp.helpers import TimerNoop
-from aiohttp.http import SERVER_SOFTWARE
-from aiohttp.payload import TOO_LARGE_BYTES_BODY, BytesPayload
+from aiohttp import BytesPayload, hdrs
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
-from proxy.shortcuts.gate import on
+from proxy.shortcuts.gate import missing, on
+
+try:  # what only the shortcuts use: another release may have moved it (then they are off)
+    from aiohttp.helpers import TimerNoop
+    from aiohttp.http import SERVER_SOFTWARE
+    from aiohttp.payload import TOO_LARGE_BYTES_BODY
+
+    _NO_TIMER = TimerNoop()
+except ImportError as exc:
+    missing("aiohttp", exc)
 
 # aiohttp adds these when absent; the proxy sends what the client sent, no more.
 SKIP_SET = frozenset(istr(name) for name in ("User-Agent", "Accept-Encoding", "Content-Type"))
 _SKIP: CIMultiDict[None] = CIMultiDict((name, None) for name in sorted(SKIP_SET))
 _OCTETS = {hdrs.CONTENT_TYPE: "application/octet-stream"}  # a BytesPayload's one header
-_NO_TIMER = TimerNoop()
 
 
 def on_path() -> bool:
@@ -79,8 +84,11 @@ class LeanRequest(aiohttp.ClientRequest):
 
 
 # What aiohttp adds when the caller sent none and the session does not skip, in its order.
-_AUTO = [*LeanRequest.DEFAULT_HEADERS.items(), (hdrs.USER_AGENT, SERVER_SOFTWARE)]
-_AUTO = [(name, value) for name, value in _AUTO if name not in _SKIP]
+try:
+    _AUTO = [*LeanRequest.DEFAULT_HEADERS.items(), (hdrs.USER_AGENT, SERVER_SOFTWARE)]
+    _AUTO = [(name, value) for name, value in _AUTO if name not in _SKIP]
+except (AttributeError, NameError) as exc:
+    missing("aiohttp", exc)
 
 
 def _timeout(exc: OSError) -> bool:

@@ -37,6 +37,17 @@ def series(version: str) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
+# Frameworks whose internals a shortcut module could not import (another release moved
+# them): their shortcuts stay off, whatever the version says.
+_MISSING: dict[Framework, str] = {}
+
+
+def missing(framework: Framework, exc: Exception) -> None:
+    """Called by a shortcut module whose import of ``framework``'s internals failed: the
+    module still loads (its public path serves), and ``on`` says no (the first cause)."""
+    _MISSING.setdefault(framework, f"{type(exc).__name__}: {exc}")
+
+
 def decide(framework: Framework, version: str, switch: str | None) -> str | None:
     """Why ``framework``'s shortcuts must not run (installed at ``version``, the switch's
     value ``switch``), or None when they may."""
@@ -45,6 +56,8 @@ def decide(framework: Framework, version: str, switch: str | None) -> str | None
     tested = TESTED[framework]
     if series(version) != tested:
         return f"{framework} {version} is not the tested {tested[0]}.{tested[1]} series"
+    if framework in _MISSING:
+        return f"{framework} {version} lacks what they use ({_MISSING[framework]})"
     return None
 
 

@@ -25,11 +25,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from inspect import iscoroutinefunction
 from typing import Any, Protocol
 
-from starlette._utils import is_async_callable
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import Request
@@ -37,8 +35,14 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.shortcuts.gate import on
+from proxy.shortcuts.gate import missing, on
 from proxy.shortcuts.starlette_request import ProxyRequest
+
+try:  # what only Dispatch uses: another release may have moved it (then it is off)
+    from starlette._utils import is_async_callable
+    from starlette.middleware.body_limit import RequestBodyLimitMiddleware
+except ImportError as exc:
+    missing("starlette", exc)
 
 _HANDLERS = "starlette.exception_handlers"  # where ExceptionMiddleware puts its handlers
 

@@ -30,17 +30,16 @@ import urllib.parse
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
-from uvicorn.protocols.http.httptools_impl import (
-    HEADER_RE,
-    HEADER_VALUE_RE,
-    STATUS_LINE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
-)
-from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from proxy.shortcuts.gate import on
+from proxy.shortcuts.gate import missing, on
+
+try:  # what only the shortcuts use: another release may have moved it (then they are off)
+    from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
+    from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
+    from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+except ImportError as exc:
+    missing("uvicorn", exc)
 
 # A body up to this size is joined to its head (one buffer); a larger one is handed over
 # beside it.

@@ -5,6 +5,9 @@ with its shortcuts on does. The rest of the suite runs that way too with the var
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -59,3 +62,39 @@ def test_the_switch_off_serves_the_same_answers_on_public_apis(
         expected = [f"{name} " + OFF.format(gate.SWITCH) for name in gate.TESTED]
         assert sorted(x for x in expected if any(x in line for line in said)) == sorted(expected)
         assert len(said) == 3, said  # once each
+
+
+_MOVED = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")
+import aiohttp, starlette.applications, starlette.middleware.body_limit, starlette.routing
+import uvicorn.protocols.http.httptools_impl, uvicorn.protocols.utils  # (they use them)
+del uvicorn.protocols.utils.get_client_addr, starlette._utils.is_async_callable
+del aiohttp.helpers.TimerNoop
+from starlette.applications import Starlette
+from proxy.shortcuts.aiohttp_request import on_path
+from proxy.shortcuts.starlette_routing import application
+from proxy.shortcuts.uvicorn_cycle import UvicornSide, request_side
+assert request_side()[0] is UvicornSide
+assert type(application(fast=[])) is Starlette
+assert not on_path()
+"""
+
+
+def test_a_release_that_moved_an_internal_serves_the_public_path() -> None:
+    """The tested series, but an internal a shortcut imports is gone (as a patch release
+    could do): the shortcut modules still load, and the gate keeps their shortcuts off."""
+    done = subprocess.run(
+        [sys.executable, "-c", _MOVED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, gate.SWITCH: "on"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.splitlines()
+    assert len(said) == 3, said
+    for line, name in zip(sorted(said), ("aiohttp", "starlette", "uvicorn"), strict=True):
+        assert line.startswith(f"WARNING {name} shortcuts off ({name} "), line
+        assert "lacks what they use (ImportError: cannot import name" in line, line
