@@ -44,13 +44,15 @@ _MISSING: dict[Framework, str] = {}
 
 def missing(framework: Framework, exc: Exception) -> None:
     """Called by a shortcut module whose import of ``framework``'s internals failed: the
-    module still loads (its public path serves), and ``on`` says no (the first cause)."""
+    module still loads (its public path serves), and ``on`` says no (the first cause),
+    from now on even if it said yes before this module was imported."""
     _MISSING.setdefault(framework, f"{type(exc).__name__}: {exc}")
+    on.cache_clear()
 
 
 def decide(framework: Framework, version: str, switch: str | None) -> str | None:
     """Why ``framework``'s shortcuts must not run (installed at ``version``, the switch's
-    value ``switch``), or None when they may."""
+    value ``switch``, or an internal they import missing), or None when they may."""
     if (switch or "").strip().lower() in ("off", "0", "false", "no"):
         return f"{SWITCH}={switch}"
     tested = TESTED[framework]
