@@ -22,12 +22,18 @@ log = logging.getLogger("proxy")
 
 
 def _check_config(
-    settings: Settings, *, contact: bool = True, write: bool = False, names: Sequence[str] = ()
+    settings: Settings,
+    *,
+    contact: bool = True,
+    write: bool = False,
+    names: Sequence[str] = (),
+    ask: bool = False,
 ) -> int:
     """``check-config``: the config as it resolves (and each model of ``names``, with where
-    its figures come from); 1 when the store it names cannot be used (``contact``: reached,
-    its credentials accepted; ``write``: written to as well), so a deploy step or a
-    post-install check fails on the store as on a bad key."""
+    its figures come from; ``ask``: the upstream asked about them first); 1 when the store
+    it names cannot be used (``contact``: reached, its credentials accepted; ``write``:
+    written to as well), so a deploy step or a post-install check fails on the store as on
+    a bad key."""
     import asyncio
 
     from proxy.services import load_models
@@ -52,7 +58,7 @@ def _check_config(
     from proxy.core.tenant_ids import tenant_key
 
     print(f"tenant ids: keyed by {_TENANT_KEYS[tenant_key(settings)[1]]}")
-    _print_models(settings, table, encoders, names)
+    _print_models(settings, table, encoders, names, ask)
     if not remote:
         print("learned windows: kept in each serving process (see /metrics)")
         if write:
@@ -65,7 +71,11 @@ def _check_config(
 
 
 def _print_models(
-    settings: Settings, table: ModelTable, encoders: dict[str, Encoder], names: Sequence[str]
+    settings: Settings,
+    table: ModelTable,
+    encoders: dict[str, Encoder],
+    names: Sequence[str],
+    ask: bool,
 ) -> None:
     """The model registry, each ``models:`` rule and the default as they resolve, then each
     model of ``names`` as a request for it resolves (before learned windows)."""
@@ -79,8 +89,14 @@ def _print_models(
         quality = "exact" if enc.exact else "approximate"
         max_out = max_out or resolved.max_output_tokens
         print(f"{match:<28} {window:>9} {max_out:>8}  {resolved.tokenizer} ({quality})")
-    for name in names:  # --model
-        m = table.resolve(name)
+    named = [table.resolve(name) for name in names]
+    if ask and named:  # --ask-upstream: what its listing says, as a request would use it
+        import asyncio
+
+        from proxy.upstream.discovery import described_now
+
+        named = asyncio.run(described_now(settings, named))
+    for name, m in zip(names, named, strict=True):  # --model: as a request resolves it
         print(f"{name:<28} {m.context_window:>9} {m.max_output_tokens:>8}  from {m.source}")
 
 
@@ -228,6 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument(
         "--model", action="append", default=[], help="also resolve this model name (repeatable)"
     )
+    check.add_argument(
+        "--ask-upstream",
+        action="store_true",
+        help="ask the upstream what it says of each --model (/v1/models, /props) first",
+    )
     reach = check.add_mutually_exclusive_group()
     reach.add_argument(
         "--store", action="store_true", help="write to the store too (exit 1 if it refuses)"
@@ -266,8 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _tenant_id(settings)
         if args.command == "check-config":
             _setup_logging(LoggingSettings(format="text", level="warning"))
-            contact, names = not args.no_store, args.model
-            return _check_config(settings, contact=contact, write=args.store, names=names)
+            contact, names, ask = not args.no_store, args.model, args.ask_upstream
+            return _check_config(settings, contact=contact, write=args.store, names=names, ask=ask)
         server = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
         if server:
             settings = settings.model_copy(

@@ -40,6 +40,7 @@ from proxy.serve.shutdown import Drain
 from proxy.services import Services, build_services
 from proxy.shortcuts.starlette_routing import application
 from proxy.upstream.api import Api
+from proxy.upstream.discovery import ASKING
 
 log = logging.getLogger("proxy.app")
 
@@ -98,6 +99,7 @@ def _compacting(api: Api) -> Route:
         tenant = services.tenant_ids.of(request.headers)
         if tenant == ANONYMOUS and services.settings.requires_client_key:
             raise MissingCredential(_NO_KEY)
+        ASKING.set(request.headers.raw)  # the credential an ask of the upstream goes with
         return pipeline.handle(request, services, api, tenant)
 
     return Route(f"/v1/{api.path}", endpoint(handle), methods=["POST"], name=api.name)
@@ -110,7 +112,9 @@ async def relay_other(request: Request) -> Response:
 async def list_models(request: Request) -> Response:
     """``GET /v1/models`` (or one model): relayed, each model given its window."""
     services = _scoped(request)
-    rewrite = (partial(models_list.with_windows, resolve=services.models.resolve), MAX_LISTING)
+    # As this caller's requests resolve them: what the upstream told its scope included.
+    resolve = partial(services.resolved_model, tenant=services.tenant_ids.of(request.headers))
+    rewrite = (partial(models_list.with_windows, resolve=resolve), MAX_LISTING)
     return await passthrough.handle_passthrough(request, services, rewrite=rewrite)
 
 

@@ -98,6 +98,8 @@ class UpstreamSettings(_Section):
     # the upstream's own idle timeout (5 s in uvicorn, so vLLM and SGLang, and in
     # llama.cpp's server), or a request sent as the upstream closes it fails with a 502.
     keepalive_timeout_s: float = Field(4.0, gt=0)
+    # What the upstream says of its models (/v1/models, llama.cpp's /props: discovery.py) is
+    model_info_ttl_s: float = Field(3600.0, ge=0)  # asked again this often; 0: never asked
     # The API the summary calls use: "chat" (/chat/completions), "responses" (/responses)
     # or "messages" (Anthropic's /messages), for an upstream that serves only that API.
     summarizer_api: Literal["chat", "responses", "messages"] = "chat"

@@ -44,6 +44,7 @@ from proxy.tenants import TenantPolicies
 from proxy.upstream.calibrate import Calibration
 from proxy.upstream.ceilings import LearnedCeilings
 from proxy.upstream.client import Upstream, UpstreamClient
+from proxy.upstream.discovery import ModelDiscovery
 from proxy.upstream.headers import HeaderPolicy
 from proxy.upstream.registry import read_registry
 from proxy.upstream.windows import LearnedWindows, WindowPolicy
@@ -77,6 +78,8 @@ class Services:
     recall: Recall  # excerpts of the archived originals (compaction/recall.py)
     recall_tool: RecallTool  # a search of them the model calls (compaction/recall_tool.py)
     held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
+    # What the upstream says of its models (upstream/discovery.py); None: never asked.
+    discovery: ModelDiscovery | None = None
     loop: asyncio.AbstractEventLoop | None = None  # the one it was built in and serves on
     deadline: TurnDeadline = field(init=False)  # inline summaries bounded (turn_deadline.py)
 
@@ -87,7 +90,7 @@ class Services:
     def known_model(self, name: str, tenant: str) -> ResolvedModel | None:
         """``effective_model`` when the windows learned for it were read lately (nearly
         always): no store read, no coroutine. None: ask ``effective_model``."""
-        model = self.models.resolve(name)
+        model = self.resolved_model(name, tenant)
         if model.source == "default":
             self.metrics.models.defaulted.inc()
         return self.windows.known(self.calibration.apply(model, tenant), tenant)
@@ -96,13 +99,24 @@ class Services:
         """The model's spec with the one window every step and every response uses: the
         configured window in our token units for this tenant (calibration), or the
         smaller window learned from the upstream's overflow errors."""
-        model = self.calibration.apply(self.models.resolve(name), tenant)
+        model = self.calibration.apply(self.resolved_model(name, tenant), tenant)
         return await self.windows.apply(model, tenant)
+
+    def resolved_model(self, name: str, tenant: str) -> ResolvedModel:
+        """``name``'s figures for ``tenant`` before anything learned: its ``models:``
+        entry, else what the upstream says of it (asked in the background, the first
+        time), else the registry's, else ``default_model``'s."""
+        model = self.models.resolve(name)
+        if model.source == "config" or self.discovery is None:
+            return model
+        return self.discovery.described(model, tenant)
 
     async def aclose(self) -> None:
         """Close what ``build_services`` opened: background compactions (they use both),
         the store, then the upstream client."""
         try:
+            if self.discovery is not None:
+                await self.discovery.aclose()
             await self.precompactor.aclose()
             await self.recall.close()
             await self.store.aclose()
@@ -133,7 +147,7 @@ def _note_resolved(metrics: Metrics, model: ResolvedModel) -> None:
         # newline in it must not start a forged line.
         log.warning(
             "model %r is in no models: entry and not in the model registry: planned against "
-            "default_model's window (%d tokens)",
+            "default_model's window (%d tokens) until the upstream describes it, if it does",
             clipped(model.name),
             model.context_window,
         )
@@ -171,10 +185,11 @@ async def build_services(settings: Settings) -> Services:
             metrics=metrics,
             caps=TenantCaps(build_quota(settings, store), tenant_series),
         )
+        headers = HeaderPolicy(settings)
         services = Services(
             settings=settings,
             client=client,
-            headers=HeaderPolicy(settings),
+            headers=headers,
             models=models,
             store=store,
             counters=counters,
@@ -196,6 +211,7 @@ async def build_services(settings: Settings) -> Services:
             recall=recall,
             recall_tool=RecallTool(recall, client, metrics.registry, settings.compaction, counters),
             loop=asyncio.get_running_loop(),
+            discovery=ModelDiscovery(settings, client, headers, metrics),
         )
         opened.pop_all()  # built: from here on, closing is Services.aclose's
     return services

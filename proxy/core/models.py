@@ -5,12 +5,16 @@ order, then the maintained model registry (``core/registry.py``), then
 ``default_model``. Each result says where its figures came from (``source``).
 Results are cached per model name: the table is fixed for the life of the
 process, so the request path only does a cache lookup.
+
+What the provider says of its own models (``/v1/models``, ``/props``: asked in the
+background by ``upstream/discovery.py``, per credential scope) comes between a
+``models:`` entry and the registry: ``described`` puts it over a table result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Literal
 
@@ -35,8 +39,8 @@ DEFAULT_TOKENIZER = "cl100k_base"
 # refuses a name over server.max_model_bytes (at most ~5 MB at the 512-byte default).
 _CACHE_LIMIT = 10_000
 # Where a model's figures came from: a models: entry, the provider's own description of
-# the model (not asked yet: its seam is in ModelTable._resolve), the registry, or
-# default_model; "learned" once an upstream's overflow error narrowed the window.
+# the model (``described``), the registry, or default_model; "learned" once an upstream's
+# overflow error narrowed the window.
 ModelSource = Literal["config", "provider", "registry", "default", "learned"]
 SOURCES: tuple[ModelSource, ...] = ("config", "provider", "registry", "default", "learned")
 
@@ -129,8 +133,8 @@ class ModelTable:
                 recall_tool=spec.recall_tool,
                 templated_tools=not openai_family(model),
             )
-        # The provider's own word on its model (/v1/models, /props) would come here, before
-        # the registry, once fetched off the request path: not asked yet.
+        # The provider's own word on its model comes next, per credential scope, over what
+        # this returns (``described``), never here: the table is the same for everyone.
         listed = self.registry.lookup(model)
         if listed is not None:
             window = listed.context_window
@@ -172,3 +176,17 @@ class ModelTable:
         names = {s.tokenizer or default_tokenizer(s.match) for s in self._specs}
         names.add(self._default.tokenizer or DEFAULT_TOKENIZER)
         return names
+
+
+def described(model: ResolvedModel, window: int, output: int | None) -> ResolvedModel:
+    """``model`` (a registry's or the default's: a ``models:`` entry is never overridden)
+    with the window and output limit its provider states. As for the registry's figures,
+    at most half the window is reserved for output."""
+    reserve = min(output or model.max_output_tokens, window // 2)
+    return replace(
+        model,
+        context_window=window,
+        max_output_tokens=max(reserve, 1),
+        matched="provider",
+        source="provider",
+    )

@@ -1,6 +1,6 @@
-"""Where models' figures came from, and output ceilings learned, as series (metrics.py is
-full). Labelled by source and scope only, closed sets: never by the model's name, which
-the client chooses."""
+"""Where models' figures came from, the upstream asked about them, and output ceilings
+learned, as series (metrics.py is full). Labelled by source, outcome and scope only,
+closed sets: never by the model's name, which the client chooses."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class ModelSeries:
     defaulted: Counter
     learned_outputs: Counter
     clamped: Counter
+    discoveries: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ModelSeries:
@@ -24,8 +25,9 @@ class ModelSeries:
             resolved=Counter(
                 "compaction_proxy_models_resolved",
                 "Model names resolved (each once while remembered), by where their window "
-                "came from (config: a models: entry; registry: the model registry package; "
-                "default: default_model, the name known to neither)",
+                "came from (config: a models: entry; provider: the upstream's own listing, per "
+                "credential scope; registry: the model registry package; default: "
+                "default_model, the name known to none)",
                 ["source"],
                 registry=registry,
             ),
@@ -48,9 +50,19 @@ class ModelSeries:
                 "they were sent",
                 registry=registry,
             ),
+            discoveries=Counter(
+                "compaction_proxy_model_discoveries",
+                "Times the upstream was asked what it says of its models (upstream/discovery.py)"
+                ", by outcome (described: a window for at least one model; silent: it answered"
+                " without one; failed: no usable answer in time)",
+                ["outcome"],
+                registry=registry,
+            ),
         )
         for source in SOURCES:
             series.resolved.labels(source=source)
         for scope in ("tenant", "shared"):
             series.learned_outputs.labels(scope=scope)
+        for outcome in ("described", "silent", "failed"):
+            series.discoveries.labels(outcome=outcome)
         return series

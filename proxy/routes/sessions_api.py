@@ -66,7 +66,7 @@ async def get_session(request: Request, services: Services) -> Response:
         body.update(messages=seen.messages, tokens=seen.tokens, last_seen_at=int(seen.seen_at))
         body["model"] = body.get("model") or seen.model
     if isinstance(body.get("model"), str):  # its model's figures, and where they came from
-        model = services.models.resolve(body["model"])
+        model = services.resolved_model(body["model"], key.tenant)
         body.update(context_window=model.context_window, window_source=model.source)
     if shadow is not None:  # shadow mode's newest (shadow.py): never applied
         body["shadow"] = {**_snapshot_fields(shadow), "summary": shadow.summary or None}

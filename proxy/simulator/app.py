@@ -52,8 +52,9 @@ from proxy.simulator.errors import (
     overflow_error,
     simulated_failure,
 )
+from proxy.simulator.listing import listing_body, props_body
 from proxy.simulator.messages import messages_routes
-from proxy.simulator.non_chat import embeddings_body, legacy_completion_body, models_body
+from proxy.simulator.non_chat import embeddings_body, legacy_completion_body
 from proxy.simulator.overrides import Overrides, errors_in_stream, read_overrides
 from proxy.simulator.prompt_cache import PromptCache, chat_blocks
 from proxy.simulator.recorder import Counter, Recorder
@@ -313,7 +314,11 @@ def _fail_first(request: Request, body: dict[str, Any]) -> None:
 
 def _non_chat_routes(sim: Simulator) -> list[Route]:
     async def models(request: Request) -> Response:
-        return _json(models_body(sim.config.listed_models()))
+        return _json(listing_body(sim.config))
+
+    async def props(request: Request) -> Response:
+        body = props_body(sim.config)
+        return _json({"error": "Not found"}, 404) if body is None else _json(body)
 
     async def embeddings(request: Request) -> Response:
         try:
@@ -335,6 +340,7 @@ def _non_chat_routes(sim: Simulator) -> list[Route]:
 
     return [
         Route("/v1/models", models, methods=["GET"]),
+        Route("/props", props, methods=["GET"]),  # llama.cpp's, at its root (listing.py)
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
     ]

@@ -6,6 +6,8 @@ Every key is optional::
       - {match: "sim-small", context_window: 4096, max_output_tokens: 1024}
     default: {context_window: 32768, max_output_tokens: 4096, tokenizer: cl100k_base}
     error_format: openai     # openai | vllm | vllm_legacy | anthropic | llamacpp | gateway413
+    listing: vllm            # how GET /v1/models describes each model: vllm | openrouter |
+                             # llamacpp (and GET /props) | openai (ids only): listing.py
     strict_alternation: false
     stream: {chunk_chars: 16, delay_ms: 0, first_byte_delay_ms: 0}
     reply_tokens: 24
@@ -40,6 +42,7 @@ ErrorFormat = Literal["openai", "vllm", "vllm_legacy", "anthropic", "llamacpp", 
 ERROR_FORMATS: tuple[str, ...] = get_args(ErrorFormat)
 SummaryStyle = Literal["ideal", "realistic", "plain", "echo", "short", "cut_off", "parrot"]
 ToolFormat = Literal["json", "hermes"]
+Listing = Literal["vllm", "openrouter", "llamacpp", "openai"]
 
 
 class _Section(BaseModel):
@@ -100,6 +103,10 @@ class SimulatorConfig(_Section):
     models: tuple[ModelRule, ...] = ()
     default: ModelDefaults = ModelDefaults()
     error_format: ErrorFormat = "openai"
+    # What GET /v1/models says of each listed model's window (listing.py): as vLLM does
+    # (max_model_len), OpenRouter (context_length, top_provider), llama.cpp (only the
+    # trained length there; the window it serves in GET /props) or OpenAI (nothing).
+    listing: Listing = "vllm"
     strict_alternation: bool = False
     stream: StreamConfig = StreamConfig()
     reply_tokens: int = Field(default=24, gt=0)

@@ -1,4 +1,4 @@
-"""``/v1/models``, ``/v1/embeddings`` and legacy ``/v1/completions``.
+"""``/v1/embeddings`` and legacy ``/v1/completions`` (``/v1/models``: listing.py).
 
 Just enough of each for the proxy's pass-through of non-chat paths to be
 tested end to end with the official SDK; answers are deterministic.
@@ -22,16 +22,6 @@ from proxy.simulator.replies import filler_words, fit_words
 DEFAULT_DIMENSIONS = 16
 MAX_DIMENSIONS = 4096
 LEGACY_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-def models_body(names: list[str]) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [
-            {"id": name, "object": "model", "created": CREATED, "owned_by": "simulator"}
-            for name in names
-        ],
-    }
 
 
 def _vector(item: object, dimensions: int) -> list[float]:

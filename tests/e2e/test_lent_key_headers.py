@@ -5,6 +5,7 @@ lent key they go through as before."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,10 +47,12 @@ ROUTES = [
 class _Upstream:
     def __init__(self) -> None:
         self.seen: list[dict[str, str]] = []
+        self.asked: list[dict[str, str]] = []  # the proxy's own questions about its models
 
     async def record(self, request: Request) -> Response:
         await request.body()
-        self.seen.append(dict(request.headers))
+        asking = request.headers.get("x-compaction-purpose") == "discover"
+        (self.asked if asking else self.seen).append(dict(request.headers))
         return JSONResponse({"object": "list", "data": []})
 
 
@@ -82,6 +85,14 @@ def test_a_lent_key_carries_none_of_the_callers_own_headers(
         assert seen["authorization"] == "Bearer sk-proxy", path
         assert seen["x-kept"] == "k", path
         assert [name for name in WITHHELD if name in seen] == [], path
+    # The proxy's own question about its models asks with its key, and nothing of the caller.
+    deadline = time.monotonic() + 10  # asked in the background, after the first request
+    while not recorder.asked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert recorder.asked
+    for asked in recorder.asked:
+        assert asked["authorization"] == "Bearer sk-proxy"
+        assert [name for name in [*WITHHELD, "x-kept"] if name in asked] == []
 
 
 def test_allow_listed_headers_go_with_a_lent_key(

@@ -23,7 +23,9 @@ LISTED = ("gpt-4o", "claude-sonnet-4-5", "local-coder", "nobody-knows-this-7")
 @pytest.fixture
 def lister() -> Iterator[str]:
     rules = tuple(ModelRule(match=name) for name in LISTED)
-    with run_server(create_simulator_app(SimulatorConfig(models=rules))) as url:
+    # Ids only, as OpenAI's listing: every figure in it is the proxy's own.
+    config = SimulatorConfig(models=rules, listing="openai")
+    with run_server(create_simulator_app(config)) as url:
         yield url
 
 

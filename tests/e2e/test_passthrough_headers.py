@@ -23,14 +23,19 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 class _Upstream:
-    """Records the method, headers (lower-cased names) and body of every request."""
+    """Records the method, headers (lower-cased names) and body of every request; the
+    proxy's own questions about its models (upstream/discovery.py) apart."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, dict[str, str], bytes]] = []
+        self.asked: list[str] = []
 
     async def record(self, request: Request) -> Response:
         body = await request.body()
-        self.seen.append((request.method, dict(request.headers), body))
+        if request.headers.get("x-compaction-purpose") == "discover":
+            self.asked.append(request.url.path)
+        else:
+            self.seen.append((request.method, dict(request.headers), body))
         return JSONResponse({"object": "list", "data": []})
 
 

@@ -24,15 +24,25 @@ def _chunked(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+_NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
+
+
+def _asks_about_models(head: bytes) -> bool:
+    """The proxy's own question about its models (upstream/discovery.py's purpose)."""
+    return b"\r\nx-compaction-purpose: discover\r\n" in head.lower()
+
+
 class BreakingUpstream:
-    """Answers every request with ``head`` and ``body``, then waits until ``cut`` is set
-    (at most ``_WAIT_S``) and resets the connection (RST, not a clean close)."""
+    """Answers every request with ``head`` and ``body`` (the proxy's own GETs about its
+    models with a 404), then waits until ``cut`` is set (at most ``_WAIT_S``) and resets
+    the connection (RST, not a clean close)."""
 
     def __init__(self, head: bytes, body: bytes) -> None:
         self.head = head
         self.body = body
         self.cut = asyncio.Event()
         self.requests = 0
+        self.asked = 0  # GETs (upstream/discovery.py's), answered 404 and not broken
         self.url = ""
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -56,12 +66,32 @@ class BreakingUpstream:
             await asyncio.wait(self._tasks, timeout=_WAIT_S)
         await self._server.wait_closed()
 
+    async def _next_head(self, reader: asyncio.StreamReader) -> bytes | None:
+        """The next request's head on a connection, or None once it closed, ``cut`` was
+        set or ``_WAIT_S`` passed without one."""
+        read = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
+        cut = asyncio.ensure_future(self.cut.wait())
+        await asyncio.wait((read, cut), timeout=_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+        for pending in (read, cut):
+            pending.cancel()
+        if not read.done() or read.cancelled() or read.exception() is not None:
+            return None
+        return read.result()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _WAIT_S)
+            while _asks_about_models(head):  # the proxy's own question: no models listed
+                self.asked += 1
+                writer.write(_NOT_FOUND)
+                await writer.drain()
+                following = await self._next_head(reader)
+                if following is None:
+                    return  # nothing more was asked on this connection
+                head = following
             self.requests += 1
             for line in head.split(b"\r\n"):
                 name, _, value = line.partition(b":")

@@ -320,6 +320,13 @@ def hang() -> Behaviour:
     return partial(b"", b"", then="hold")
 
 
+# What the proxy asks about its models (upstream/discovery.py): answered 404, kept apart.
+_NOT_FOUND = (
+    b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 23\r\n"
+    b'\r\n{"error": "not found"}\n'
+)
+
+
 class FaultyUpstream:
     """The server; ``chat`` and ``summary`` are the behaviours for the next requests."""
 
@@ -327,6 +334,7 @@ class FaultyUpstream:
         self.chat: Behaviour = answer()
         self.summary: Behaviour = answer(body=completion(handoff()))
         self.seen: list[Seen] = []
+        self.asked: list[str] = []  # the proxy's GETs about its models, answered 404
         self.open = 0
         self.busy = 0
         self.hung_up_on = 0  # holds the proxy ended by closing its connection
@@ -408,6 +416,11 @@ class FaultyUpstream:
                 seen = await _read_request(reader)
                 if seen is None:
                     return
+                if seen.headers.get("x-compaction-purpose") == "discover":  # none listed
+                    self.asked.append(seen.path)
+                    writer.write(_NOT_FOUND)
+                    await writer.drain()
+                    continue
                 self.seen.append(seen)
                 behaviour = self.summary if seen.is_summary else self.chat
                 ex = Exchange(seen, reader, writer)
