@@ -95,7 +95,7 @@ async def handle(
         services.references.observe(read.references, read.unresolved)
         chat, references, unresolved = read.chat, read.references, read.unresolved
     named = session_name(request.headers, data, settings.session)
-    turn = Turn(chat, body, model, tenant, named, auth, references, unresolved, policy)
+    turn = Turn(chat, body, model, tenant, named, auth, references, unresolved, policy, api, data)
     record.note_turn(turn)
     if deal.answer is not None:  # a compaction the client asked for: the proxy answers it
         return await deal.answer(turn, (await compacted_view(services, turn, force=True))[0])

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from proxy import pipeline
 from proxy.core.outcome import Outcome
 from proxy.routes.parse import parse_chat_request
+from proxy.routes.summary_bodies import chat_summary
 from proxy.routes.tool_shapes import CHAT_TOOL
 from proxy.services import Services
 from proxy.types import ChatRequest
@@ -77,4 +78,5 @@ CHAT = Api(
     stream_failure=error_event,
     stream_error=stream_error,
     recall_tool=CHAT_TOOL,
+    summary_body=chat_summary,
 )

@@ -43,6 +43,7 @@ from proxy.core.outcome import Outcome
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.routes.messages_view import to_anthropic, to_chat
 from proxy.routes.parse import check_depth, load_request
+from proxy.routes.summary_bodies import messages_summary
 from proxy.routes.tool_shapes import MESSAGES_TOOL
 from proxy.services import Services
 from proxy.types import ChatRequest
@@ -196,4 +197,5 @@ MESSAGES = Api(
     untouched=_untouched,
     as_budget=as_budget,
     recall_tool=MESSAGES_TOOL,
+    summary_body=messages_summary,
 )

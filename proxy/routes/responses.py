@@ -43,6 +43,7 @@ from proxy.routes.compaction_answers import answer
 from proxy.routes.compaction_items import admit
 from proxy.routes.items import Item, check_count, references, to_items, to_messages
 from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, written
+from proxy.routes.summary_bodies import responses_summary
 from proxy.routes.tool_shapes import RESPONSES_TOOL
 from proxy.services import Services
 from proxy.types import ChatRequest
@@ -194,6 +195,7 @@ RESPONSES = Api(
     keeps_items=True,
     contract=_contract(compact=False),
     recall_tool=RESPONSES_TOOL,
+    summary_body=responses_summary,
 )
 # POST /v1/responses/compact: the upstream's (passthrough), else the proxy's own answer.
 RESPONSES_COMPACT = replace(
@@ -202,4 +204,5 @@ RESPONSES_COMPACT = replace(
     path="responses/compact",
     contract=_contract(True),
     recall_tool=None,
+    summary_body=None,  # the proxy's own answer: a summary of the live request is not asked
 )

@@ -7,7 +7,9 @@ Rules, first match wins:
    forward. Every ``FACT key=value`` in any message (later definitions win)
    becomes one ``FACT key=value`` line, sorted by key; the summary's first line
    counts the messages the proxy's framed transcript quotes (``read_transcript``,
-   which reads the framing by its declared marker, as a model would). The model's
+   which reads the framing by its declared marker, as a model would), or, asked at
+   the end of the conversation itself (no framing), the request's messages; the
+   headings are the system message's, else the last message's. The model's
    ``summary_style`` decides the rest. ``ideal``: the facts after a header
    line and before a filler sentence that is cut to fit the budget; facts are
    never cut. ``realistic``: like a real model, prose first (a word per 40
@@ -244,11 +246,14 @@ _CRITICAL = "Critical values"
 
 
 def _asked_sections(messages: list[dict[str, Any]]) -> list[str]:
-    """The headings the summarizer's instructions (its system message) list."""
+    """The headings the summarizer's instructions list: its system message's, else (a
+    summary asked at the end of the conversation itself) its last message's."""
     first = messages[0] if messages else {}
-    if first.get("role") not in ("system", "developer"):
-        return []
-    return _ASKED.findall(text_of(first.get("content")))
+    if first.get("role") in ("system", "developer"):
+        asked = _ASKED.findall(text_of(first.get("content")))
+        if asked:
+            return asked
+    return _ASKED.findall(text_of(messages[-1].get("content"))) if messages else []
 
 
 def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Voice) -> Reply:
@@ -260,11 +265,15 @@ def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Vo
     prompt = text_of(messages[-1].get("content"))
     quoted = read_transcript(prompt)
     count = len(quoted) if quoted is not None else len(messages)
+    # Asked at the end of the conversation itself, it summarizes what comes before.
+    read = prompt if quoted is not None else prompt_text(messages[:-1])
+    if quoted is None:
+        quoted = [(str(m.get("role")), text_of(m.get("content"))) for m in messages[:-1]]
     sections = _asked_sections(messages)
     if voice.summary_style == "echo":
         return _echo(messages, prompt, budget, encoder)
     if voice.summary_style == "parrot":
-        return _parrot(quoted or [], budget, encoder)
+        return _parrot(quoted, budget, encoder)
     if voice.summary_style == "short":
         content = "\n".join([f"SUMMARY of {count} messages.", *(f"## {s}" for s in sections)])
         return Reply(content, (), "stop", encoder.count(content))
@@ -279,7 +288,7 @@ def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Vo
     if voice.summary_style in ("realistic", "cut_off"):
         # About a word of prose per 40 characters summarized; a quarter of the budget
         # when asked to be terse; cut_off: always more than the budget.
-        prose = max(len(prompt) // 40, 8) if "tersely" not in prompt else max(budget // 4, 1)
+        prose = max(len(read) // 40, 8) if "tersely" not in prompt else max(budget // 4, 1)
         if voice.summary_style == "cut_off":
             prose = budget + 16
         first = [f"\n## {others[0]}\n"] if others else []

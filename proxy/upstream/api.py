@@ -24,11 +24,14 @@ from proxy.config import CompactionSettings, Settings
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.recall_tool import Call
 from proxy.core.tokens import TokenCounter
-from proxy.types import ChatRequest
+from proxy.types import ChatMessage, ChatRequest
 from proxy.upstream.overflow import Overflow
 
 if TYPE_CHECKING:
     from proxy.upstream.output_items import OutputItems
+
+# A summary request's body and the tokens its answer may take (``Api.summary_body``).
+SummaryBody = tuple[bytes, int] | None
 
 
 def no_references(data: dict[str, Any]) -> list[str]:
@@ -107,6 +110,13 @@ class Api:
     # "input length and `max_tokens` exceed context limit" as an output budget refusal.
     as_budget: Callable[[Overflow], Overflow] = as_stated
     recall_tool: ToolShape | None = None  # None: the API never gets the recall tool
+    # A summary asked as the request itself (compaction/summary_prefix.py): the request
+    # object with ``messages`` (a prefix of its view, the summary instruction last) as its
+    # history, unstreamed, its summary in at most the given tokens, whatever else it sent
+    # kept, so the provider's prompt cache serves the prefix; and the tokens the answer
+    # may take (thinking's too). None: not so asked (a tool is forced). An API without one
+    # always summarizes a transcript (routes/summary_bodies.py).
+    summary_body: Callable[[dict[str, Any], list[ChatMessage], int], SummaryBody] | None = None
 
 
 @dataclass(frozen=True, slots=True)
