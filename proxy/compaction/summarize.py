@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 from proxy.compaction.chunking import cut
 from proxy.compaction.summary_api import answer_limit, read_answer, request_body
 from proxy.compaction.vetting import echoed, kept, rejection
-from proxy.core.ledger import summarizer_usage
+from proxy.core.ledger import summarizer_cached, summarizer_usage
 from proxy.core.prompts import SIMPLE, TERSER, Prompt
 from proxy.core.summary_check import Reason
 from proxy.core.transcript import Entry, frame_prompt, framed_marker, render_transcript
@@ -249,5 +249,6 @@ async def _post(
             raise oversize
         raw = b""
     if response.status_code == 200:  # the ledger's summarizer tokens (core/ledger.py)
-        current_record().summary_used(req.model, summarizer_usage(raw, body))
+        used = summarizer_usage(raw, body)
+        current_record().summary_used(req.model, used, summarizer_cached(raw))
     return response.status_code, raw, dict(response.headers)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.chat import FILLER, Chat, chat_requests, upstream_requests
@@ -56,14 +57,22 @@ def test_a_chat_summary_reads_its_input_from_the_prompt_cache(
         if chat.statuses["compacted"]:
             break
     assert chat.statuses["compacted"] == 1
-    assert chat.last is not None and "x-compaction-degraded" not in chat.last
+    assert chat.last is not None
+    assert "x-compaction-degraded" not in chat.last
     (summary,) = _summaries(sim_reset)
     # The turn's own request, the instruction last: the last request sent opens the same.
     sent = chat_requests(sim_reset)[-2]["body"]
     asked = summary["body"]["messages"]
     assert asked[:-1] == sent["messages"][: len(asked) - 1]
-    assert asked[-1]["role"] == "user" and "Stop the conversation here" in asked[-1]["content"]
+    assert asked[-1]["role"] == "user"
+    assert "Stop the conversation here" in asked[-1]["content"]
     assert _share(summary) >= 0.8
+    # The ledger reports what the cache served of the summary's input.
+    auth = {"Authorization": f"Bearer {chat.key}"}
+    ledger = httpx.get(f"{url}/sessions/cached-summary", headers=auth).json()["ledger"]
+    usage = summary["usage"]
+    assert ledger["summarizer_input"] == usage["prompt_tokens"]
+    assert ledger["summarizer_cached"] == usage["prompt_tokens_details"]["cached_tokens"]
     # What the summary carried forward: the view after it recalls a fact of the span.
     assert chat.say("RECALL k3") == "k3=v3"
 
@@ -84,6 +93,10 @@ def test_a_messages_summary_reads_its_input_from_the_prompt_cache(
     assert body["thinking"]["type"] == "enabled"  # kept: a change would lose the cache
     assert body["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
     assert _share(summary) >= 0.8
+    ledger = httpx.get(f"{url}/sessions/cached-summary", headers={"x-api-key": claude.key}).json()[
+        "ledger"
+    ]
+    assert ledger["summarizer_cached"] == summary["usage"]["cache_read_input_tokens"]
 
 
 @pytest.mark.parametrize("api", ["chat", "messages"])
