@@ -266,12 +266,15 @@ def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Vo
     quoted = read_transcript(prompt)
     count = len(quoted) if quoted is not None else len(messages)
     # Asked at the end of the conversation itself, it summarizes what comes before.
-    read = prompt if quoted is not None else prompt_text(messages[:-1])
+    framed = quoted is not None
+    read = prompt if framed else prompt_text(messages[:-1])
     if quoted is None:
         quoted = [(str(m.get("role")), text_of(m.get("content"))) for m in messages[:-1]]
     sections = _asked_sections(messages)
     if voice.summary_style == "echo":
-        return _echo(messages, prompt, budget, encoder)
+        opening = messages[0] if messages[0].get("role") != "user" else {}
+        asked = text_of(opening.get("content")) if framed else prompt
+        return _echo(asked, prompt, budget, encoder)
     if voice.summary_style == "parrot":
         return _parrot(quoted, budget, encoder)
     if voice.summary_style == "short":
@@ -323,13 +326,13 @@ def _plain(said: str, count: int, seed: bytes, budget: int, voice: Voice) -> Rep
     return Reply(content, (), "stop", voice.encoder.count(content))
 
 
-def _echo(messages: list[dict[str, Any]], prompt: str, budget: int, encoder: Encoder) -> Reply:
+def _echo(instructions: str, prompt: str, budget: int, encoder: Encoder) -> Reply:
     """What a weak model writes when it copies its prompt: the previous-summary block's
-    text (a placeholder there, once), then the instructions, up to the budget."""
+    text (a placeholder there, once), then the ``instructions`` (the system message's;
+    asked at the end of the conversation, the last message's), up to the budget."""
     previous = re.search(r"<previous_summary_(\w+)>\n(.*?)\n</previous_summary_\1>", prompt, re.S)
     parts = [previous.group(2)] if previous else []
-    first = messages[0] if messages and messages[0].get("role") != "user" else {}
-    parts.append(text_of(first.get("content")))
+    parts.append(instructions)
     content, _ = fit_words("", "\n".join(parts).split(" "), budget, encoder)
     return Reply(content, (), "stop", encoder.count(content))
 
