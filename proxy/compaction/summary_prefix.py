@@ -14,8 +14,8 @@ prefix already, as its handoff; the new one replaces it.
 It is asked so only where the prefix can have been sent and cached: the span starts
 where the session's current view starts its tail (else the proxy's view was not that
 prefix), the summarizer is the turn's own model (caches are per model), the turn's API
-has a summary shape (summary_bodies.py: not when a tool is forced, or Anthropic's
-thinking is on), and the prefix, the longest instruction and the answer fit the model's
+has a summary shape (routes/summary_bodies.py: not when a tool is forced), and the
+prefix, the longest instruction and the answer (thinking's budget too) fit the model's
 window with the chunking's margin (summary_request.py's ``cached_ask`` judges). Otherwise
 the transcript is summarized as before, in chunks if need be (chunking.py). The checks
 of an answer are the same either way (summarize.py): an echo of the instructions, a copy

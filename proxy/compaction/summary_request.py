@@ -41,7 +41,7 @@ class SummaryRequest:
     """Everything the summarizer needs that does not change per chunk."""
 
     client: upstream.Upstream
-    api: SummarizerApi  # chat completions or the Responses API (summary_api.py)
+    api: SummarizerApi  # chat completions, Responses or Messages (summary_api.py)
     url: str
     headers: list[tuple[bytes, bytes]]
     model: str
@@ -95,7 +95,8 @@ class SummaryRequest:
         # Caches are per model: only the turn's own reads what the turn's requests wrote.
         if prefix is None or self.model != turn.chat["model"]:
             return self
-        room = (self.window, self.max_tokens)
+        # The turn's own model: its window, whatever a summarizer's is configured at.
+        room = (min(self.window, turn.model.context_window), self.max_tokens)
         cached = cached_ask(turn, prefix, base_url, room, self.chunking.size)
         if cached is None:
             return self
@@ -128,8 +129,9 @@ class CachedAsk:
 def cached_ask(
     turn: Turn, prefix: Prefix, base_url: str, room: tuple[int, int], size: Callable[[str], int]
 ) -> CachedAsk | None:
-    """``turn``'s summary asked after ``prefix`` when it may be (see the module's doc);
-    ``room``: the summarizer's window and the answer's ``max_tokens``."""
+    """``turn``'s summary asked after ``prefix`` when it may be (summary_prefix.py says
+    when); ``room``: the summarizer's window and the answer's ``max_tokens``, ``size``:
+    a text's tokens in the summarizer's tokenizer."""
     api, data = turn.api, turn.data
     if api is None or data is None or api.summary_body is None:
         return None

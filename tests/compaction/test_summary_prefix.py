@@ -26,6 +26,8 @@ from tests.support.fakes import (
 )
 
 STOP = "Stop the conversation here"
+# Just past the trigger of the 4k window: the span's prefix fits the window with the answer.
+TURNS = 16
 
 
 async def _chat_turn(services: Services, messages: list[ChatMessage], **data: Any) -> Turn:
@@ -38,7 +40,7 @@ async def _chat_turn(services: Services, messages: list[ChatMessage], **data: An
 async def test_the_summary_is_the_turn_s_own_request_with_the_instruction_last() -> None:
     upstream, clock = FakeUpstream(), FakeClock()
     services = make_services(fake_settings(), upstream, clock)
-    messages = conversation(30)
+    messages = conversation(TURNS)
     tools = [{"type": "function", "function": {"name": "read_file", "parameters": {}}}]
     turn = await _chat_turn(services, messages, tools=tools, tool_choice="auto")
     outcome, _ = await compacted_view(services, turn)
@@ -61,7 +63,7 @@ async def test_a_later_summary_reads_the_view_the_last_turn_sent() -> None:
     upstream received it on the turn before: what its cache holds."""
     upstream, clock = FakeUpstream(), FakeClock()
     services = make_services(fake_settings(), upstream, clock)
-    messages = conversation(30)
+    messages = conversation(TURNS)
     sent: list[dict[str, Any]] = []
     for t in range(60):  # bounded: the second compaction comes within a few dozen turns
         outcome, _ = await compacted_view(services, await _chat_turn(services, messages))
@@ -96,7 +98,7 @@ async def test_otherwise_the_summarizer_gets_a_transcript(
     settings = fake_settings(**compaction)
     services = make_services(settings, upstream, clock)
     outcome, _ = await compacted_view(
-        services, await _chat_turn(services, conversation(30), **data)
+        services, await _chat_turn(services, conversation(TURNS), **data)
     )
     assert outcome.status == "compacted"
     call = upstream.summary_calls[0]
@@ -108,7 +110,7 @@ async def test_otherwise_the_summarizer_gets_a_transcript(
 async def test_a_turn_of_unknown_api_is_summarized_from_a_transcript() -> None:
     upstream, clock = FakeUpstream(), FakeClock()
     services = make_services(fake_settings(), upstream, clock)
-    turn = await turn_of(services, conversation(30))  # no api, no request object
+    turn = await turn_of(services, conversation(TURNS))  # no api, no request object
     request = SummaryRequest.for_turn(
         turn, services.settings, services.models, upstream, services.counters
     )
