@@ -41,6 +41,7 @@ _CHAT_ANSWER = frozenset(
         "audio",
         "modalities",
         "max_completion_tokens",
+        "store",  # the summary is the proxy's, not a completion the client keeps
     )
 )
 _RESPONSES_ANSWER = frozenset(("stream", "stream_options", "text", "background", "include"))

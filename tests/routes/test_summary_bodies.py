@@ -34,6 +34,7 @@ def test_a_chat_summary_keeps_the_prompt_and_sets_the_answer() -> None:
         "stream_options": {"include_usage": True},
         "max_completion_tokens": 9000,
         "response_format": {"type": "json_object"},
+        "store": True,
     }
     shaped = chat_summary(data, [*data["messages"], ASK], 400)
     assert shaped is not None
@@ -50,7 +51,7 @@ def test_a_chat_summary_keeps_the_prompt_and_sets_the_answer() -> None:
         0,
         400,
     )
-    for gone in ("stream_options", "max_completion_tokens", "response_format"):
+    for gone in ("stream_options", "max_completion_tokens", "response_format", "store"):
         assert gone not in body
 
 
