@@ -14,6 +14,9 @@ from proxy.redact import redact_url
 
 if TYPE_CHECKING:  # imported once SIGTERM is handled (main): pydantic, orjson take a while
     from proxy.config import LoggingSettings, Settings
+    from proxy.core.encodings import Encoder
+    from proxy.core.models import ModelTable
+    from proxy.store.check import StoreReport
 
 log = logging.getLogger("proxy")
 
@@ -49,6 +52,23 @@ def _check_config(
     from proxy.core.tenant_ids import tenant_key
 
     print(f"tenant ids: keyed by {_TENANT_KEYS[tenant_key(settings)[1]]}")
+    _print_models(settings, table, encoders, names)
+    if not remote:
+        print("learned windows: kept in each serving process (see /metrics)")
+        if write:
+            print(f"store check: {url} is in-process, nothing to reach")
+        return 0
+    if report is None:
+        print("store check: not contacted (--no-store)")
+        return 0
+    return _print_store_check(url, report, write)
+
+
+def _print_models(
+    settings: Settings, table: ModelTable, encoders: dict[str, Encoder], names: Sequence[str]
+) -> None:
+    """The model registry, each ``models:`` rule and the default as they resolve, then each
+    model of ``names`` as a request for it resolves (before learned windows)."""
     print(f"model registry: {table.registry.release} ({len(table.registry)} model names)")
     print(f"{'match':<28} {'window':>9} {'max out':>8}  tokenizer")
     rules = [(s.match, s.context_window, s.max_output_tokens) for s in settings.models]
@@ -59,17 +79,14 @@ def _check_config(
         quality = "exact" if enc.exact else "approximate"
         max_out = max_out or resolved.max_output_tokens
         print(f"{match:<28} {window:>9} {max_out:>8}  {resolved.tokenizer} ({quality})")
-    for name in names:  # --model: as a request for it resolves (before learned windows)
+    for name in names:  # --model
         m = table.resolve(name)
         print(f"{name:<28} {m.context_window:>9} {m.max_output_tokens:>8}  from {m.source}")
-    if not remote:
-        print("learned windows: kept in each serving process (see /metrics)")
-        if write:
-            print(f"store check: {url} is in-process, nothing to reach")
-        return 0
-    if report is None:
-        print("store check: not contacted (--no-store)")
-        return 0
+
+
+def _print_store_check(url: str, report: StoreReport, write: bool) -> int:
+    """What a shared store said when contacted: its learned windows, then 1 if it cannot
+    be used (the exit status of ``check-config``), else 0."""
     if report.windows is not None:
         _print_learned_windows(report.windows)
     elif report.windows_problem is not None:

@@ -1,10 +1,10 @@
-"""The request's path through the proxy, top to bottom: ``handle`` is the table of contents for
-every API the proxy compacts: read and parse, model, ``compacted_view`` (count, session,
-snapshot, plan, summarize under the session's lock, rebuild, recall), the recall tool's offer,
-the output budget clamped, then ``forward``: send, ``recover_overflow``, the recall tool's calls
-answered, the usage watcher and, past the soft threshold, a background compaction once the answer
-is out (precompact.py). Each step is one call into the module named for it (DESIGN.md numbers
-them). What differs between APIs is an ``Api`` value (upstream/api.py) from routes/."""
+"""The request's path through the proxy: ``handle`` is the table of contents for every API
+the proxy compacts, one named step each: ``_read`` (body, parse, contract, tenant, model),
+``_turn`` (policy, item references, session name), ``_compact_or_pass`` (``compacted_view``:
+count, session, snapshot, plan, summarize under the session's lock, rebuild, recall; or
+shadow, or the body as sent), ``_first_attempt`` (the recall tool, the output budget clamped),
+then ``forward`` (send, ``recover_overflow``, the recall tool's calls, relay, the follow-ups).
+DESIGN.md numbers them; what differs between APIs is its ``Api`` subclass (upstream/api.py)."""
 
 from __future__ import annotations
 
@@ -18,29 +18,24 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.compaction import references as refs
-from proxy.compaction.count import PARSE_INLINE_BYTES, count_history, session_of
+from proxy.compaction.count import PARSE_INLINE_BYTES
 from proxy.compaction.far_below import far_below
 from proxy.compaction.inflight import read_body
 from proxy.compaction.job import Job, trigger_for
 from proxy.compaction.precompact import run_after
+from proxy.compaction.prepare import Prepared, prepare_turn
 from proxy.compaction.schedule import scheduled
 from proxy.compaction.shadow import shadow_outcome
-from proxy.compaction.snapshots import load_session
-from proxy.core.budget import Budget
-from proxy.core.digest import tenant_seed
-from proxy.core.history import History
-from proxy.core.ledger import find_cache_writes, find_cached_tokens
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
-from proxy.core.session import SessionKey, session_name, slot_count
-from proxy.core.tokens import output_reserve
+from proxy.core.session import session_name
 from proxy.errors import ClientDisconnected
 from proxy.observe.record import current_record, record_of
 from proxy.services import Services
-from proxy.upstream import client as upstream
 from proxy.upstream import recover as recovery
-from proxy.upstream.api import AS_SENT, Api, Attempt, Route
+from proxy.upstream.api import AS_SENT, Api, Attempt, Incoming, Route
+from proxy.upstream.client import UpstreamResponse
 from proxy.upstream.disconnect import cancelled_on_disconnect
 from proxy.upstream.output_items import OutputItems
 from proxy.upstream.overflow import Overflow
@@ -49,17 +44,31 @@ from proxy.upstream.relay import relay
 from proxy.upstream.stream_head import Held, Recovery, respond
 from proxy.upstream.urls import api_url
 
-_Viewed = tuple[Outcome, tuple[FollowUp, ...], History, SessionKey]
+# A view, and the work to start once its answer is out, in order.
+_Viewed = tuple[Outcome, tuple[FollowUp, ...]]
 
 
 async def handle(
     request: Request, services: Services, api: Api, tenant: str | None = None
 ) -> Response:
-    """Steps 1-12 for one request of ``api`` (its ``tenant``, if its caller found it): its
-    body parsed into the chat view the steps read, compacted, sent and recovered."""
-    settings = services.settings
-    record = record_of(request)  # what the request's line and metrics report, at its end
-    body = await read_body(request, settings.server.max_body_bytes, services.bodies)  # 1. parse
+    """Steps 1-12 for one request of ``api`` (its ``tenant``, if its caller found it): read
+    into the chat view the steps read, then compacted (or not), sent and recovered."""
+    came = await _read(request, services, api, tenant)  # 1. read and parse, 2. the model
+    if came.untouched:  # its API or contract says so: as it came, uncounted, no session
+        return await forward(services, request, came.route(), came.bypassed(), None)
+    turn = await _turn(request, services, came)
+    if came.deal.answer is not None:  # a compaction the client asked for: the proxy answers it
+        return await came.deal.answer(turn, (await compacted_view(services, turn, force=True))[0])
+    viewed = await _compact_or_pass(services, turn, came)  # 3-8.
+    route, first = await _first_attempt(services, turn, came, viewed)  # 8c-8d.
+    return await forward(services, request, route, first, turn)  # 9-12.
+
+
+async def _read(request: Request, services: Services, api: Api, tenant: str | None) -> Incoming:
+    """Steps 1-2: the body read (within the in-flight budget) and parsed, under the API's own
+    compaction contract, its tenant, its model, and where and how it goes upstream."""
+    settings, record = services.settings, record_of(request)
+    body = await read_body(request, settings.server.max_body_bytes, services.bodies)
     record.read_at = perf_counter()  # from here to the upstream call: the proxy's own work
     limits = (settings.server.max_messages, settings.server.max_model_bytes)
     if len(body) > PARSE_INLINE_BYTES:  # tens of ms (seconds, if hostile) of orjson
@@ -70,63 +79,76 @@ async def handle(
     # What items sealed (and tenants: entries written) before a move name.
     legacy = services.tenant_ids.legacy_of(tenant, request.headers)
     tenants = (tenant,) if legacy is None else (tenant, legacy)
-    deal = api.contract(body, data, chat, tenants, settings)  # its own compaction contract
-    if deal is not None:
+    deal = api.contract(body, data, chat, tenants, settings) or AS_SENT  # the common case
+    if deal is not AS_SENT:  # under its API's own compaction contract
         body, data, chat = deal.body, deal.data, deal.chat
-    else:  # the request as it came (no Contract built: the common case)
-        deal = AS_SENT
     model = services.known_model(chat["model"], tenant)  # 2.
     model = model or await services.effective_model(chat["model"], tenant)
-    window = model.context_window
-    record.note_request(model.name, tenant, stream=bool(chat.get("stream")), window=window)
+    stream = bool(chat.get("stream"))
+    record.note_request(model.name, tenant, stream=stream, window=model.context_window)
     headers, auth = services.headers.outgoing_and_auth(request.headers.raw)
     control = request.headers.get("x-compaction", "").strip().lower()
     url = api_url(settings.upstream.base_url, api.path)
     kept = OutputItems(services.items, tenant) if api.keeps_items else None
-    if deal.answer is None and (api.untouched(data, control) or deal.untouched):
-        bypassed = Outcome.bypassed(body, window)
-        route = Route(api, url, headers, body, data, items=kept)
-        return await forward(services, request, route, Attempt(body, bypassed), None)
-    policy = services.policies.policy_for(tenant, legacy)  # its `tenants:` entry (tenants.py)
-    mode = (settings.compaction if policy is None else policy.compaction).effective_mode
-    references = unresolved = 0  # items named by reference, read as the ones relayed
-    if control != "off" and mode != "off" and api.resolved is not None:  # None: never any
-        read = await refs.resolve_references(services.items, api, tenant, data, chat)
+    return Incoming(
+        api, body, data, chat, tenant, legacy, deal, model, headers, auth, control, url, kept
+    )
+
+
+async def _turn(request: Request, services: Services, came: Incoming) -> Turn:
+    """The ``Turn`` the compaction steps read: its tenant's policy, the items its history
+    names by reference read as the ones relayed, and the session it names."""
+    policy = services.policies.policy_for(came.tenant, came.legacy)  # tenants.py
+    mode = (services.settings.compaction if policy is None else policy.compaction).effective_mode
+    chat, counts = came.chat, (0, 0)  # items named by reference, and those not read
+    if came.control != "off" and mode != "off" and came.api.names_items:
+        read = await refs.resolve_references(services.items, came.api, came.tenant, came.data, chat)
         services.references.observe(read.references, read.unresolved)
-        chat, references, unresolved = read.chat, read.references, read.unresolved
-    named = session_name(request.headers, data, settings.session)
-    turn = Turn(chat, body, model, tenant, named, auth, references, unresolved, policy, api, data)
-    record.note_turn(turn)
-    if deal.answer is not None:  # a compaction the client asked for: the proxy answers it
-        return await deal.answer(turn, (await compacted_view(services, turn, force=True))[0])
-    follow_ups: tuple[FollowUp, ...] = ()  # to start once the answer is out, in order
-    if control == "off":
-        outcome = Outcome.bypassed(body, window)
-    elif mode == "off" or not chat["messages"]:
-        outcome = Outcome.passthrough(body, window)
-    elif mode == "shadow" or control == "shadow":  # planned, sent as it came (shadow.py)
-        may_force = services.schedule.may_force if control == "force" or deal.force else None
-        outcome = await shadow_outcome(services.compactor, turn, may_force)
-        noted = services.sightings.note(turn, outcome)
-        follow_ups = () if noted is None else (noted,)
-    else:  # 3-8, in the order 5, 3, 4, 6, 7-8: session_of (3) reads what 5 counted
-        forced = control == "force" or deal.force
-        outcome, later = await compacted_view(services, turn, force=forced)
-        noted = services.sightings.note(turn, outcome)  # for GET /sessions/{id}, first
-        follow_ups = later if noted is None else (noted, *later)
+        chat, counts = read.chat, (read.references, read.unresolved)
+    named = session_name(request.headers, came.data, services.settings.session)
+    turn = came.turn(chat, named, counts, policy)  # its API and object with it
+    record_of(request).note_turn(turn)
+    return turn
+
+
+async def _compact_or_pass(services: Services, turn: Turn, came: Incoming) -> _Viewed:
+    """Steps 3-8 as the request's mode has them: the view (``compacted_view``), or the
+    plan beside the body as sent (shadow), or the body as sent; and what to start once
+    its answer is out, in order (the sighting first, for ``GET /sessions/{id}``)."""
+    mode = turn.compaction(services.settings.compaction).effective_mode
+    forced = came.control == "force" or came.deal.force
+    if came.control == "off":
+        return Outcome.bypassed(turn.body, turn.model.context_window), ()
+    if mode == "off" or not turn.chat["messages"]:
+        return Outcome.passthrough(turn.body, turn.model.context_window), ()
+    if mode == "shadow" or came.control == "shadow":  # planned, sent as it came (shadow.py)
+        may_force = services.schedule.may_force if forced else None
+        viewed: _Viewed = (await shadow_outcome(services.compactor, turn, may_force), ())
+    else:
+        viewed = await compacted_view(services, turn, force=forced)
+    outcome, later = viewed
+    noted = services.sightings.note(turn, outcome)
+    return outcome, later if noted is None else (noted, *later)
+
+
+async def _first_attempt(
+    services: Services, turn: Turn, came: Incoming, viewed: _Viewed
+) -> tuple[Route, Attempt]:
+    """Steps 8c-8d: the recall tool offered on the view, the body for it, its output budget
+    clamped to the model's; and its route, recovering an overflow unless told not to."""
     # Nothing to compact harder without a message (a Responses call with an empty input).
-    recover = control != "off" and settings.compaction.recover_overflow and bool(chat["messages"])
-    offered = services.recall_tool.offer(api.recall_tool, turn, outcome, data)  # 8c. a tool
-    tool, data, outcome = offered or (None, data, outcome)
-    first = Attempt(api.body_for(body, data, outcome), outcome, follow_ups)
-    first = await services.ceilings.clamp(api, turn, first) if recover else first  # 8d.
-    route = Route(api, url, headers, body, data, recover, kept, tool)
-    return await forward(services, request, route, first, turn)  # 9-10.
+    c, (outcome, follow_ups) = services.settings.compaction, viewed
+    recover = came.control != "off" and c.recover_overflow and bool(turn.chat["messages"])
+    offered = services.recall_tool.offer(came.api.recall_tool, turn, outcome, came.data)
+    tool, data, outcome = offered or (None, came.data, outcome)
+    first = Attempt(came.api.body_for(came.body, data, outcome), outcome, follow_ups)
+    first = await services.ceilings.clamp(came.api, turn, first) if recover else first
+    return came.route(data, recover, tool), first
 
 
 async def compacted_view(
     services: Services, turn: Turn, *, force: bool = False, recover: bool = False
-) -> tuple[Outcome, tuple[FollowUp, ...]]:
+) -> _Viewed:
     """Steps 3-8: what the upstream sees of ``turn``'s history: the history itself, or
     pinned messages + handoff summary + verbatim tail; and what to start once its answer
     is out (a background pre-compaction). ``recover``: the upstream just rejected a larger
@@ -137,29 +159,23 @@ async def compacted_view(
     return await _compacted(services, turn, force, recover)
 
 
-async def _compacted(
-    services: Services, turn: Turn, force: bool, recover: bool
-) -> tuple[Outcome, tuple[FollowUp, ...]]:
+async def _compacted(services: Services, turn: Turn, force: bool, recover: bool) -> _Viewed:
     """``compacted_view`` once ``far_below`` has said no: the view, then 8b. recall."""
-    outcome, later, history, session = await _view(services, turn, force, recover)
-    outcome = await services.recall.excerpts(turn, session, history, outcome)
-    return await services.recall_tool.searchable(turn, session, outcome), later  # 8c.
+    outcome, later, p = await _view(services, turn, force, recover)
+    outcome = await services.recall.excerpts(turn, p.session, p.history, outcome)
+    return await services.recall_tool.searchable(turn, p.session, outcome), later  # 8c.
 
 
-async def _view(services: Services, turn: Turn, force: bool, recover: bool) -> _Viewed:
-    """Steps 3-8: the view, its follow-ups, the history counted, the session named (3)."""
-    c, model = turn.compaction(services.settings.compaction), turn.model
-    reserve = output_reserve(turn.chat, model.max_output_tokens)
-    counter, seed = services.counters[model.tokenizer], tenant_seed(turn.tenant)
-    history = await count_history(counter, turn, c, seed)  # 5. count
-    session = await session_of(turn, history.messages)  # 3.
-    slots, misses = slot_count(session, services.settings.session), services.metrics.slot_misses
-    key, loaded = await load_session(  # 4. snapshot
-        services.store, session, history, slots, lambda o: misses.labels(outcome=o).inc()
+async def _view(
+    services: Services, turn: Turn, force: bool, recover: bool
+) -> tuple[Outcome, tuple[FollowUp, ...], Prepared]:
+    """Steps 3-8: the view, its follow-ups, and the turn as prepared (counted, located)."""
+    p = await prepare_turn(
+        turn, services.counters, services.store, services.settings, services.metrics
     )
+    c, history, budget, key, loaded = p.c, p.history, p.budget, p.key, p.loaded
     current_record().counted(key, history)
     forced = force and services.schedule.may_force(key)
-    budget = Budget.for_model(model, c, reserve, history.fixed)
     # What asks for a compaction now, whatever the threshold says; None: nothing does.
     asked = trigger_for(recover=recover, scheduled=scheduled(loaded.stored), forced=forced)
     if c.cache_aware:  # the view served last, while cached (held.py); none once asked
@@ -170,15 +186,15 @@ async def _view(services: Services, turn: Turn, force: bool, recover: bool) -> _
         job = Job(turn, key, history, budget, asked or "threshold")
         plan = services.compactor.settle(job, loaded, plan)  # nothing to save: back off
         if plan.action == "compact":  # 7-8. summarize under the session's lock, save, rebuild
-            return await services.deadline.compact(job, loaded, plan), (), history, session
+            return await services.deadline.compact(job, loaded, plan), (), p
     if plan.fits:  # 8. rebuild
         outcome = rebuild_outcome(history, plan.view, Handoff.of(loaded, c.summary_role), budget)
         # Past the soft threshold: compact in the background once the answer is out.
         after = services.precompactor.offer(turn, key, history, budget, plan.tokens)
-        return outcome, (() if after is None else (after,)), history, session
+        return outcome, (() if after is None else (after,)), p
     # Nothing worth summarizing, yet over the window: trim what we can (sticky.py).
     trims = services.compactor.trims.outcome(key, history, loaded, budget, reuse=not recover)
-    return trims, (), history, session
+    return trims, (), p
 
 
 async def forward(
@@ -196,7 +212,7 @@ async def forward(
         with cancelled_on_disconnect(request.receive, record.read_at, services.loop) as client:
             record.sending(first.outcome)
             response = await services.client.send("POST", route.url, route.headers, first.body)
-            answer: upstream.UpstreamResponse | Response = response
+            answer: UpstreamResponse | Response = response
             status = response.status_code
             # 10. overflow: an error answer, or a stream that opens with one: retry once
             streamed = status == 200 and turn is not None and turn.chat.get("stream")
@@ -207,7 +223,7 @@ async def forward(
                 watch_for = partial(_usage_watcher, services, turn, route)
                 answer, sent = await services.recall_tool.answer(route, sent, answer, watch_for)
             record.answered(answer.status_code, sent.outcome)
-            if isinstance(answer, upstream.UpstreamResponse):
+            if isinstance(answer, UpstreamResponse):
                 ok = answer.status_code == 200
                 # then calibrate: the provider's own count of what we sent
                 watch = _usage_watcher(services, turn, route, sent.outcome) if ok else None
@@ -227,12 +243,8 @@ async def forward(
 
 
 async def recover_overflow(
-    services: Services,
-    turn: Turn,
-    route: Route,
-    first: Attempt,
-    response: upstream.UpstreamResponse,
-) -> tuple[upstream.UpstreamResponse | Response, Attempt]:
+    services: Services, turn: Turn, route: Route, first: Attempt, response: UpstreamResponse
+) -> tuple[UpstreamResponse | Response, Attempt]:
     """Step 10: the response to relay and the attempt it answers (its view, follow-ups).
     When the upstream said the request is too long, compact harder (or ask for a shorter
     answer) and retry once; ``response`` is consumed unless it is a 200 stream that opens
@@ -254,7 +266,7 @@ async def recover_overflow(
 
 async def _second_attempt(
     services: Services, turn: Turn, route: Route, first: Attempt, verdict: Overflow
-) -> tuple[upstream.UpstreamResponse, Attempt] | None:
+) -> tuple[UpstreamResponse, Attempt] | None:
     """The retry after ``verdict`` and what it sent; None when nothing can change. The
     same view with a lower output budget keeps ``first``'s follow-ups; a view compacted
     again has its own (no sighting: a turn that recovered leaves the next one due)."""
@@ -282,17 +294,7 @@ async def _second_attempt(
 def _usage_watcher(
     services: Services, turn: Turn | None, route: Route, outcome: Outcome
 ) -> Callable[[bytes], None] | None:
-    """The provider's prompt and cached token counts to our estimates and the request's
-    ledger (observe/ledger.py), the answer's bytes to its output items (``route.items``)."""
-    calibration, prompt_tokens = services.calibration, route.api.prompt_tokens
-    record, calibrate = current_record(), turn is not None and outcome.counted
-    tenant, model = (turn.tenant, turn.model.name) if turn is not None else ("", "")
-
-    def watch(chunk: bytes) -> None:
-        theirs = prompt_tokens(chunk)
-        if theirs is not None:
-            record.used(theirs, find_cached_tokens(chunk), find_cache_writes(chunk))
-            if calibrate:
-                calibration.observe(tenant, model, outcome.tokens, theirs)
-
-    return refs.watching_items(route, watch)
+    """The provider's counts in the answer to ``outcome`` to our estimates and the request's
+    ledger (upstream/calibrate.py), the answer's bytes to its output items (``route.items``)."""
+    usage = services.calibration.watcher(route.api.prompt_tokens, turn, outcome)
+    return refs.watching_items(route, usage)

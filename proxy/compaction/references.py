@@ -41,8 +41,8 @@ async def resolve_references(
 ) -> Resolved:
     """``chat`` (``data``'s view under ``api``) with each item reference read as the item
     ``tenant``'s answers had under its id; ``chat`` itself when it has none."""
-    ids = api.references(data)
-    if not ids or api.resolved is None:
+    ids = api.references(data) if api.names_items else []
+    if not ids:
         return Resolved(chat)
     unique = list(dict.fromkeys(ids))
     found: dict[str, Any] = {}

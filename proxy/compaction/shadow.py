@@ -21,17 +21,14 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from proxy.compaction.compact import CompactionStore, Compactor
-from proxy.compaction.count import count_history, session_of
 from proxy.compaction.fold import Folder
 from proxy.compaction.job import Job
-from proxy.compaction.snapshots import load_session, next_snapshot
-from proxy.core.budget import Budget
-from proxy.core.digest import tenant_seed
+from proxy.compaction.prepare import prepare_turn
+from proxy.compaction.snapshots import next_snapshot
 from proxy.core.outcome import Outcome, Shadow, ShadowStatus, Turn
 from proxy.core.plan import Plan, plan_compaction
-from proxy.core.session import SessionKey, slot_count
+from proxy.core.session import SessionKey
 from proxy.core.snapshot import Loaded, Snapshot
-from proxy.core.tokens import output_reserve
 from proxy.core.view import view_tokens
 from proxy.errors import SummaryError
 from proxy.observe.record import current_record
@@ -68,17 +65,11 @@ async def shadow_outcome(
     would have sent instead (``Outcome.shadow``); a compaction they would make is
     planned, and with ``shadow_summarize`` summarized, into the shadow snapshot.
     ``force``: ``X-Compaction: force``'s rate limit (``Schedule.may_force``), when asked."""
-    settings, model = compactor.settings, turn.model
-    c = turn.compaction(settings.compaction)
-    reserve = output_reserve(turn.chat, model.max_output_tokens)
-    counter = compactor.counters[model.tokenizer]
-    history = await count_history(counter, turn, c, tenant_seed(turn.tenant))
-    key = await session_of(turn, history.messages)  # the live key: ShadowStore maps it
-    store = ShadowStore(compactor.store)
-    slots = slot_count(key, settings.session)
-    key, loaded = await load_session(store, key, history, slots)
+    # Located by the live session's key, which ShadowStore maps to its shadow snapshots.
+    store, counters = ShadowStore(compactor.store), compactor.counters
+    p = await prepare_turn(turn, counters, store, compactor.settings)
+    history, budget, key, loaded = p.history, p.budget, p.key, p.loaded
     current_record().counted(key, history)
-    budget = Budget.for_model(model, c, reserve, history.fixed)
     forced = force is not None and force(key)  # a client buys summaries at most so often
     plan = plan_compaction(history, loaded.view(history.pinned), budget, force=forced)
     job = Job(turn, key, history, budget, "forced" if forced else "threshold")

@@ -47,7 +47,13 @@ from proxy.compaction.vetting import echoed, kept, rejection
 from proxy.core.ledger import summarizer_cached, summarizer_usage
 from proxy.core.prompts import SIMPLE, TERSER, Prompt
 from proxy.core.summary_check import Reason
-from proxy.core.transcript import Entry, frame_prompt, framed_marker, render_transcript
+from proxy.core.transcript import (
+    Entry,
+    frame_prompt,
+    framed_marker,
+    holds_marker,
+    render_transcript,
+)
 from proxy.core.wording import omitted_marker
 from proxy.errors import (
     SummaryError,
@@ -131,7 +137,7 @@ class _Run:
         answer = await self._finished(framed)
         # The call's marker is in no quoted text: an answer holding it copied the framing.
         marker = framed_marker(framed)
-        copied = answer.finish_reason == "length" or (bool(marker) and marker in answer.text)
+        copied = answer.finish_reason == "length" or holds_marker(answer.text, marker)
         reason: Reason | None = "echo" if copied else None
         why = partial(rejection, span_chars=span_chars, turns=turns)
         reason = reason or await why(answer.text, req.prompt, answer.max_tokens)
@@ -144,7 +150,7 @@ class _Run:
         # template often follows two sections.
         answer = await self._ask(SIMPLE, framed, answer.max_tokens)
         retried: Reason | None = "truncated" if answer.finish_reason == "length" else None
-        if retried is None and marker and marker in answer.text:
+        if retried is None and holds_marker(answer.text, marker):
             retried = "echo"
         retried = retried or await why(answer.text, SIMPLE, answer.max_tokens)
         if retried is not None:

@@ -133,7 +133,7 @@ def cached_ask(
     when); ``room``: the summarizer's window and the answer's ``max_tokens``, ``size``:
     a text's tokens in the summarizer's tokenizer."""
     api, data = turn.api, turn.data
-    if api is None or data is None or api.summary_body is None:
+    if api is None or data is None:
         return None
     kind = _READ.get(api.name)
     if kind is None:

@@ -61,10 +61,9 @@ class Wire(Protocol):
     @property
     def name(self) -> str: ...
 
-    @property
     def summary_body(
-        self,
-    ) -> Callable[[dict[str, Any], list[ChatMessage], int], tuple[bytes, int] | None] | None: ...
+        self, data: dict[str, Any], messages: list[ChatMessage], max_tokens: int
+    ) -> tuple[bytes, int] | None: ...
 
 
 @dataclass(frozen=True, slots=True)

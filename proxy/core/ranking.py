@@ -78,10 +78,28 @@ def query_terms(text: str) -> list[str]:
     """The distinct terms of a query (its first ``QUERY_CHARS`` characters)."""
     out: set[str] = set()
     update, known = out.update, _WORD_TERMS
-    for word in set(_WORD.findall(text[:QUERY_CHARS].lower())):
+    words = set(_WORD.findall(text[:QUERY_CHARS].lower()))
+    for word in words:
         found = known.get(word)
         update(found if found is not None else _word_terms(word))
+    if not words.isdisjoint(_ASKS_WHO):
+        out.add(NAMED)
     return list(out)
+
+
+# A question about someone ("who", "whom", "whose") asks for a passage that names a
+# person, whatever words the two share besides: each passage naming one holds the term
+# ``NAMED`` (no word can be it: "#" splits words), which such a question asks for. A
+# name: two or more capitalised words in a row, none of them a common word ("Since The"
+# is none), as names are written in every language the proxy's users type.
+NAMED = "#named"
+_ASKS_WHO = frozenset(("who", "whom", "whose"))
+_NAME = re.compile(r"\b[A-Z][a-z]+(?:-[A-Z][a-z]+)?(?: [A-Z][a-z]+(?:-[A-Z][a-z]+)?)+\b")
+
+
+def names_someone(text: str) -> bool:
+    """Whether ``text`` names a person, as far as its letters tell (``NAMED``)."""
+    return any(_STOP.isdisjoint(m.group().lower().split()) for m in _NAME.finditer(text))
 
 
 # The terms of each word seen, stemmed once: a word recurs in every turn and every
@@ -132,6 +150,8 @@ class Ranking:
         for text in documents:
             doc = len(self._lengths)
             counts = Counter(terms(text))
+            if names_someone(text):
+                counts[NAMED] = 1
             for term, tf in counts.items():
                 if term not in docs:
                     docs[term], tfs[term] = array("I"), array("H")

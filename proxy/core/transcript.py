@@ -156,6 +156,12 @@ def framed_marker(framed: str) -> str:
     return framed[len(head) :].split(".", 1)[0]
 
 
+def holds_marker(answer: str, marker: str) -> bool:
+    """Whether ``answer`` holds ``marker`` (``framed_marker``'s, "" for none): it copied
+    the framing."""
+    return bool(marker) and marker in answer
+
+
 def span_sources(messages: Sequence[ChatMessage]) -> list[tuple[str, str]]:
     """Everything a span says, whole (tool outputs and call arguments included), as
     (role, text) per message, for the identifier check: the transcript the summarizer

@@ -194,20 +194,7 @@ class AccessLine:
         if self._include_sensitive and session_header is not None:
             fields["session_header"] = clipped(session_header)
         if outcome is not None:  # _OUTCOME's values
-            status, degraded, tokens, counted, shadow, recalled, tool_rounds = outcome
-            fields["compaction"] = status
-            if degraded is not None:
-                fields["degraded"] = degraded
-            fields["tokens_before"] = tokens if tokens_before is None else tokens_before
-            fields["tokens_after"] = tokens
-            fields["counted"] = counted
-            if recalled is not None:  # excerpts of archived originals (recall.py)
-                fields["recalled"] = recalled
-            if tool_rounds is not None:  # the recall tool's calls answered (recall_tool.py)
-                fields["recall_tool"] = tool_rounds
-            if shadow is not None:  # what shadow mode would have sent instead
-                fields.update(shadow_status=shadow.status, shadow_version=shadow.version)
-                fields.update(shadow_tokens=shadow.tokens, shadow_saved=shadow.saved)
+            _outcome_fields(outcome, tokens_before, fields)
         if trigger is not None:
             fields["trigger"] = trigger
         if summary_s is not None:
@@ -216,3 +203,21 @@ class AccessLine:
             fields["summary_failed_ms"] = round(summary_failed_s * 1000, 2)
         if cache_plan is not None:  # held, or why a newer snapshot was applied (held.py)
             fields["cache_plan"] = cache_plan
+
+
+def _outcome_fields(outcome: tuple[Any, ...], tokens_before: int | None, fields: Any) -> None:
+    """The view's fields (``_OUTCOME``'s values) of a chat request's line."""
+    status, degraded, tokens, counted, shadow, recalled, tool_rounds = outcome
+    fields["compaction"] = status
+    if degraded is not None:
+        fields["degraded"] = degraded
+    fields["tokens_before"] = tokens if tokens_before is None else tokens_before
+    fields["tokens_after"] = tokens
+    fields["counted"] = counted
+    if recalled is not None:  # excerpts of archived originals (recall.py)
+        fields["recalled"] = recalled
+    if tool_rounds is not None:  # the recall tool's calls answered (recall_tool.py)
+        fields["recall_tool"] = tool_rounds
+    if shadow is not None:  # what shadow mode would have sent instead
+        fields.update(shadow_status=shadow.status, shadow_version=shadow.version)
+        fields.update(shadow_tokens=shadow.tokens, shadow_saved=shadow.saved)

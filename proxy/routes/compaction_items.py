@@ -132,10 +132,10 @@ def admit(
     trigger = _trigger(items)
     uses = trigger or compact or "context_management" in data
     if passes_through(settings):
-        uses = uses or any(item.get("type") == "compaction" for item in items)
+        uses = uses or _carries_compaction(items)
         return Admitted(data, untouched=uses)
     threshold = _threshold(data.get("context_management"))
-    if not uses and not any(item.get("type") == "compaction" for item in items):
+    if not uses and not _carries_compaction(items):
         return Admitted(data)
     if trigger:
         items = items[:-1]
@@ -146,6 +146,11 @@ def admit(
         new["input"] = expanded
     local: Local | None = "compact" if compact else "trigger" if trigger else None
     return Admitted(new, changed=True, local=local, threshold=threshold)
+
+
+def _carries_compaction(items: list[dict[str, Any]]) -> bool:
+    """Whether ``items`` hold a compaction item (what an earlier compaction answered)."""
+    return any(item.get("type") == "compaction" for item in items)
 
 
 def _trigger(items: list[dict[str, Any]]) -> bool:

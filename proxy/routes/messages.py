@@ -185,17 +185,23 @@ def _untouched(data: dict[str, Any], control: str) -> bool:
     return any(isinstance(e, dict) and str(e.get("type", "")).startswith("compact") for e in edits)
 
 
-MESSAGES = Api(
-    name="messages",
-    path="messages",
-    parse=_read,
-    body_for=outgoing_body,
-    lower_output=_lower_output,
-    prompt_tokens=prompt_tokens,
-    stream_failure=error_event,
-    stream_error=_stream_error,
-    untouched=_untouched,
-    as_budget=as_budget,
-    recall_tool=MESSAGES_TOOL,
-    summary_body=messages_summary,
-)
+class MessagesApi(Api):
+    """Anthropic's Messages API: ``system`` and the messages plan as chat messages
+    (messages_view.py); a request whose ``compact_*`` edits ask the upstream to compact it
+    goes untouched; an overflow stated with room for half the answer is a budget refusal."""
+
+    name = "messages"
+    path = "messages"
+    recall_tool = MESSAGES_TOOL
+    parse = staticmethod(_read)
+    body_for = staticmethod(outgoing_body)
+    lower_output = staticmethod(_lower_output)
+    prompt_tokens = staticmethod(prompt_tokens)
+    stream_failure = staticmethod(error_event)
+    stream_error = staticmethod(_stream_error)
+    untouched = staticmethod(_untouched)
+    as_budget = staticmethod(as_budget)
+    summary_body = staticmethod(messages_summary)
+
+
+MESSAGES = MessagesApi()

@@ -28,17 +28,13 @@ import logging
 
 from starlette.requests import Request
 
-from proxy.compaction.count import count_history, session_of
+from proxy.compaction.prepare import locate_turn, measure_turn
 from proxy.compaction.schedule import scheduled
-from proxy.compaction.snapshots import load_session
-from proxy.core.budget import Budget
-from proxy.core.digest import tenant_seed
 from proxy.core.outcome import Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
-from proxy.core.session import session_name, slot_count
+from proxy.core.session import session_name
 from proxy.core.snapshot import view_of
-from proxy.core.tokens import output_reserve
 from proxy.errors import ProxyError
 from proxy.services import Services
 from proxy.upstream.api import Api
@@ -87,17 +83,12 @@ async def _view(
             tenant, services.tenant_ids.legacy_of(tenant, request.headers)
         ),
     )
-    c = turn.compaction(settings.compaction)  # its tenant's policy's
-    counter = services.counters[model.tokenizer]
-    history = await count_history(counter, turn, c, tenant_seed(tenant))  # 5.
-    reserve = output_reserve(chat, model.max_output_tokens)
-    budget = Budget.for_model(model, c, reserve, history.fixed)
+    measured = await measure_turn(turn, services.counters, settings.compaction)  # 5.
+    c, history, budget = measured.c, measured.history, measured.budget  # its tenant's policy's
     if control == "off" or api.untouched(data, control) or c.effective_mode == "off":
         whole = rebuild_outcome(history, view_of(None, history.pinned), Handoff(None, 0), budget)
         return whole.tokens, 0, "bypassed"
-    key = await session_of(turn, history.messages)  # 3.
-    slots = slot_count(key, settings.session)
-    _, loaded = await load_session(services.store, key, history, slots)  # 4.
+    loaded = (await locate_turn(turn, measured, services.store, settings.session)).loaded  # 3-4.
     view = loaded.view(history.pinned)
     due = control == "force" or scheduled(loaded.stored)
     plan = plan_compaction(history, view, budget, force=due)  # 6.

@@ -85,20 +85,30 @@ def to_chat(system: object, messages: Sequence[Message]) -> list[ChatMessage]:
         if not results:
             out.append(BlockMessage(role="user", content=_parts(blocks), _message=message))
             continue
-        others = [b for b in blocks if b.get("type") != "tool_result"]
-        for n, i in enumerate(results):
-            block = blocks[i]
-            call_id = str(block.get("tool_use_id", ""))
-            parts = _parts(blocks_of(block.get("content")))
-            if n == len(results) - 1:
-                parts += _parts(others)
-            result = BlockMessage(role="tool", tool_call_id=call_id, content=parts, _block=i)
-            if n == 0:  # the later results of the message are its (hashed once, not each)
-                result["_message"] = message
-            if call_id in names:  # the elision placeholder names the tool
-                result["name"] = names[call_id]
-            out.append(result)
+        out.extend(_tool_results(message, blocks, results, names))
     return cast(list[ChatMessage], out)
+
+
+def _tool_results(
+    message: Message, blocks: list[dict[str, Any]], results: list[int], names: dict[str, str]
+) -> list[BlockMessage]:
+    """A user message whose ``blocks`` hold tool results (at ``results``) as one tool
+    message each, its other blocks riding on the last; ``names``: each call's tool."""
+    out: list[BlockMessage] = []
+    others = [b for b in blocks if b.get("type") != "tool_result"]
+    for n, i in enumerate(results):
+        block = blocks[i]
+        call_id = str(block.get("tool_use_id", ""))
+        parts = _parts(blocks_of(block.get("content")))
+        if n == len(results) - 1:
+            parts += _parts(others)
+        result = BlockMessage(role="tool", tool_call_id=call_id, content=parts, _block=i)
+        if n == 0:  # the later results of the message are its (hashed once, not each)
+            result["_message"] = message
+        if call_id in names:  # the elision placeholder names the tool
+            result["name"] = names[call_id]
+        out.append(result)
+    return out
 
 
 def _follows(before: BlockMessage, message: Message, blocks: list[dict[str, Any]]) -> None:

@@ -127,9 +127,13 @@ def _check_message(i: int, message: Any) -> None:
         if key in message and not isinstance(message[key], str):
             raise _not_a_string(f"messages[{i}].{key}")
     calls = message.get("tool_calls")
-    if calls is None:
-        return
-    where = f"messages[{i}]"
+    if calls is not None:
+        _check_tool_calls(f"messages[{i}]", calls)
+
+
+def _check_tool_calls(where: str, calls: Any) -> None:
+    """The ``tool_calls`` of the message at ``where``: call objects, each function (when
+    given) an object whose name and arguments are strings."""
     if not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
         raise InvalidRequest(
             f"{where}.tool_calls must be an array of tool call objects.",

@@ -39,18 +39,8 @@ async def handle_passthrough(
         settings.upstream.base_url, scope["path"], scope.get("raw_path"), scope["query_string"]
     )
     headers = services.headers.outgoing(request.headers.raw)
-    length = request.headers.get("content-length")
-    content: bytes | AsyncIterator[bytes] | None
-    declared = length is not None and length.isascii() and length.isdigit()
     try:
-        if declared and int(length or 0) <= settings.server.max_body_bytes:
-            services.bodies.take(scope, int(length or 0))
-            content = await request.body()
-        elif length is None and "transfer-encoding" not in request.headers:
-            content = None  # no body: a GET must not go upstream as a chunked upload
-        else:
-            # Unknown or large (file uploads): stream the body through unbuffered.
-            content = request.stream()
+        content = await _content(request, services)
         record.sending()
         worked_out: asyncio.Task[Headers] | None = None
         if extra is not None and isinstance(content, bytes):
@@ -68,6 +58,20 @@ async def handle_passthrough(
     if rewrite is not None and _rewritable(response):
         return await _rewritten(response, headers, *rewrite)
     return await relay(response, headers)
+
+
+async def _content(request: Request, services: Services) -> bytes | AsyncIterator[bytes] | None:
+    """The body to send: read whole when it declares a length up to ``max_body_bytes``
+    (taken from the process's body budget), none when it has none, else streamed."""
+    length = request.headers.get("content-length")
+    declared = length is not None and length.isascii() and length.isdigit()
+    if declared and int(length or 0) <= services.settings.server.max_body_bytes:
+        services.bodies.take(request.scope, int(length or 0))
+        return await request.body()
+    if length is None and "transfer-encoding" not in request.headers:
+        return None  # no body: a GET must not go upstream as a chunked upload
+    # Unknown or large (file uploads): stream the body through unbuffered.
+    return request.stream()
 
 
 def _rewritable(response: UpstreamResponse) -> bool:

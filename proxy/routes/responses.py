@@ -27,7 +27,6 @@ compacts harder against the learned window and retries once; a too-large
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from functools import partial
 from typing import Any, cast
 
@@ -46,8 +45,8 @@ from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_reques
 from proxy.routes.summary_bodies import responses_summary
 from proxy.routes.tool_shapes import RESPONSES_TOOL
 from proxy.services import Services
-from proxy.types import ChatRequest
-from proxy.upstream.api import Api, Contract
+from proxy.types import ChatMessage, ChatRequest
+from proxy.upstream.api import Api, Contract, SummaryBody, ToolShape
 from proxy.upstream.calibrate import find_input_tokens
 from proxy.upstream.overflow import Overflow
 from proxy.upstream.stream_head import error_event
@@ -66,8 +65,10 @@ def _untouched(data: dict[str, Any], control: str) -> bool:
     return control == "off" or any(data.get(key) for key in _CHAINED)
 
 
-def _read(body: bytes, max_items: int, max_model_bytes: int) -> tuple[dict[str, Any], ChatRequest]:
-    data = parse_responses_request(body, max_items, max_model_bytes)
+def _read(
+    body: bytes, max_messages: int, max_model_bytes: int
+) -> tuple[dict[str, Any], ChatRequest]:
+    data = parse_responses_request(body, max_messages, max_model_bytes)  # items, here
     return data, chat_view(data)
 
 
@@ -148,18 +149,41 @@ def _stream_error(error: dict[str, Any]) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
-def _contract(compact: bool) -> Any:
-    """OpenAI's compaction contract (compaction_items.py) for ``/responses``, or for
-    ``/responses/compact`` when ``compact``."""
+class ResponsesApi(Api):
+    """The Responses API: its items plan as chat messages (items.py), its answers' output
+    items are kept for the references that name them, and OpenAI's compaction contract
+    (compaction_items.py) applies to its requests (the module's doc)."""
+
+    name = "responses"
+    path = "responses"
+    names_items = True
+    keeps_items = True
+    recall_tool: ToolShape | None = RESPONSES_TOOL
+    compacts = False  # the contract of /responses/compact (ResponsesCompactApi)
+    parse = staticmethod(_read)
+    body_for = staticmethod(outgoing_body)
+    lower_output = staticmethod(_lower_output)
+    prompt_tokens = staticmethod(find_input_tokens)
+    stream_failure = staticmethod(error_event)
+    stream_error = staticmethod(_stream_error)
+    untouched = staticmethod(_untouched)
+    resolved = staticmethod(chat_view)
+    summary_body = staticmethod(responses_summary)
+
+    def references(self, data: dict[str, Any]) -> list[str]:
+        return references(data.get("input"))
 
     def contract(
+        self,
         body: bytes,
         data: dict[str, Any],
         chat: ChatRequest,
         tenants: tuple[str, ...],
         settings: Settings,
     ) -> Contract:
-        admitted = admit(data, tenants, settings, compact)  # its carried items checked too
+        """OpenAI's compaction contract (compaction_items.py) for ``/responses``, or for
+        ``/responses/compact`` when the class ``compacts``."""
+        admitted = admit(data, tenants, settings, self.compacts)  # its carried items too
         if not admitted.changed:
             return Contract(body, data, chat, untouched=admitted.untouched)
         new = admitted.data
@@ -177,32 +201,22 @@ def _contract(compact: bool) -> Any:
         # written(): a carried payload may nest deeper than orjson writes back
         return Contract(written(new), new, chat_view(new), force=force, answer=reply)
 
-    return contract
+
+class ResponsesCompactApi(ResponsesApi):
+    """``POST /v1/responses/compact``: the upstream's (passthrough), else the proxy's own
+    answer."""
+
+    name = "responses_compact"
+    path = "responses/compact"
+    recall_tool = None
+    compacts = True
+
+    def summary_body(
+        self, data: dict[str, Any], messages: list[ChatMessage], max_tokens: int
+    ) -> SummaryBody:
+        """None: the proxy answers this request itself; no live request to summarize as."""
+        return None
 
 
-RESPONSES = Api(
-    name="responses",
-    path="responses",
-    parse=_read,
-    body_for=outgoing_body,
-    lower_output=_lower_output,
-    prompt_tokens=find_input_tokens,
-    stream_failure=error_event,
-    stream_error=_stream_error,
-    untouched=_untouched,
-    references=lambda data: references(data.get("input")),
-    resolved=chat_view,
-    keeps_items=True,
-    contract=_contract(compact=False),
-    recall_tool=RESPONSES_TOOL,
-    summary_body=responses_summary,
-)
-# POST /v1/responses/compact: the upstream's (passthrough), else the proxy's own answer.
-RESPONSES_COMPACT = replace(
-    RESPONSES,
-    name="responses_compact",
-    path="responses/compact",
-    contract=_contract(True),
-    recall_tool=None,
-    summary_body=None,  # the proxy's own answer: a summary of the live request is not asked
-)
+RESPONSES = ResponsesApi()
+RESPONSES_COMPACT = ResponsesCompactApi()

@@ -32,6 +32,8 @@ from proxy.core.cache_outcome import CacheOutcome
 from proxy.simulator.anthropic_check import blocks
 
 _CACHE_LIMIT = 65536
+# A prefix of the prompt: its hash, its length in bytes, its breakpoint's tier (or None).
+_Prefix = tuple[bytes, int, bool | None]
 _LONG = "1h"
 
 
@@ -55,16 +57,30 @@ class AnthropicCache:
         """``total`` prompt tokens split as Anthropic's usage reports them, and why."""
         units = _units(body)
         size = sum(len(u) for u, _ in units) or 1
-        state, at, hashes = b"", 0, []
-        for unit, mark in units:
-            state = hashlib.blake2b(state + unit, digest_size=16).digest()
-            at += len(unit)
-            hashes.append((state, at, mark))
+        hashes = _prefixes(units)
         marks = [i for i, (_, _, mark) in enumerate(hashes) if mark is not None]
         if not marks:
             return _usage(total, 0, (0, 0)), None
         now, last = self._clock(), marks[-1]
         sent_before = hashes[0][0] in self._seen
+        live, seen = self._reach(hashes, last, now)
+        ended = live >= 0 and (self._seen[hashes[live][0]] or (0.0, 0.0, False))[2]
+        outcome = _outcome(sent_before, (live, seen), ended)
+        read_bytes = hashes[live][1] if live >= 0 else 0
+        if live >= 0:  # a read refreshes what it read, for its own lifetime
+            _, lifetime, was_end = self._seen[hashes[live][0]] or (0.0, 0.0, False)
+            self._seen[hashes[live][0]] = (now + lifetime, lifetime, was_end)
+        long_bytes = self._write(hashes, last, read_bytes, now)
+        read = total * read_bytes // size
+        created = max(total * hashes[last][1] // size - read, 0)
+        # Pro rata, but a write wholly at one tier is all that tier's (no rounding left over).
+        written = max(hashes[last][1] - read_bytes, 1)
+        long = created if long_bytes >= written else created * long_bytes // written
+        return _usage(total, read, (created - long, long)), outcome
+
+    def _reach(self, hashes: list[_Prefix], last: int, now: float) -> tuple[int, int]:
+        """The furthest of ``hashes`` (up to ``last``) cached and alive, and the furthest
+        cached at all, expired or not (-1: none)."""
         live, seen = -1, -1
         for i in range(last + 1):
             entry = self._seen.get(hashes[i][0])
@@ -72,12 +88,11 @@ class AnthropicCache:
                 seen = i
                 if entry[0] > now:
                     live = i
-        ended = live >= 0 and (self._seen[hashes[live][0]] or (0.0, 0.0, False))[2]
-        outcome = _outcome(sent_before, (live, seen), ended)
-        read_bytes = hashes[live][1] if live >= 0 else 0
-        if live >= 0:  # a read refreshes what it read, for its own lifetime
-            _, lifetime, was_end = self._seen[hashes[live][0]] or (0.0, 0.0, False)
-            self._seen[hashes[live][0]] = (now + lifetime, lifetime, was_end)
+        return live, seen
+
+    def _write(self, hashes: list[_Prefix], last: int, read_bytes: int, now: float) -> int:
+        """Each prefix up to ``last`` written at its breakpoint (for its tier's lifetime),
+        or remembered as sent; the bytes written past ``read_bytes`` at the hour's tier."""
         long_bytes, start = 0, 0
         for i in range(last + 1):
             state, end, mark = hashes[i]
@@ -95,12 +110,18 @@ class AnthropicCache:
                 lifetime,
                 i == last or (old is not None and old[2]),
             )
-        read = total * read_bytes // size
-        created = max(total * hashes[last][1] // size - read, 0)
-        # Pro rata, but a write wholly at one tier is all that tier's (no rounding left over).
-        written = max(hashes[last][1] - read_bytes, 1)
-        long = created if long_bytes >= written else created * long_bytes // written
-        return _usage(total, read, (created - long, long)), outcome
+        return long_bytes
+
+
+def _prefixes(units: list[tuple[bytes, bool | None]]) -> list[_Prefix]:
+    """Each prefix of the prompt, unit by unit: its hash, its length in bytes, and the
+    breakpoint that ends it (``_units``'s tier)."""
+    state, at, hashes = b"", 0, []
+    for unit, mark in units:
+        state = hashlib.blake2b(state + unit, digest_size=16).digest()
+        at += len(unit)
+        hashes.append((state, at, mark))
+    return hashes
 
 
 def _outcome(sent_before: bool, reach: tuple[int, int], ended: bool) -> CacheOutcome:

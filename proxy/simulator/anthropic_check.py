@@ -64,6 +64,18 @@ def check_messages(body: dict[str, Any], system_turns: bool = False) -> list[dic
     """The request's messages, checked as api.anthropic.com checks them. ``system_turns``
     (the ``mid-conversation-system`` beta, which Claude Code asks for): ``system``
     messages may come between the turns; the checks below read the turns around them."""
+    _check_fields(body)
+    checked = _shaped(body.get("messages"), system_turns)
+    messages = [m for m in checked if m["role"] != "system"]
+    _check_alternation(messages)
+    _check_pairing(messages)
+    _check_thinking(body, messages)
+    _check_breakpoints(body, checked)
+    return checked
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    """The model and the output budget, as the API requires them."""
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise invalid("model: Field required")
     budget = body.get("max_tokens")
@@ -71,7 +83,10 @@ def check_messages(body: dict[str, Any], system_turns: bool = False) -> list[dic
         raise invalid("max_tokens: Field required")
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise invalid("max_tokens: Input should be a valid integer greater than or equal to 1")
-    messages = body.get("messages")
+
+
+def _shaped(messages: Any, system_turns: bool) -> list[dict[str, Any]]:
+    """``messages``, a list of at least one message, each with a role and a content."""
     if not isinstance(messages, list) or not messages:
         raise invalid(
             "messages: Field required"
@@ -85,8 +100,11 @@ def check_messages(body: dict[str, Any], system_turns: bool = False) -> list[dic
         content = message.get("content")
         if not isinstance(content, (str, list)):
             raise invalid(f"messages.{i}.content: Input should be a valid list")
-    checked = messages
-    messages = [m for m in messages if m["role"] != "system"]
+    return messages
+
+
+def _check_alternation(messages: list[dict[str, Any]]) -> None:
+    """The turns (``system`` ones apart) start with the user's and alternate."""
     if not messages or messages[0]["role"] != "user":
         raise invalid('messages: first message must use the "user" role', structure=True)
     for i in range(1, len(messages)):
@@ -97,10 +115,6 @@ def check_messages(body: dict[str, Any], system_turns: bool = False) -> list[dic
                 f'but found multiple "{role}" roles in a row',
                 structure=True,
             )
-    _check_pairing(messages)
-    _check_thinking(body, messages)
-    _check_breakpoints(body, checked)
-    return checked
 
 
 _MAX_BREAKPOINTS = 4
@@ -129,28 +143,35 @@ def _check_pairing(messages: list[dict[str, Any]]) -> None:
         asked = _ids(message, "tool_use", "id") if message["role"] == "assistant" else []
         answered = _ids(message, "tool_result", "tool_use_id")
         if answered:
-            before = _ids(messages[i - 1], "tool_use", "id") if i else []
-            extra = [a for a in answered if a not in before]
-            if extra or message["role"] != "user":
-                raise invalid(
-                    f"messages.{i}.content.0: unexpected `tool_use_id` found in `tool_result` "
-                    f"blocks: {', '.join(extra or answered)}. Each `tool_result` block must "
-                    "have a corresponding `tool_use` block in the previous message.",
-                    structure=True,
-                )
-        if not asked:
-            continue
-        following = (
-            _ids(messages[i + 1], "tool_result", "tool_use_id") if i + 1 < len(messages) else []
+            _check_answered(messages, i, answered)
+        if asked:
+            _check_asked(messages, i, asked)
+
+
+def _check_answered(messages: list[dict[str, Any]], i: int, answered: list[str]) -> None:
+    """Message ``i``'s tool results answer the calls of the message before it, a user's."""
+    before = _ids(messages[i - 1], "tool_use", "id") if i else []
+    extra = [a for a in answered if a not in before]
+    if extra or messages[i]["role"] != "user":
+        raise invalid(
+            f"messages.{i}.content.0: unexpected `tool_use_id` found in `tool_result` "
+            f"blocks: {', '.join(extra or answered)}. Each `tool_result` block must "
+            "have a corresponding `tool_use` block in the previous message.",
+            structure=True,
         )
-        missing = [a for a in asked if a not in following]
-        if missing and i + 1 < len(messages):
-            raise invalid(
-                f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
-                f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
-                "corresponding `tool_result` block in the next message.",
-                structure=True,
-            )
+
+
+def _check_asked(messages: list[dict[str, Any]], i: int, asked: list[str]) -> None:
+    """Message ``i``'s tool calls are answered by the message after it, when one follows."""
+    following = _ids(messages[i + 1], "tool_result", "tool_use_id") if i + 1 < len(messages) else []
+    missing = [a for a in asked if a not in following]
+    if missing and i + 1 < len(messages):
+        raise invalid(
+            f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+            f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
+            "corresponding `tool_result` block in the next message.",
+            structure=True,
+        )
 
 
 def _check_thinking(body: dict[str, Any], messages: list[dict[str, Any]]) -> None:

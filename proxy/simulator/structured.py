@@ -39,10 +39,7 @@ def _instance(schema: dict[str, Any], root: dict[str, Any], text: str, depth: in
         return None
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/"):
-        target: Any = root
-        for part in ref[2:].split("/"):
-            target = target.get(part, {}) if isinstance(target, dict) else {}
-        return _instance(target if isinstance(target, dict) else {}, root, text, depth + 1)
+        return _instance(_referred(ref, root), root, text, depth + 1)
     if "const" in schema:
         return schema["const"]
     if isinstance(schema.get("enum"), list) and schema["enum"]:
@@ -55,6 +52,14 @@ def _instance(schema: dict[str, Any], root: dict[str, Any], text: str, depth: in
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     return _typed(kind, schema, root, text, depth)
+
+
+def _referred(ref: str, root: dict[str, Any]) -> dict[str, Any]:
+    """The schema a local ``$ref`` ("#/...") points to in ``root``; {} when none."""
+    target: Any = root
+    for part in ref[2:].split("/"):
+        target = target.get(part, {}) if isinstance(target, dict) else {}
+    return target if isinstance(target, dict) else {}
 
 
 def _typed(kind: str, schema: dict[str, Any], root: dict[str, Any], text: str, depth: int) -> Any:

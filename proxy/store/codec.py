@@ -83,6 +83,20 @@ def encode_snapshot(snapshot: Snapshot, cipher: SnapshotCipher | None) -> bytes:
 
 def decode_snapshot(raw: bytes, cipher: SnapshotCipher | None) -> Snapshot:
     """The snapshot in ``raw``; raises ``Unreadable`` or ``NewerFormat``."""
+    data = _json_object(raw, cipher)
+    fv = _checked_fields(data)
+    try:
+        snapshot = Snapshot(**data)
+    except TypeError as exc:  # a required field is missing
+        raise Unreadable("missing fields") from exc
+    if fv == 1 and not snapshot.anchor_hash.startswith(LEGACY_ANCHOR):
+        return replace(snapshot, anchor_hash=LEGACY_ANCHOR + snapshot.anchor_hash)
+    return snapshot
+
+
+def _json_object(raw: bytes, cipher: SnapshotCipher | None) -> dict[str, Any]:
+    """``raw`` decrypted (unless it predates encryption, where that is allowed) and read
+    as a JSON object; raises ``Unreadable``."""
     if cipher is not None and raw.startswith(b"{") and not cipher.read_plaintext:
         raise Unreadable("stored in plaintext (store.require_encryption)")
     try:
@@ -96,6 +110,12 @@ def decode_snapshot(raw: bytes, cipher: SnapshotCipher | None) -> Snapshot:
         raise Unreadable("not JSON" if cipher else "not JSON (encrypted?)") from exc
     if not isinstance(data, dict):
         raise Unreadable("not a JSON object")
+    return data
+
+
+def _checked_fields(data: dict[str, Any]) -> int:
+    """The format version ``data`` is written in, taken out of it, once each other field
+    is one a snapshot has, of its type; raises ``Unreadable`` or ``NewerFormat``."""
     fv = data.pop("fv", None)
     if type(fv) is int and fv > FORMAT_VERSION:
         raise NewerFormat
@@ -105,13 +125,7 @@ def decode_snapshot(raw: bytes, cipher: SnapshotCipher | None) -> Snapshot:
         allowed = _FIELD_TYPES.get(name)
         if allowed is None or type(value) is bool or not isinstance(value, allowed):
             raise Unreadable("unexpected fields")
-    try:
-        snapshot = Snapshot(**data)
-    except TypeError as exc:  # a required field is missing
-        raise Unreadable("missing fields") from exc
-    if fv == 1 and not snapshot.anchor_hash.startswith(LEGACY_ANCHOR):
-        return replace(snapshot, anchor_hash=LEGACY_ANCHOR + snapshot.anchor_hash)
-    return snapshot
+    return fv
 
 
 def decode_stored(

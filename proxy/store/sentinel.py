@@ -74,18 +74,9 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
         raise ValueError(f"not a Sentinel URL: {FORMAT}")
     netloc, path, query = _split(rest)
     userinfo, _, hosts = netloc.rpartition("@")
-    parts = [p for p in path.split("/") if p]
-    if not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
-        raise ValueError(f"store.url: a Sentinel URL names its service: {FORMAT}")
-    options = dict(parse_qsl(query, keep_blank_values=True))
-    sentinel: dict[str, Any] = {
-        _SENTINEL_AUTH[k]: options.pop(k) for k in list(options) if k in _SENTINEL_AUTH
-    }
-    unknown = sorted(k for k in options if not k.startswith("ssl_"))
-    if unknown:
-        raise ValueError(f"store.url: unknown Sentinel URL option(s) {', '.join(unknown)}")
+    service, db = _service(path)
+    sentinel, options = _options(query)
     # The data nodes' options, parsed as redis-py parses a redis:// URL's.
-    db = parts[1] if len(parts) == 2 else "0"
     node = dict(
         parse_url(f"redis://{userinfo}{'@' if userinfo else ''}_/{db}?{urlencode(options)}")
     )
@@ -93,7 +84,28 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     sentinel.update({k: v for k, v in node.items() if k.startswith("ssl_")})
     if tls:
         sentinel["ssl"] = True
-    return SentinelUrl(_hosts(hosts), parts[0], tls, node, sentinel)
+    return SentinelUrl(_hosts(hosts), service, tls, node, sentinel)
+
+
+def _service(path: str) -> tuple[str, str]:
+    """The service a Sentinel URL's path names, and its database (``0`` unless given)."""
+    parts = [p for p in path.split("/") if p]
+    if not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+        raise ValueError(f"store.url: a Sentinel URL names its service: {FORMAT}")
+    return parts[0], parts[1] if len(parts) == 2 else "0"
+
+
+def _options(query: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The Sentinel nodes' own options of ``query`` (their credentials, by redis-py's
+    names), then the rest: the data nodes' ``ssl_*``; ValueError for any other."""
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    sentinel: dict[str, Any] = {
+        _SENTINEL_AUTH[k]: options.pop(k) for k in list(options) if k in _SENTINEL_AUTH
+    }
+    unknown = sorted(k for k in options if not k.startswith("ssl_"))
+    if unknown:
+        raise ValueError(f"store.url: unknown Sentinel URL option(s) {', '.join(unknown)}")
+    return sentinel, options
 
 
 def _split(rest: str) -> tuple[str, str, str]:

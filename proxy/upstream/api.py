@@ -1,19 +1,21 @@
-"""What sets one compacting API apart (``Api``), where one of its requests goes (``Route``),
-and what went there (``Attempt``).
+"""What sets one compacting API apart (``Api``), one of its requests as the proxy read it
+(``Incoming``), where it goes (``Route``), and what went there (``Attempt``).
 
 Every API the proxy compacts runs the same steps (``pipeline.handle``): read, parse,
 model, session, compact, forward, recover an overflow, calibrate. What differs is
-its shapes, and an ``Api`` value holds each of them as a function: the request's
-chat view (the messages the steps count, plan and rebuild), the body for a view,
-the output budget lowered, the prompt's tokens in an answer, a failure at the head of
-its stream, an error as its stream carries one, and which requests go upstream
-untouched. Each API is one module under ``routes/`` with its ``Api`` (routes/chat.py,
-routes/responses.py, routes/messages.py), served at ``/v1/`` and its path upstream from app.py's
+its shapes, each a method of its ``Api`` subclass: the request's chat view (the
+messages the steps count, plan and rebuild), the body for a view, the output budget
+lowered, the prompt's tokens in an answer, a failure at the head of its stream, an
+error as its stream carries one, which requests go upstream untouched, and its own
+compaction contract. Each API is one module under ``routes/`` with its class and its
+one instance (routes/chat.py ``CHAT``, routes/responses.py ``RESPONSES``,
+routes/messages.py ``MESSAGES``), served at ``/v1/`` and its path upstream from app.py's
 ``APIS``: a new API is one more module and one more entry there.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 from starlette.responses import Response
 
 from proxy.config import CompactionSettings, Settings
+from proxy.core.models import ResolvedModel
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.recall_tool import Call
 from proxy.core.tokens import TokenCounter
@@ -28,25 +31,11 @@ from proxy.types import ChatMessage, ChatRequest
 from proxy.upstream.overflow import Overflow
 
 if TYPE_CHECKING:
+    from proxy.tenants import Policy
     from proxy.upstream.output_items import OutputItems
 
 # A summary request's body and the tokens its answer may take (``Api.summary_body``).
 SummaryBody = tuple[bytes, int] | None
-
-
-def no_references(data: dict[str, Any]) -> list[str]:
-    """No request of the API names items it does not carry (the chat completions default)."""
-    return []
-
-
-def as_stated(verdict: Overflow) -> Overflow:
-    """An overflow answer read as its classifier read it (the default)."""
-    return verdict
-
-
-def never(data: dict[str, Any], control: str) -> bool:
-    """No request of the API goes upstream untouched (the chat completions default)."""
-    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,54 +58,94 @@ class Contract:
 AS_SENT = Contract(b"", {}, cast(ChatRequest, {}))
 
 
-@dataclass(frozen=True, slots=True)
-class Api:
-    """One API's shapes, as the pipeline's steps need them."""
+class Api(ABC):
+    """One API's shapes, as the pipeline's steps need them: one subclass per API under
+    routes/ (``ChatApi``, ``ResponsesApi``, ``MessagesApi``), one instance of it served.
+    What only one API does is a method of its class, so a call leads to the code that
+    runs; the defaults here are what an API without that feature does."""
 
     name: str  # its route's, in metrics and request lines
     path: str  # below the upstream's base URL, as the client's is below /v1/
-    # The body (at most this many messages or items, a model name of at most this many
-    # bytes) as a JSON object, and as the chat the steps read: its messages and the
-    # fields that size the answer. Raises InvalidRequest (the client's 400).
-    parse: Callable[[bytes, int, int], tuple[dict[str, Any], ChatRequest]]
-    # The request for a view (the client's body, and the object parsed from it): the
-    # body itself when the view is the history as sent.
-    body_for: Callable[[bytes, dict[str, Any], Outcome], bytes]
-    # The body with its output budget lowered to what the model allows; None if unchanged.
-    lower_output: Callable[[bytes, Overflow], bytes | None]
-    prompt_tokens: Callable[[bytes], int | None]  # what an answer says the prompt took
-    # The data of a stream head's first event when that event is an error (an overflow
-    # there is recovered); stream_head.error_event reads chat's and Responses' alike.
-    stream_failure: Callable[[bytes], bytes | None]
-    stream_error: Callable[[dict[str, Any]], bytes]  # an error object as a stream's event
-    # Whether a request (parsed, and its X-Compaction value) goes upstream as it came,
-    # without a session or recovery: its history is not in sight (a chained call).
-    untouched: Callable[[dict[str, Any], str], bool] = never
-    # The ids of items the request names by reference rather than carries (Responses'
-    # ``item_reference``), and its chat view with those it was given (id -> item) read
-    # in their place (compaction/references.py).
-    references: Callable[[dict[str, Any]], list[str]] = no_references
-    resolved: Callable[[dict[str, Any], Mapping[str, Any]], ChatRequest] | None = None
-    # Whether its answers' output items are remembered for later references
-    # (upstream/output_items.py).
+    # Whether its requests may name items they do not carry (Responses' ``item_reference``:
+    # ``references``, ``resolved``), and whether its answers' output items are remembered
+    # for them (upstream/output_items.py).
+    names_items: bool = False
     keeps_items: bool = False
-    # The request (its body, object, chat view), its tenant (then the legacy id it is still
-    # known by, while a deployment's ids move: tenants.py) and the settings under the API's
-    # own compaction contract; None: the request as it came (the default: none).
-    contract: Callable[
-        [bytes, dict[str, Any], ChatRequest, tuple[str, ...], Settings], Contract | None
-    ] = lambda body, data, chat, tenants, settings: None
-    # An overflow answer as this API's recovery reads it: Messages reads Anthropic's
-    # "input length and `max_tokens` exceed context limit" as an output budget refusal.
-    as_budget: Callable[[Overflow], Overflow] = as_stated
     recall_tool: ToolShape | None = None  # None: the API never gets the recall tool
-    # A summary asked as the request itself (compaction/summary_prefix.py): the request
-    # object with ``messages`` (a prefix of its view, the summary instruction last) as its
-    # history, unstreamed, its summary in at most the given tokens, whatever else it sent
-    # kept, so the provider's prompt cache serves the prefix; and the tokens the answer
-    # may take (thinking's too). None: not so asked (a tool is forced). An API without one
-    # always summarizes a transcript (routes/summary_bodies.py).
-    summary_body: Callable[[dict[str, Any], list[ChatMessage], int], SummaryBody] | None = None
+
+    @abstractmethod
+    def parse(
+        self, body: bytes, max_messages: int, max_model_bytes: int
+    ) -> tuple[dict[str, Any], ChatRequest]:
+        """The body (at most this many messages or items, a model name of at most this
+        many bytes) as a JSON object, and as the chat the steps read: its messages and the
+        fields that size the answer. Raises InvalidRequest (the client's 400)."""
+
+    @abstractmethod
+    def body_for(self, body: bytes, data: dict[str, Any], outcome: Outcome) -> bytes:
+        """The request for a view (the client's body, and the object parsed from it): the
+        body itself when the view is the history as sent."""
+
+    @abstractmethod
+    def lower_output(self, body: bytes, verdict: Overflow) -> bytes | None:
+        """The body with its output budget lowered to what the model allows; None if
+        unchanged."""
+
+    @abstractmethod
+    def prompt_tokens(self, chunk: bytes) -> int | None:
+        """What an answer says the prompt took."""
+
+    @abstractmethod
+    def stream_failure(self, head: bytes) -> bytes | None:
+        """The data of a stream head's first event when that event is an error (an overflow
+        there is recovered)."""
+
+    @abstractmethod
+    def stream_error(self, error: dict[str, Any]) -> bytes:
+        """An error object as the API's stream carries one."""
+
+    def untouched(self, data: dict[str, Any], control: str) -> bool:
+        """Whether a request (parsed, and its X-Compaction value) goes upstream as it came,
+        without a session or recovery: its history is not in sight (a chained call)."""
+        return False
+
+    def references(self, data: dict[str, Any]) -> list[str]:
+        """The ids of the items the request names by reference rather than carries."""
+        return []
+
+    def resolved(self, data: dict[str, Any], found: Mapping[str, Any]) -> ChatRequest:
+        """The request's chat view with the items it names (id -> item) read in their
+        place (compaction/references.py); only for an API that ``names_items``."""
+        raise NotImplementedError(f"{self.name} names no items")
+
+    def contract(
+        self,
+        body: bytes,
+        data: dict[str, Any],
+        chat: ChatRequest,
+        tenants: tuple[str, ...],
+        settings: Settings,
+    ) -> Contract | None:
+        """The request (its body, object, chat view), its tenant (then the legacy id it is
+        still known by, while a deployment's ids move: tenants.py) and the settings under
+        the API's own compaction contract; None: the request as it came (no contract)."""
+        return None
+
+    def as_budget(self, verdict: Overflow) -> Overflow:
+        """An overflow answer as this API's recovery reads it (as its classifier did)."""
+        return verdict
+
+    def summary_body(
+        self, data: dict[str, Any], messages: list[ChatMessage], max_tokens: int
+    ) -> SummaryBody:
+        """A summary asked as the request itself (compaction/summary_prefix.py): the request
+        object with ``messages`` (a prefix of its view, the summary instruction last) as its
+        history, unstreamed, its summary in at most ``max_tokens``, whatever else it sent
+        kept, so the provider's prompt cache serves the prefix; and the tokens the answer
+        may take (thinking's too). None: not so asked (a tool is forced), and the default:
+        an API without a summary shape always summarizes a transcript
+        (routes/summary_bodies.py)."""
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +197,61 @@ class Route:
 
     def body_for(self, outcome: Outcome) -> bytes:
         return self.api.body_for(self.body, self.data, outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One request of ``api`` as read (pipeline step 1-2): its body, object and chat view
+    (under its contract, ``deal``: ``AS_SENT`` for none), its tenant (and the legacy id it
+    is still known by), its model, the headers and credential it goes upstream with, its
+    ``X-Compaction`` value, the URL it goes to and where its output items are kept."""
+
+    api: Api
+    body: bytes
+    data: dict[str, Any]
+    chat: ChatRequest
+    tenant: str
+    legacy: str | None
+    deal: Contract
+    model: ResolvedModel
+    headers: list[tuple[bytes, bytes]]
+    auth: list[tuple[bytes, bytes]]
+    control: str
+    url: str
+    kept: OutputItems | None
+
+    @property
+    def untouched(self) -> bool:
+        """Whether it goes upstream as it came: its API or its contract says so (a chained
+        call, an edit the upstream compacts itself), unless the proxy answers it itself."""
+        deal = self.deal
+        return deal.answer is None and (
+            self.api.untouched(self.data, self.control) or deal.untouched
+        )
+
+    def bypassed(self) -> Attempt:
+        """It sent as it came, uncounted (``untouched``)."""
+        return Attempt(self.body, Outcome.bypassed(self.body, self.model.context_window))
+
+    def turn(
+        self, chat: ChatRequest, named: str | None, counts: tuple[int, int], policy: Policy | None
+    ) -> Turn:
+        """It as the compaction steps read it: its chat view ``chat`` (the items it names by
+        reference read), the session it ``named``, how many items it named by reference and
+        how many of those were not read (``counts``), its tenant's ``policy``; and its API
+        and object, for a summary asked as the request itself (compaction/summary_prefix.py)."""
+        body, model, tenant, auth = self.body, self.model, self.tenant, self.auth
+        return Turn(chat, body, model, tenant, named, auth, *counts, policy, self.api, self.data)
+
+    def route(
+        self,
+        data: dict[str, Any] | None = None,
+        recover: bool = False,
+        tool: ToolOffer | None = None,
+    ) -> Route:
+        """Its way upstream, with ``data`` for the object parsed (a tool declared in it)."""
+        data = self.data if data is None else data
+        return Route(self.api, self.url, self.headers, self.body, data, recover, self.kept, tool)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,13 @@ re-serializing it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
 
+from proxy.core.ledger import find_cache_writes, find_cached_tokens
 from proxy.core.models import ResolvedModel
+from proxy.core.outcome import Outcome, Turn
+from proxy.observe.record import current_record
 
 _USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,9})')
 _INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d{1,9})')
@@ -83,3 +87,21 @@ class Calibration:
         if factor <= 1.0:
             return model
         return replace(model, context_window=int(model.context_window / factor))
+
+    def watcher(
+        self, prompt_tokens: Callable[[bytes], int | None], turn: Turn | None, outcome: Outcome
+    ) -> Callable[[bytes], None]:
+        """What reads an answer to ``outcome`` (the view of ``turn``; None: not compacted)
+        chunk by chunk: the provider's prompt, cached and cache-write tokens to the
+        request's ledger, and its prompt count to ``observe`` when ours was a count."""
+        record, calibrate = current_record(), turn is not None and outcome.counted
+        tenant, model = (turn.tenant, turn.model.name) if turn is not None else ("", "")
+
+        def watch(chunk: bytes) -> None:
+            theirs = prompt_tokens(chunk)
+            if theirs is not None:
+                record.used(theirs, find_cached_tokens(chunk), find_cache_writes(chunk))
+                if calibrate:
+                    self.observe(tenant, model, outcome.tokens, theirs)
+
+        return watch

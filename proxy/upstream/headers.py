@@ -153,11 +153,7 @@ class HeaderPolicy:
             elif len(k) == 10 and k.lower() == b"connection":
                 options = v if options is None else options + b"," + v
         if options is not None:
-            # RFC 9110 7.6.1: what the client's Connection header names is for this hop only.
-            named = {t.strip().lower() for t in options.decode("latin-1").split(",")}
-            out = [(k, v) for k, v in out if k.decode("latin-1").lower() not in named]
-            if auth:
-                auth[:] = [(k, v) for k, v in auth if k.decode("latin-1").lower() not in named]
+            out = _this_hop_dropped(options, out, auth)
         if inspect:
             out.append((b"accept-encoding", b"identity"))
         if self._auth_value is not None:
@@ -169,6 +165,17 @@ class HeaderPolicy:
     @staticmethod
     def auth_only(outgoing: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         return [(k, v) for k, v in outgoing if k.lower() in AUTH_HEADERS]
+
+
+def _this_hop_dropped(
+    options: bytes, out: list[tuple[bytes, bytes]], auth: list[tuple[bytes, bytes]] | None
+) -> list[tuple[bytes, bytes]]:
+    """``out`` without the headers the client's Connection header (``options``) names,
+    which RFC 9110 7.6.1 says are for this hop only; ``auth`` loses them too."""
+    named = {t.strip().lower() for t in options.decode("latin-1").split(",")}
+    if auth:
+        auth[:] = [(k, v) for k, v in auth if k.decode("latin-1").lower() not in named]
+    return [(k, v) for k, v in out if k.decode("latin-1").lower() not in named]
 
 
 def response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:

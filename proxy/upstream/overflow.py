@@ -106,33 +106,52 @@ def classify_error(status: int, headers: Mapping[str, str], body: bytes) -> Over
     """Classify one upstream error answer; never raises."""
     parsed = _read_body(body)
     provider = _guess_provider(_header_names(headers), parsed)
-    text = parsed.text
-
     if status == 413:
-        if _RATE_LIMIT.search(text):
-            return Overflow("other", provider=provider)
-        # A gateway's page names no provider; a provider's own JSON keeps its name.
-        if not parsed.is_json or provider == "unknown":
-            provider = "http413"
-        return _overflow(parsed, provider)
+        return _too_large(parsed, provider)
     if status in (400, 422):
-        if _RATE_LIMIT.search(text) or parsed.pydantic:
-            return Overflow("other", provider=provider)
-        budget = _output_budget(text, provider)
-        if budget is not None:
-            return budget
-        if (
-            _OVERFLOW_STRONG.search(text)
-            or _OVERFLOW_WEAK.search(text)
-            or _overflow_code(parsed)
-            or _prompt_above_window(parsed)
-        ):
-            verdict = _overflow(parsed, provider)
-            if status == 422 or verdict.fraction is not None or not _about_the_prompt(parsed):
-                verdict = replace(verdict, validation=True)
-            return verdict
+        return _refused(status, parsed, provider)
+    if status in (500, 503):
+        return _failed(parsed, provider)
+    return Overflow("other", provider=provider)
+
+
+def _too_large(parsed: _Body, provider: Provider) -> Overflow:
+    """A 413: an overflow unless it reads as a rate limit."""
+    if _RATE_LIMIT.search(parsed.text):
         return Overflow("other", provider=provider)
-    if status in (500, 503) and not _RATE_LIMIT.search(text):
+    # A gateway's page names no provider; a provider's own JSON keeps its name.
+    if not parsed.is_json or provider == "unknown":
+        provider = "http413"
+    return _overflow(parsed, provider)
+
+
+def _refused(status: int, parsed: _Body, provider: Provider) -> Overflow:
+    """A 400 or 422: an output budget refused, an overflow (``validation`` when it may be
+    about another field), or something else."""
+    text = parsed.text
+    if _RATE_LIMIT.search(text) or parsed.pydantic:
+        return Overflow("other", provider=provider)
+    budget = _output_budget(text, provider)
+    if budget is not None:
+        return budget
+    if (
+        _OVERFLOW_STRONG.search(text)
+        or _OVERFLOW_WEAK.search(text)
+        or _overflow_code(parsed)
+        or _prompt_above_window(parsed)
+    ):
+        verdict = _overflow(parsed, provider)
+        if status == 422 or verdict.fraction is not None or not _about_the_prompt(parsed):
+            verdict = replace(verdict, validation=True)
+        return verdict
+    return Overflow("other", provider=provider)
+
+
+def _failed(parsed: _Body, provider: Provider) -> Overflow:
+    """A 500 or 503: some providers report an output budget or an overflow this way, in
+    their strongest wording only; a rate limit never is one."""
+    text = parsed.text
+    if not _RATE_LIMIT.search(text):
         budget = _output_budget(text, provider)
         if budget is not None:
             return budget
@@ -248,11 +267,7 @@ def _loads_embedded(text: str) -> object:
 
 def _walk(document: object, *, extra: str, is_json: bool) -> _Body:
     """Flatten parsed JSON into the text the patterns read, plus a few structured fields."""
-    texts: list[str] = [extra] if extra else []
-    keys: set[str] = set()
-    strings: dict[str, str] = {}
-    numbers: dict[str, int] = {}
-    codes: set[str] = set()
+    found = _Found(extra)
     pending: deque[tuple[object, int, str]] = deque([(document, 0, "")])
     nodes = 0
     while pending and nodes < _MAX_NODES:
@@ -261,40 +276,63 @@ def _walk(document: object, *, extra: str, is_json: bool) -> _Body:
         if isinstance(value, dict):
             for child_key, child in value.items():
                 name = str(child_key).lower()
-                keys.add(name)
+                found.keys.add(name)
                 if name not in _ECHO_KEYS:
                     pending.append((child, depth, name))
         elif isinstance(value, list):
             pending.extend((child, depth, key) for child in value)
         elif isinstance(value, str):
-            if key in _RECORDED_KEYS:
-                strings.setdefault(key, value.lower())
-                # Only the body's own fields, as for numbers below: a code inside a string
-                # may be echoed request content.
-                if depth == 0 and key != "param" and len(value) <= _MAX_CODE:
-                    codes.add(value.lower())
-            texts.append(value)
-            # Keep the string too: "[1, 8192]" parses as JSON but is part of a sentence.
-            embedded = _loads_embedded(value) if depth < _MAX_EMBEDDED else _NOT_JSON
+            embedded = found.string(value, depth, key)
             if isinstance(embedded, dict | list):
                 pending.append((embedded, depth + 1, key))
-        elif type(value) is int and 0 <= value < 10**12 and depth == 0:
+        elif type(value) is int and depth == 0:
             # type() rather than isinstance: JSON true/false arrive as bool, a subclass of int.
-            # Only the body's own fields: a document inside a string may be echoed request
-            # content, and a number read from there is not the upstream's word.
-            if key in _NUMBER_KEYS:
-                numbers.setdefault(key, value)
-            elif key == "code":
-                codes.add(str(value))
+            found.number(value, key)
     return _Body(
-        text=_unescape("\n".join(texts)).lower(),
+        text=_unescape("\n".join(found.texts)).lower(),
         is_json=is_json,
-        keys=frozenset(keys),
-        strings=strings,
-        numbers=numbers,
-        codes=frozenset(codes),
+        keys=frozenset(found.keys),
+        strings=found.strings,
+        numbers=found.numbers,
+        codes=frozenset(found.codes),
         pydantic=_is_pydantic(document),
     )
+
+
+class _Found:
+    """What ``_walk`` has found so far: the texts, every key, the first string of each
+    recorded key and of each number key, and the codes."""
+
+    __slots__ = ("codes", "keys", "numbers", "strings", "texts")
+
+    def __init__(self, extra: str) -> None:
+        self.texts: list[str] = [extra] if extra else []
+        self.keys: set[str] = set()
+        self.strings: dict[str, str] = {}
+        self.numbers: dict[str, int] = {}
+        self.codes: set[str] = set()
+
+    def string(self, value: str, depth: int, key: str) -> object:
+        """``value`` (under ``key``, ``depth`` documents deep) noted; the JSON document
+        inside it, if any (``_NOT_JSON`` if none, or too deep to read)."""
+        if key in _RECORDED_KEYS:
+            self.strings.setdefault(key, value.lower())
+            # Only the body's own fields, as for numbers below: a code inside a string
+            # may be echoed request content.
+            if depth == 0 and key != "param" and len(value) <= _MAX_CODE:
+                self.codes.add(value.lower())
+        self.texts.append(value)
+        # Keep the string too: "[1, 8192]" parses as JSON but is part of a sentence.
+        return _loads_embedded(value) if depth < _MAX_EMBEDDED else _NOT_JSON
+
+    def number(self, value: int, key: str) -> None:
+        """A number of the body's own fields: a document inside a string may be echoed
+        request content, and a number read from there is not the upstream's word."""
+        if 0 <= value < 10**12:
+            if key in _NUMBER_KEYS:
+                self.numbers.setdefault(key, value)
+            elif key == "code":
+                self.codes.add(str(value))
 
 
 def _is_pydantic(document: object) -> bool:

@@ -194,9 +194,8 @@ async def _body(held: Held, recovery: Recovery, state: _State) -> AsyncGenerator
                 return
             head += chunk
             unsent += chunk
-        error = recovery.failure(head)
-        verdict = None if error is None else classify_error(400, held.response.headers, error)
-        if verdict is None or verdict.kind == "other":  # not ours: relay it as it came
+        verdict = _recoverable(held, recovery, head)
+        if verdict is None:  # not ours: relay it as it came
             relaying = True
             async for piece in _relayed(unsent, source, recovery.watch_for(outcome)):
                 yield piece
@@ -228,6 +227,14 @@ async def _body(held: Held, recovery: Recovery, state: _State) -> AsyncGenerator
         # As relay.py: a client that went away closes the upstream call it was reading.
         await held.response.aclose()
         await state.response.aclose()
+
+
+def _recoverable(held: Held, recovery: Recovery, head: bytes) -> Overflow | None:
+    """The overflow the stream's ``head`` opens with, when its first event is one the
+    proxy recovers; None for any other stream."""
+    error = recovery.failure(head)
+    verdict = None if error is None else classify_error(400, held.response.headers, error)
+    return None if verdict is None or verdict.kind == "other" else verdict
 
 
 async def _relayed(

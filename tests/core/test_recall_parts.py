@@ -20,7 +20,7 @@ from proxy.core.excerpts import (
 )
 from proxy.core.history import History, result_flags
 from proxy.core.passages import PASSAGE_CHARS, Original, Passage, archived_messages, split_passages
-from proxy.core.ranking import QUERY_TERMS, Ranking, query_terms, terms
+from proxy.core.ranking import QUERY_TERMS, Ranking, names_someone, query_terms, terms
 from proxy.core.tokens import TokenCounter
 from proxy.types import ChatMessage
 from tests.support.encoders import ENCODER
@@ -105,6 +105,20 @@ def test_a_term_rarer_still_matches_alone_only_when_no_passage_holds_two() -> No
     ranking.add(["the migration work is planned", "the migration work is done"])
     found = ranking.search(query_terms("Which ticket tracks the migration work?"), 3)
     assert sorted(doc for _, doc in found) == [151, 152]  # two terms held: those first
+
+
+def test_a_question_about_someone_finds_the_passage_naming_a_person() -> None:
+    """ "Who" shares one common word with the turn that named them ("release", which every
+    filler turn says too): the passage naming a person is the one a who-question asks for."""
+    filler = [f"turn {i}: the release schedule slipped again, as it does" for i in range(60)]
+    ranking = Ranking()
+    ranking.add([*filler, "Dana Whitfield signs off every release from now on."])
+    ranking.add(["Our codename for the release is GREEN-LYNX."])
+    found = ranking.search(query_terms("Who is in charge of the release?"), 3)
+    assert [doc for _, doc in found] == [60]
+    assert not ranking.search(query_terms("What is in charge of the release?"), 3)
+    assert names_someone("talk to Yuki Thorsen-Lind, who took over")
+    assert not names_someone("Since The reorg, New hires and INFO  worker lines")
 
 
 def test_incremental_adds_rank_as_one_build_does() -> None:
