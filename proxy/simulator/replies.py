@@ -256,27 +256,43 @@ def _asked_sections(messages: list[dict[str, Any]]) -> list[str]:
     return _ASKED.findall(text_of(messages[-1].get("content"))) if messages else []
 
 
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """What a summary request asks a summary of: its last message's text (``prompt``),
+    the (role, text) of the messages summarized and how many the first line counts, their
+    text, and the instructions (what an echo copies)."""
+
+    prompt: str
+    quoted: list[tuple[str, str]]
+    count: int
+    read: str
+    instructions: str
+
+
+def _asked(messages: list[dict[str, Any]]) -> _Asked:
+    """The messages the framed transcript quotes (the proxy's prompt) under the system
+    message's instructions; else, asked at the end of the conversation itself, the
+    request's messages before the last, which holds the instructions."""
+    prompt = text_of(messages[-1].get("content"))
+    quoted = read_transcript(prompt)
+    if quoted is not None:
+        opening = messages[0] if messages[0].get("role") != "user" else {}
+        return _Asked(prompt, quoted, len(quoted), prompt, text_of(opening.get("content")))
+    own = [(str(m.get("role")), text_of(m.get("content"))) for m in messages[:-1]]
+    return _Asked(prompt, own, len(messages), prompt_text(messages[:-1]), prompt)
+
+
 def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Voice) -> Reply:
     encoder = voice.encoder
     facts = collect_facts(messages)
     keys = sorted(facts)
-    # Messages summarized: those the framed transcript quotes (the proxy's prompt),
-    # else the request's own.
-    prompt = text_of(messages[-1].get("content"))
-    quoted = read_transcript(prompt)
-    count = len(quoted) if quoted is not None else len(messages)
-    # Asked at the end of the conversation itself, it summarizes what comes before.
-    framed = quoted is not None
-    read = prompt if framed else prompt_text(messages[:-1])
-    if quoted is None:
-        quoted = [(str(m.get("role")), text_of(m.get("content"))) for m in messages[:-1]]
+    asked = _asked(messages)
+    prompt, count, read = asked.prompt, asked.count, asked.read
     sections = _asked_sections(messages)
     if voice.summary_style == "echo":
-        opening = messages[0] if messages[0].get("role") != "user" else {}
-        asked = text_of(opening.get("content")) if framed else prompt
-        return _echo(asked, prompt, budget, encoder)
+        return _echo(asked.instructions, prompt, budget, encoder)
     if voice.summary_style == "parrot":
-        return _parrot(quoted, budget, encoder)
+        return _parrot(asked.quoted, budget, encoder)
     if voice.summary_style == "short":
         content = "\n".join([f"SUMMARY of {count} messages.", *(f"## {s}" for s in sections)])
         return Reply(content, (), "stop", encoder.count(content))
