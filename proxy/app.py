@@ -33,12 +33,12 @@ from proxy.routes import (
     responses,
     sessions_api,
 )
-from proxy.routes.dispatch import Dispatch
 from proxy.routes.endpoints import endpoint
 from proxy.routes.models_list import MAX_LISTING_BYTES as MAX_LISTING
 from proxy.serve.reload import Reloader
 from proxy.serve.shutdown import Drain
 from proxy.services import Services, build_services
+from proxy.shortcuts.starlette_routing import application
 from proxy.upstream.api import Api
 
 log = logging.getLogger("proxy.app")
@@ -204,7 +204,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return Response(error.body(), status_code=error.status, media_type="application/json")
 
 
-# POSTs to these go straight to their handler (routes/dispatch.py).
+# POSTs to these go straight to their handler (shortcuts/starlette_routing.py).
 COMPACTING = [_compacting(api) for api in APIS]
 # Names are the ``route`` of metrics and request lines.
 ROUTES = [
@@ -236,7 +236,7 @@ ROUTES = [
 ]
 
 
-def create_app(settings: Settings, drain: Drain | None = None) -> Dispatch:
+def create_app(settings: Settings, drain: Drain | None = None) -> Starlette:
     """The proxy as an ASGI app; its services open and close with its lifespan.
 
     ``drain``: shared with the server that runs the app (proxy.serve.shutdown), which sets it
@@ -264,7 +264,7 @@ def create_app(settings: Settings, drain: Drain | None = None) -> Dispatch:
                 await services.aclose()
 
     handlers = {ProxyError: proxy_error, HTTPException: http_error}
-    return Dispatch(
+    return application(
         fast=COMPACTING,
         routes=ROUTES,
         lifespan=lifespan,

@@ -1,6 +1,6 @@
 """Shared fixtures: real servers under uvicorn on 127.0.0.1, in background threads.
 
-The tests mirror proxy/'s wings (tests/core/, compaction/, upstream/, routes/, store/,
+The tests mirror proxy/'s wings (tests/core/, compaction/, upstream/, routes/, shortcuts/, store/,
 observe/, serve/, simulator/; the top-level modules' tests at the top), with helpers in
 tests/support/ and the end-to-end tests in tests/e2e/.
 
@@ -37,6 +37,7 @@ from tests.support.servers import (
     run_server,
     valkey_binary,
 )
+from tests.support.shortcuts import forget_if_switched, switch
 
 if TYPE_CHECKING:
     import redis
@@ -126,6 +127,21 @@ def _fast_tier_starts_no_server(request: pytest.FixtureRequest) -> Iterator[None
     allow_servers(request.node.get_closest_marker("e2e") is not None)
     yield
     allow_servers(True)
+
+
+@pytest.fixture(autouse=True)
+def _shortcuts_as_the_run_started() -> Iterator[None]:
+    """A test that switched the framework shortcuts (tests/support/shortcuts.py) leaves
+    the next one to decide afresh, once ``monkeypatch`` has put the switch back."""
+    yield
+    forget_if_switched()
+
+
+@pytest.fixture
+def shortcuts_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The framework shortcuts on for this test, whatever the run's switch: for the tests
+    of a shortcut itself (that it does what the framework does, and does it its way)."""
+    switch(monkeypatch, True)
 
 
 @pytest.fixture(scope="session")

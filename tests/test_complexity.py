@@ -31,10 +31,9 @@ CEILINGS: dict[str, int] = {
     # Being reworked with recall's retrieval at the time of writing (issue 38 left them).
     "compaction/recall_tool.py:RecallTool._rounds": 20,
     "core/ranking.py:Ranking.search": 23,
-    # Framework shortcuts (uvicorn's send, aiohttp's _request, step for step): issue 38
-    # item 2 moves them behind version gates, or drops them, rather than reshaping them.
-    "serve/cycle.py:Cycle._render_head": 28,
-    "upstream/client.py:UpstreamClient._request": 18,
+    # A framework shortcut (uvicorn's send, step for step), behind its version gate
+    # (proxy/shortcuts/): reshaping it would part it from the code it follows.
+    "shortcuts/uvicorn_cycle.py:Cycle._render_head": 28,
     # The simulator's answers: one branch per behaviour of a provider or a weak model it
     # plays (summary styles, error formats, tool choice), a test double's table.
     "simulator/app.py:_answer_chat": 22,

@@ -9,7 +9,10 @@ From the top down; a module may import its own wing and any wing below it:
     pipeline     pipeline.py                 the steps of a compacting request
     services     services.py                 Services and the composition root
     compaction   compaction/
-    upstream     upstream/                   only upstream/client.py imports aiohttp
+    upstream     upstream/                   only upstream/client.py and shortcuts/ import
+                                             aiohttp
+    shortcuts    shortcuts/                  framework internals for speed, each gated
+                                             (below every wing that takes one)
     store        store/
     observe      observe/
     core         core/                       pure: core/, config, errors, types, the
@@ -42,6 +45,7 @@ WINGS = (
     "services",
     "compaction",
     "upstream",
+    "shortcuts",
     "store",
     "observe",
     "core",
@@ -226,9 +230,26 @@ def test_core_imports_only_core_config_errors_types_and_pure_libraries() -> None
     assert sorted(impure) == []
 
 
-def test_only_the_upstream_client_imports_aiohttp() -> None:
+def test_only_the_upstream_client_and_its_shortcut_import_aiohttp() -> None:
     users = {name for name in modules() for t in imports(name) if t.split(".")[0] == "aiohttp"}
-    assert users == {"upstream.client"}
+    assert users == {"upstream.client", "shortcuts.aiohttp_request"}
+
+
+# What reaches into a framework's internals, each module under shortcuts/ (issue 38).
+_INTERNALS = ("uvicorn.protocols", "starlette._utils", "aiohttp.payload", "aiohttp.helpers")
+
+
+def test_framework_internals_are_imported_under_shortcuts_only() -> None:
+    """Besides serve/limits.py, whose bounds are a feature on uvicorn's protocol, not a
+    shortcut (it takes its request side from shortcuts/uvicorn_cycle.py)."""
+    users = {
+        name
+        for name in modules()
+        for target in imports(name)
+        if target.startswith(_INTERNALS) and not name.startswith("simulator")
+    }
+    outside = {name for name in users if wing(name) != "shortcuts"}
+    assert outside == {"serve.limits", "upstream.client"}
 
 
 def test_every_allowed_link_still_exists() -> None:

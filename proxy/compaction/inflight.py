@@ -24,6 +24,7 @@ from starlette.requests import Request
 
 from proxy.config import ServerSettings
 from proxy.errors import ClientDisconnected, Overloaded, PayloadTooLarge, UnsupportedEncoding
+from proxy.shortcuts.starlette_request import consumed
 
 # The scope key under which a request's hold is kept (absent: it took nothing).
 _HELD = "proxy.body_budget"
@@ -116,7 +117,7 @@ async def read_body(request: Request, limit: int, budget: BodyBudget | None = No
             if per_chunk is not None:
                 per_chunk.take(scope, len(chunk))
             chunks.append(chunk)
-    request._stream_consumed = True  # as stream() leaves it: a second read is an error
+    consumed(request)  # as stream() leaves it: a second read is an error
     return b"".join(chunks)
 
 

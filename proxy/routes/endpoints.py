@@ -1,111 +1,23 @@
-"""Route endpoints as plain ASGI apps, and the request object they are given.
+"""Route endpoints as plain ASGI apps.
 
 Starlette wraps a function endpoint in ``request_response``, which adds a second
 exception-handling layer per request (the app's own ``ExceptionMiddleware`` already
-catches what the handlers raise, with the same handlers) and hands it a ``Request``
-whose header lookups scan and decode every header on each call; a chat request makes
-about ten. ``endpoint(handler)`` calls the handler with a ``ProxyRequest`` instead:
-the same object, whose lookups read one dict built on first use.
+catches what the handlers raise, with the same handlers). ``endpoint(handler)`` calls the
+handler itself, with the request ``shortcuts/starlette_request.py`` makes, and releases
+the request's body budget when it is done. An ASGI app as a route's endpoint is
+Starlette's public API.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-from starlette.datastructures import Headers
-from starlette.requests import Request, empty_receive, empty_send
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy.compaction.inflight import release
-
-# Header names as looked up (str) to as matched (lower-cased latin-1 bytes): the few names
-# the proxy asks for, each encoded once, not on every lookup. Bounded, as names could be
-# a client's (a session header name is configuration, but the bound costs nothing).
-_NAMES: dict[str, bytes] = {}
-_NAMES_LIMIT = 256
-
-
-def _name(key: str) -> bytes:
-    name = _NAMES.get(key)
-    if name is None:
-        name = key.lower().encode("latin-1")
-        if len(_NAMES) < _NAMES_LIMIT:
-            _NAMES[key] = name
-    return name
-
-
-class FastHeaders(Headers):
-    """``Headers`` whose ``get``, ``[]`` and ``in`` are one dict lookup.
-
-    As Starlette's, the first of repeated headers is the one returned, and names are
-    matched lower-cased (ASGI servers send them lower-cased).
-    """
-
-    _first: dict[bytes, bytes] | None = None
-
-    @classmethod
-    def of(cls, scope: Scope) -> FastHeaders:
-        """``FastHeaders(scope=scope)``, as ``Headers.__init__`` makes it from a scope
-        (its list copied, and put back in the scope) without its keyword checks."""
-        headers = cls.__new__(cls)
-        headers._list = scope["headers"] = list(scope["headers"])
-        return headers
-
-    def _index(self) -> dict[bytes, bytes]:
-        first = self._first
-        if first is None:
-            # Reversed: the first occurrence of a name is the last one written.
-            first = self._first = dict(reversed(self._list))
-        return first
-
-    def __getitem__(self, key: str) -> str:
-        value = (self._first or self._index()).get(_NAMES.get(key) or _name(key))
-        if value is None:
-            raise KeyError(key)
-        return value.decode("latin-1")
-
-    def get(self, key: str, default: Any = None) -> Any:
-        # ``self._first or``, ``_NAMES.get(key) or``: the index built and the name
-        # encoded already, no call (about ten lookups a request).
-        value = (self._first or self._index()).get(_NAMES.get(key) or _name(key))
-        return default if value is None else value.decode("latin-1")
-
-    def __contains__(self, key: Any) -> bool:
-        return _name(key) in (self._first or self._index())
-
-
-class _FirstHeaders:
-    """``ProxyRequest.headers``: built on first use and kept in the request's own
-    ``__dict__``, where every later read finds it without a call (about seven a request)."""
-
-    def __get__(self, request: Request | None, owner: type) -> Any:
-        if request is None:
-            return self
-        headers = request.__dict__.get("_headers")  # Starlette's own, if it built them
-        if headers is None:
-            headers = request._headers = FastHeaders.of(request.scope)
-        request.__dict__["headers"] = headers
-        return headers
-
-
-class ProxyRequest(Request):
-    """A ``Request`` with ``FastHeaders``."""
-
-    headers = _FirstHeaders()
-
-    def __init__(self, scope: Scope, receive: Receive = empty_receive, send: Send = empty_send):
-        # Request's and HTTPConnection's own, in one frame: the same check and attributes
-        # (tests/routes/test_endpoints.py compares them with Starlette's).
-        assert scope["type"] == "http"
-        self.scope = scope
-        self._receive = receive
-        self._send = send
-        self._stream_consumed = False
-        self._is_disconnected = False
-        self._form = None
-
+from proxy.shortcuts.starlette_request import request_class
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -113,18 +25,22 @@ Handler = Callable[[Request], Awaitable[Response]]
 class endpoint:  # lower case: wraps a handler where a function would
     """``handler`` as an ASGI app (a class, so that ``Route`` takes it as one).
 
+    ``release`` frees the request's body budget once the handler is done (the fast
+    routes' ``FastRoute`` calls it as this does).
+
     What the handler raises propagates to the app's ``ExceptionMiddleware``, whose
     handlers answer it as they would have at the route.
     """
 
     __slots__ = ("handler",)
+    release = staticmethod(release)
 
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            response = await self.handler(ProxyRequest(scope, receive, send))
+            response = await self.handler(request_class()(scope, receive, send))
             await response(scope, receive, send)
         finally:
             # Answered, failed or abandoned: the body it held is no longer held.

@@ -48,12 +48,14 @@ def limited_protocol(limits: ServerSettings) -> type[asyncio.Protocol]:
     import httptools
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    from proxy.serve.cycle import Cycle, RequestSide
+    from proxy.shortcuts.uvicorn_cycle import request_side
 
-    class _Bounded(_LimitsMixin, RequestSide, HttpToolsProtocol):  # type: ignore[misc]
+    side, cycle = request_side()
+
+    class _Bounded(_LimitsMixin, side, HttpToolsProtocol):  # type: ignore[misc, valid-type]
         parser_error = httptools.HttpParserError
         parser_upgrade = httptools.HttpParserUpgrade
-        cycle_class = Cycle
+        cycle_class = cycle
         max_head = limits.max_header_bytes
         head_timeout = limits.header_timeout_s
         body_timeout = limits.body_timeout_s
@@ -198,7 +200,7 @@ class _LimitsMixin:
         self._body_bytes = 0
         self._reading_s = 0.0
         self._last_tick = me.loop.time()
-        # uvicorn's own, its cycle a Cycle: a response's head goes out with its body.
+        # uvicorn's own (shortcuts/uvicorn_cycle.py: a response's head out with its body).
         me.start_cycle(upgrade)
 
     def on_message_complete(self) -> None:

@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import AsyncIterator, Iterable
-from typing import Any, cast
+from collections.abc import AsyncIterator, Awaitable
 
 import aiohttp
-from aiohttp import hdrs
 from aiohttp.client import IDEMPOTENT_METHODS
-from aiohttp.helpers import TimerNoop, get_env_proxy_for_url
-from aiohttp.http import SERVER_SOFTWARE
-from aiohttp.payload import TOO_LARGE_BYTES_BODY, BytesPayload
-from multidict import CIMultiDict, CIMultiDictProxy, istr
+from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 from proxy.config import Settings
 from proxy.errors import UpstreamUnavailable
 from proxy.errors import upstream_failure as _translated
+from proxy.shortcuts.aiohttp_request import SKIP_SET, LeanRequest, lean_request, on_path
 from proxy.upstream.deadline import Deadlines
 from proxy.upstream.response import UpstreamResponse as UpstreamResponse
 from proxy.upstream.seam import Upstream as Upstream  # the seam's home was here
@@ -32,66 +28,6 @@ from proxy.upstream.urls import plain_url
 _CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 # Request bodies bigger than this are written in chunks (aiohttp warns about larger bytes).
 _WRITE_IN_CHUNKS = 1024 * 1024
-# aiohttp adds these when absent; the proxy sends what the client sent, no more.
-_SKIP_SET = frozenset(istr(name) for name in ("User-Agent", "Accept-Encoding", "Content-Type"))
-_SKIP: CIMultiDict[None] = CIMultiDict((name, None) for name in sorted(_SKIP_SET))
-_OCTETS = {hdrs.CONTENT_TYPE: "application/octet-stream"}  # a BytesPayload's one header
-
-
-class _Bytes(BytesPayload):
-    """aiohttp's payload of bytes, as its registry makes it, without its general work."""
-
-    _headers = cast("CIMultiDict[str]", CIMultiDictProxy(CIMultiDict(_OCTETS)))
-    _encoding = None
-    _filename = None
-
-    def __init__(self, value: bytes) -> None:
-        self._value = value
-        self._size = len(value)
-
-
-class _Request(aiohttp.ClientRequest):
-    """aiohttp's request, its automatic headers and a body of bytes decided for the
-    session's skip set (bench/README.md, "Saturation, session of 2026-11-26: the upstream
-    call" and its "second pass"). The same head: tests/upstream/test_request_head.py."""
-
-    def update_auto_headers(self, skip_auto_headers: Iterable[str] | None) -> None:
-        if skip_auto_headers != _SKIP_SET:  # not the session's: aiohttp's own way
-            super().update_auto_headers(skip_auto_headers)
-            return
-        self._skip_auto_headers = _SKIP
-        for name, value in _AUTO:
-            if name not in self.headers:
-                self.headers[name] = value
-
-    def update_body_from_data(self, body: Any, _stacklevel: int = 3) -> None:
-        if (
-            not _LEAN  # _Bytes sets the attributes of aiohttp 3.14's payload
-            or type(body) is not bytes
-            or self._body is not None
-            or self._skip_auto_headers is not _SKIP
-            or len(body) > TOO_LARGE_BYTES_BODY
-        ):
-            super().update_body_from_data(body, _stacklevel + 1)
-            return
-        # As the registry's BytesPayload: its one header, Content-Type, is in the skip set.
-        self._body = _Bytes(body)
-        if not self.chunked and hdrs.CONTENT_LENGTH not in self.headers:
-            self.headers[hdrs.CONTENT_LENGTH] = str(len(body))
-
-
-# What aiohttp adds when the caller sent none and the session does not skip, in its order.
-_AUTO = [*_Request.DEFAULT_HEADERS.items(), (hdrs.USER_AGENT, SERVER_SOFTWARE)]
-_AUTO = [(name, value) for name, value in _AUTO if name not in _SKIP]
-
-
-# UpstreamClient._request follows aiohttp 3.14's ClientSession._request (constraints.txt).
-_LEAN = aiohttp.__version__.startswith("3.14.")
-_NO_TIMER = TimerNoop()
-
-
-def _timeout(exc: OSError) -> bool:
-    return exc.errno is None and isinstance(exc, TimeoutError)  # not ETIMEDOUT's OSError
 
 
 class UpstreamClient:
@@ -118,18 +54,21 @@ class UpstreamClient:
             proxy, proxy_auth = get_env_proxy_for_url(URL(up.base_url))
         except LookupError:
             proxy, proxy_auth = None, None
-        self._lean = _LEAN and proxy is None
+        # aiohttp 3.14's internals, or aiohttp's own request and path (shortcuts/).
+        lean = on_path()
+        self._lean = lean and proxy is None
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=timeout,
             auto_decompress=False,  # bytes are relayed exactly as the upstream sent them
-            skip_auto_headers=_SKIP_SET,
+            # aiohttp adds these when absent; the proxy sends what the client sent, no more.
+            skip_auto_headers=SKIP_SET,
             # One session serves every tenant: an upstream's cookies must never be
             # stored and replayed on someone else's requests.
             cookie_jar=aiohttp.DummyCookieJar(),
             proxy=proxy,
             proxy_auth=proxy_auth,
-            request_class=_Request,
+            request_class=LeanRequest if lean else aiohttp.ClientRequest,
         )
 
     async def send(
@@ -169,74 +108,19 @@ class UpstreamClient:
             raise UpstreamUnavailable("The upstream answered with an invalid HTTP status.")
         return _Response(response, deadline, self._deadlines)
 
-    async def _request(
+    def _request(
         self, method: str, url: str | URL, headers: list[tuple[str, str]], data: object
-    ) -> aiohttp.ClientResponse:
+    ) -> Awaitable[aiohttp.ClientResponse]:
         """``session.request``. A POST to a plain URL (the proxy's own calls) skips what of
-        ``ClientSession._request`` this session never uses (redirects, cookies, traces,
-        middlewares, a total timeout): the same request, head and errors, ~11 µs less."""
+        ``ClientSession._request`` this session never uses (shortcuts/aiohttp_request.py):
+        the same request, head and errors. Not a coroutine of its own: the caller awaits
+        the one it returns (a frame less each time the request resumes)."""
         session = self._session
         # (aiohttp retries an idempotent call once on a stale connection: not here)
         plain = plain_url(url) if self._lean and method.upper() not in IDEMPOTENT_METHODS else None
         if plain is None or session.closed:
-            return await session.request(
-                method, url, headers=headers, data=data, allow_redirects=False
-            )
-        url = plain
-        timeout, connector = session.timeout, session.connector
-        assert connector is not None
-        # Names each once, in any spelling, and no session defaults: the list is what
-        # ``_prepare_headers`` would make of it (~2 µs); else aiohttp's merge.
-        distinct = len({name.lower() for name, _ in headers}) == len(headers)
-        req = _Request(
-            method,
-            url,
-            headers=headers
-            if distinct and not session._default_headers
-            else session._prepare_headers(headers),
-            skip_auto_headers=session.skip_auto_headers,
-            data=data,
-            version=session._version,
-            loop=session._loop,
-            response_class=session._response_class,
-            timer=_NO_TIMER,
-            session=session,
-        )
-        try:
-            try:
-                conn = await connector.connect(req, traces=[], timeout=timeout)
-            except TimeoutError as exc:
-                raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {url}") from exc
-            assert conn.protocol is not None
-            conn.protocol.set_response_params(
-                timer=_NO_TIMER,
-                read_until_eof=True,
-                auto_decompress=session.auto_decompress,
-                read_timeout=timeout.sock_read,
-                read_bufsize=session._read_bufsize,
-                timeout_ceil_threshold=connector._timeout_ceil_threshold,
-                max_line_size=session._max_line_size,
-                max_field_size=session._max_field_size,
-                max_headers=session._max_headers,
-            )
-            try:
-                response = await req.send(conn)
-                try:
-                    await response.start(conn)
-                except BaseException:
-                    response.close()
-                    raise
-            except BaseException:
-                conn.close()
-                raise
-        except OSError as exc:
-            if isinstance(exc, aiohttp.ClientError) or _timeout(exc):
-                raise
-            raise aiohttp.ClientOSError(*exc.args) from exc  # as aiohttp's own path does
-        finally:
-            if req._body is not None and type(req._body) is not _Bytes:  # (its close: a no-op)
-                await req._body.close()
-        return response
+            return session.request(method, url, headers=headers, data=data, allow_redirects=False)
+        return lean_request(session, method, plain, headers, data)
 
     async def aclose(self) -> None:
         self._deadlines.close()

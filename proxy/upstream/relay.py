@@ -10,10 +10,11 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 
 from starlette.background import BackgroundTask
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
 from proxy.errors import UpstreamStreamBroken
+from proxy.shortcuts.starlette_response import Relaying as Relaying
+from proxy.shortcuts.starlette_response import peeked, whole
 from proxy.upstream.client import UpstreamResponse
 from proxy.upstream.headers import response_headers
 
@@ -24,24 +25,13 @@ log = logging.getLogger("proxy.upstream")
 _BUFFER_LIMIT = 1024 * 1024
 
 
-class Relayed(Response):
-    """A body read whole, with the headers it goes out with: ``Response``'s own
-    constructor renders and builds headers that relaying would only replace."""
-
-    def __init__(self, body: bytes, status_code: int, raw_headers: list[tuple[bytes, bytes]]):
-        self.status_code = status_code
-        self.background = None
-        self.body = body
-        self.raw_headers = raw_headers
-
-
 def buffered(
     response: UpstreamResponse, body: bytes, extra_headers: Iterable[tuple[bytes, bytes]] = ()
 ) -> Response:
     """An upstream answer whose raw body was already read: relay it as received."""
     length = (b"content-length", str(len(body)).encode())
     headers = [*response_headers(response), *extra_headers, length]
-    return Relayed(body, response.status_code, headers)
+    return whole(body, response.status_code, headers)
 
 
 async def relay(
@@ -75,9 +65,9 @@ async def relay(
         if watch is not None:
             watch(body)
         headers.append((b"content-length", str(len(body)).encode()))
-        return Relayed(body, response.status_code, headers)
+        return whole(body, response.status_code, headers)
     if started is not None and started[0]:  # the head peeked for an overflow: out first
-        return Streamed(_raw_chunks(response, watch, started), response, headers)
+        return peeked(_raw_chunks(response, watch, started), response, headers)
     out = Relaying(
         _raw_chunks(response, watch, started),
         status_code=response.status_code,
@@ -85,89 +75,6 @@ async def relay(
     )
     out.raw_headers = headers
     return out
-
-
-class Relaying(StreamingResponse):
-    """A stream relayed as it comes, that stops reading its source once the client is gone.
-
-    Starlette notices the disconnect (its listener's ``receive``) and cancels the relaying
-    task; but that cancellation lands only while the task waits, and a task whose upstream
-    always has the next bytes ready is never found waiting (anyio does not cancel a task
-    whose wait is already over), so it would read the rest of the stream for no one,
-    since sends to a closed connection return at once. The listener's flag is checked
-    between chunks instead: one attribute read a chunk. ``chunks`` is an async generator,
-    closed here when the client leaves, which closes the upstream's connection."""
-
-    gone = False  # the client disconnected (set by the listener)
-
-    def __init__(
-        self,
-        chunks: AsyncGenerator[bytes, None],
-        status_code: int = 200,
-        background: BackgroundTask | None = None,
-    ) -> None:
-        super().__init__(chunks, status_code, background=background)
-        self._chunks = chunks
-
-    async def listen_for_disconnect(self, receive: Receive) -> None:
-        await super().listen_for_disconnect(receive)
-        self.gone = True
-
-    async def stream_response(self, send: Send) -> None:
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-        await self.relay_body(send)
-
-    async def relay_body(self, send: Send) -> None:
-        """The body's chunks as they come, then its end; or, once the client is gone,
-        nothing more (the source closed)."""
-        chunks = self._chunks
-        async for chunk in chunks:
-            if self.gone:
-                await chunks.aclose()
-                return
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-class Streamed(Relaying):
-    """A stream whose first bytes were read already (its head, peeked for an overflow):
-    its status, headers and those bytes go out as soon as it is called, before the
-    task group that relays the rest and listens for a disconnect (starlette's, under
-    ASGI < 2.4) is set up, so the client's first byte waits for neither that nor a turn
-    of the loop (issue 27). The rest, the disconnect and the background as its base's."""
-
-    def __init__(
-        self,
-        chunks: AsyncGenerator[bytes, None],
-        response: UpstreamResponse,
-        raw_headers: list[tuple[bytes, bytes]],
-    ) -> None:
-        # The base's own set-up (what a starlette upgrade adds there comes along), then
-        # the upstream's headers as they are.
-        super().__init__(chunks, response.status_code, background=BackgroundTask(response.aclose))
-        self.upstream = response
-        self.raw_headers = raw_headers
-        self.started = False
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        start = {"type": "http.response.start", "status": self.status_code}
-        try:
-            await send({**start, "headers": self.raw_headers})
-            self.started = True
-            head = await anext(self._chunks)  # read already: yielded at once
-            await send({"type": "http.response.body", "body": head, "more_body": True})
-        except BaseException:  # the client is gone (an ASGI 2.4 server raises): free it
-            await self.upstream.aclose()
-            raise
-        await super().__call__(scope, receive, send)
-
-    async def stream_response(self, send: Send) -> None:
-        if not self.started:  # (a websocket scope: never one of ours)
-            await super().stream_response(send)
-            return
-        await self.relay_body(send)
 
 
 async def _raw_chunks(

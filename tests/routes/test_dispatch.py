@@ -1,5 +1,6 @@
-"""A fast route's POST (routes/dispatch.py) is served as Starlette would serve it: the same
-messages out, the same exception raised, the same scope keys, without the router."""
+"""A fast route's POST (shortcuts/starlette_routing.py) is served as Starlette would serve
+it: the same messages out, the same exception raised, the same scope keys, without the
+router."""
 
 from __future__ import annotations
 
@@ -22,8 +23,12 @@ from proxy.errors import InvalidRequest, ProxyError
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import RecordRequests
 from proxy.observe.recorder import Recorder
-from proxy.routes.dispatch import Dispatch
-from proxy.routes.endpoints import ProxyRequest, endpoint
+from proxy.routes.endpoints import endpoint
+from proxy.shortcuts.starlette_request import ProxyRequest
+from proxy.shortcuts.starlette_routing import Dispatch
+
+# Tests of the shortcuts themselves: on, whatever the run's switch.
+pytestmark = pytest.mark.usefixtures("shortcuts_on")
 
 SEEN: list[tuple[str, Any]] = []  # what the handlers and the middleware saw
 BUDGET = BodyBudget(ServerSettings())

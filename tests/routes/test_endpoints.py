@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
-from proxy.routes.endpoints import FastHeaders, ProxyRequest
+from proxy.shortcuts.starlette_request import FastHeaders, ProxyRequest
+
+# Tests of the shortcuts themselves: on, whatever the run's switch.
+pytestmark = pytest.mark.usefixtures("shortcuts_on")
 
 RAW = [
     (b"content-type", b"application/json"),

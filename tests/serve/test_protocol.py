@@ -1,7 +1,7 @@
-"""The proxy's HTTP protocol (proxy.serve.limits, proxy.serve.cycle) against uvicorn's own,
-in-process on a fake transport: a response of known length goes out in one write, every
-response's bytes as uvicorn writes them; an idle connection closes after the keep-alive
-timeout without a timer armed per response.
+"""The proxy's HTTP protocol (proxy.serve.limits, proxy.shortcuts.uvicorn_cycle) against
+uvicorn's own, in-process on a fake transport: a response of known length goes out in one
+write, every response's bytes as uvicorn writes them; an idle connection closes after the
+keep-alive timeout without a timer armed per response.
 
 Over sockets, through the whole proxy: tests/e2e (every response goes through it), and
 the limits against slow clients: tests/e2e/test_client_limits.py.
@@ -19,8 +19,8 @@ from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, Ht
 from uvicorn.server import ServerState
 
 from proxy.config import ServerSettings
-from proxy.serve.cycle import _BAD_NAME, _BAD_VALUE
 from proxy.serve.limits import limited_protocol
+from proxy.shortcuts.uvicorn_cycle import _BAD_NAME, _BAD_VALUE
 
 App = Callable[[Any, Any, Any], Awaitable[None]]
 
@@ -125,6 +125,7 @@ def test_the_bytes_a_header_may_not_hold_are_uvicorns() -> None:
         assert bool(HEADER_VALUE_RE.search(byte)) == (byte in _BAD_VALUE)
 
 
+@pytest.mark.usefixtures("shortcuts_on")  # the shortcut's own way
 @pytest.mark.parametrize("case", ["known length", "known length, large", "head request"])
 async def test_a_response_of_known_length_goes_out_in_one_write(case: str) -> None:
     app, request = CASES[case]
@@ -161,7 +162,7 @@ async def test_an_idle_connection_closes_after_the_keepalive_timeout() -> None:
     server.data_received(GET)  # a second request: idle again from its answer
     for _ in range(50):
         await asyncio.sleep(0)
-    assert len(transport.writes) == 2
+    assert b"".join(transport.writes).count(b"HTTP/1.1 200 OK") == 2
     await asyncio.sleep(0.8)
     assert not transport.closed
     await asyncio.sleep(0.6)

@@ -1,4 +1,4 @@
-"""The request side of the proxy's HTTP protocol (proxy.serve.cycle ``RequestSide`` and
+"""The request side of the proxy's HTTP protocol (proxy.shortcuts.uvicorn_cycle ``RequestSide`` and
 ``Cycle.receive``) against uvicorn's own, in-process on a fake transport: the same scope,
 the same ``receive`` messages however the bytes arrive, the same writes and flow control;
 a body that arrives in one read reaches the app as the parser's bytes, never copied.
@@ -148,6 +148,7 @@ async def test_over_uvicorns_concurrency_limit_the_answer_is_uvicorns_503() -> N
     assert ours[1][0].startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
 
 
+@pytest.mark.usefixtures("shortcuts_on")  # the shortcut's own way
 async def test_a_body_in_one_read_is_the_parsers_bytes_not_a_copy() -> None:
     """uvicorn appends a body to a ``bytearray`` and hands the app a ``bytes`` copy of it:
     two copies of every body. A body in one piece is kept as the parser gave it."""

@@ -1,7 +1,8 @@
-"""A body of bytes becomes aiohttp's payload without aiohttp's payload registry (client.py,
-``_Request.update_body_from_data``). Each case runs four ways: that or aiohttp's own, on
-the lean path or through ``session.request``; all must put the same head and body
-upstream and get the same answer.
+"""A body of bytes becomes aiohttp's payload without aiohttp's payload registry
+(shortcuts/aiohttp_request.py, ``LeanRequest.update_body_from_data``). Each case runs four
+ways: that or aiohttp's own, with the shortcuts on (the lean path) or off (aiohttp's own
+request class and ``session.request``); all must put the same head and body upstream and
+get the same answer.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import pytest
 from aiohttp import payload
 from yarl import URL
 
-from proxy.upstream import client as client_module
+from proxy.shortcuts import aiohttp_request as lean_module
 from proxy.upstream.client import UpstreamClient
 from tests.support.recording_upstream import RecordingUpstream
 from tests.support.servers import proxy_settings
+from tests.support.shortcuts import switch
 
 SMALL = b'{"messages":[{"role":"user","content":"hi"}]}'
 
@@ -49,13 +51,13 @@ async def test_the_same_head_and_body_upstream_four_ways(
     extra: list[tuple[bytes, bytes]],
     sent: bytes,
 ) -> None:
-    ours = client_module._Request.update_body_from_data
+    ours = lean_module.LeanRequest.update_body_from_data
     answers = []
     async with RecordingUpstream() as upstream:
         for way in (ours, aiohttp.ClientRequest.update_body_from_data):
-            monkeypatch.setattr(client_module._Request, "update_body_from_data", way)
-            for lean in (True, False):
-                monkeypatch.setattr(client_module, "_LEAN", lean)
+            monkeypatch.setattr(lean_module.LeanRequest, "update_body_from_data", way)
+            for on in (True, False):
+                switch(monkeypatch, on)
                 answers.append(await _post(upstream.url, body, extra))
     assert answers == [(200, b"{}")] * 4
     assert len(upstream.heads) == 4
@@ -74,12 +76,12 @@ async def test_a_body_of_bytes_skips_the_payload_registry(
 
     loop = asyncio.get_running_loop()
     url = URL("http://127.0.0.1:9/v1/chat/completions")
-    common: dict[str, Any] = {"loop": loop, "skip_auto_headers": client_module._SKIP_SET}
+    common: dict[str, Any] = {"loop": loop, "skip_auto_headers": lean_module.SKIP_SET}
     for headers in ([("content-type", "application/json")], [("Content-Length", "3")]):
         theirs = aiohttp.ClientRequest("POST", url, headers=headers, data=SMALL, **common)
         with monkeypatch.context() as patch:
             patch.setattr(payload, "PAYLOAD_REGISTRY", Refusing())
-            ours = client_module._Request("POST", url, headers=headers, data=SMALL, **common)
+            ours = lean_module.LeanRequest("POST", url, headers=headers, data=SMALL, **common)
         assert list(ours.headers.items()) == list(theirs.headers.items())
         mine, aiohttps = ours.body, theirs.body
         assert isinstance(mine, payload.BytesPayload)

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.upstream import client as client_module
 from proxy.upstream.client import UpstreamClient
 from tests.support.servers import proxy_settings
+from tests.support.shortcuts import switch
 
 
 class _SlowUpstream:
@@ -65,7 +65,7 @@ def _fds() -> int:
 async def test_cancelled_calls_leave_nothing_behind(
     monkeypatch: pytest.MonkeyPatch, lean: bool
 ) -> None:
-    monkeypatch.setattr(client_module, "_LEAN", lean)
+    switch(monkeypatch, lean)
     upstream = _SlowUpstream()
     server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"

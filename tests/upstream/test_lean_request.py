@@ -1,5 +1,6 @@
-"""``UpstreamClient._request``: a POST to a plain URL skips ``ClientSession._request``. Each
-case here runs twice, once that way and once through ``session.request`` (``_LEAN`` off),
+"""``UpstreamClient._request``: a POST to a plain URL skips ``ClientSession._request``
+(shortcuts/aiohttp_request.py). Each case here runs twice, once that way and once with the
+shortcuts off (``session.request`` and aiohttp's own request class),
 and the two must end the same: the same head and body upstream, the same answer back, or
 the same error, translated the same way.
 """
@@ -14,12 +15,13 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from proxy.upstream import client as client_module
+from proxy.shortcuts import aiohttp_request as lean_module
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.urls import plain_url
 from tests.support.breaking_upstream import BreakingUpstream
 from tests.support.recording_upstream import RecordingUpstream
 from tests.support.servers import free_port, proxy_settings
+from tests.support.shortcuts import switch
 
 Call = Callable[[UpstreamClient, str], Awaitable[Any]]
 
@@ -41,9 +43,9 @@ async def _both(
     monkeypatch: pytest.MonkeyPatch, url: str, call: Call, **upstream: Any
 ) -> tuple[Any, Any]:
     lean = await _outcome(url, call, lean=True, **upstream)
-    monkeypatch.setattr(client_module, "_LEAN", False)
+    switch(monkeypatch, False)
     general = await _outcome(url, call, lean=False, **upstream)
-    monkeypatch.setattr(client_module, "_LEAN", True)
+    switch(monkeypatch, True)
     return lean, general
 
 
@@ -54,10 +56,12 @@ async def _post(client: UpstreamClient, url: str, body: Any = b'{"a":1}') -> tup
     return response.status_code, [h for h in raw if h[0] != b"date"], await response.aread_closed()
 
 
+@pytest.mark.usefixtures("shortcuts_on")  # the shortcut's own way
 def test_the_pinned_aiohttp_takes_the_lean_path() -> None:
-    assert client_module._LEAN, aiohttp.__version__
+    assert lean_module.on_path(), aiohttp.__version__
 
 
+@pytest.mark.usefixtures("shortcuts_on")  # the shortcut's own way
 async def test_a_post_skips_the_sessions_request(monkeypatch: pytest.MonkeyPatch) -> None:
     async def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("ClientSession._request")
@@ -197,7 +201,7 @@ async def test_the_same_answer_after_a_pooled_connection_was_reset(
     async with BreakingUpstream(head, b"{}") as upstream:
         lean = await _outcome(upstream.url, twice, lean=True)
         upstream.cut.clear()
-        monkeypatch.setattr(client_module, "_LEAN", False)
+        switch(monkeypatch, False)
         general = await _outcome(upstream.url, twice, lean=False)
     assert lean == general
     assert lean[0] == "ok"
@@ -222,7 +226,7 @@ async def test_the_same_wrapping_of_an_error_sending(
     async def fail(self: Any, conn: Any) -> None:
         raise error
 
-    monkeypatch.setattr(client_module._Request, "send", fail)
+    monkeypatch.setattr(aiohttp.ClientRequest, "send", fail)  # LeanRequest's too
     async with RecordingUpstream() as upstream:
         lean, general = await _both(monkeypatch, upstream.url, _post)
     assert lean == general

@@ -40,6 +40,7 @@ def _scope() -> dict[str, Any]:
     return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
 
 
+@pytest.mark.usefixtures("shortcuts_on")  # Streamed's own way
 async def test_the_head_goes_out_before_the_relay_waits_on_the_client() -> None:
     upstream = FakeStream()
     seen: list[bytes] = []
@@ -64,6 +65,7 @@ async def test_the_head_goes_out_before_the_relay_waits_on_the_client() -> None:
     assert upstream.closed >= 1
 
 
+@pytest.mark.usefixtures("shortcuts_on")  # Streamed's own way
 async def test_a_client_that_cannot_be_sent_to_frees_the_upstream_answer() -> None:
     upstream = FakeStream()
     response = await relay(cast(UpstreamResponse, upstream))

@@ -2,7 +2,8 @@
 their order, aiohttp's Host first, its ``Accept: */*`` only when the caller sent none, the
 body's Content-Length last, and none of the headers aiohttp would add of its own
 (User-Agent, Accept-Encoding, a Content-Type for the bytes). The session builds its requests
-with a class of its own (client.py, ``_Request``); these hold it to aiohttp's output.
+with a class of its own (shortcuts/aiohttp_request.py, ``LeanRequest``); these hold it to
+aiohttp's output.
 """
 
 from __future__ import annotations

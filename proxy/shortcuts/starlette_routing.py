@@ -1,4 +1,4 @@
-"""The compacting routes' POSTs, straight to their handler (issue 27).
+"""The compacting routes' POSTs, straight to their handler.
 
 Starlette serves a request through its stack: ``ServerErrorMiddleware``, the app's
 middleware (``RecordRequests``), ``ExceptionMiddleware`` (a ``Request`` and two closures
@@ -13,19 +13,21 @@ wrapper a plain function, not a coroutine a message). It leaves the same keys in
 scope, calls the same handler and, when that raises, the same exception handler (a
 handled exception once the answer has started is the same ``RuntimeError``), and an
 exception that goes past them the same 500. Every other request goes Starlette's way.
+
+It reads Starlette 1.10's internals (``ExceptionMiddleware``'s handler tables, the scope
+key they go under, ``ServerErrorMiddleware``'s answers): ``application()`` builds it on that
+series, else a plain ``Starlette`` with the same routes, which serves them its own way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from inspect import iscoroutinefunction
-from typing import Any
+from typing import Any, Protocol
 
-from starlette._utils import is_async_callable
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import Request
@@ -33,21 +35,38 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.compaction.inflight import release
-from proxy.routes.endpoints import ProxyRequest, endpoint
+from proxy.shortcuts.gate import missing, on
+from proxy.shortcuts.starlette_request import ProxyRequest
+
+try:  # what only Dispatch uses: another release may have moved it (then it is off)
+    from starlette._utils import is_async_callable
+    from starlette.middleware.body_limit import RequestBodyLimitMiddleware
+except ImportError as exc:
+    missing("starlette", exc)
 
 _HANDLERS = "starlette.exception_handlers"  # where ExceptionMiddleware puts its handlers
 
 
+class Endpoint(Protocol):
+    """A fast route's app (routes/endpoints.py ``endpoint``): the handler it calls, and
+    what it does with the scope once the handler is done."""
+
+    handler: Callable[[Request], Awaitable[Response]]
+
+    def release(self, scope: Scope) -> None: ...
+
+
 class FastRoute:
-    """``route`` (its app an ``endpoint``) as ``answers`` (the app's
+    """``route`` (its app an ``Endpoint``) as ``answers`` (the app's
     ``ExceptionMiddleware``), its router and the route itself would serve it."""
 
-    __slots__ = ("handler", "handlers", "route", "router")
+    __slots__ = ("handler", "handlers", "release", "route", "router")
 
     def __init__(self, route: Route, router: ASGIApp, answers: ExceptionMiddleware) -> None:
-        assert isinstance(route.app, endpoint), route.path
-        self.route, self.router, self.handler = route, router, route.app.handler
+        app: Endpoint = route.app  # type: ignore[assignment]  # checked below
+        assert all(hasattr(app, name) for name in ("handler", "release")), route.path
+        self.route, self.router, self.handler = route, router, app.handler
+        self.release = app.release
         self.handlers = (answers._exception_handlers, answers._status_handlers)
         handlers = (*self.handlers[0].values(), *self.handlers[1].values())
         assert all(iscoroutinefunction(h) for h in handlers), "exception handlers: async"
@@ -75,7 +94,7 @@ class FastRoute:
                 await response(scope, receive, sender)
             finally:
                 # Answered, failed or abandoned: the body it held is no longer held.
-                release(scope)
+                self.release(scope)
         except Exception as exc:  # as ExceptionMiddleware answers it
             handler = self._handler_for(exc)
             if handler is None:
@@ -182,3 +201,11 @@ def _check_first(app: Starlette, route: Route) -> None:
     first = next((r for r in app.router.routes if r.matches(scope)[0] is Match.FULL), None)
     if first is not route:
         raise ValueError(f"{route.path}: the router would not pick this route for a POST")
+
+
+def application(*, fast: Sequence[Route], **kwargs: Any) -> Starlette:
+    """``Dispatch(fast=fast, **kwargs)`` on the tested Starlette series, else
+    ``Starlette(**kwargs)``: the same routes, every request served Starlette's way."""
+    if on("starlette"):
+        return Dispatch(fast=fast, **kwargs)
+    return Starlette(**kwargs)

@@ -10,7 +10,7 @@ response of unknown length (a stream, chunked) gets its head at once, as before:
 first event may be a while. The headers are also checked in two searches over all of
 them rather than two per header (uvicorn's own patterns and errors).
 
-Everything else is uvicorn's ``send`` (0.54, as constraints.txt pins it), step for
+Everything else is uvicorn's ``send`` (0.54, the series ``gate.TESTED`` names), step for
 step. ``RequestSide``, under ``limits.py``'s protocol, makes each request's cycle one of
 these as its head is parsed (uvicorn's ``on_headers_complete``, step for step) and hands
 it the body as it comes: a body that arrives in one piece (nearly all) reaches the app
@@ -18,6 +18,9 @@ as the very bytes the parser gave, where uvicorn appends them to a ``bytearray``
 copies that into a new ``bytes`` (two copies: an 8 KB chat body's, or a 400 KB one's).
 A ``receive`` whose body is already in awaits no ``Event.wait`` coroutine (it would
 return at once). bench/README.md has the figures.
+
+``request_side()`` picks these, or, off that series or with the shortcuts switched off,
+``UvicornSide`` and uvicorn's own ``RequestResponseCycle``: the same bytes on the wire.
 """
 
 from __future__ import annotations
@@ -27,14 +30,16 @@ import urllib.parse
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
-from uvicorn.protocols.http.httptools_impl import (
-    HEADER_RE,
-    HEADER_VALUE_RE,
-    STATUS_LINE,
-    RequestResponseCycle,
-)
-from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from proxy.shortcuts.gate import missing, on
+
+try:  # what only the shortcuts use: another release may have moved it (then they are off)
+    from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
+    from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
+    from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+except ImportError as exc:
+    missing("uvicorn", exc)
 
 # A body up to this size is joined to its head (one buffer); a larger one is handed over
 # beside it.
@@ -268,3 +273,25 @@ class RequestSide:
         if len(held) > HIGH_WATER_LIMIT:
             me.flow.pause_reading()
         cycle.message_event.set()
+
+
+class UvicornSide:
+    """The public path beside ``RequestSide``: uvicorn's own ``on_headers_complete`` and
+    ``on_body``, and its own cycle (``cycle_class``)."""
+
+    cycle_class: type[Any] = RequestResponseCycle
+
+    def start_cycle(self, upgrade: bool) -> None:
+        """uvicorn's ``on_headers_complete``; an ``upgrade`` request's connection closes
+        after its answer, as ``RequestSide`` leaves it."""
+        me: Any = self
+        before = me.cycle
+        HttpToolsProtocol.on_headers_complete(me)
+        if upgrade and me.cycle is not before:
+            me.cycle.keep_alive = False
+
+
+def request_side() -> tuple[type[Any], type[Any]]:
+    """The protocol's request side and the cycle class it makes: ours on the tested
+    uvicorn series, else uvicorn's own."""
+    return (RequestSide, Cycle) if on("uvicorn") else (UvicornSide, RequestResponseCycle)
