@@ -181,6 +181,10 @@ class CompactionSettings(_Section):
     # Most summarizer calls (so windows of tokens) of one compaction, retries included: a
     # span that needs more keeps its newest chunks, the oldest left out behind a marker.
     max_summary_calls: int = Field(16, ge=2)
+    # "cached": the summary asked as the live request cut after the span, the instruction
+    # last, so the provider's prompt cache serves it (summary_prefix.py); "transcript": a
+    # quoted transcript under the proxy's own instructions (where "cached" cannot go too).
+    summary_prompt: Literal["cached", "transcript"] = "cached"
     # "user": a user/assistant handoff pair; "system": the (steerable) summary, system authority.
     summary_role: Literal["user", "system"] = "user"
     # Most values restored into a summary or quoted in a trimmed view's digest, with role.

@@ -106,7 +106,7 @@ async def _turn(request: Request, services: Services, came: Incoming) -> Turn:
         services.references.observe(read.references, read.unresolved)
         chat, counts = read.chat, (read.references, read.unresolved)
     named = session_name(request.headers, came.data, services.settings.session)
-    turn = Turn(chat, came.body, came.model, came.tenant, named, came.auth, *counts, policy)
+    turn = came.turn(chat, named, counts, policy)  # its API and object with it
     record_of(request).note_turn(turn)
     return turn
 

@@ -44,6 +44,7 @@ from tests.support.fakes import (
     overflow_reply,
     stream_reply,
 )
+from tests.support.faulty_upstream import handoff
 
 KEY = "sk-tenant-a"
 TENANT = tenant_from_headers({"authorization": f"Bearer {KEY}"})
@@ -408,10 +409,14 @@ async def test_a_responses_answers_input_tokens_calibrate_ours(
     items = [{"type": "message", "role": m["role"], "content": m["content"]} for m in rest]
     body = orjson.dumps({"model": MODEL, "instructions": system["content"], "input": items})
     upstream.script(chats=[Reply(body=b'{"usage": {"input_tokens": 20000}}')])
+    # The summary is asked as the turn's own request, on the Responses API: its answer so.
+    output = [{"type": "message", "content": [{"type": "output_text", "text": handoff()}]}]
+    upstream.script(summaries=[Reply(body=orjson.dumps({"status": "completed", "output": output}))])
     request = http_request(body, {"x-session-id": "s1"}, path="/v1/responses")
     response = await asyncio.wait_for(handle_responses(request, services), 2)
     assert header(response, "x-compaction-status") == "compacted"
     assert upstream.chat_calls[-1].url.endswith("/responses")
+    assert upstream.summary_calls[0].url.endswith("/responses")
     assert services.calibration.factor(TENANT, MODEL) > 1.0
 
 

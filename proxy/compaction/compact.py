@@ -1,15 +1,15 @@
 """Steps 7-8 for a plan that compacts: summarize under the session's single-flight lock.
 
-One summarization per session at a time, across replicas: the request that
-takes the session's lock re-reads the snapshot (another replica may have
-compacted between its plan and the lock) and plans again from it, folds the
-span into the summary (fold.py), writes the new snapshot (compare-and-swap on the
-version) and rebuilds the messages. Concurrent requests wait, bounded, for that
-result, or use the last valid snapshot. A failing summarizer never fails the
-request: the view falls back to deterministic trimming (trim.py) and
-summarization is retried on a later turn, once the session's back-off after the
-failure has passed (backoff.py). A plan that saves nothing (plan.py) is no compaction:
-``settle`` counts it, writes nothing and backs the session off likewise.
+One summarization per session at a time, across replicas: the request that takes the
+session's lock re-reads the snapshot (another replica may have compacted between its plan
+and the lock) and plans again from it, folds the span into the summary (fold.py; asked
+after what its view sent: summary_prefix.py), writes the new snapshot (compare-and-swap
+on the version) and rebuilds the messages. Concurrent requests wait, bounded, for that
+result, or use the last valid snapshot. A failing summarizer never fails the request:
+the view falls back to deterministic trimming (trim.py) and summarization is retried on
+a later turn, once the session's back-off after the failure has passed (backoff.py). A
+plan that saves nothing (plan.py) is no compaction: ``settle`` counts it, writes nothing
+and backs the session off likewise.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from proxy.compaction.fold import Folder
 from proxy.compaction.job import Job
 from proxy.compaction.snapshots import archive_span, keep_rewind_point, load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
+from proxy.compaction.summary_prefix import sent_prefix
 from proxy.config import Settings
 from proxy.core.models import ModelTable
 from proxy.core.outcome import Degraded, Outcome, counted_as
@@ -44,7 +45,6 @@ from proxy.store import Archive, LockStore, Snapshots
 from proxy.upstream.client import Upstream
 
 log = logging.getLogger("proxy.compaction")
-
 _POLL_S = 0.05
 
 
@@ -202,13 +202,13 @@ class Compactor:
 
     async def _summarize(self, job: Job, loaded: Loaded, plan: Plan) -> Outcome:
         """Fold ``plan.summarize`` into the summary and save it; the caller holds the lock."""
-        h = job.history
         start, end = plan.summarize
-        span = h.messages[start:end]
+        span = job.history.messages[start:end]
         if self.caps is not None and (over := await self.caps.admit(job.turn, job.background)):
             return replace(trimmed_at_trigger(self.trims, job, loaded), degraded=over)
         started = self.clock()
-        fold = self._folder.fold(job.turn, job.key, loaded.summary, span, background=job.background)
+        prefix = sent_prefix(job, loaded, plan.summarize, self.settings.compaction)
+        fold = self._folder.fold(job, loaded.summary, span, prefix)
         try:
             folded = await (fold if self.caps is None else self.caps.spending(job.turn, fold))
         except SummaryError as exc:

@@ -17,9 +17,11 @@ import time
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from proxy.compaction.count import INLINE_COUNT_BYTES, count_text
-from proxy.compaction.summarize import SummaryRequest, summarize
+from proxy.compaction.summarize import summarize
+from proxy.compaction.summary_request import SummaryRequest
 from proxy.config import Settings
 from proxy.core.budget import FRAME_TOKENS, summary_limit
 from proxy.core.identifiers import (
@@ -41,6 +43,10 @@ from proxy.observe.metrics import Metrics
 from proxy.observe.record import current_record
 from proxy.types import ChatMessage
 from proxy.upstream.client import Upstream
+
+if TYPE_CHECKING:
+    from proxy.compaction.job import Job
+    from proxy.compaction.summary_prefix import Prefix
 
 log = logging.getLogger("proxy.compaction")
 
@@ -85,19 +91,19 @@ class Folder:
 
     async def fold(
         self,
-        turn: Turn,
-        key: SessionKey,
+        job: Job,
         previous: str,
         span: Sequence[ChatMessage],
-        *,
-        background: bool,
+        prefix: Prefix | None = None,
     ) -> Folded | None:
-        """``previous`` updated with ``span``, or None when the new summary is far over
-        its budget (logged and counted here). Raises the summarizer's ``SummaryError``.
-        ``background``: a pre-compaction, which no turn waits for."""
+        """``previous`` updated with ``span`` for ``job``, or None when the new summary is
+        far over its budget (logged and counted here). Raises the summarizer's
+        ``SummaryError``. ``prefix``: what the session's view sent up to the span's end
+        (summary_prefix.py), for a summary asked after it; None: a transcript's."""
+        turn, key, background = job.turn, job.key, job.background
         request = SummaryRequest.for_turn(
             turn, self.settings, self.models, self.client, self.counters
-        )
+        ).after(turn, prefix, self.settings.upstream.base_url)
         started = time.perf_counter()
         watch = SUMMARY_WATCH.get()
         if watch is not None:

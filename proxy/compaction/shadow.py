@@ -153,7 +153,7 @@ async def _summarize(
         if caps is not None and await caps.admit(job.turn):
             return None
         span = job.history.messages[start:end]
-        fold = folder.fold(job.turn, job.key, loaded.summary, span, background=False)
+        fold = folder.fold(job, loaded.summary, span)  # its job is no background one
         folded = await (fold if caps is None else caps.spending(job.turn, fold))
     except SummaryError as exc:
         log.warning("session=%s shadow summary failed (%s)", job.key.log_id, exc)

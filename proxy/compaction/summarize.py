@@ -5,9 +5,14 @@ summary comes out. A span larger than the summarizer's own window is folded in c
 each updating the summary from the last. Tool calls enter the transcript as names,
 brief arguments and brief outcomes, never whole outputs.
 
-The call goes to chat completions or the Responses API (``upstream.summarizer_api``,
-summary_api.py). A summary cut off by its token limit (``finish_reason: length``, or
-Responses' ``incomplete``) is never kept: its end, where the critical values go, is lost.
+The call goes to chat completions, the Responses or the Messages API
+(``upstream.summarizer_api``, summary_api.py; the request is summary_request.py's). Where
+``compaction.summary_prompt: cached`` allows it (summary_prefix.py), it is instead the
+turn's own request cut after the span with the instructions last, in one call: the
+provider's prompt cache serves it, and the span is never framed as a transcript.
+
+A summary cut off by its token limit (``finish_reason: length``, or Responses'
+``incomplete``) is never kept: its end, where the critical values go, is lost.
 It is asked again once, tersely, within the same budget; a second cut-off raises
 ``SummaryTruncated`` and the caller keeps the previous snapshot. An upstream that refuses
 ``max_tokens`` as more than the model can write is asked again with the limit it states.
@@ -34,25 +39,21 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
-from proxy.compaction.chunking import ChunkSize, cut
-from proxy.compaction.summary_api import (
-    PATHS,
-    SummarizerApi,
-    answer_limit,
-    read_answer,
-    request_body,
-)
+from proxy.compaction.chunking import cut
+from proxy.compaction.summary_api import answer_limit, read_answer, request_body
 from proxy.compaction.vetting import echoed, kept, rejection
-from proxy.config import Settings
-from proxy.core.budget import summary_limit
-from proxy.core.ledger import summarizer_usage
-from proxy.core.models import ModelTable
-from proxy.core.outcome import Turn
-from proxy.core.prompts import FULL, SIMPLE, TERSER, Prompt, prompt_for
+from proxy.core.ledger import summarizer_cached, summarizer_usage
+from proxy.core.prompts import SIMPLE, TERSER, Prompt
 from proxy.core.summary_check import Reason
-from proxy.core.tokens import TokenCounter
-from proxy.core.transcript import Entry, frame_prompt, framed_marker, holds_marker
+from proxy.core.transcript import (
+    Entry,
+    frame_prompt,
+    framed_marker,
+    holds_marker,
+    render_transcript,
+)
 from proxy.core.wording import omitted_marker
 from proxy.errors import (
     SummaryError,
@@ -63,9 +64,10 @@ from proxy.errors import (
 )
 from proxy.observe.record import current_record
 from proxy.types import ChatMessage
-from proxy.upstream import client as upstream
 from proxy.upstream.overflow import classify_error
-from proxy.upstream.urls import upstream_url
+
+if TYPE_CHECKING:
+    from proxy.compaction.summary_request import SummaryRequest
 
 PURPOSE_HEADER = (b"x-compaction-purpose", b"summarize")
 
@@ -81,57 +83,6 @@ class Summary:
     rejected: tuple[Reason, ...] = ()  # why answers were not kept (a retry's was)
 
 
-@dataclass(frozen=True, slots=True)
-class SummaryRequest:
-    """Everything the summarizer needs that does not change per chunk."""
-
-    client: upstream.Upstream
-    api: SummarizerApi  # chat completions or the Responses API (summary_api.py)
-    url: str
-    headers: list[tuple[bytes, bytes]]
-    model: str
-    max_tokens: int
-    timeout_s: float
-    chunking: ChunkSize  # how much of the span one call may take (chunking.py)
-    max_calls: int = 16  # compaction.max_summary_calls: the most one summary may make
-    prompt: Prompt = FULL  # the instructions: fewer sections for a small budget
-
-    @classmethod
-    def for_turn(
-        cls,
-        turn: Turn,
-        settings: Settings,
-        models: ModelTable,
-        client: upstream.Upstream,
-        counters: dict[str, TokenCounter],
-    ) -> SummaryRequest:
-        """The summary call for ``turn``'s session, sized for the summarizer's window in
-        its tokens (``counters``: by tokenizer name)."""
-        c = turn.compaction(settings.compaction)  # its tenant's policy's
-        summarizer = models.resolve(c.summarizer_model) if c.summarizer_model else turn.model
-        window = c.summarizer_context_window or summarizer.context_window
-        # The proxy's own budget, not the reply reserve (a summary cut short loses its
-        # end), capped by what the summarizer can write when configured.
-        max_tokens = summary_limit(turn.model, c)
-        if c.summarizer_max_output_tokens:
-            max_tokens = min(max_tokens, c.summarizer_max_output_tokens)
-        counter = counters.get(summarizer.tokenizer) or counters[turn.model.tokenizer]
-        api = settings.upstream.summarizer_api
-        return cls(
-            client=client,
-            api=api,
-            url=upstream_url(settings.upstream.base_url, PATHS[api], b""),
-            # The request's id too: the upstream's logs tie the summary to the request.
-            headers=[*turn.auth_headers, (b"x-request-id", current_record().request_id.encode())],
-            model=c.summarizer_model or turn.chat["model"],
-            max_tokens=max_tokens,
-            timeout_s=c.summary_timeout_s,
-            chunking=ChunkSize.for_window(window, max_tokens, counter),
-            max_calls=c.max_summary_calls,
-            prompt=prompt_for(max_tokens),
-        )
-
-
 async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessage]) -> Summary:
     """The updated summary covering ``previous`` plus ``span``; raises SummaryError.
 
@@ -142,13 +93,17 @@ async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessa
     """
     run = _Run(req)
     text = previous
-    chunks, omitted = await cut(req.chunking, previous, span, req.max_calls)
+    if req.cached is None:
+        chunks, omitted = await cut(req.chunking, previous, span, req.max_calls)
+    else:  # one call: the span is in the prefix the request sends (summary_prefix.py)
+        chunks, omitted = [render_transcript(span)], 0
     try:
         async with asyncio.timeout(req.timeout_s):
             for chunk in chunks:
                 if run.calls >= req.max_calls:  # retries took the last chunks' calls
                     raise SummaryError(f"summary needs more than {req.max_calls} calls")
-                text = await run.chunk(frame_prompt(text, chunk), text, chunk)
+                framed = "" if req.cached else frame_prompt(text, chunk)
+                text = await run.chunk(framed, text, chunk)
     except TimeoutError as exc:
         failed = SummaryError("summarizer timed out")
         failed.rejected, failed.calls = tuple(run.rejected), run.calls
@@ -215,7 +170,7 @@ class _Run:
         limit = answer.max_tokens
         if self.calls >= req.max_calls:
             raise _cut_off(f"cut off at {limit} tokens, no call left", self.retries)
-        terser = f"{framed}\n\n{TERSER.format(limit=limit)}"
+        terser = f"{framed}\n\n{TERSER.format(limit=limit)}".strip()
         answer = await self._ask(req.prompt, terser, limit)
         if answer.finish_reason == "length":
             self.rejected.append("truncated")
@@ -253,14 +208,14 @@ async def _call(
 ) -> _Answer:
     """One answer (empty if the model said nothing); ``spare``: a second call is within
     the budget, if one is needed."""
-    status, raw, headers = await _post(req, prompt.system, framed, max_tokens)
+    status, raw, headers = await _post(req, prompt, framed, max_tokens)
     posts = 1
     if status != 200 and spare:
         verdict = classify_error(status, headers, raw)
         if verdict.kind == "output_budget" and verdict.limit and verdict.limit < max_tokens:
             # The summarizer writes less than configured: ask within what it can.
             max_tokens, posts = verdict.limit, 2
-            status, raw, headers = await _post(req, prompt.system, framed, max_tokens, posts)
+            status, raw, headers = await _post(req, prompt, framed, max_tokens, posts)
     if status != 200:
         raise SummaryError(f"summarizer answered HTTP {status}")
     reading = read_answer(req.api, raw)
@@ -268,19 +223,23 @@ async def _call(
 
 
 async def _post(
-    req: SummaryRequest, system: str, framed: str, max_tokens: int, posts: int = 1
+    req: SummaryRequest, prompt: Prompt, framed: str, max_tokens: int, posts: int = 1
 ) -> tuple[int, bytes, dict[str, str]]:
     """The status, body and headers of one summary call (the ``posts``-th of its answer).
     A body over what ``max_tokens`` allows (summary_api.answer_limit) is not read past
     that bound: a 200's raises ``SummaryOversize``, an error's reads as empty."""
-    body = request_body(req.api, req.model, system, framed, max_tokens)
+    allowed = max_tokens  # the answer's tokens, thinking's included
+    if req.cached is not None:  # the turn's request, the instructions last
+        body, allowed = req.cached.body(prompt, framed, max_tokens)
+    else:
+        body = request_body(req.api, req.model, prompt.system, framed, max_tokens)
     headers = [
         *req.headers,
         (b"content-type", b"application/json"),
         (b"accept-encoding", b"identity"),  # the body is parsed here
         PURPOSE_HEADER,
     ]
-    limit = answer_limit(max_tokens)
+    limit = answer_limit(allowed)
     try:
         response = await req.client.send("POST", req.url, headers, body)
         try:
@@ -296,5 +255,6 @@ async def _post(
             raise oversize
         raw = b""
     if response.status_code == 200:  # the ledger's summarizer tokens (core/ledger.py)
-        current_record().summary_used(req.model, summarizer_usage(raw, body))
+        used = summarizer_usage(raw, body)
+        current_record().summary_used(req.model, used, summarizer_cached(raw))
     return response.status_code, raw, dict(response.headers)

@@ -16,6 +16,8 @@ One request's ``Entry``, in the upstream's tokens (its usage is the truth):
   cached: ``cached`` itself when the history went as sent, else an estimate, the
   session's previous ``would_send`` under OpenAI's caching rule (``cacheable``);
 * ``summarizer_input``, ``summarizer_output``: the summarizer's usage, every call;
+  ``summarizer_cached``: of its input, what the provider's cache served (a summary asked
+  as the turn's own request reads it: compaction/summary_prefix.py);
 * ``written_5m``, ``written_1h``: of ``sent``, what the provider's cache wrote, by tier
   (Anthropic's ``usage.cache_creation``; a provider that reports no writes, none);
   ``would_written``: of ``would_send``, what the history as sent would have written
@@ -29,7 +31,8 @@ One request's ``Entry``, in the upstream's tokens (its usage is the truth):
 (USD per million tokens, core/prices.py) the money saved is what ``would_send`` would
 have cost (``would_cached`` at the cached price, ``would_written`` at the write price)
 less what was paid: ``sent`` (``cached`` at the cached price, the writes at their
-tier's) and the summarizer's input and output at its model's price.
+tier's) and the summarizer's input and output at its model's price (its cached input at
+the cached price).
 """
 
 from __future__ import annotations
@@ -93,6 +96,11 @@ def summarizer_usage(raw: bytes, sent: bytes) -> tuple[int, int, bool]:
     return len(sent) // _ESTIMATE_BYTES_PER_TOKEN, len(raw) // _ESTIMATE_BYTES_PER_TOKEN, True
 
 
+def summarizer_cached(raw: bytes) -> int:
+    """What a summarizer answer's usage says its cache served of the input (0: none)."""
+    return find_cached_tokens(raw) or 0
+
+
 def learn_ratio(old: float | None, ours: int, theirs: int) -> float | None:
     """The calibration ratio after the upstream counted ``theirs`` tokens of a history the
     proxy counted at ``ours``: a moving average, as upstream/calibrate.py's (None: none
@@ -111,8 +119,8 @@ def cacheable(tokens: int) -> int:
 # An entry's fields, in ``Entry``'s order, as a plain tuple: what a request's step in the
 # ledger builds (observe/ledger.py). A frozen dataclass of seven fields costs ~0.75 µs to
 # build (a call of ``object.__setattr__`` per field), a tuple ~0.05.
-Figures = tuple[int, int, int, int, int, int, bool, int, int, int]
-NOTHING: Figures = (0, 0, 0, 0, 0, 0, False, 0, 0, 0)
+Figures = tuple[int, int, int, int, int, int, bool, int, int, int, int]
+NOTHING: Figures = (0, 0, 0, 0, 0, 0, False, 0, 0, 0, 0)
 # What the ledger hands a request's line: its figures, its money saved (None: unpriced)
 # and its cache outcome with who made a prefix change (None: not counted).
 Ledgered = tuple[Figures, float | None, tuple[CacheOutcome, Cause] | None]
@@ -132,6 +140,7 @@ class Entry:
     written_5m: int = 0
     written_1h: int = 0
     would_written: int = 0
+    summarizer_cached: int = 0
 
     @property
     def net(self) -> int:
@@ -151,6 +160,7 @@ class Entry:
             self.written_5m,
             self.written_1h,
             self.would_written,
+            self.summarizer_cached,
         )
 
     def plus(self, other: Entry) -> Entry:
@@ -165,6 +175,7 @@ class Entry:
             self.written_5m + other.written_5m,
             self.written_1h + other.written_1h,
             self.would_written + other.would_written,
+            self.summarizer_cached + other.summarizer_cached,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -207,10 +218,10 @@ def figures_for(counted: Counted, previous_would_send: int) -> Figures:
     if counted.usage is None:
         would_cached = 0 if counted.as_sent else would_cached
         view = round(counted.view * counted.ratio)
-        return (would, view, 0, would_cached, 0, 0, True, 0, 0, 0)
+        return (would, view, 0, would_cached, 0, 0, True, 0, 0, 0, 0)
     (sent, cached), (short, long) = counted.usage, counted.writes
     would_written = would - would_cached if short or long else 0
-    return (would, sent, cached, would_cached, 0, 0, False, short, long, would_written)
+    return (would, sent, cached, would_cached, 0, 0, False, short, long, would_written, 0)
 
 
 def sent_whole(usage: tuple[int, int], writes: tuple[int, int] = (0, 0)) -> Figures:
@@ -219,32 +230,37 @@ def sent_whole(usage: tuple[int, int], writes: tuple[int, int] = (0, 0)) -> Figu
     sent is what was."""
     sent, cached = usage
     short, long = writes
-    return (sent, sent, cached, cached, 0, 0, False, short, long, short + long)
+    return (sent, sent, cached, cached, 0, 0, False, short, long, short + long, 0)
 
 
-def with_summaries(entry: Entry, summarized: tuple[int, int, bool]) -> Entry:
-    """``entry`` with the summarizer tokens (input, output, estimated) added."""
+def with_summaries(entry: Entry, summarized: tuple[int, int, bool], cached: int = 0) -> Entry:
+    """``entry`` with the summarizer tokens (input, output, estimated; of the input,
+    ``cached`` served by the cache) added."""
     given, written, estimated = summarized
     if not (given or written or estimated):  # most requests: no summary, the same entry
         return entry
-    return Entry(*summed(entry.figures, summarized))
+    return Entry(*summed(entry.figures, summarized, cached))
 
 
-def summed(figures: Figures, summarized: tuple[int, int, bool]) -> Figures:
+def summed(figures: Figures, summarized: tuple[int, int, bool], cached: int = 0) -> Figures:
     """``with_summaries``' figures, as a plain tuple."""
     given, written, estimated = summarized
     if not (given or written or estimated):  # most requests: no summary, the same figures
         return figures
-    would, sent, cached, would_cached, given_before, written_before, was = figures[:7]
+    would, sent, cached_sent, would_cached, given_before, written_before, was = figures[:7]
+    short, long, would_written, cached_before = figures[7:]
     return (
         would,
         sent,
-        cached,
+        cached_sent,
         would_cached,
         given_before + given,
         written_before + written,
         was or estimated,
-        *figures[7:],
+        short,
+        long,
+        would_written,
+        cached_before + cached,
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from proxy.core.models import ResolvedModel
 from proxy.types import ChatMessage, ChatRequest
@@ -54,6 +54,18 @@ FollowUp = Callable[[], Awaitable[None]]
 _ESTIMATE_BYTES_PER_TOKEN = 4
 
 
+class Wire(Protocol):
+    """What a summary asked as a turn's own request needs of the API it came on
+    (upstream/api.py's ``Api``; compaction/summary_prefix.py asks)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def summary_body(
+        self, data: dict[str, Any], messages: list[ChatMessage], max_tokens: int
+    ) -> tuple[bytes, int] | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One chat request, as the compaction steps see it."""
@@ -69,6 +81,10 @@ class Turn:
     references: int = 0
     unresolved: int = 0
     policy: Policy | None = None  # its tenant's entry in `tenants:`; None: the default
+    # The API it came on and its request object (parsed from ``body``): a summary asked as
+    # the request itself needs its shapes (compaction/summary_prefix.py). None: unknown.
+    api: Wire | None = None
+    data: dict[str, Any] | None = None
 
     def compaction(self, default: CompactionSettings) -> CompactionSettings:
         """The compaction settings this turn compacts with: its tenant's, or ``default``."""

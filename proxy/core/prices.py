@@ -4,7 +4,8 @@ and what it cost, at the provider's prices, as the provider bills.
 A prompt is billed in parts: its uncached input at ``input``, what the cache read at
 ``cached_input``, what the cache wrote at the write price of its tier (Anthropic: 1.25
 times input for 5 minutes, 2 times for an hour; a provider that reports no writes,
-OpenAI, bills none), and the summaries at the summarizer model's prices.
+OpenAI, bills none), and the summaries at the summarizer model's prices (what its cache
+served of their input at its cached price; what it wrote, at input's).
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def sides(entry: Entry, price: Price, summarizer: Price | None) -> tuple[float, 
     uncached = entry.sent - entry.cached - wrote
     paid = uncached * price.input + entry.cached * price.cached_input
     paid += entry.written_5m * short + entry.written_1h * long
-    paid += entry.summarizer_input * s.input + entry.summarizer_output * s.output
+    summarizer_uncached = entry.summarizer_input - entry.summarizer_cached
+    paid += summarizer_uncached * s.input + entry.summarizer_cached * s.cached_input
+    paid += entry.summarizer_output * s.output
     # The history as sent would have written what it did not read, at the tier the
     # request wrote at (the hour's only when it wrote nothing at 5 minutes).
     would_write = short if entry.written_5m or not entry.written_1h else long

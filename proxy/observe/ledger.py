@@ -76,7 +76,8 @@ class Ledger:
         )
         self.summarizer = Counter(
             "compaction_proxy_summarizer_tokens",
-            "Summarizer tokens by direction (input, output), every call, from its usage",
+            "Summarizer tokens by direction (input, output; cached_input: of the input, "
+            "what the provider's cache served), every call, from its usage",
             ["direction"],
             registry=registry,
         )
@@ -104,7 +105,7 @@ class Ledger:
         self._estimated = plain_child(self.estimated)
         self._would_have_paid = plain_child(self.cost.labels(side="would_have_paid"))
         self._paid = plain_child(self.cost.labels(side="paid"))
-        for direction in ("input", "output"):
+        for direction in ("input", "output", "cached_input"):
             self.summarizer.labels(direction=direction)
         for side in ("would_have_paid", "paid"):
             self.cost.labels(side=side)
@@ -130,7 +131,7 @@ class Ledger:
                 regret = self.regret.observe(rec, session, cache[0] != "hit")
             cold = cache is not None and cache[0] in ("cold_start", "ttl_expiry")
             figures = self._figures(rec, outcome, session, cold)
-        figures = summed(figures, rec.summarized)
+        figures = summed(figures, rec.summarized, rec.summary_cached)
         money, listed = self._money(figures, rec.model, rec.summarizer_model)
         self._add(rec.tenant, session, (figures, money), counted, listed)
         if cache is not None:
@@ -166,9 +167,11 @@ class Ledger:
         session = self._session_key(rec)
         return not session or self.cache.warm(session, now)
 
-    def late(self, rec: Record, model: str, summarized: tuple[int, int, bool]) -> None:
+    def late(
+        self, rec: Record, model: str, summarized: tuple[int, int, bool], cached: int = 0
+    ) -> None:
         """A summary's tokens spent after ``rec``'s line was written (in the background)."""
-        figures = summed(NOTHING, summarized)
+        figures = summed(NOTHING, summarized, cached)
         money, listed = self._money(figures, rec.model or model, model)
         self._add(rec.tenant, self._session_key(rec), (figures, money), False, listed)
 
@@ -229,6 +232,8 @@ class Ledger:
             self.summarizer.labels(direction="input").inc(figures[4])
         if figures[5]:
             self.summarizer.labels(direction="output").inc(figures[5])
+        if figures[10]:
+            self.summarizer.labels(direction="cached_input").inc(figures[10])
         if figures[6]:
             self._estimated.inc(1)
         if session:

@@ -97,6 +97,7 @@ class Record:
     # (compaction/held.py): held, or why it was applied; None: no such choice was made.
     cache_plan: CachePlan | None = None
     summarized: tuple[int, int, bool] = (0, 0, False)
+    summary_cached: int = 0  # of summarized's input, what the provider's cache served
     summarizer_spent: int = 0
     summarizer_model: str | None = None
     ledger: Ledger | None = None
@@ -155,15 +156,17 @@ class Record:
         if cached is not None and self.usage is not None:
             self.usage = (self.usage[0], cached)
 
-    def summary_used(self, model: str, tokens: tuple[int, int, bool]) -> None:
-        """One summarizer call's input and output tokens (and whether estimated)."""
+    def summary_used(self, model: str, tokens: tuple[int, int, bool], cached: int = 0) -> None:
+        """One summarizer call's input and output tokens (and whether estimated), and of
+        its input what the provider's cache served."""
         self.summarizer_spent += tokens[0] + tokens[1]
         if self.finished:
             if self.ledger is not None:
-                self.ledger.late(self, model, tokens)
+                self.ledger.late(self, model, tokens, cached)
             return
         given, written, estimated = self.summarized
         self.summarized = (given + tokens[0], written + tokens[1], estimated or tokens[2])
+        self.summary_cached += cached
         self.summarizer_model = model
 
     def answered(self, upstream_status: int, outcome: Outcome | None = None) -> None:

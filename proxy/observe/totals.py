@@ -12,7 +12,7 @@ from proxy.core.ledger import Entry, Figures
 
 KINDS = ("would_send", "sent", "cached", "would_cached", "summarizer_input", "summarizer_output")
 # Entry's figures a Totals sums, in Entry's field order (``estimated`` apart).
-_SUMMED = (*KINDS, "written_5m", "written_1h", "would_written")
+_SUMMED = (*KINDS, "written_5m", "written_1h", "would_written", "summarizer_cached")
 # A request's money: what it would have cost without the proxy, and what it cost (USD).
 Sides = tuple[float, float]
 # A Totals' cache counts: each outcome's, then the prefix changes the proxy made.
@@ -51,11 +51,8 @@ class Totals:
 
     @property
     def entry(self) -> Entry:
-        would_send, sent, cached, would_cached, given, written, short, long, would_w = self._sums
-        estimated = self._estimated
-        return Entry(
-            would_send, sent, cached, would_cached, given, written, estimated, short, long, would_w
-        )
+        would_send, sent, cached, would_cached, given, written, *rest = self._sums
+        return Entry(would_send, sent, cached, would_cached, given, written, self._estimated, *rest)
 
     def add(
         self, figures: Figures, money: Sides | None, counted: bool, listed: bool = False
@@ -72,6 +69,7 @@ class Totals:
         sums[6] += figures[7]
         sums[7] += figures[8]
         sums[8] += figures[9]
+        sums[9] += figures[10]
         self._estimated = self._estimated or figures[6]
         if money is not None:
             would, paid = self.money or (0.0, 0.0)

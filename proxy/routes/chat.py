@@ -19,6 +19,7 @@ from starlette.responses import Response
 from proxy import pipeline
 from proxy.core.outcome import Outcome
 from proxy.routes.parse import parse_chat_request
+from proxy.routes.summary_bodies import chat_summary
 from proxy.routes.tool_shapes import CHAT_TOOL
 from proxy.services import Services
 from proxy.types import ChatRequest
@@ -79,6 +80,7 @@ class ChatApi(Api):
     prompt_tokens = staticmethod(find_prompt_tokens)
     stream_failure = staticmethod(error_event)
     stream_error = staticmethod(stream_error)
+    summary_body = staticmethod(chat_summary)
 
 
 CHAT = ChatApi()

@@ -43,6 +43,7 @@ from proxy.core.outcome import Outcome
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.routes.messages_view import to_anthropic, to_chat
 from proxy.routes.parse import check_depth, load_request
+from proxy.routes.summary_bodies import messages_summary
 from proxy.routes.tool_shapes import MESSAGES_TOOL
 from proxy.services import Services
 from proxy.types import ChatRequest
@@ -200,6 +201,7 @@ class MessagesApi(Api):
     stream_error = staticmethod(_stream_error)
     untouched = staticmethod(_untouched)
     as_budget = staticmethod(as_budget)
+    summary_body = staticmethod(messages_summary)
 
 
 MESSAGES = MessagesApi()

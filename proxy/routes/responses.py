@@ -42,10 +42,11 @@ from proxy.routes.compaction_answers import answer
 from proxy.routes.compaction_items import admit
 from proxy.routes.items import Item, check_count, references, to_items, to_messages
 from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, written
+from proxy.routes.summary_bodies import responses_summary
 from proxy.routes.tool_shapes import RESPONSES_TOOL
 from proxy.services import Services
-from proxy.types import ChatRequest
-from proxy.upstream.api import Api, Contract, ToolShape
+from proxy.types import ChatMessage, ChatRequest
+from proxy.upstream.api import Api, Contract, SummaryBody, ToolShape
 from proxy.upstream.calibrate import find_input_tokens
 from proxy.upstream.overflow import Overflow
 from proxy.upstream.stream_head import error_event
@@ -167,6 +168,7 @@ class ResponsesApi(Api):
     stream_error = staticmethod(_stream_error)
     untouched = staticmethod(_untouched)
     resolved = staticmethod(chat_view)
+    summary_body = staticmethod(responses_summary)
 
     def references(self, data: dict[str, Any]) -> list[str]:
         return references(data.get("input"))
@@ -208,6 +210,12 @@ class ResponsesCompactApi(ResponsesApi):
     path = "responses/compact"
     recall_tool = None
     compacts = True
+
+    def summary_body(
+        self, data: dict[str, Any], messages: list[ChatMessage], max_tokens: int
+    ) -> SummaryBody:
+        """None: the proxy answers this request itself; no live request to summarize as."""
+        return None
 
 
 RESPONSES = ResponsesApi()

@@ -7,7 +7,9 @@ Rules, first match wins:
    forward. Every ``FACT key=value`` in any message (later definitions win)
    becomes one ``FACT key=value`` line, sorted by key; the summary's first line
    counts the messages the proxy's framed transcript quotes (``read_transcript``,
-   which reads the framing by its declared marker, as a model would). The model's
+   which reads the framing by its declared marker, as a model would), or, asked at
+   the end of the conversation itself (no framing), the request's messages; the
+   headings are the system message's, else the last message's. The model's
    ``summary_style`` decides the rest. ``ideal``: the facts after a header
    line and before a filler sentence that is cut to fit the budget; facts are
    never cut. ``realistic``: like a real model, prose first (a word per 40
@@ -244,27 +246,53 @@ _CRITICAL = "Critical values"
 
 
 def _asked_sections(messages: list[dict[str, Any]]) -> list[str]:
-    """The headings the summarizer's instructions (its system message) list."""
+    """The headings the summarizer's instructions list: its system message's, else (a
+    summary asked at the end of the conversation itself) its last message's."""
     first = messages[0] if messages else {}
-    if first.get("role") not in ("system", "developer"):
-        return []
-    return _ASKED.findall(text_of(first.get("content")))
+    if first.get("role") in ("system", "developer"):
+        asked = _ASKED.findall(text_of(first.get("content")))
+        if asked:
+            return asked
+    return _ASKED.findall(text_of(messages[-1].get("content"))) if messages else []
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """What a summary request asks a summary of: its last message's text (``prompt``),
+    the (role, text) of the messages summarized and how many the first line counts, their
+    text, and the instructions (what an echo copies)."""
+
+    prompt: str
+    quoted: list[tuple[str, str]]
+    count: int
+    read: str
+    instructions: str
+
+
+def _asked(messages: list[dict[str, Any]]) -> _Asked:
+    """The messages the framed transcript quotes (the proxy's prompt) under the system
+    message's instructions; else, asked at the end of the conversation itself, the
+    request's messages before the last, which holds the instructions."""
+    prompt = text_of(messages[-1].get("content"))
+    quoted = read_transcript(prompt)
+    if quoted is not None:
+        opening = messages[0] if messages[0].get("role") != "user" else {}
+        return _Asked(prompt, quoted, len(quoted), prompt, text_of(opening.get("content")))
+    own = [(str(m.get("role")), text_of(m.get("content"))) for m in messages[:-1]]
+    return _Asked(prompt, own, len(messages), prompt_text(messages[:-1]), prompt)
 
 
 def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Voice) -> Reply:
     encoder = voice.encoder
     facts = collect_facts(messages)
     keys = sorted(facts)
-    # Messages summarized: those the framed transcript quotes (the proxy's prompt),
-    # else the request's own.
-    prompt = text_of(messages[-1].get("content"))
-    quoted = read_transcript(prompt)
-    count = len(quoted) if quoted is not None else len(messages)
+    asked = _asked(messages)
+    prompt, count, read = asked.prompt, asked.count, asked.read
     sections = _asked_sections(messages)
     if voice.summary_style == "echo":
-        return _echo(messages, prompt, budget, encoder)
+        return _echo(asked.instructions, prompt, budget, encoder)
     if voice.summary_style == "parrot":
-        return _parrot(quoted or [], budget, encoder)
+        return _parrot(asked.quoted, budget, encoder)
     if voice.summary_style == "short":
         content = "\n".join([f"SUMMARY of {count} messages.", *(f"## {s}" for s in sections)])
         return Reply(content, (), "stop", encoder.count(content))
@@ -279,7 +307,7 @@ def _summary(messages: list[dict[str, Any]], seed: bytes, budget: int, voice: Vo
     if voice.summary_style in ("realistic", "cut_off"):
         # About a word of prose per 40 characters summarized; a quarter of the budget
         # when asked to be terse; cut_off: always more than the budget.
-        prose = max(len(prompt) // 40, 8) if "tersely" not in prompt else max(budget // 4, 1)
+        prose = max(len(read) // 40, 8) if "tersely" not in prompt else max(budget // 4, 1)
         if voice.summary_style == "cut_off":
             prose = budget + 16
         first = [f"\n## {others[0]}\n"] if others else []
@@ -314,13 +342,13 @@ def _plain(said: str, count: int, seed: bytes, budget: int, voice: Voice) -> Rep
     return Reply(content, (), "stop", voice.encoder.count(content))
 
 
-def _echo(messages: list[dict[str, Any]], prompt: str, budget: int, encoder: Encoder) -> Reply:
+def _echo(instructions: str, prompt: str, budget: int, encoder: Encoder) -> Reply:
     """What a weak model writes when it copies its prompt: the previous-summary block's
-    text (a placeholder there, once), then the instructions, up to the budget."""
+    text (a placeholder there, once), then the ``instructions`` (the system message's;
+    asked at the end of the conversation, the last message's), up to the budget."""
     previous = re.search(r"<previous_summary_(\w+)>\n(.*?)\n</previous_summary_\1>", prompt, re.S)
     parts = [previous.group(2)] if previous else []
-    first = messages[0] if messages and messages[0].get("role") != "user" else {}
-    parts.append(text_of(first.get("content")))
+    parts.append(instructions)
     content, _ = fit_words("", "\n".join(parts).split(" "), budget, encoder)
     return Reply(content, (), "stop", encoder.count(content))
 

@@ -27,11 +27,15 @@ from proxy.core.models import ResolvedModel
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.recall_tool import Call
 from proxy.core.tokens import TokenCounter
-from proxy.types import ChatRequest
+from proxy.types import ChatMessage, ChatRequest
 from proxy.upstream.overflow import Overflow
 
 if TYPE_CHECKING:
+    from proxy.tenants import Policy
     from proxy.upstream.output_items import OutputItems
+
+# A summary request's body and the tokens its answer may take (``Api.summary_body``).
+SummaryBody = tuple[bytes, int] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +135,18 @@ class Api(ABC):
         """An overflow answer as this API's recovery reads it (as its classifier did)."""
         return verdict
 
+    def summary_body(
+        self, data: dict[str, Any], messages: list[ChatMessage], max_tokens: int
+    ) -> SummaryBody:
+        """A summary asked as the request itself (compaction/summary_prefix.py): the request
+        object with ``messages`` (a prefix of its view, the summary instruction last) as its
+        history, unstreamed, its summary in at most ``max_tokens``, whatever else it sent
+        kept, so the provider's prompt cache serves the prefix; and the tokens the answer
+        may take (thinking's too). None: not so asked (a tool is forced), and the default:
+        an API without a summary shape always summarizes a transcript
+        (routes/summary_bodies.py)."""
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class ToolShape:
@@ -216,6 +232,16 @@ class Incoming:
     def bypassed(self) -> Attempt:
         """It sent as it came, uncounted (``untouched``)."""
         return Attempt(self.body, Outcome.bypassed(self.body, self.model.context_window))
+
+    def turn(
+        self, chat: ChatRequest, named: str | None, counts: tuple[int, int], policy: Policy | None
+    ) -> Turn:
+        """It as the compaction steps read it: its chat view ``chat`` (the items it names by
+        reference read), the session it ``named``, how many items it named by reference and
+        how many of those were not read (``counts``), its tenant's ``policy``; and its API
+        and object, for a summary asked as the request itself (compaction/summary_prefix.py)."""
+        body, model, tenant, auth = self.body, self.model, self.tenant, self.auth
+        return Turn(chat, body, model, tenant, named, auth, *counts, policy, self.api, self.data)
 
     def route(
         self,

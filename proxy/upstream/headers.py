@@ -45,7 +45,8 @@ CONTROL_HEADERS = frozenset({"x-compaction"})
 # a client's copy must never reach the upstream looking like the proxy's.
 _CONTROL_PREFIX = "x-compaction-"
 # Headers the summarizer's own upstream calls carry: credentials and billing scope, and
-# the Messages API's version (Anthropic refuses a call without it).
+# the Messages API's version (Anthropic refuses a call without it) and betas (a summary
+# asked as the turn's own request keeps the fields they enable: summary_prefix.py).
 AUTH_HEADERS = frozenset(
     {
         b"authorization",
@@ -54,6 +55,7 @@ AUTH_HEADERS = frozenset(
         b"openai-organization",
         b"openai-project",
         b"anthropic-version",
+        b"anthropic-beta",
     }
 )
 

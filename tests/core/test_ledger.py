@@ -12,6 +12,7 @@ from proxy.core.ledger import (
     entry_for,
     find_cached_tokens,
     learn_ratio,
+    summarizer_cached,
     summarizer_usage,
     with_summaries,
 )
@@ -58,6 +59,20 @@ def test_money_prices_cached_input_and_the_summaries() -> None:
     cheap = Price(input=0.1, cached_input=0.1, output=0.4)
     paid_cheap = 2_000 * 2.0 + 1_000 * 0.5 + 2_000 * 0.1 + 500 * 0.4
     assert money_saved(entry, price, cheap) == pytest.approx((would - paid_cheap) / 1e6)
+
+
+def test_a_summary_s_cached_input_is_priced_at_the_cached_price() -> None:
+    """A summary asked as the turn's own request (summary_prompt: cached) reads most of
+    its input from the cache: the ledger keeps that part and prices it so."""
+    entry = with_summaries(Entry(10_000, 3_000), (5_000, 400, False), cached=4_608)
+    assert entry.summarizer_cached == 4_608
+    assert entry.net == 10_000 - 3_000 - 5_000 - 400  # tokens: the cache changes no count
+    price = Price(input=2.0, cached_input=0.5, output=8.0)
+    paid = 3_000 * 2.0 + (5_000 - 4_608) * 2.0 + 4_608 * 0.5 + 400 * 8.0
+    assert money_saved(entry, price, None) == pytest.approx((10_000 * 2.0 - paid) / 1e6)
+    assert summarizer_cached(b'{"usage":{"prompt_tokens_details":{"cached_tokens":4608}}}') == 4608
+    assert summarizer_cached(b'{"usage":{"cache_read_input_tokens":77}}') == 77
+    assert summarizer_cached(b'{"usage":{"prompt_tokens":5}}') == 0
 
 
 def test_the_first_matching_rule_prices_a_model() -> None:

@@ -62,7 +62,7 @@ def _turn(chat: Chat, url: str, turn: int, histories: list[list[dict[str, Any]]]
 def _foreground(entry: dict[str, Any]) -> dict[str, Any]:
     """A turn's expected entry with no summary in it: this session's summaries ran in the
     background, after the turn's line was written (observe/ledger.py ``late``)."""
-    bare = {**entry, "summarizer_input": 0, "summarizer_output": 0}
+    bare = {**entry, "summarizer_input": 0, "summarizer_output": 0, "summarizer_cached": 0}
     return {**bare, "net": entry["would_send"] - entry["sent"]}
 
 
@@ -139,6 +139,13 @@ def test_a_snapshot_waits_while_the_cache_is_warm_and_lands_after_an_idle(
     ]
     assert summaries
     assert totals["summarizer_input"] == sum(summaries)
+    # ...and what the cache served of them (each asked as its turn's own request).
+    cached = [
+        r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        for r in httpx.get(f"{short_cache}/_sim/requests").json()
+        if r["headers"].get("x-compaction-purpose") == "summarize"
+    ]
+    assert totals["summarizer_cached"] == sum(cached) > 0
     assert totals["cache"]["ttl_expiry"] == 1
     assert totals["cache"]["prefix_change"] == 0
     assert metric(url, "compaction_proxy_cache_plans", plan="held") == WARM_TURNS

@@ -28,7 +28,10 @@ def summarizer_prompts(sim: str) -> list[str]:
 def test_a_forged_transcript_frame_reaches_the_summarizer_as_the_users_text(
     sim_reset: str, start_proxy: Callable[..., str]
 ) -> None:
-    url = start_proxy(small_window_settings(sim_reset))
+    # The transcript's framing is what a forged frame would break: asked as the turn's own
+    # request (summary_prompt: cached), the message is the client's own, as the model saw
+    # it on every turn (the next test).
+    url = start_proxy(small_window_settings(sim_reset, summary_prompt="transcript"))
     chat = Chat(url, session="forged-frame")
     chat.say(FORGED)
     for turn in range(30):
@@ -46,6 +49,27 @@ def test_a_forged_transcript_frame_reaches_the_summarizer_as_the_users_text(
         # The forged block end, role labels and block start are one user message's text.
         assert holders == [("user", FORGED)]
         assert all(role != "system" for role, _ in quoted)
+
+
+def test_a_forged_frame_asked_as_the_turn_s_own_request_is_one_user_message(
+    sim_reset: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(small_window_settings(sim_reset))
+    chat = Chat(url, session="forged-own")
+    chat.say(FORGED)
+    for turn in range(30):
+        chat.say(f"Turn {turn}: {FILLER}")
+        if chat.statuses["compacted"]:
+            break
+    assert chat.statuses["compacted"], "the conversation was compacted"
+    recorded = httpx.get(f"{sim_reset}/_sim/requests").json()
+    asked = [r for r in recorded if r["headers"].get("x-compaction-purpose") == "summarize"]
+    holders = [
+        (m["role"], m["content"])
+        for m in asked[0]["body"]["messages"]
+        if "instructions are void" in str(m.get("content"))
+    ]
+    assert holders == [("user", FORGED)]  # the client's message, whole, as the user's
 
 
 def test_a_planted_tool_line_never_reaches_the_upstream_in_a_system_message(

@@ -28,7 +28,13 @@ def settings(sim: str, store: str = "memory://") -> Any:
     return proxy_settings(
         sim,
         models=[{"match": "sim-*", "context_window": WINDOW, "max_output_tokens": 256}],
-        compaction={"summary_max_tokens": 400, "precompact_ratio": None},
+        # A transcript, which quotes the referenced answers' text: asked as the turn's own
+        # request (summary_prompt: cached), they go as the references the upstream resolves.
+        compaction={
+            "summary_max_tokens": 400,
+            "precompact_ratio": None,
+            "summary_prompt": "transcript",
+        },
         store={"url": store},
     )
 
@@ -93,7 +99,9 @@ def _summarizer_prompts(sim: str) -> str:
     texts = []
     for request in upstream_requests(sim):
         if request["headers"].get("x-compaction-purpose") == "summarize":
-            texts += [str(m.get("content")) for m in request["body"]["messages"]]
+            # A transcript's messages, or the Responses request itself (summary_prompt: cached)
+            body = request["body"]
+            texts += [str(m.get("content")) for m in body.get("messages") or body["input"]]
     return "\n".join(texts)
 
 

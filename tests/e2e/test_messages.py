@@ -231,13 +231,12 @@ def test_context_management(proxy4k: str, sim_reset: str) -> None:
 def test_summaries_on_the_messages_api(sim_reset: str, start_proxy: Callable[..., str]) -> None:
     """``upstream.summarizer_api: messages``: an upstream that serves only Anthropic's API
     summarizes on it too, the caller's key and ``anthropic-version`` with each call."""
+    # A transcript, which goes to upstream.summarizer_api (a summary asked as the turn's
+    # own request goes on the turn's API whatever that says).
+    base = small_window_settings(sim_reset, summary_prompt="transcript")
     proxy = start_proxy(
-        small_window_settings(sim_reset).model_copy(
-            update={
-                "upstream": small_window_settings(sim_reset).upstream.model_copy(
-                    update={"summarizer_api": "messages"}
-                )
-            }
+        base.model_copy(
+            update={"upstream": base.upstream.model_copy(update={"summarizer_api": "messages"})}
         )
     )
     claude = Claude(proxy, session="summaries-on-messages")

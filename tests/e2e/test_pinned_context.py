@@ -83,6 +83,11 @@ def after_compaction(sim: str) -> list[list[dict[str, Any]]]:
     return [i for i in inputs if any(HANDOFF_INTRO in orjson.dumps(item).decode() for item in i)]
 
 
+# What a transcript quotes: asked as the turn's own request (summary_prompt: cached) a
+# summary call opens with the pinned messages, the prefix the provider's cache serves.
+TRANSCRIPT = {"summary_prompt": "transcript"}
+
+
 def summarized(sim: str, text: str) -> bool:
     """Whether a summarizer call was handed ``text`` (as JSON-escaped in its body)."""
     needle = orjson.dumps(text)[1:-1].decode()
@@ -112,7 +117,7 @@ def test_context_messages_stay_verbatim_after_compaction(
     context: list[dict[str, Any]],
     pinned: int,
 ) -> None:
-    proxy = start_proxy(settings(sim_reset, WINDOW, **compaction))
+    proxy = start_proxy(settings(sim_reset, WINDOW, **compaction, **TRANSCRIPT))
     statuses = converse(proxy, context, turns=24)
     assert statuses["compacted"] >= 1, statuses
     compacted = after_compaction(sim_reset)
@@ -134,7 +139,8 @@ def test_the_first_user_message_on_chat_completions(
     sim_reset: str, start_proxy: Callable[..., str], pin_first_user: bool
 ) -> None:
     """The same on chat completions: the task a conversation opens with."""
-    proxy = start_proxy(small_window_settings(sim_reset, pin_first_user=pin_first_user))
+    settings = small_window_settings(sim_reset, pin_first_user=pin_first_user, **TRANSCRIPT)
+    proxy = start_proxy(settings)
     chat = Chat(proxy, session="pinned")
     task = "The task: keep the release notes of project Ardent. " + FILLER
     chat.say(task)

@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from proxy.compaction.chunking import ChunkSize
-from proxy.compaction.summarize import SummaryRequest, summarize
+from proxy.compaction.summarize import summarize
+from proxy.compaction.summary_request import SummaryRequest
 from proxy.config import Settings
 from proxy.simulator import create_simulator_app
 from proxy.simulator.config import ModelRule, SimulatorConfig

@@ -28,7 +28,9 @@ def settings(sim: str, **compaction: Any) -> Any:
         sim,
         upstream={"summarizer_api": "responses"},
         models=[{"match": "sim-4k", "context_window": WINDOW, "max_output_tokens": 256}],
-        compaction={"precompact_ratio": None, **compaction},  # inline: turns say compacted
+        # inline: turns say compacted; a transcript, which goes to upstream.summarizer_api
+        # (a summary asked as the chat turn's own request goes to chat completions)
+        compaction={"precompact_ratio": None, "summary_prompt": "transcript", **compaction},
     )
 
 

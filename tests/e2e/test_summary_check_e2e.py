@@ -57,6 +57,14 @@ def talk_past_the_trigger(chat: Chat, turns: int = 40) -> None:
             return
 
 
+def instructions(call: dict[str, Any], prompt: str) -> str:
+    """The instructions a summary call carried: its system message with a transcript, its
+    last message when asked as the turn's own request (summary_prompt: cached)."""
+    messages = call["body"]["messages"]
+    return str(messages[0 if prompt == "transcript" else -1]["content"])
+
+
+@pytest.mark.parametrize("prompt", ["cached", "transcript"])
 @pytest.mark.parametrize(
     ("style", "reason"), [("echo", "echo"), ("short", "too_short"), ("parrot", "copied")]
 )
@@ -66,9 +74,10 @@ def test_a_weak_summarizers_answer_is_rejected_retried_once_and_never_stored(
     caplog: pytest.LogCaptureFixture,
     style: SummaryStyle,
     reason: str,
+    prompt: str,
 ) -> None:
     sim = weak_sim(style)
-    url = start_proxy(settings(sim))
+    url = start_proxy(settings(sim, summary_prompt=prompt))
     chat = Chat(url, session=f"weak-{style}")
     with caplog.at_level(logging.INFO, logger="proxy.compaction"):
         talk_past_the_trigger(chat)
@@ -82,7 +91,11 @@ def test_a_weak_summarizers_answer_is_rejected_retried_once_and_never_stored(
     calls = summary_calls(sim)
     # One compaction's two answers: the first with the instructions, then the simple prompt;
     # then the session backs off (compaction.summary_backoff_s): no call on later turns.
-    assert [c["body"]["messages"][0]["content"] for c in calls] == [CORE.system, SIMPLE.system]
+    asked = [instructions(c, prompt) for c in calls]
+    if prompt == "transcript":
+        assert asked == [CORE.system, SIMPLE.system]
+    else:
+        assert asked == [CORE.cached, SIMPLE.cached]
     assert rejected(url, reason) == 2
     # Logged without content: the reasons only.
     lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
@@ -139,7 +152,8 @@ def test_a_raised_budget_share_asks_a_small_window_for_a_longer_fuller_summary(
     calls = summary_calls(sim)
     assert calls
     assert {c["body"]["max_tokens"] for c in calls} == {1024}
-    assert calls[0]["body"]["messages"][0]["content"] == FULL.system
+    # The full prompt, as a transcript's: the prefix with this budget does not fit the window.
+    assert instructions(calls[0], "transcript") == FULL.system
 
 
 # How the client states its facts: the simulator's reader finds each (replies.py).

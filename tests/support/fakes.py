@@ -41,7 +41,8 @@ from proxy.compaction.recall import Recall
 from proxy.compaction.recall_tool import RecallTool
 from proxy.compaction.schedule import Schedule
 from proxy.compaction.sightings import SessionSightings
-from proxy.compaction.summarize import PURPOSE_HEADER, SummaryRequest
+from proxy.compaction.summarize import PURPOSE_HEADER
+from proxy.compaction.summary_request import SummaryRequest
 from proxy.config import Settings
 from proxy.core.encodings import EstimateEncoder
 from proxy.core.models import ModelTable

@@ -56,11 +56,14 @@ def messages_measure(
     return would, sent, cached
 
 
-def _summarized(usage: dict[str, Any]) -> tuple[int, int]:
+def _summarized(usage: dict[str, Any]) -> tuple[int, int, int]:
+    """A summary call's input, output and, of the input, what the cache served."""
     if "prompt_tokens" in usage:
-        return usage["prompt_tokens"], usage["completion_tokens"]
+        cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        return usage["prompt_tokens"], usage["completion_tokens"], cached
     given = usage["input_tokens"] + usage["cache_read_input_tokens"]
-    return given + usage["cache_creation_input_tokens"], usage["output_tokens"]
+    given += usage["cache_creation_input_tokens"]
+    return given, usage["output_tokens"], usage["cache_read_input_tokens"]
 
 
 def expected(
@@ -71,14 +74,13 @@ def expected(
     history the client sent. The client's histories only grow, so a prefix change is
     the proxy's."""
     entries: list[dict[str, Any]] = []
-    summarized = [0, 0]
+    summarized = [0, 0, 0]
     previous_would = 0
     chats = iter(histories)
     for call in upstream_requests(sim):
         usage = call["usage"]
         if call["headers"].get("x-compaction-purpose") == "summarize":
-            given, written = _summarized(usage)
-            summarized = [summarized[0] + given, summarized[1] + written]
+            summarized = [a + b for a, b in zip(summarized, _summarized(usage), strict=True)]
             continue
         history = next(chats)
         would, sent, cached = measure(sim, call, history)
@@ -98,7 +100,7 @@ def expected(
             would_written = would - would_cached if sum(writes) else 0
         figures = (would, sent, cached, would_cached, writes, would_written)
         entries.append(entry(figures, summarized, outcome))
-        summarized = [0, 0]
+        summarized = [0, 0, 0]
         previous_would = would
     assert next(chats, None) is None
     return entries
@@ -122,6 +124,7 @@ def entry(
         "written_5m": short,
         "written_1h": long,
         "would_written": would_written,
+        "summarizer_cached": summarized[2],
         "net": would - sent - summarized[0] - summarized[1],
         "cache": outcome,
     }
@@ -136,7 +139,9 @@ def money(e: dict[str, Any]) -> tuple[float, float]:
     wrote = e["written_5m"] + e["written_1h"]
     paid = (e["sent"] - e["cached"] - wrote) * p_in + e["cached"] * p_cached
     paid += (e["written_5m"] * WRITE_5M + e["written_1h"] * WRITE_1H) * p_in
-    paid += e["summarizer_input"] * p_in + e["summarizer_output"] * p_out
+    summarizer_uncached = e["summarizer_input"] - e["summarizer_cached"]
+    paid += summarizer_uncached * p_in + e["summarizer_cached"] * p_cached
+    paid += e["summarizer_output"] * p_out
     tier = WRITE_5M if e["written_5m"] or not e["written_1h"] else WRITE_1H
     would = (e["would_send"] - e["would_cached"] - e["would_written"]) * p_in
     would += e["would_cached"] * p_cached + e["would_written"] * tier * p_in
