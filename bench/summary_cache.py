@@ -256,7 +256,7 @@ def _with_breakpoint(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def play(api: str, mode: str, requests: int, window: int, workdir: Path) -> Run:
     if mode == "direct":
-        proxy_yaml = "compaction: {mode: \"off\", recover_overflow: false}\n"
+        proxy_yaml = 'compaction: {mode: "off", recover_overflow: false}\n'
     else:
         proxy_yaml = f"compaction: {{summary_prompt: {mode}}}\n"
     run = Run(api, mode)
