@@ -145,6 +145,14 @@ class SummaryRejected(SummaryError):
     pass
 
 
+class SummaryTimedOut(SummaryError):
+    pass  # compaction.summary_timeout_s passed: what it was allowed teaches pace.py
+
+
+class SummaryTooSlow(SummaryError):
+    pass  # not asked: the summarizer is known to write too little in the time there is
+
+
 class SummaryOversize(SummaryError):
     posts: int = 1  # calls its answer took: 2 when asked again within a stated output limit
 

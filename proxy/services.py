@@ -18,7 +18,6 @@ from proxy.compaction.caps import TenantCaps
 from proxy.compaction.compact import Compactor
 from proxy.compaction.held import HeldCuts
 from proxy.compaction.inflight import BodyBudget
-from proxy.compaction.pace import SummaryPace
 from proxy.compaction.precompact import Precompactor
 from proxy.compaction.recall import Recall
 from proxy.compaction.recall_tool import RecallTool
@@ -84,8 +83,7 @@ class Services:
     deadline: TurnDeadline = field(init=False)  # inline summaries bounded (turn_deadline.py)
 
     def __post_init__(self) -> None:
-        pace = SummaryPace(self.settings.compaction.summary_backoff_max_s)
-        self.deadline = TurnDeadline(self.compactor, self.precompactor, pace)
+        self.deadline = TurnDeadline(self.compactor, self.precompactor, self.compactor.folder.pace)
 
     def known_model(self, name: str, tenant: str) -> ResolvedModel | None:
         """``effective_model`` when the windows learned for it were read lately (nearly

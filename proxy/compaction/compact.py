@@ -5,12 +5,10 @@ session's lock re-reads the snapshot (another replica may have compacted between
 and the lock) and plans again from it, folds the span into the summary (fold.py; asked
 after what its view sent: summary_prefix.py), writes the new snapshot (compare-and-swap
 on the version) and rebuilds the messages. Concurrent requests wait, bounded, for that
-result, or use the last valid snapshot. A failing summarizer never fails the request:
-the view falls back to deterministic trimming (trim.py) and summarization is retried on
-a later turn, once the session's back-off after the failure has passed (backoff.py). A
-plan that saves nothing (plan.py) is no compaction: ``settle`` counts it, writes nothing
-and backs the session off likewise.
-"""
+result, or use the last valid snapshot. A failing summarizer never fails the request: the
+view is trimmed (trim.py), the summary retried after the session's back-off (backoff.py).
+A plan that saves nothing (plan.py) is no compaction: ``settle`` counts it, writes
+nothing and backs the session off likewise."""
 
 from __future__ import annotations
 
@@ -26,6 +24,7 @@ from proxy.compaction.backoff import SummaryBackoff
 from proxy.compaction.caps import TenantCaps, trimmed_at_trigger
 from proxy.compaction.fold import Folder
 from proxy.compaction.job import Job
+from proxy.compaction.pace import SummaryPace
 from proxy.compaction.snapshots import archive_span, keep_rewind_point, load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
 from proxy.compaction.summary_prefix import sent_prefix
@@ -72,11 +71,12 @@ class Compactor:
     backoff: SummaryBackoff = field(init=False)  # sessions whose summaries keep failing
     idle: SummaryBackoff = field(init=False)  # sessions whose plans keep saving nothing
     trims: TrimCuts = field(init=False)  # sessions' last trimmed cuts, reused (sticky.py)
-    _folder: Folder = field(init=False)
+    folder: Folder = field(init=False)  # asks for summaries, sized by their pace (pace.py)
 
     def __post_init__(self) -> None:
-        self._folder = Folder(self.settings, self.models, self.client, self.counters, self.metrics)
         c = self.settings.compaction
+        args = (self.settings, self.models, self.client, self.counters, self.metrics)
+        self.folder = Folder(*args, SummaryPace(c.summary_backoff_max_s))
         self.backoff = SummaryBackoff(c.summary_backoff_s, c.summary_backoff_max_s, self.clock)
         self.idle = SummaryBackoff(c.summary_backoff_s, c.summary_backoff_max_s, self.clock)
         self.trims = TrimCuts(c.summary_role)
@@ -208,7 +208,7 @@ class Compactor:
             return replace(trimmed_at_trigger(self.trims, job, loaded), degraded=over)
         started = self.clock()
         prefix = sent_prefix(job, loaded, plan.summarize, self.settings.compaction)
-        fold = self._folder.fold(job, loaded.summary, span, prefix)
+        fold = self.folder.fold(job, loaded.summary, span, prefix)
         try:
             folded = await (fold if self.caps is None else self.caps.spending(job.turn, fold))
         except SummaryError as exc:

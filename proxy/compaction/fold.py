@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from proxy.compaction.count import INLINE_COUNT_BYTES, count_text
+from proxy.compaction.pace import SummaryPace
 from proxy.compaction.summarize import summarize
 from proxy.compaction.summary_request import SummaryRequest
 from proxy.config import Settings
-from proxy.core.budget import FRAME_TOKENS, summary_limit
+from proxy.core.budget import FRAME_TOKENS, MIN_SUMMARY_TOKENS, summary_limit
 from proxy.core.identifiers import (
     SUMMARY_ROLE,
     Restored,
@@ -38,7 +39,7 @@ from proxy.core.summary_check import framed
 from proxy.core.tokens import TokenCounter
 from proxy.core.transcript import span_sources
 from proxy.core.wording import ACKNOWLEDGEMENT, QUOTED_INTRO, handoff_text
-from proxy.errors import SummaryError, SummaryTruncated
+from proxy.errors import SummaryError, SummaryTimedOut, SummaryTooSlow, SummaryTruncated
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import current_record
 from proxy.types import ChatMessage
@@ -63,6 +64,7 @@ class SummaryWatch:
 
     started: bool = False
     seconds: float | None = None  # once it ended, succeeded or not
+    max_tokens: int = 0  # what it was allowed to write (pace.py sizes it)
 
 
 # Per task: a compaction started with one set reports to it (fold is the one place that
@@ -88,6 +90,7 @@ class Folder:
     client: Upstream  # summaries are asked of the upstream through it
     counters: dict[str, TokenCounter]
     metrics: Metrics
+    pace: SummaryPace  # what the summarizer's summaries take: they are sized by it
 
     async def fold(
         self,
@@ -101,26 +104,34 @@ class Folder:
         ``SummaryError``. ``prefix``: what the session's view sent up to the span's end
         (summary_prefix.py), for a summary asked after it; None: a transcript's."""
         turn, key, background = job.turn, job.key, job.background
-        request = SummaryRequest.for_turn(
-            turn, self.settings, self.models, self.client, self.counters
-        ).after(turn, prefix, self.settings.upstream.base_url)
-        started = time.perf_counter()
+        request = (
+            SummaryRequest.for_turn(turn, self.settings, self.models, self.client, self.counters)
+            .within(self._cap(job))
+            .after(turn, prefix, self.settings.upstream.base_url)
+        )
+        started, record = time.perf_counter(), current_record()
+        written = record.summarized[1]
         watch = SUMMARY_WATCH.get()
         if watch is not None:
-            watch.started = True
+            watch.started, watch.max_tokens = True, request.max_tokens
         if not background:
             self.metrics.summary_waits.labels(kind="summarized").inc()
         try:
             made = await summarize(request, previous, span)
         except SummaryError as exc:
-            self._timed(turn, started, "failed")
+            elapsed = self._timed(turn, started, "failed")
+            if isinstance(exc, SummaryTimedOut):
+                self.pace.ran_out(key.tenant, request.model, elapsed, request.max_tokens)
             self._rejected(key, exc.rejected)
             self.metrics.summary_failures.inc()
             if isinstance(exc, SummaryTruncated):
                 self.metrics.summaries_truncated.inc()
                 self.metrics.summary_length_retries.inc(exc.length_retries)
             raise
-        self._timed(turn, started, "ok")
+        elapsed = self._timed(turn, started, "ok")
+        # The output tokens it wrote, while the request's record still counts them.
+        tokens = None if record.finished else record.summarized[1] - written
+        self.pace.finished(key.tenant, request.model, elapsed, tokens or None)
         self.metrics.summarizer_calls.observe(made.calls)
         self._rejected(key, made.rejected)
         if made.omitted:
@@ -169,13 +180,30 @@ class Folder:
             self.metrics.summaries_rejected.labels(reason=reason).inc()
         log.warning("session=%s summarizer answers rejected: %s", key.log_id, ", ".join(reasons))
 
-    def _timed(self, turn: Turn, started: float, outcome: str) -> None:
+    def _cap(self, job: Job) -> int | None:
+        """The most tokens ``job``'s summarizer is known to write in the time its summary
+        has (None: not known): the turn's deadline where a summary past it is dropped (a
+        model without background summaries), else ``summary_timeout_s``. Raises
+        ``SummaryTooSlow`` when not even the shortest summary would finish."""
+        turn = job.turn
+        c = turn.compaction(self.settings.compaction)
+        inline = not job.background and not turn.model.precompact
+        allowed = c.summary_deadline_s if inline and c.summary_deadline_s else c.summary_timeout_s
+        model = c.summarizer_model or turn.chat["model"]
+        cap = self.pace.affordable(job.key.tenant, model, allowed)
+        if cap is not None and cap < MIN_SUMMARY_TOKENS:
+            self.metrics.summary_failures.inc()
+            raise SummaryTooSlow(f"the summarizer writes about {cap} tokens in {allowed:g} s")
+        return cap
+
+    def _timed(self, turn: Turn, started: float, outcome: str) -> float:
         elapsed = time.perf_counter() - started
         self.metrics.summarization_duration.labels(outcome=outcome).observe(elapsed)
         current_record().summary_s = elapsed
         watch = SUMMARY_WATCH.get()
         if watch is not None:
             watch.seconds = elapsed
+        return elapsed
 
 
 async def _restore(

@@ -2,10 +2,13 @@
 are learned from the upstream's errors, so a slow server is not rediscovered by every
 session's turns.
 
-A summary that finished records its time and its speed (output tokens a second); one
-dropped at its turn's deadline (turn_deadline.py) records that it takes at least that
-long. A turn's summary whose expected time is past its deadline is not asked for inline
-(turn_deadline.py counts it). What was learned is trusted for ``ttl_s``
+A summary that finished records its time and its speed (output tokens a second, its
+prompt's reading included); one dropped at its turn's deadline (turn_deadline.py) or timed
+out records that it takes at least that long, and that the model writes fewer than the
+tokens it was allowed in that time. Summaries are sized by that speed (fold.py asks for
+at most ``affordable`` tokens): a slow server gets shorter summaries it can finish, not
+the same long one that times out again, and one too slow for even the shortest summary
+is not asked for it (turn_deadline.py counts it). What was learned is trusted for ``ttl_s``
 (``compaction.summary_backoff_max_s``), then the next summary measures again: the server
 may have been given a core, or a lighter load. Per process; per tenant and model, so one
 tenant's long spans never make another's summaries look slow.
@@ -23,6 +26,9 @@ from cachetools import LRUCache
 _LIMIT = 4096
 # The weight of the newest summary's time in the estimate: the last two count most.
 _NEWEST = 0.5
+# A sized summary may take this share of the time it is allowed: the rest is room for a
+# retry (an answer cut off is asked again, tersely: summarize.py) and a slower moment.
+_SHARE = 0.5
 
 
 @dataclass(slots=True)
@@ -49,10 +55,16 @@ class SummaryPace:
             speed = speed or known.tokens_per_s
         self.entries[tenant, model] = _Pace(seconds, speed, self.clock() + self.ttl_s)
 
-    def ran_out(self, tenant: str, model: str, seconds: float) -> None:
-        """A summary by ``model`` was still unfinished after ``seconds``, and dropped."""
+    def ran_out(
+        self, tenant: str, model: str, seconds: float, max_tokens: int | None = None
+    ) -> None:
+        """A summary by ``model`` allowed ``max_tokens`` (None: unknown) was still
+        unfinished after ``seconds``, and dropped or timed out."""
         known = self._known(tenant, model)
         speed = None if known is None else known.tokens_per_s
+        if max_tokens and seconds > 0:  # it wrote fewer than max_tokens in that time
+            bound = max_tokens / seconds
+            speed = bound if speed is None else min(speed, bound)
         longest = seconds if known is None else max(seconds, known.seconds)
         self.entries[tenant, model] = _Pace(longest, speed, self.clock() + self.ttl_s)
 
@@ -65,6 +77,12 @@ class SummaryPace:
         """``model``'s output tokens a second in its summaries, when measured."""
         known = self._known(tenant, model)
         return None if known is None else known.tokens_per_s
+
+    def affordable(self, tenant: str, model: str, seconds: float) -> int | None:
+        """The most output tokens to ask of ``model`` for a summary that must end within
+        ``seconds``; None while its speed is not known."""
+        speed = self.speed(tenant, model)
+        return None if speed is None else int(speed * seconds * _SHARE)
 
     def _known(self, tenant: str, model: str) -> _Pace | None:
         known = self.entries.get((tenant, model))

@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from proxy.compaction.compact import CompactionStore, Compactor
-from proxy.compaction.fold import Folder
 from proxy.compaction.job import Job
 from proxy.compaction.prepare import prepare_turn
 from proxy.compaction.snapshots import next_snapshot
@@ -140,13 +139,7 @@ async def _summarize(
     )
     if token is None:
         return None
-    folder = Folder(
-        compactor.settings,
-        compactor.models,
-        compactor.client,
-        compactor.counters,
-        compactor.metrics,
-    )
+    folder = compactor.folder  # its pace learned from and used for every summary
     start, end = plan.summarize
     caps = compactor.caps
     try:

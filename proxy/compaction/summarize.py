@@ -59,6 +59,7 @@ from proxy.errors import (
     SummaryError,
     SummaryOversize,
     SummaryRejected,
+    SummaryTimedOut,
     SummaryTruncated,
     UpstreamError,
 )
@@ -105,7 +106,7 @@ async def summarize(req: SummaryRequest, previous: str, span: Sequence[ChatMessa
                 framed = "" if req.cached else frame_prompt(text, chunk)
                 text = await run.chunk(framed, text, chunk)
     except TimeoutError as exc:
-        failed = SummaryError("summarizer timed out")
+        failed = SummaryTimedOut("summarizer timed out")
         failed.rejected, failed.calls = tuple(run.rejected), run.calls
         raise failed from exc
     except SummaryError as exc:

@@ -89,6 +89,14 @@ class SummaryRequest:
             window=window,
         )
 
+    def within(self, cap: int | None) -> SummaryRequest:
+        """This call asking for at most ``cap`` tokens (None: as it is), the most its
+        summarizer is known to write in its time (pace.py). Its chunks stay as large as
+        for its first budget: a shorter answer only leaves them more room."""
+        if cap is None or cap >= self.max_tokens:
+            return self
+        return replace(self, max_tokens=cap, prompt=prompt_for(cap))
+
     def after(self, turn: Turn, prefix: Prefix | None, base_url: str) -> SummaryRequest:
         """This call asked as ``turn``'s own request after ``prefix`` (what its view sent
         up to the cut: summary_prefix.py) where it may be, else as it is."""

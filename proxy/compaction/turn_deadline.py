@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from proxy.compaction.fold import SUMMARY_WATCH, SummaryWatch
 from proxy.compaction.job import Job
 from proxy.compaction.pace import SummaryPace
+from proxy.core.budget import MIN_SUMMARY_TOKENS
 from proxy.core.outcome import Degraded, Outcome
 from proxy.core.plan import Plan
 from proxy.core.rebuild import Handoff, rebuild_outcome
@@ -61,7 +62,7 @@ class TurnDeadline:
             return await self.compactor.compact(job, loaded, plan)
         model = self._summarizer(job)
         expected = self.pace.expected_s(job.key.tenant, model)
-        if expected is not None and expected > deadline:
+        if expected is not None and expected > deadline and not self._sized(job, model):
             # It would not finish in time: to the background at once, where allowed.
             if job.turn.model.precompact and self.precompactor.skip_reason(job.key) is None:
                 task = asyncio.create_task(self._timed(job, loaded, plan, SummaryWatch()))
@@ -79,24 +80,25 @@ class TurnDeadline:
             return task.result()
         return await self._past(job, loaded, task, watch, started)
 
+    def _sized(self, job: Job, model: str) -> bool:
+        """Whether a summary sized to finish by the deadline (fold.py sizes it) is still
+        worth asking for inline: on a model whose summaries past it are dropped."""
+        if job.turn.model.precompact:  # past it, the background finishes a full one
+            return False
+        deadline = job.turn.compaction(self.compactor.settings.compaction).summary_deadline_s
+        cap = self.pace.affordable(job.key.tenant, model, deadline)
+        return cap is not None and cap >= MIN_SUMMARY_TOKENS
+
     def _summarizer(self, job: Job) -> str:
         c = job.turn.compaction(self.compactor.settings.compaction)
         return c.summarizer_model or job.turn.chat["model"]
 
     async def _timed(self, job: Job, loaded: Loaded, plan: Plan, watch: SummaryWatch) -> Outcome:
-        """The compaction (in a task of its own), the summarizer's model busy meanwhile;
-        its summary's time learned. ``watch``: whether it asked for a summary (fold.py)."""
-        model = self._summarizer(job)
+        """The compaction (in a task of its own), the summarizer's model busy meanwhile.
+        ``watch``: whether it asked for a summary, and what it allowed (fold.py)."""
         SUMMARY_WATCH.set(watch)  # this task's context only
-        record = current_record()
-        written = record.summarized[1]
-        with self.precompactor.busy.summarizing(model):
-            outcome = await self.compactor.compact(job, loaded, plan)
-        if outcome.status == "compacted" and watch.seconds:
-            # The output tokens it wrote, while the request's record still counts them.
-            tokens = None if record.finished else record.summarized[1] - written
-            self.pace.finished(job.key.tenant, model, watch.seconds, tokens or None)
-        return outcome
+        with self.precompactor.busy.summarizing(self._summarizer(job)):
+            return await self.compactor.compact(job, loaded, plan)  # fold.py learns its pace
 
     async def _past(
         self,
@@ -121,7 +123,8 @@ class TurnDeadline:
                 cost = self.clock() - started
                 current_record().summary_s = cost  # the request's line: what it waited
                 self.compactor.backoff.failed(key, cost)
-                self.pace.ran_out(key.tenant, self._summarizer(job), cost)
+                model = self._summarizer(job)
+                self.pace.ran_out(key.tenant, model, cost, watch.max_tokens or None)
                 metrics = self.compactor.metrics
                 metrics.compactions.labels(trigger=job.trigger, outcome="dropped").inc()
         log.warning(

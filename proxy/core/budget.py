@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # for annotations: a budget is figures, built from these
 FRAME_TOKENS = 60
 """Framing tokens around a summary: the handoff text and the acknowledgement turn."""
 
-_MIN_SUMMARY = 128
+MIN_SUMMARY_TOKENS = 128
+"""The shortest summary the proxy asks for: shorter holds too little to replace a span."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,4 +64,4 @@ def summary_limit(model: ResolvedModel, settings: CompactionSettings) -> int:
     small window that no recent turn could stay verbatim beside it: at most
     ``summary_budget_ratio`` of it (by default 0.15: about 600 tokens of a 4k window)."""
     share = int(model.context_window * settings.summary_budget_ratio)
-    return max(min(settings.summary_max_tokens, share), _MIN_SUMMARY)
+    return max(min(settings.summary_max_tokens, share), MIN_SUMMARY_TOKENS)

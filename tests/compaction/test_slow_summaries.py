@@ -144,9 +144,11 @@ async def test_past_its_deadline_a_turn_goes_without_the_summary_which_lands_lat
 
 async def test_past_its_deadline_a_single_slot_models_summary_is_dropped() -> None:
     """``precompact: false``: cancelled, the session backed off by its time, the model's
-    summaries known to take at least that long: the next turn does not ask."""
+    summaries known to take at least that long and to write fewer tokens a second than
+    it was allowed in that time: the next session's summary asks for fewer (pace.py),
+    until not even the shortest would finish, and then no summary is asked for."""
     upstream = FakeUpstream()
-    upstream.script(summaries=[summary_reply(gate=asyncio.Event())])  # never answers
+    upstream.script(summaries=[summary_reply(gate=asyncio.Event()) for _ in range(8)])
     services = _deadline_services(upstream, precompact=False)
     outcome, _ = await compacted_view(services, await turn_of(services, conversation(14)))
     assert outcome.degraded == "summary_deadline"
@@ -157,11 +159,69 @@ async def test_past_its_deadline_a_single_slot_models_summary_is_dropped() -> No
     assert expected is not None
     assert expected >= DEADLINE_S
     assert services.compactor.backoff.active(KEY)
-    other = await turn_of(services, conversation(14), session="s2")  # another session
-    outcome, _ = await compacted_view(services, other)
-    assert outcome.degraded == "summary_slow"
-    assert len(upstream.summary_calls) == 1
+    degraded = []
+    for n in range(2, 8):  # other sessions: each its own back-off
+        other = await turn_of(services, conversation(14), session=f"s{n}")
+        outcome, _ = await compacted_view(services, other)
+        degraded.append(outcome.degraded)
+        if outcome.degraded == "summary_slow":
+            break
+    asked = [call.body["max_tokens"] for call in upstream.summary_calls]
+    assert degraded[-1] == "summary_slow", degraded
+    assert set(degraded[:-1]) == {"summary_deadline"}
+    assert len(asked) == len(degraded)  # the last session asked for none
+    assert all(later <= earlier // 2 for earlier, later in zip(asked, asked[1:])), asked
+    assert asked[-1] >= 128  # never one shorter than the shortest summary
     assert metric(services.metrics, "compactions", trigger="threshold", outcome="too_slow") == 1
+
+
+def test_pace_bounds_the_speed_by_what_an_unfinished_summary_was_allowed() -> None:
+    pace = SummaryPace(ttl_s=900, clock=FakeClock())
+    assert pace.affordable(TENANT, "m", 60.0) is None  # not known: not sized
+    pace.finished(TENANT, "m", 10.0, 500)  # 50 tokens a second
+    assert pace.affordable(TENANT, "m", 60.0) == 1500  # half the time, at that speed
+    pace.ran_out(TENANT, "m", 60.0, 600)  # 600 allowed, unfinished after 60 s: < 10/s
+    assert pace.speed(TENANT, "m") == 10.0
+    assert pace.affordable(TENANT, "m", 60.0) == 300
+    pace.ran_out(TENANT, "m", 60.0, 1200)  # a looser bound keeps the tighter one
+    assert pace.speed(TENANT, "m") == 10.0
+
+
+async def test_a_summary_asks_for_no_more_than_its_summarizer_writes_in_its_time() -> None:
+    """A background-capable model: sized to ``summary_timeout_s``, not the deadline."""
+    upstream = FakeUpstream()
+    services = make_services(fake_settings(precompact_ratio=None), upstream, FakeClock())
+    services.compactor.folder.pace.finished(TENANT, MODEL, 20.0, 100)  # 5 tokens a second
+    outcome, _ = await compacted_view(services, await turn_of(services, conversation(14)))
+    assert outcome.status == "compacted"
+    [call] = upstream.summary_calls
+    assert call.body["max_tokens"] == 150  # 5/s for half of the 60 s timeout, not 400
+
+
+async def test_no_summary_is_asked_of_a_summarizer_too_slow_for_the_shortest() -> None:
+    upstream = FakeUpstream()
+    services = make_services(fake_settings(precompact_ratio=None), upstream, FakeClock())
+    services.compactor.folder.pace.finished(TENANT, MODEL, 20.0, 20)  # 1 token a second
+    outcome, _ = await compacted_view(services, await turn_of(services, conversation(14)))
+    assert outcome.degraded == "summary_failed"
+    assert upstream.summary_calls == []
+    assert metric(services.metrics, "summary_failures") == 1
+    assert services.compactor.backoff.active(KEY)
+
+
+async def test_a_timed_out_summary_teaches_its_speed() -> None:
+    upstream = FakeUpstream()
+    upstream.script(summaries=[summary_reply(gate=asyncio.Event())])  # never answers
+    settings = fake_settings(precompact_ratio=None, summary_timeout_s=0.05)
+    services = make_services(settings, upstream, FakeClock())
+    outcome, _ = await compacted_view(services, await turn_of(services, conversation(14)))
+    assert outcome.degraded == "summary_failed"
+    speed = services.compactor.folder.pace.speed(TENANT, MODEL)
+    assert speed is not None
+    assert speed <= 400 / 0.05  # 400 tokens allowed, none back within 0.05 s
+    other = await turn_of(services, conversation(14), session="s2")
+    await compacted_view(services, other)
+    assert upstream.summary_calls[1].body["max_tokens"] <= 200
 
 
 async def test_a_turn_sent_while_a_summary_runs_on_its_model_says_so() -> None:

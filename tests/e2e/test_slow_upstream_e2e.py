@@ -80,9 +80,11 @@ def test_no_turn_waits_past_the_deadline_on_a_summary_it_cannot_finish(
 ) -> None:
     """One slot (its model declared ``precompact: false``, as the README advises for one),
     a summary four times the deadline: 60 turns through compaction, none waits longer than
-    the deadline plus one ordinary turn, the one that waited says so, and once the proxy
-    knows the model's summaries cannot finish in time it stops asking (counted)."""
-    url = start_proxy(_settings(single_slot, precompact=False))
+    the deadline plus one ordinary turn, each that waited says so; each summary dropped
+    teaches the model's speed, so the next asks for at most half as many tokens (pace.py),
+    and once not even the shortest summary could finish in time it stops asking (counted).
+    A short back-off, so the session asks again within the test."""
+    url = start_proxy(_settings(single_slot, precompact=False, summary_backoff_s=0.5))
     chat = Chat(url, session="slow-one-slot")
     before = stats(single_slot)
     took, degraded = [], []
@@ -94,18 +96,22 @@ def test_no_turn_waits_past_the_deadline_on_a_summary_it_cannot_finish(
     bound = DEADLINE_S + ordinary + slack_s(url, 0.5)
     assert max(took) <= bound, (took, bound)  # without the deadline: 4 s and more
     assert chat.statuses["trimmed"] >= TURNS // 2  # through compaction, served trimmed
-    # The one turn that waited on a summary says so; no other queued for the slot (that
-    # one may, for the moment the dropped summary's slot takes to be freed).
-    assert degraded.count("summary_deadline") == 1
-    assert took[degraded.index("summary_deadline")] >= DEADLINE_S
+    # Each turn that waited on a summary says so; no other queued for the slot (those may,
+    # for the moment a dropped summary's slot takes to be freed).
+    waited = [n for n, why in enumerate(degraded) if why == "summary_deadline"]
+    assert all(took[n] >= DEADLINE_S for n in waited)
     after = stats(single_slot)
-    assert after["slot_waits"] - before["slot_waits"] <= 1
-    # It cannot finish in time: asked once, then not again; each turn it skipped counted.
-    assert after["summaries"] - before["summaries"] == 1
+    asked = after["summaries"] - before["summaries"]
+    assert asked == len(waited)
+    assert after["slot_waits"] - before["slot_waits"] <= asked
+    # 400 tokens, then at most 200 (the shortest asked for is 128): two, three at most.
+    assert 2 <= asked <= 3, degraded
+    # It cannot finish in time: not asked again; each turn it skipped counted.
     skipped = metric(url, "compaction_proxy_compactions", outcome="too_slow")
-    assert skipped >= TURNS // 2
+    assert skipped >= 1
     assert degraded.count("summary_slow") == skipped
-    assert metric(url, "compaction_proxy_degraded_requests", reason="summary_deadline") == 1
+    assert max(waited) < degraded.index("summary_slow")
+    assert metric(url, "compaction_proxy_degraded_requests", reason="summary_deadline") == asked
     # Served trimmed, yet what the trim dropped comes back by recall (recall.py).
     answer = chat.say("Quick question about the ticket we noted, ticket_9: RECALL ticket_9")
     assert answer == "ticket_9=val911q1"
