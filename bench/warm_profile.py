@@ -46,6 +46,7 @@ from payloads import build_payload
 from targets import COMPACTING_WINDOW, FORWARDING_WINDOW, free_port
 
 import proxy.compaction.count as count_module
+import proxy.compaction.prepare as prepare_module
 import proxy.compaction.recall as recall_module
 import proxy.core.ranking as ranking_module
 import proxy.observe.recorder as recorder_module
@@ -67,12 +68,12 @@ STEPS: tuple[tuple[Any, str, str], ...] = (
     (chat_module, "parse_chat_request", "parse (all)"),
     (parse_module, "load_request", "  orjson.loads"),
     (parse_module, "check_depth", "  depth check (orjson.dumps)"),
-    (pipeline_module, "count_history", "count_history (all)"),
+    (prepare_module, "count_history", "count_history (all)"),
     (count_module, "digests_and_sizes", "  digests"),
     (count_module, "result_flags", "  result flags"),
     (count_module, "_count", "  token counts (cached)"),
-    (pipeline_module, "session_of", "session_of"),
-    (pipeline_module, "load_session", "load_session (store, anchor)"),
+    (prepare_module, "session_of", "session_of"),
+    (prepare_module, "load_session", "load_session (store, anchor)"),
     (pipeline_module, "plan_compaction", "plan_compaction"),
     (pipeline_module, "rebuild_outcome", "rebuild_outcome"),
     (recall_module.Recall, "excerpts", "recall excerpts (all)"),
