@@ -76,7 +76,7 @@ class Compactor:
     def __post_init__(self) -> None:
         c = self.settings.compaction
         args = (self.settings, self.models, self.client, self.counters, self.metrics)
-        self.folder = Folder(*args, SummaryPace(c.summary_backoff_max_s))
+        self.folder = Folder(*args, SummaryPace.of(c))
         self.backoff = SummaryBackoff(c.summary_backoff_s, c.summary_backoff_max_s, self.clock)
         self.idle = SummaryBackoff(c.summary_backoff_s, c.summary_backoff_max_s, self.clock)
         self.trims = TrimCuts(c.summary_role)

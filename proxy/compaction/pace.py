@@ -9,8 +9,8 @@ tokens it was allowed in that time. Summaries are sized by that speed (fold.py a
 at most ``affordable`` tokens): a slow server gets shorter summaries it can finish, not
 the same long one that times out again, and one too slow for even the shortest summary
 is not asked for it (turn_deadline.py counts it). What was learned is trusted for ``ttl_s``
-(``compaction.summary_backoff_max_s``), then the next summary measures again: the server
-may have been given a core, or a lighter load. Per process; per tenant and model, so one
+(``compaction.summary_backoff_max_s``; nothing with the back-off off), then the next
+summary measures again: the server may have been given a core, or a lighter load. Per process; per tenant and model, so one
 tenant's long spans never make another's summaries look slow.
 """
 
@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachetools import LRUCache
+
+from proxy.config import CompactionSettings
 
 # Tenants and model names are the clients': the table is bounded.
 _LIMIT = 4096
@@ -45,6 +47,12 @@ class SummaryPace:
     ttl_s: float
     clock: Callable[[], float] = time.monotonic
     entries: LRUCache[tuple[str, str], _Pace] = field(default_factory=lambda: LRUCache(_LIMIT))
+
+    @classmethod
+    def of(cls, settings: CompactionSettings) -> SummaryPace:
+        """Trusted as long as the longest back-off; with the back-off off
+        (``summary_backoff_s: 0``) nothing is kept: every summary is asked in full."""
+        return cls(settings.summary_backoff_max_s if settings.summary_backoff_s > 0 else 0.0)
 
     def finished(self, tenant: str, model: str, seconds: float, tokens: int | None) -> None:
         """A summary by ``model`` took ``seconds`` and wrote ``tokens`` (None: unknown)."""
