@@ -10,8 +10,9 @@ at most ``affordable`` tokens): a slow server gets shorter summaries it can fini
 the same long one that times out again, and one too slow for even the shortest summary
 is not asked for it (turn_deadline.py counts it). What was learned is trusted for ``ttl_s``
 (``compaction.summary_backoff_max_s``; nothing with the back-off off), then the next
-summary measures again: the server may have been given a core, or a lighter load. Per process; per tenant and model, so one
-tenant's long spans never make another's summaries look slow.
+summary measures again: the server may have been given a core, or a lighter load. Per
+process; per tenant and model, so one tenant's long spans never make another's summaries
+look slow.
 """
 
 from __future__ import annotations

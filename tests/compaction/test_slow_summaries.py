@@ -4,6 +4,7 @@ attempt cost, and what summaries take is learned per tenant and model (pace.py).
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -170,7 +171,7 @@ async def test_past_its_deadline_a_single_slot_models_summary_is_dropped() -> No
     assert degraded[-1] == "summary_slow", degraded
     assert set(degraded[:-1]) == {"summary_deadline"}
     assert len(asked) == len(degraded)  # the last session asked for none
-    assert all(later <= earlier // 2 for earlier, later in zip(asked, asked[1:])), asked
+    assert all(later <= earlier // 2 for earlier, later in itertools.pairwise(asked)), asked
     assert asked[-1] >= 128  # never one shorter than the shortest summary
     assert metric(services.metrics, "compactions", trigger="threshold", outcome="too_slow") == 1
 
