@@ -243,21 +243,20 @@ class LoggingSettings(_Section):
     include_sensitive: bool = False  # request lines carry the raw session header (not keys)
 
 
-class ModelSpec(_Section):
-    match: str = "*"
-    context_window: int = Field(gt=0)
-    max_output_tokens: int = Field(4096, gt=0)
-    tokenizer: str | None = None  # None: from the name's family (models.default_tokenizer)
-    precompact: bool = True  # false: no background summaries (a single-slot server: README)
-    recall_tool: bool = True  # false: never the recall tool (compaction.recall_tool_rounds)
-
-
 class DefaultModelSpec(_Section):
     context_window: int = Field(32768, gt=0)
     max_output_tokens: int = Field(4096, gt=0)
-    tokenizer: str | None = None
-    precompact: bool = True
-    recall_tool: bool = True
+    tokenizer: str | None = None  # None: from the name's family (models.default_tokenizer)
+    precompact: bool = True  # false: no background summaries
+    recall_tool: bool = True  # false: never the recall tool (compaction.recall_tool_rounds)
+    # Requests its server answers at once (llama.cpp's -np); 1: background summaries give
+    # way to turns (busy.py). None: as llama.cpp's /props says (discovery.py), else many.
+    slots: int | None = Field(None, ge=1)
+
+
+class ModelSpec(DefaultModelSpec):
+    match: str = "*"
+    context_window: int = Field(gt=0)
 
 
 class Settings(BaseSettings):

@@ -10,13 +10,23 @@ waits shows. ``pipeline.forward`` counts such turns
 ``X-Compaction-Degraded: summary_busy`` (precompact.py ``note_sent``); whether they
 waited depends on the server's slots, so this is a risk, not a measured wait. Per
 process: another replica's summaries are not seen.
+
+On a model known to have one slot (``models[].slots: 1``, or llama.cpp's ``/props``) a
+background summary gives way instead: a turn sent to it cancels the summary (the
+upstream stops generating once its caller is gone, as llama.cpp does), so the turn
+waits for no summary, and the summary is offered again later (precompact.py counts it
+``yielded``). Background summaries so run only while no turn arrives.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
+
+Task = asyncio.Task[Any]
 
 
 @dataclass(slots=True)
@@ -24,11 +34,19 @@ class BusyModels:
     """Event loop only: no lock."""
 
     running: dict[str, int] = field(default_factory=dict)
+    # Per model, the tasks of the summaries that give way to a turn (give_way).
+    yielding: dict[str, set[Task]] = field(default_factory=dict)
+    # Tasks cancelled by give_way, until their run is counted (Precompactor._done).
+    gave_way: set[Task] = field(default_factory=set)
 
     @contextmanager
-    def summarizing(self, model: str) -> Iterator[None]:
-        """Around one background summary's calls to ``model``."""
+    def summarizing(self, model: str, *, yields: bool = False) -> Iterator[None]:
+        """Around one summary's calls to ``model``; ``yields``: the task running it is
+        cancelled by a turn sent to ``model`` meanwhile (give_way)."""
         self.running[model] = self.running.get(model, 0) + 1
+        task = asyncio.current_task() if yields else None
+        if task is not None:
+            self.yielding.setdefault(model, set()).add(task)
         try:
             yield
         finally:
@@ -37,7 +55,21 @@ class BusyModels:
                 self.running[model] = left
             else:
                 del self.running[model]
+            waiting = self.yielding.get(model)
+            if task is not None and waiting is not None:
+                waiting.discard(task)
+                if not waiting:
+                    del self.yielding[model]
 
     def busy(self, model: str) -> bool:
         """Whether a background summary on ``model`` is running now. O(1)."""
         return model in self.running
+
+    def give_way(self, model: str) -> bool:
+        """Cancel the summaries on ``model`` that give way to a turn; whether a summary
+        that does not (an inline one) still runs there. O(summaries on it)."""
+        tasks = self.yielding.pop(model, set())
+        for task in tasks:
+            if task.cancel():
+                self.gave_way.add(task)
+        return self.running.get(model, 0) > len(tasks)

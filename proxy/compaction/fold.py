@@ -183,11 +183,11 @@ class Folder:
     def _cap(self, job: Job) -> int | None:
         """The most tokens ``job``'s summarizer is known to write in the time its summary
         has (None: not known): the turn's deadline where a summary past it is dropped (a
-        model without background summaries), else ``summary_timeout_s``. Raises
+        model without background summaries, or on one slot), else ``summary_timeout_s``. Raises
         ``SummaryTooSlow`` when not even the shortest summary would finish."""
         turn = job.turn
         c = turn.compaction(self.settings.compaction)
-        inline = not job.background and not turn.model.precompact
+        inline = not job.background and not turn.model.keeps_late_summaries
         allowed = c.summary_deadline_s if inline and c.summary_deadline_s else c.summary_timeout_s
         model = c.summarizer_model or turn.chat["model"]
         cap = self.pace.affordable(job.key.tenant, model, allowed)

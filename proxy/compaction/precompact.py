@@ -24,10 +24,11 @@ them all taken preempts the newest run of a tenant over its share (counted
 ``preempted``; that session is not backed off and is offered again by its next
 turn), so one tenant's throwaway sessions cannot keep another's from compacting.
 A held lock means the session is being compacted already: skipped, never waited
-for. An inline compaction that outlived its turn's deadline may be adopted to finish
-here (``adopt``, turn_deadline.py), within the same bounds. ``aclose`` cancels and
-awaits what runs. Every outcome is counted; nothing
-here raises into a request.
+for. On a single-slot server a run gives way to any turn sent to its model (busy.py:
+counted ``yielded``, backed off as a failure). An inline compaction that outlived its
+turn's deadline may be adopted to finish here (``adopt``, turn_deadline.py), within the
+same bounds. ``aclose`` cancels and awaits what runs. Every outcome is counted;
+nothing here raises into a request.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("proxy.compaction")
 # Runs after which the session is not offered again for precompact_retry_s.
-_BACKED_OFF = ("failed", "unchanged", "skipped_tenant_cap")
+_BACKED_OFF = ("failed", "unchanged", "skipped_tenant_cap", "yielded")
 
 
 def background_budget(
@@ -144,9 +145,12 @@ class Precompactor:
         """``attempt``, to be sent for ``turn``: counted, and its answer marked
         ``summary_busy`` (unless degraded already), when a summary of the proxy's own on
         its model runs meanwhile: a single-slot server makes it wait for that summary
-        (busy.py). O(1)."""
-        if turn is None or not self.busy.busy(turn.chat["model"]):
+        (busy.py); on a model known to have one slot, a background summary gives way
+        (cancelled) instead. O(1)."""
+        if turn is None or not self.busy.busy(model := turn.chat["model"]):
             return attempt
+        if turn.model.single_slot and not self.busy.give_way(model):
+            return attempt  # what ran there was cancelled: the turn waits for no summary
         self.metrics.sent_during_summary.inc()
         if attempt.outcome.degraded is not None:
             return attempt
@@ -219,6 +223,9 @@ class Precompactor:
             del self.running[key]
         self.metrics.precompactions_running.dec()
         outcome = "cancelled" if task.cancelled() else task.result()
+        if task in self.busy.gave_way:  # to a turn (busy.py): offered again after a rest
+            self.busy.gave_way.discard(task)
+            outcome = "yielded"
         if key in self.preempted:
             self.preempted.discard(key)
             outcome = "preempted"  # not the session's failure: no back-off
@@ -230,7 +237,8 @@ class Precompactor:
         """The run's outcome; raises nothing but ``CancelledError``."""
         try:
             c = job.turn.compaction(self.settings)
-            with self.busy.summarizing(c.summarizer_model or job.turn.chat["model"]):
+            model, one = c.summarizer_model or job.turn.chat["model"], job.turn.model.single_slot
+            with self.busy.summarizing(model, yields=one):
                 return await self._compact(job)
         except TenantCapped:
             return "skipped_tenant_cap"  # counted by its cap too (caps.py)

@@ -7,9 +7,10 @@ still fits the window, else the trimmed view (recall by excerpts then searches w
 trim drops: recall.py), and says so (``X-Compaction-Degraded: summary_deadline``, counted
 by reason). The summary finishes in the background (the precompactor adopts it: bounded by
 ``summary_timeout_s`` and its slots, counted as a background run) when the model allows
-background summaries; a model declared ``precompact: false`` (a single-slot server, whose
-next turn would queue behind it) has it dropped, cancelled upstream (counted as the
-compaction outcome ``dropped``), and the session backs off by what it cost (backoff.py).
+it; a model declared ``precompact: false`` or known to have one slot (``slots: 1``: its
+next turn would queue behind the summary) has it dropped, cancelled upstream (counted as
+the compaction outcome ``dropped``), and the session backs off by what it cost
+(backoff.py).
 
 Every summary's time is learned per tenant and model (pace.py): once a model's summaries
 are known to take longer than the deadline, none is asked for inline (counted as the
@@ -64,7 +65,10 @@ class TurnDeadline:
         expected = self.pace.expected_s(job.key.tenant, model)
         if expected is not None and expected > deadline and not self._sized(job, model):
             # It would not finish in time: to the background at once, where allowed.
-            if job.turn.model.precompact and self.precompactor.skip_reason(job.key) is None:
+            if (
+                job.turn.model.keeps_late_summaries
+                and self.precompactor.skip_reason(job.key) is None
+            ):
                 task = asyncio.create_task(self._timed(job, loaded, plan, SummaryWatch()))
                 if not self.precompactor.adopt(job.key, task):  # it says yes: just asked
                     task.cancel()
@@ -83,7 +87,7 @@ class TurnDeadline:
     def _sized(self, job: Job, model: str) -> bool:
         """Whether a summary sized to finish by the deadline (fold.py sizes it) is still
         worth asking for inline: on a model whose summaries past it are dropped."""
-        if job.turn.model.precompact:  # past it, the background finishes a full one
+        if job.turn.model.keeps_late_summaries:  # past it, the background finishes a full one
             return False
         deadline = job.turn.compaction(self.compactor.settings.compaction).summary_deadline_s
         cap = self.pace.affordable(job.key.tenant, model, deadline)
@@ -113,7 +117,7 @@ class TurnDeadline:
         key = job.key
         summarizing = watch.started  # its own, not a wait for another request's
         degraded: Degraded = "summary_deadline" if summarizing else "summary_late"
-        if job.turn.model.precompact and self.precompactor.adopt(key, task):
+        if job.turn.model.keeps_late_summaries and self.precompactor.adopt(key, task):
             kept = "finishing in the background"
         else:
             task.cancel()

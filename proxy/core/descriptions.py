@@ -14,7 +14,8 @@ The fields, as each project's source names them:
   the length the model was trained for, not the one it serves: never read as a window.
 * llama.cpp's ``GET /props``: ``default_generation_settings.n_ctx``, the context of one
   slot (``get_props`` in ``tools/server/server-context.cpp``: the per-slot value, the
-  one it rejects prompts against), for the one model it serves.
+  one it rejects prompts against), for the one model it serves; ``total_slots``, the
+  requests it answers at once (``-np``; one: a turn queues behind any other request).
 * LiteLLM's ``GET /model/info`` (``data[]``, keyed by ``model_name``): ``model_info``'s
   ``max_input_tokens`` and ``max_output_tokens`` (else ``max_tokens``), as its model
   table carries them (docs.litellm.ai, "Model Management").
@@ -36,15 +37,17 @@ MAX_MODELS = 2000
 MAX_NAME_CHARS = 256
 SMALLEST = 256  # no model serves a window smaller; a figure below is a misreading
 LARGEST = 100_000_000  # ten times the largest window any model claims
+MAX_SLOTS = 65_536  # llama.cpp's -np: far more than any one server runs
 
 
 @dataclass(frozen=True, slots=True)
 class Described:
-    """A model's window (tokens, input and output together) and output limit (None:
-    not said), as its provider states them."""
+    """A model's window (tokens, input and output together), output limit and the
+    requests its server answers at once (None: not said), as its provider states them."""
 
     window: int
     output: int | None = None
+    slots: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +87,16 @@ def read_listing(body: bytes) -> Listing:
 
 
 def read_props(body: bytes) -> Described | None:
-    """llama.cpp's ``GET /props`` read: the window of a slot, or None."""
+    """llama.cpp's ``GET /props`` read: the window of a slot and how many slots, or None."""
     parsed = _object(body)
     settings = parsed.get("default_generation_settings") if parsed else None
-    if not isinstance(settings, dict):
+    if not parsed or not isinstance(settings, dict):
         return None
     window = _count(settings.get("n_ctx"))
-    return None if window is None else Described(window)
+    slots = parsed.get("total_slots")
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 0 < slots <= MAX_SLOTS:
+        slots = None  # not said, or not a count: as a server that says nothing of it
+    return None if window is None else Described(window, slots=slots)
 
 
 def read_model_info(body: bytes) -> dict[str, Described]:

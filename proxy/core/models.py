@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Literal
 
+from proxy.core.descriptions import Described
 from proxy.core.encodings import Encoder, warn_inexact
 from proxy.core.registry import Registry
 
@@ -66,10 +67,24 @@ class ResolvedModel:
     matched: str  # the rule that matched: a pattern, or "default"
     precompact: bool = True  # background pre-compaction (precompact.py) for this model
     recall_tool: bool = True  # the recall tool may be added (compaction/recall_tool.py)
+    slots: int | None = None  # requests its server answers at once; None: not said
     # Count tool definitions as an open model's chat template renders them (tokens.py):
     # every model outside OpenAI's families, which count them their own way.
     templated_tools: bool = False
     source: ModelSource = "config"
+
+    @property
+    def single_slot(self) -> bool:
+        """Whether its server answers one request at once: a turn sent while the proxy's
+        own summary runs there would wait for it (compaction/busy.py)."""
+        return self.slots == 1
+
+    @property
+    def keeps_late_summaries(self) -> bool:
+        """Whether a summary past its turn's deadline may finish in the background: not
+        without background summaries (``precompact: false``), nor on one slot, where the
+        next turn would queue behind it (compaction/turn_deadline.py)."""
+        return self.precompact and not self.single_slot
 
 
 class ModelTable:
@@ -131,6 +146,7 @@ class ModelTable:
                 matched=spec.match,
                 precompact=spec.precompact,
                 recall_tool=spec.recall_tool,
+                slots=spec.slots,
                 templated_tools=not openai_family(model),
             )
         # The provider's own word on its model comes next, per credential scope, over what
@@ -149,6 +165,7 @@ class ModelTable:
                 matched="registry",
                 precompact=self._default.precompact,
                 recall_tool=self._default.recall_tool,
+                slots=self._default.slots,
                 templated_tools=not openai_family(model),
                 source="registry",
             )
@@ -160,6 +177,7 @@ class ModelTable:
             matched="default",
             precompact=self._default.precompact,
             recall_tool=self._default.recall_tool,
+            slots=self._default.slots,
             templated_tools=not openai_family(model),
             source="default",
         )
@@ -178,15 +196,17 @@ class ModelTable:
         return names
 
 
-def described(model: ResolvedModel, window: int, output: int | None) -> ResolvedModel:
+def described(model: ResolvedModel, told: Described) -> ResolvedModel:
     """``model`` (a registry's or the default's: a ``models:`` entry is never overridden)
-    with the window and output limit its provider states. As for the registry's figures,
-    at most half the window is reserved for output."""
-    reserve = min(output or model.max_output_tokens, window // 2)
+    with the window, output limit and slots its provider states (``default_model.slots``,
+    when set, over the provider's). As for the registry's figures, at most half the window
+    is reserved for output."""
+    reserve = min(told.output or model.max_output_tokens, told.window // 2)
     return replace(
         model,
-        context_window=window,
+        context_window=told.window,
         max_output_tokens=max(reserve, 1),
+        slots=model.slots or told.slots,
         matched="provider",
         source="provider",
     )

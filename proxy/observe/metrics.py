@@ -251,9 +251,9 @@ class Metrics:
             ),
             precompactions=Counter(
                 "compaction_proxy_precompactions",
-                "Background pre-compactions by outcome (compacted; covered: a newer snapshot "
-                "already did; unchanged: nothing to fold in; failed; cancelled; preempted: for "
-                "a tenant under its share; skipped_*: running, backoff, cap, locked)",
+                "Background pre-compactions by outcome (compacted; covered: a newer snapshot did;"
+                " unchanged: nothing to fold; failed; cancelled; preempted: for a tenant under its"
+                " share; yielded: to a turn on one slot; skipped_*: running, backoff, cap, locked)",
                 ["outcome"],
                 registry=r,
             ),

@@ -82,6 +82,7 @@ PRECOMPACTION_OUTCOMES = (
     "skipped_locked",
     "skipped_tenant_cap",
     "preempted",
+    "yielded",
 )
 
 # HTTP statuses as labels: their class, and the two an operator tells apart from the

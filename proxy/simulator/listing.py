@@ -58,6 +58,8 @@ def props_body(config: SimulatorConfig) -> dict[str, Any] | None:
     n_ctx = window or config.default.context_window
     return {
         "default_generation_settings": {"n_ctx": n_ctx, "params": {"n_predict": -1}},
-        "total_slots": config.slots or 1,
+        # As llama.cpp's -np: one when the config says so (a turn queues behind any
+        # other request); without a limit, a server with slots to spare.
+        "total_slots": config.slots or 4,
         "model_path": f"/models/{listed[0] if listed else 'model'}.gguf",
     }

@@ -122,7 +122,7 @@ class ModelDiscovery:
             return model
         if len(entry.resolved) >= _RESOLVED:
             entry.resolved.clear()
-        hit = entry.resolved[model.name] = described(model, told.window, told.output)
+        hit = entry.resolved[model.name] = described(model, told)
         self._metrics.models.resolved.labels(source="provider").inc()
         return hit
 

@@ -93,13 +93,26 @@ def test_names_and_entries_are_bounded() -> None:
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        ({"default_generation_settings": {"n_ctx": 16384}, "total_slots": 4}, Described(16384)),
+        (
+            {"default_generation_settings": {"n_ctx": 16384}, "total_slots": 4},
+            Described(16384, slots=4),
+        ),
+        (
+            {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1},
+            Described(4096, None, 1),
+        ),
+        ({"default_generation_settings": {"n_ctx": 4096}}, Described(4096)),  # not said
+        # Not a count, or beyond any server's: as not said (the window still stands).
+        ({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 0}, Described(4096)),
+        ({"default_generation_settings": {"n_ctx": 4096}, "total_slots": True}, Described(4096)),
+        ({"default_generation_settings": {"n_ctx": 4096}, "total_slots": "1"}, Described(4096)),
+        ({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 10**9}, Described(4096)),
         ({"default_generation_settings": {"n_ctx": 10**11}}, None),
         ({"n_ctx": 16384}, None),  # not where llama.cpp says it
         ({"default_generation_settings": []}, None),
     ],
 )
-def test_llamacpps_props_give_the_window_of_a_slot(
+def test_llamacpps_props_give_the_window_of_a_slot_and_how_many_slots(
     body: dict[str, Any], expected: Described | None
 ) -> None:
     assert read_props(orjson.dumps(body)) == expected
@@ -125,7 +138,18 @@ def test_litellms_model_info_gives_each_model_names_smallest_window() -> None:
 
 def test_a_described_model_reserves_at_most_half_its_window() -> None:
     base = ResolvedModel("m", 32_768, 4096, "cl100k_base", "default", source="default")
-    small = described(base, 6000, None)
+    small = described(base, Described(6000))
     assert (small.context_window, small.max_output_tokens, small.source) == (6000, 3000, "provider")
-    assert described(base, 200_000, 8192).max_output_tokens == 8192
-    assert described(base, 200_000, None).max_output_tokens == 4096  # the base's, unsaid
+    assert described(base, Described(200_000, 8192)).max_output_tokens == 8192
+    assert described(base, Described(200_000)).max_output_tokens == 4096  # the base's, unsaid
+
+
+def test_a_server_of_one_slot_makes_its_model_single_slot_unless_the_default_says() -> None:
+    base = ResolvedModel("m", 32_768, 4096, "cl100k_base", "default", source="default")
+    assert not base.single_slot
+    assert described(base, Described(4096, slots=1)).single_slot
+    assert not described(base, Described(4096, slots=4)).single_slot
+    assert not described(base, Described(4096)).single_slot
+    # default_model.slots, when set, is the operator's word: over the server's.
+    declared = ResolvedModel("m", 32_768, 4096, "cl100k_base", "default", slots=2)
+    assert not described(declared, Described(4096, slots=1)).single_slot

@@ -19,7 +19,7 @@ import pytest
 
 from proxy.config import ModelSpec
 from proxy.simulator import create_simulator_app
-from proxy.simulator.config import ModelRule, SimulatorConfig
+from proxy.simulator.config import Listing, ModelRule, SimulatorConfig
 from tests.support.chat import FILLER, WINDOW, Chat, small_window_settings, stats
 from tests.support.metrics import metric
 from tests.support.servers import run_server
@@ -35,12 +35,13 @@ TURNS = 60
 SOFT = 0.6  # the soft threshold, where a background summary starts
 
 
-def _simulator(slots: int | None) -> SimulatorConfig:
+def _simulator(slots: int | None, listing: Listing = "vllm") -> SimulatorConfig:
     return SimulatorConfig(
         slots=slots,
         tokens_per_s=SPEED,
         reply_tokens=2,
         models=(ModelRule(match="sim-4k", context_window=WINDOW),),
+        listing=listing,
     )
 
 
@@ -51,19 +52,37 @@ def single_slot() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def llamacpp_one_slot() -> Iterator[str]:
+    """One slot, and llama.cpp's ``/props`` saying so (``total_slots``: 1)."""
+    with run_server(create_simulator_app(_simulator(slots=1, listing="llamacpp"))) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def many_slots() -> Iterator[str]:
     with run_server(create_simulator_app(_simulator(slots=None))) as url:
         yield url
 
 
-def _settings(sim: str, *, precompact: bool, **compaction: Any) -> Any:
+def _settings(sim: str, *, precompact: bool, slots: int | None = None, **compaction: Any) -> Any:
     settings = small_window_settings(
         sim, summary_deadline_s=DEADLINE_S, summary_timeout_s=30, **compaction
     )
     model = ModelSpec(
-        match="sim-4k", context_window=WINDOW, max_output_tokens=256, precompact=precompact
+        match="sim-4k",
+        context_window=WINDOW,
+        max_output_tokens=256,
+        precompact=precompact,
+        slots=slots,
     )
     return settings.model_copy(update={"models": [model]})
+
+
+def _said_settings(sim: str, **compaction: Any) -> Any:
+    """No ``models:`` entry: the window and the one slot as the server's ``/props`` says."""
+    settings = _settings(sim, precompact=True, **compaction)
+    default = settings.default_model.model_copy(update={"max_output_tokens": 256})
+    return settings.model_copy(update={"models": [], "default_model": default})
 
 
 FACT = "Ticket triage gave us an identifier for it - FACT ticket_9=val911q1 - keep it handy."
@@ -175,3 +194,43 @@ def test_a_turn_queued_behind_a_background_summary_says_so(
     assert stats(single_slot)["slot_waits"] > waits  # it did queue, upstream
     assert chat.last.get("x-compaction-degraded") == "summary_busy"
     assert metric(url, "compaction_proxy_degraded_requests", reason="summary_busy") >= 1
+
+
+@pytest.mark.parametrize("known", ["declared", "said"])
+def test_a_background_summary_gives_way_to_a_turn_on_a_single_slot_server(
+    known: str, request: pytest.FixtureRequest, start_proxy: Callable[..., str]
+) -> None:
+    """The proxy's defaults (background summaries on) on one slot, the slot known: declared
+    (``slots: 1``) or said by llama.cpp's ``/props``. 60 turns sent back to back through
+    compaction: each background summary is cancelled by the turn that follows it (counted
+    ``yielded``, cancelled upstream), so no turn waits behind one; the inline ones are
+    bounded by the deadline as on a ``precompact: false`` model, and once they cannot
+    finish in time they stop. Without the yield, a turn waits the whole 4 s summary."""
+    sim = request.getfixturevalue("single_slot" if known == "declared" else "llamacpp_one_slot")
+    extra = {"precompact_ratio": SOFT, "summary_backoff_s": 0.5}
+    if known == "declared":
+        url = start_proxy(_settings(sim, precompact=True, slots=1, **extra))
+    else:
+        url = start_proxy(_said_settings(sim, **extra))
+        _turn(Chat(url, session="first-ask"), 0)  # the first request asks /props
+        deadline = time.monotonic() + 10
+        while not metric(url, "compaction_proxy_model_discoveries", outcome="described"):
+            assert time.monotonic() < deadline, "the upstream was never described"
+            time.sleep(0.05)
+    chat = Chat(url, session=f"gives-way-{known}")
+    before = stats(sim)
+    took, degraded = [], []
+    for number in range(TURNS):
+        took.append(_turn(chat, number))
+        assert chat.last is not None
+        degraded.append(chat.last.get("x-compaction-degraded"))
+    ordinary = statistics.median(took[:5])
+    bound = DEADLINE_S + ordinary + slack_s(url, 0.5)
+    assert max(took) <= bound, (took, bound)
+    yielded = metric(url, "compaction_proxy_precompactions", outcome="yielded")
+    assert yielded >= 1  # a background summary did start, and gave way
+    after = stats(sim)
+    assert after["calls_abandoned"] - before["calls_abandoned"] >= 1  # stopped upstream
+    assert "summary_busy" not in degraded  # no turn sent behind a summary of its own
+    assert metric(url, "compaction_proxy_precompactions", outcome="compacted") == 0
+    assert "summary_slow" in degraded  # and the inline ones stopped, as without a slot
