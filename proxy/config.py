@@ -205,6 +205,7 @@ class CompactionSettings(_Section):
     # is cancelled for a tenant under it). None: half of precompact_concurrency, rounded up.
     precompact_per_tenant: int | None = Field(None, ge=1)
     precompact_retry_s: float = Field(60.0, ge=0)  # after a background run failed or idle
+    precompact_idle_s: float = Field(2.0, ge=0)  # one slot: no turn this long, then summarize
     force_interval_s: float = Field(30.0, ge=0)
     # After a failed or cut-off summary, none for the session for summary_backoff_s (its turns
     # trimmed), doubling per failure in a row up to summary_backoff_max_s, or 4x its time.

@@ -226,6 +226,7 @@ class Precompactor:
         if task in self.busy.gave_way:  # to a turn (busy.py): offered again after a rest
             self.busy.gave_way.discard(task)
             outcome = "yielded"
+            log.info("session=%s background summary gave way to a turn", key.log_id)
         if key in self.preempted:
             self.preempted.discard(key)
             outcome = "preempted"  # not the session's failure: no back-off
@@ -239,6 +240,8 @@ class Precompactor:
             c = job.turn.compaction(self.settings)
             model, one = c.summarizer_model or job.turn.chat["model"], job.turn.model.single_slot
             with self.busy.summarizing(model, yields=one):
+                if one:  # a turn sent meanwhile cancels this before it costs the slot a thing
+                    await asyncio.sleep(c.precompact_idle_s)
                 return await self._compact(job)
         except TenantCapped:
             return "skipped_tenant_cap"  # counted by its cap too (caps.py)

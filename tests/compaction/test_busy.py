@@ -25,8 +25,10 @@ def test_a_turn_cancels_only_the_summaries_that_give_way_on_its_model() -> None:
         await asyncio.gather(*(e.wait() for e in events))
         assert busy.give_way("m")  # the inline one still runs there
         await asyncio.gather(background, return_exceptions=True)
-        assert background.cancelled() and background in busy.gave_way
-        assert not inline.done() and not other.done()
+        assert background.cancelled()
+        assert background in busy.gave_way
+        assert not inline.done()
+        assert not other.done()
         assert busy.running == {"m": 1, "n": 1}
         assert busy.give_way("m")  # asked again: the inline one is busy, and not cancelled
         await asyncio.sleep(0)
@@ -34,9 +36,12 @@ def test_a_turn_cancels_only_the_summaries_that_give_way_on_its_model() -> None:
         inline.cancel()
         await asyncio.gather(inline, return_exceptions=True)
         assert inline not in busy.gave_way  # cancelled, but not to give way
-        assert not busy.busy("m") and "m" not in busy.yielding
+        assert not busy.busy("m")
+        assert "m" not in busy.yielding
         assert not busy.give_way("n")  # cancelled, and nothing else runs on n
         await asyncio.gather(other, return_exceptions=True)
-        assert other.cancelled() and busy.running == {} and busy.yielding == {}
+        assert other.cancelled()
+        assert busy.running == {}
+        assert busy.yielding == {}
 
     asyncio.run(scenario())

@@ -205,9 +205,11 @@ def test_a_background_summary_gives_way_to_a_turn_on_a_single_slot_server(
     compaction: each background summary is cancelled by the turn that follows it (counted
     ``yielded``, cancelled upstream), so no turn waits behind one; the inline ones are
     bounded by the deadline as on a ``precompact: false`` model, and once they cannot
-    finish in time they stop. Without the yield, a turn waits the whole 4 s summary."""
+    finish in time they stop. Without the yield, a turn waits the whole 4 s summary.
+    ``precompact_idle_s: 0``: the summaries reach the upstream before they give way."""
     sim = request.getfixturevalue("single_slot" if known == "declared" else "llamacpp_one_slot")
-    extra = {"precompact_ratio": SOFT, "summary_backoff_s": 0.5}
+    # No wait before the call: each summary reaches the upstream, and is cancelled there.
+    extra = {"precompact_ratio": SOFT, "summary_backoff_s": 0.5, "precompact_idle_s": 0}
     if known == "declared":
         url = start_proxy(_settings(sim, precompact=True, slots=1, **extra))
     else:
@@ -234,3 +236,27 @@ def test_a_background_summary_gives_way_to_a_turn_on_a_single_slot_server(
     assert "summary_busy" not in degraded  # no turn sent behind a summary of its own
     assert metric(url, "compaction_proxy_precompactions", outcome="compacted") == 0
     assert "summary_slow" in degraded  # and the inline ones stopped, as without a slot
+
+
+def test_a_turn_right_after_its_answer_cancels_the_summary_before_it_is_sent(
+    single_slot: str, start_proxy: Callable[..., str]
+) -> None:
+    """The default ``precompact_idle_s`` (2 s) on one slot, turns sent back to back: each
+    background summary gives way while it waits for the model to be idle, so none reaches
+    the upstream (none cancelled there, no slot or prompt cache taken from a turn); the
+    summaries the upstream sees are the inline ones alone, each a turn past its deadline."""
+    settings = _settings(single_slot, precompact=True, slots=1, precompact_ratio=SOFT)
+    url = start_proxy(settings)
+    chat = Chat(url, session="gives-way-idle")
+    before = stats(single_slot)
+    degraded = []
+    for number in range(TURNS // 2):
+        _turn(chat, number)
+        assert chat.last is not None
+        degraded.append(chat.last.get("x-compaction-degraded"))
+    after = stats(single_slot)
+    assert metric(url, "compaction_proxy_precompactions", outcome="yielded") >= 1
+    assert after["calls_abandoned"] - before["calls_abandoned"] == degraded.count(
+        "summary_deadline"
+    )  # only the inline summaries dropped at the deadline were cancelled upstream
+    assert after["summaries"] - before["summaries"] == degraded.count("summary_deadline")
