@@ -143,6 +143,7 @@ def llama_server(args: argparse.Namespace, window: int, workdir: Path) -> Iterat
         str(port),
         "--jinja",
         "--metrics",
+        *(["--cache-reuse", str(args.cache_reuse)] if args.cache_reuse else []),
     ]
     log = workdir / f"llama-server-{window}.log"
     base = f"http://127.0.0.1:{port}"
@@ -763,6 +764,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reply-tokens", type=int, default=48, help="max_tokens per turn")
     parser.add_argument("--threads", type=int, default=1, help="llama-server -t")
     parser.add_argument("--parallel", type=int, default=1, help="llama-server -np (1 or 2)")
+    parser.add_argument(
+        "--cache-reuse",
+        type=int,
+        default=0,
+        help="llama-server --cache-reuse N: reuse cached chunks of at least N tokens by "
+        "shifting them (a prompt with turns dropped from its middle; 0: off, llama.cpp's default)",
+    )
     parser.add_argument("--run-seconds", type=float, default=600, help="budget per run")
     parser.add_argument("--request-timeout", type=float, default=300)
     parser.add_argument(

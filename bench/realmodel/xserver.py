@@ -1,7 +1,7 @@
 """``llama-server``'s command line over the prebuilt ``xllamacpp`` wheel.
 
     python xserver.py -m MODEL.gguf -c 4096 -t 1 -np 1 --host 127.0.0.1 --port 8080 \
-        --jinja --metrics
+        --jinja --metrics [--cache-reuse 256]
 
 ``xllamacpp.Server`` runs llama.cpp's own C++ server (its HTTP routes, slots, prompt cache,
 chat templates and ``/metrics``) inside this process, so a wheel from PyPI stands in for a
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--jinja", action="store_true")
     parser.add_argument("--metrics", action="store_true")
+    parser.add_argument("--cache-reuse", type=int, default=0)
     args = parser.parse_args(argv)
 
     import xllamacpp  # type: ignore[import-not-found]  # only in setup.sh's venv
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     params.port = args.port
     params.use_jinja = args.jinja
     params.endpoint_metrics = args.metrics
+    # Cached chunks of at least this many tokens reused at a shifted position: a prompt
+    # whose oldest turns were dropped is read from the cache, not again (0: off).
+    params.n_cache_reuse = args.cache_reuse
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
