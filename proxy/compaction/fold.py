@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,7 +32,7 @@ from proxy.core.identifiers import (
     split_carried,
     strip_carried,
 )
-from proxy.core.models import ModelTable
+from proxy.core.models import ModelTable, ResolvedModel
 from proxy.core.outcome import Turn
 from proxy.core.session import SessionKey
 from proxy.core.summary_check import framed
@@ -65,6 +65,7 @@ class SummaryWatch:
     started: bool = False
     seconds: float | None = None  # once it ended, succeeded or not
     max_tokens: int = 0  # what it was allowed to write (pace.py sizes it)
+    ended: Callable[[], None] | None = None  # told once its calls are over (busy.Lease)
 
 
 # Per task: a compaction started with one set reports to it (fold is the one place that
@@ -180,6 +181,11 @@ class Folder:
             self.metrics.summaries_rejected.labels(reason=reason).inc()
         log.warning("session=%s summarizer answers rejected: %s", key.log_id, ", ".join(reasons))
 
+    def summarizer(self, turn: Turn) -> ResolvedModel:
+        """The model ``turn``'s summaries are asked of (``compaction.summarizer_model``)."""
+        c = turn.compaction(self.settings.compaction)
+        return self.models.resolve(c.summarizer_model) if c.summarizer_model else turn.model
+
     def _cap(self, job: Job) -> int | None:
         """The most tokens ``job``'s summarizer is known to write in the time its summary
         has (None: not known): the turn's deadline where a summary past it is dropped (a
@@ -203,6 +209,8 @@ class Folder:
         watch = SUMMARY_WATCH.get()
         if watch is not None:
             watch.seconds = elapsed
+            if watch.ended is not None:
+                watch.ended()
         return elapsed
 
 

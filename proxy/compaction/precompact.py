@@ -1,19 +1,16 @@
 """Background pre-compaction: compact a session after its answer is out, before it must.
 
-A turn whose view passes ``compaction.precompact_ratio`` of the window (still below
-the trigger) leaves a follow-up beside its ``Outcome``; once its answer has gone out (a
-stream: once it has ended), the follow-up starts a task that compacts the history
-that turn sent, under the same single-flight lock and compare-and-swap as an inline
-compaction (``Compactor.try_compact``). The next turn's history extends this one, so
-the new snapshot applies to it: the turn that would have crossed the trigger finds
-its view compacted already and does not wait for a summary.
+A turn whose view passes ``compaction.precompact_ratio`` of the window (below the
+trigger) leaves a follow-up beside its ``Outcome``; once its answer is out (a stream:
+ended), it starts a task that compacts the history that turn sent, under the same lock
+and compare-and-swap as an inline compaction (``Compactor.try_compact``). The next
+turn's history extends it, so the turn that would have crossed the trigger finds its
+view compacted already and does not wait for a summary.
 
-It plans as an inline compaction would with the window scaled by
-``precompact_ratio / trigger_ratio``: over ``precompact_ratio``, down to
-``target_ratio`` scaled alike (0.6 -> 0.375 with the defaults), so each compaction
-still folds in a sizeable span: a third more summaries than inline (0.8 -> 0.5),
-where compacting down to ``target_ratio`` itself would take three times as many,
-each one a change of the prefix the provider caches.
+It plans as inline with the window scaled by ``precompact_ratio / trigger_ratio``, down
+to ``target_ratio`` scaled alike (0.6 -> 0.375 by default), so each compaction still
+folds in a sizeable span: a third more summaries than inline (0.8 -> 0.5), not the three
+times as many of compacting to ``target_ratio`` itself, each a change of the cached prefix.
 
 Bounded: at most ``precompact_concurrency`` runs at once in the process (more are
 skipped), one per session, and a session whose run failed or found nothing to do
@@ -48,6 +45,7 @@ from starlette.responses import Response
 
 from proxy.compaction.busy import BusyModels
 from proxy.compaction.caps import TenantCapped
+from proxy.compaction.fold import SUMMARY_WATCH, SummaryWatch
 from proxy.compaction.held import upstream_caches
 from proxy.compaction.job import Job
 from proxy.compaction.snapshots import load_snapshot
@@ -212,7 +210,8 @@ class Precompactor:
             return "skipped_cap"
         victim = max(over, key=len)[-1]  # the most slots; its newest run (least work lost)
         task = self.running.pop(victim)
-        if task.cancel():  # not if it finished meanwhile: then it is counted as it ended
+        # Not if it finished meanwhile, or gave way already: then it is counted as it ended.
+        if task not in self.busy.gave_way and task.cancel():
             self.preempted.add(victim)
         await asyncio.gather(task, return_exceptions=True)  # its lock released on the way out
         return self.skip_reason(key)  # another start may have taken the slot meanwhile
@@ -223,10 +222,11 @@ class Precompactor:
             del self.running[key]
         self.metrics.precompactions_running.dec()
         outcome = "cancelled" if task.cancelled() else task.result()
-        if task in self.busy.gave_way:  # to a turn (busy.py): offered again after a rest
+        if task in self.busy.gave_way:  # cancelled for a turn (busy.py): offered again later
             self.busy.gave_way.discard(task)
-            outcome = "yielded"
-            log.info("session=%s background summary gave way to a turn", key.log_id)
+            if task.cancelled():  # else it finished first: counted as it ended
+                outcome = "yielded"
+                log.info("session=%s background summary gave way to a turn", key.log_id)
         if key in self.preempted:
             self.preempted.discard(key)
             outcome = "preempted"  # not the session's failure: no back-off
@@ -238,9 +238,10 @@ class Precompactor:
         """The run's outcome; raises nothing but ``CancelledError``."""
         try:
             c = job.turn.compaction(self.settings)
-            model, one = c.summarizer_model or job.turn.chat["model"], job.turn.model.single_slot
-            with self.busy.summarizing(model, yields=one):
-                if one:  # a turn sent meanwhile cancels this before it costs the slot a thing
+            summarizer = self.compactor.folder.summarizer(job.turn)
+            with self.busy.summarizing(summarizer.name, yields=summarizer.single_slot) as lease:
+                SUMMARY_WATCH.set(SummaryWatch(ended=lease.end))  # off the model once answered
+                if summarizer.single_slot:  # a turn sent meanwhile cancels this at no cost
                     await asyncio.sleep(c.precompact_idle_s)
                 return await self._compact(job)
         except TenantCapped:
@@ -251,9 +252,8 @@ class Precompactor:
         # A background task has no caller to raise to: whatever went wrong is logged
         # (its type only: no content) and counted, and the session compacts inline later.
         except Exception as exc:
-            log.warning(
-                "session=%s background compaction failed: %s", job.key.log_id, type(exc).__name__
-            )
+            failed = type(exc).__name__
+            log.warning("session=%s background compaction failed: %s", job.key.log_id, failed)
             return "failed"
 
     async def _compact(self, job: Job) -> str:

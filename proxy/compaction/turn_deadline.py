@@ -101,7 +101,11 @@ class TurnDeadline:
         """The compaction (in a task of its own), the summarizer's model busy meanwhile.
         ``watch``: whether it asked for a summary, and what it allowed (fold.py)."""
         SUMMARY_WATCH.set(watch)  # this task's context only
-        with self.precompactor.busy.summarizing(self._summarizer(job)):
+        busy, model = self.precompactor.busy, self._summarizer(job)
+        if self.compactor.folder.summarizer(job.turn).single_slot:
+            busy.give_way(model)  # a background summary there would hold this one up
+        with busy.summarizing(model) as lease:
+            watch.ended = lease.end  # off the model once its calls are over
             return await self.compactor.compact(job, loaded, plan)  # fold.py learns its pace
 
     async def _past(

@@ -45,3 +45,35 @@ def test_a_turn_cancels_only_the_summaries_that_give_way_on_its_model() -> None:
         assert busy.yielding == {}
 
     asyncio.run(scenario())
+
+
+def test_a_second_turn_before_the_cancelled_summary_has_left_finds_the_model_free() -> None:
+    async def scenario() -> None:
+        busy = BusyModels()
+        started = asyncio.Event()
+        background = asyncio.create_task(_summary(busy, "m", started, yields=True))
+        await started.wait()
+        assert not busy.give_way("m")  # cancelled: nothing else runs there
+        assert not busy.give_way("m")  # still unwinding, already given way: not busy
+        await asyncio.gather(background, return_exceptions=True)
+        assert background.cancelled()
+        assert busy.running == {}
+        assert busy.yielding == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_summary_whose_calls_ended_leaves_the_model_and_no_longer_gives_way() -> None:
+    async def scenario() -> None:
+        busy = BusyModels()
+        with busy.summarizing("m", yields=True) as lease:
+            assert busy.busy("m")
+            lease.end()  # answered: saving its snapshot is no business of the model's
+            assert not busy.busy("m")
+            assert not busy.give_way("m")
+            assert busy.gave_way == set()  # not cancelled: a finished summary is kept
+            lease.end()  # once only
+        assert busy.running == {}
+        assert busy.yielding == {}
+
+    asyncio.run(scenario())

@@ -241,11 +241,14 @@ def test_a_background_summary_gives_way_to_a_turn_on_a_single_slot_server(
 def test_a_turn_right_after_its_answer_cancels_the_summary_before_it_is_sent(
     single_slot: str, start_proxy: Callable[..., str]
 ) -> None:
-    """The default ``precompact_idle_s`` (2 s) on one slot, turns sent back to back: each
-    background summary gives way while it waits for the model to be idle, so none reaches
+    """``precompact_idle_s`` (5 s here, 2 s by default, so a loaded machine's gap between
+    an answer and the next turn stays well inside it) on one slot, turns sent back to
+    back: each background summary gives way while it waits for the model, so none reaches
     the upstream (none cancelled there, no slot or prompt cache taken from a turn); the
     summaries the upstream sees are the inline ones alone, each a turn past its deadline."""
-    settings = _settings(single_slot, precompact=True, slots=1, precompact_ratio=SOFT)
+    settings = _settings(
+        single_slot, precompact=True, slots=1, precompact_ratio=SOFT, precompact_idle_s=5
+    )
     url = start_proxy(settings)
     chat = Chat(url, session="gives-way-idle")
     before = stats(single_slot)
