@@ -195,8 +195,7 @@ class Folder:
         c = turn.compaction(self.settings.compaction)
         inline = not job.background and not turn.model.keeps_late_summaries
         allowed = c.summary_deadline_s if inline and c.summary_deadline_s else c.summary_timeout_s
-        model = c.summarizer_model or turn.chat["model"]
-        cap = self.pace.affordable(job.key.tenant, model, allowed)
+        cap = self.pace.affordable(job.key.tenant, self.summarizer(turn).name, allowed)
         if cap is not None and cap < MIN_SUMMARY_TOKENS:
             self.metrics.summary_failures.inc()
             raise SummaryTooSlow(f"the summarizer writes about {cap} tokens in {allowed:g} s")

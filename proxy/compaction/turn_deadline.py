@@ -94,17 +94,16 @@ class TurnDeadline:
         return cap is not None and cap >= MIN_SUMMARY_TOKENS
 
     def _summarizer(self, job: Job) -> str:
-        c = job.turn.compaction(self.compactor.settings.compaction)
-        return c.summarizer_model or job.turn.chat["model"]
+        return self.compactor.folder.summarizer(job.turn).name
 
     async def _timed(self, job: Job, loaded: Loaded, plan: Plan, watch: SummaryWatch) -> Outcome:
         """The compaction (in a task of its own), the summarizer's model busy meanwhile.
         ``watch``: whether it asked for a summary, and what it allowed (fold.py)."""
         SUMMARY_WATCH.set(watch)  # this task's context only
-        busy, model = self.precompactor.busy, self._summarizer(job)
-        if self.compactor.folder.summarizer(job.turn).single_slot:
-            busy.give_way(model)  # a background summary there would hold this one up
-        with busy.summarizing(model) as lease:
+        busy, summarizer = self.precompactor.busy, self.compactor.folder.summarizer(job.turn)
+        if summarizer.single_slot:
+            busy.give_way(summarizer.name)  # a background summary there would hold this one up
+        with busy.summarizing(summarizer.name) as lease:
             watch.ended = lease.end  # off the model once its calls are over
             return await self.compactor.compact(job, loaded, plan)  # fold.py learns its pace
 

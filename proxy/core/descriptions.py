@@ -93,9 +93,8 @@ def read_props(body: bytes) -> Described | None:
     if not parsed or not isinstance(settings, dict):
         return None
     window = _count(settings.get("n_ctx"))
-    slots = parsed.get("total_slots")
-    if isinstance(slots, bool) or not isinstance(slots, int) or not 0 < slots <= MAX_SLOTS:
-        slots = None  # not said, or not a count: as a server that says nothing of it
+    # Not said, or not a count: as a server that says nothing of its slots.
+    slots = _count(parsed.get("total_slots"), 1, MAX_SLOTS)
     return None if window is None else Described(window, slots=slots)
 
 
@@ -140,14 +139,14 @@ def _name(value: object) -> str | None:
     return None
 
 
-def _count(value: object) -> int | None:
-    """A token count as a provider states one: an integer in range (a JSON float that is
-    whole, too: some servers write 8192.0), else None."""
+def _count(value: object, smallest: int = SMALLEST, largest: int = LARGEST) -> int | None:
+    """A count as a provider states one (tokens, unless told): an integer in range (a JSON
+    float that is whole, too: some servers write 8192.0), else None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, int) and SMALLEST <= value <= LARGEST:
+    if isinstance(value, int) and smallest <= value <= largest:
         return value
     return None
 

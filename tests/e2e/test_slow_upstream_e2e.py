@@ -94,6 +94,22 @@ def _turn(chat: Chat, number: int) -> float:
     return time.monotonic() - started
 
 
+def _play(chat: Chat, turns: int) -> tuple[list[float], list[str | None]]:
+    """``turns`` turns back to back: each one's seconds, and its X-Compaction-Degraded."""
+    took, degraded = [], []
+    for number in range(turns):
+        took.append(_turn(chat, number))
+        assert chat.last is not None
+        degraded.append(chat.last.get("x-compaction-degraded"))
+    return took, degraded
+
+
+def _bound(url: str, took: list[float]) -> float:
+    """The longest a turn may take: the deadline plus an ordinary turn (the median of the
+    first five, before the trigger: a turn and nothing else), with the machine's slack."""
+    return DEADLINE_S + statistics.median(took[:5]) + slack_s(url, 0.5)
+
+
 def test_no_turn_waits_past_the_deadline_on_a_summary_it_cannot_finish(
     single_slot: str, start_proxy: Callable[..., str]
 ) -> None:
@@ -106,13 +122,8 @@ def test_no_turn_waits_past_the_deadline_on_a_summary_it_cannot_finish(
     url = start_proxy(_settings(single_slot, precompact=False, summary_backoff_s=0.5))
     chat = Chat(url, session="slow-one-slot")
     before = stats(single_slot)
-    took, degraded = [], []
-    for number in range(TURNS):
-        took.append(_turn(chat, number))
-        assert chat.last is not None
-        degraded.append(chat.last.get("x-compaction-degraded"))
-    ordinary = statistics.median(took[:5])  # before the trigger: a turn and nothing else
-    bound = DEADLINE_S + ordinary + slack_s(url, 0.5)
+    took, degraded = _play(chat, TURNS)
+    bound = _bound(url, took)
     assert max(took) <= bound, (took, bound)  # without the deadline: 4 s and more
     assert chat.statuses["trimmed"] >= TURNS // 2  # through compaction, served trimmed
     # Each turn that waited on a summary says so; no other queued for the slot (those may,
@@ -221,13 +232,8 @@ def test_a_background_summary_gives_way_to_a_turn_on_a_single_slot_server(
             time.sleep(0.05)
     chat = Chat(url, session=f"gives-way-{known}")
     before = stats(sim)
-    took, degraded = [], []
-    for number in range(TURNS):
-        took.append(_turn(chat, number))
-        assert chat.last is not None
-        degraded.append(chat.last.get("x-compaction-degraded"))
-    ordinary = statistics.median(took[:5])
-    bound = DEADLINE_S + ordinary + slack_s(url, 0.5)
+    took, degraded = _play(chat, TURNS)
+    bound = _bound(url, took)
     assert max(took) <= bound, (took, bound)
     yielded = metric(url, "compaction_proxy_precompactions", outcome="yielded")
     assert yielded >= 1  # a background summary did start, and gave way
@@ -252,11 +258,7 @@ def test_a_turn_right_after_its_answer_cancels_the_summary_before_it_is_sent(
     url = start_proxy(settings)
     chat = Chat(url, session="gives-way-idle")
     before = stats(single_slot)
-    degraded = []
-    for number in range(TURNS // 2):
-        _turn(chat, number)
-        assert chat.last is not None
-        degraded.append(chat.last.get("x-compaction-degraded"))
+    _, degraded = _play(chat, TURNS // 2)
     after = stats(single_slot)
     assert metric(url, "compaction_proxy_precompactions", outcome="yielded") >= 1
     assert after["calls_abandoned"] - before["calls_abandoned"] == degraded.count(
