@@ -8,7 +8,11 @@ out records that it takes at least that long, and that the model writes fewer th
 tokens it was allowed in that time. Summaries are sized by that speed (fold.py asks for
 at most ``affordable`` tokens): a slow server gets shorter summaries it can finish, not
 the same long one that times out again, and one too slow for even the shortest summary
-is not asked for it (turn_deadline.py counts it). What was learned is trusted for ``ttl_s``
+is not asked for it (turn_deadline.py counts it). A summary sized by such a bound that
+runs out as well was given twice the time that bound says it needs: its time is not in
+what it writes (a long prompt read cold, a loaded server), so a shorter one would not
+finish either, and none is asked until the knowledge expires (a speed of 0: each turn
+not asked is counted, none waits a deadline out again). What was learned is trusted for ``ttl_s``
 (``compaction.summary_backoff_max_s``; nothing with the back-off off), then the next
 summary measures again: the server may have been given a core, or a lighter load. Per
 process; per tenant and model, so one tenant's long spans never make another's summaries
@@ -39,6 +43,7 @@ class _Pace:
     seconds: float  # a summary's expected time
     tokens_per_s: float | None  # its output speed, when an answer said how much it wrote
     until: float  # when this stops being trusted
+    bound: bool = False  # tokens_per_s is an upper bound, from a summary that ran out
 
 
 @dataclass(slots=True)
@@ -58,11 +63,12 @@ class SummaryPace:
     def finished(self, tenant: str, model: str, seconds: float, tokens: int | None) -> None:
         """A summary by ``model`` took ``seconds`` and wrote ``tokens`` (None: unknown)."""
         speed = tokens / seconds if tokens and seconds > 0 else None
-        known = self._known(tenant, model)
+        known, bound = self._known(tenant, model), False
         if known is not None:
             seconds = _NEWEST * seconds + (1 - _NEWEST) * known.seconds
-            speed = speed or known.tokens_per_s
-        self.entries[tenant, model] = _Pace(seconds, speed, self.clock() + self.ttl_s)
+            if speed is None:
+                speed, bound = known.tokens_per_s, known.bound
+        self.entries[tenant, model] = _Pace(seconds, speed, self.clock() + self.ttl_s, bound)
 
     def ran_out(
         self, tenant: str, model: str, seconds: float, max_tokens: int | None = None
@@ -71,11 +77,14 @@ class SummaryPace:
         unfinished after ``seconds``, and dropped or timed out."""
         known = self._known(tenant, model)
         speed = None if known is None else known.tokens_per_s
-        if max_tokens and seconds > 0:  # it wrote fewer than max_tokens in that time
-            bound = max_tokens / seconds
-            speed = bound if speed is None else min(speed, bound)
+        bound = known is not None and known.bound
+        if bound and speed and max_tokens and max_tokens <= speed * seconds:
+            speed = 0.0  # sized by a bound, it ran out anyway: see the module's docstring
+        elif max_tokens and seconds > 0:  # it wrote fewer than max_tokens in that time
+            most = max_tokens / seconds
+            speed, bound = (most if speed is None else min(speed, most)), True
         longest = seconds if known is None else max(seconds, known.seconds)
-        self.entries[tenant, model] = _Pace(longest, speed, self.clock() + self.ttl_s)
+        self.entries[tenant, model] = _Pace(longest, speed, self.clock() + self.ttl_s, bound)
 
     def expected_s(self, tenant: str, model: str) -> float | None:
         """How long a summary by ``model`` takes, as far as the proxy knows now."""

@@ -192,6 +192,19 @@ def test_pace_bounds_the_speed_by_what_an_unfinished_summary_was_allowed() -> No
     assert pace.speed(TENANT, "m") == 10.0
 
 
+def test_pace_asks_nothing_more_once_a_summary_sized_by_a_bound_runs_out_too() -> None:
+    """The real-model bench's 4k run (bench/README.md): each halving cost its turn a whole
+    deadline, three in all, though the time was in reading the prompt, not in writing."""
+    pace = SummaryPace(ttl_s=900, clock=FakeClock())
+    pace.ran_out(TENANT, "m", 30.0, 600)  # 600 allowed, unfinished: at most 20 a second
+    asked = pace.affordable(TENANT, "m", 30.0)
+    assert asked == 300  # worth one try: the time may have been in the writing
+    pace.ran_out(TENANT, "m", 30.0, asked)  # half of that bound's time was not enough
+    assert pace.affordable(TENANT, "m", 30.0) == 0  # not the 150 a third deadline would wait
+    pace.ran_out(TENANT, "m", 60.0, 400)  # a background one's time-out does not revive it
+    assert pace.affordable(TENANT, "m", 30.0) == 0
+
+
 async def test_a_summary_asks_for_no_more_than_its_summarizer_writes_in_its_time() -> None:
     """A background-capable model: sized to ``summary_timeout_s``, not the deadline."""
     upstream = FakeUpstream()
