@@ -180,8 +180,8 @@ async def _view(
     asked = trigger_for(recover=recover, scheduled=scheduled(loaded.stored), forced=forced)
     if c.cache_aware:  # the view served last, while cached (held.py); none once asked
         loaded = services.held.choose(key, history, loaded, budget, bool(asked))
-    current = loaded.view(history.pinned)
-    plan = plan_compaction(history, current, budget, force=bool(asked))  # 6. plan
+    current = loaded.view(history.pinned)  # 6. plan
+    plan = plan_compaction(history, current, budget, force=bool(asked), settled=loaded.settled)
     if plan.action == "compact" or plan.nothing_to_save:
         job = Job(turn, key, history, budget, asked or "threshold")
         plan = services.compactor.settle(job, loaded, plan)  # nothing to save: back off

@@ -192,7 +192,7 @@ class Compactor:
                 # plan and the lock: plan again from its snapshot instead of repeating it.
                 h, loaded = job.history, fresh
                 view = fresh.view(h.pinned)
-                plan = plan_compaction(h, view, job.budget, force=job.force)
+                plan = plan_compaction(h, view, job.budget, force=job.force, settled=fresh.settled)
                 start, end = plan.summarize
                 if start == end:
                     return self._shown(job, loaded, plan)

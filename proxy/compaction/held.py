@@ -25,7 +25,7 @@ from proxy.core.budget import Budget
 from proxy.core.cache_cuts import cache_plan
 from proxy.core.history import History
 from proxy.core.session import TRACKED_LIMIT, SessionKey
-from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot
+from proxy.core.snapshot import Loaded, Snapshot, loaded_for
 from proxy.core.view import view_tokens
 from proxy.observe.record import current_record
 
@@ -82,7 +82,7 @@ class HeldCuts:
         served = self.entries.get(key)
         last = None if served is None else served.snapshot
         if served is not None and (last.version if last else 0) < loaded.version:
-            again = Loaded(last, valid_snapshot(last, history))
+            again = loaded_for(last, history)
             applies = last is None or again.valid is not None
             tokens = view_tokens(history, again.view(history.pinned), budget) if applies else None
             plan = cache_plan(tokens, budget, caches=upstream_caches(), warm=cache_warm())

@@ -263,7 +263,7 @@ class Precompactor:
         view = loaded.view(h.pinned)
         if fits(h, view, job.budget, job.budget.trigger):
             return "covered"  # a compaction since the turn (another task's, often) got there
-        plan = plan_compaction(h, view, job.budget)
+        plan = plan_compaction(h, view, job.budget, settled=loaded.settled)
         if plan.action != "compact":
             return "unchanged"  # nothing worth folding in: back off
         outcome = await self.compactor.try_compact(job, loaded, plan)

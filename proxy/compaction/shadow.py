@@ -70,7 +70,8 @@ async def shadow_outcome(
     history, budget, key, loaded = p.history, p.budget, p.key, p.loaded
     current_record().counted(key, history)
     forced = force is not None and force(key)  # a client buys summaries at most so often
-    plan = plan_compaction(history, loaded.view(history.pinned), budget, force=forced)
+    view = loaded.view(history.pinned)
+    plan = plan_compaction(history, view, budget, force=forced, settled=loaded.settled)
     job = Job(turn, key, history, budget, "forced" if forced else "threshold")
     before = sum(history.counts) + history.fixed
     shadow = Shadow("passthrough", loaded.version, before, (0, 0), before)

@@ -1,7 +1,7 @@
 """Step 4: the session's snapshot, loaded and checked against the history it is for.
 
 What a history may use of a snapshot is core/snapshot.py's (``Loaded``,
-``valid_snapshot``); this loads it from the store, finds the session's slot (one
+``loaded_for``); this loads it from the store, finds the session's slot (one
 per conversation under a name or a derived id), keeps the snapshot a compaction
 replaced as a rewind point, and stamps the snapshot that replaces it
 (``next_snapshot``), archiving the originals it newly covers first (``archive_span``).
@@ -18,10 +18,11 @@ from proxy.compaction.archiving import write_archive
 from proxy.compaction.job import Job
 from proxy.core.digest import prefix_hash
 from proxy.core.history import History
+from proxy.core.moves import seen_record
 from proxy.core.passages import archived_messages
 from proxy.core.plan import Plan
 from proxy.core.session import SessionKey, session_slots
-from proxy.core.snapshot import Loaded, Snapshot, valid_snapshot
+from proxy.core.snapshot import Loaded, Snapshot, loaded_for
 from proxy.core.view import View, elided
 from proxy.observe.metrics import Metrics
 from proxy.store import Archive, Snapshots
@@ -32,14 +33,14 @@ log = logging.getLogger("proxy.compaction")
 async def load_snapshot(store: Snapshots, key: SessionKey, history: History) -> Loaded:
     """The session's snapshot, and whether ``history`` may use it."""
     stored = await store.load(key)
-    valid = valid_snapshot(stored, history)
-    if stored is not None and valid is None:
+    loaded = loaded_for(stored, history)
+    if stored is not None and loaded.valid is None:
         log.info(
             "session=%s snapshot v%d no longer matches the history; re-planning",
             key.log_id,
             stored.version,
         )
-    return Loaded(stored, valid)
+    return loaded
 
 
 async def load_session(
@@ -52,17 +53,25 @@ async def load_session(
     """Where ``history``'s snapshot lives, and the snapshot. A session (``key``, named or
     derived) has ``slots``, shared by every conversation under it: the newest one whose
     snapshot this history starts with, else an empty one, else the least recently
-    updated (a conversation long gone, most likely). When slots hold snapshots and none
-    matches (the history plans from scratch), ``missed`` hears which: "free" or "evicted"."""
+    updated (a conversation long gone, most likely). A conversation whose client moved
+    messages it re-sends (moves.py) keeps its own slot even where its snapshot no longer
+    applies. When slots hold snapshots and none matches (the history plans from
+    scratch), ``missed`` hears which: "free", "moved" or "evicted"."""
     keys = session_slots(key, slots)
     if len(keys) == 1:
         return key, await load_snapshot(store, key, history)
     stored = await store.load_many(keys)
     ages = [-s.updated_at if s is not None else 0.0 for s in stored]
     newest = sorted(range(len(keys)), key=ages.__getitem__)  # empty slots last
+    loaded = [loaded_for(s, history) for s in stored]
     for i in newest:
-        if (valid := valid_snapshot(stored[i], history)) is not None:
-            return keys[i], Loaded(stored[i], valid)
+        if loaded[i].valid is not None:
+            return keys[i], loaded[i]
+    for i in newest:
+        if loaded[i].settled is not None:
+            if missed is not None:
+                missed("moved")
+            return keys[i], loaded[i]
     if None in stored:
         if any(stored) and missed is not None:
             missed("free")
@@ -93,19 +102,21 @@ def next_snapshot(loaded: Loaded, summary: str, plan: Plan, job: Job) -> Snapsho
     history, budget, now = job.history, job.budget, time.time()
     view = plan.view
     old = loaded.stored
+    anchor = max(view.covered, view.elide_before)
     return Snapshot(
         version=loaded.version + 1,
         summary=summary,
         pinned=history.pinned,
         covered=view.covered,
         elide_before=view.elide_before,
-        anchor_hash=prefix_hash(history.digests, max(view.covered, view.elide_before)),
+        anchor_hash=prefix_hash(history.digests, anchor),
         summary_tokens=view.summary_tokens,
         tokens_before=sum(history.counts) + budget.fixed + budget.reserve,
         tokens_after=plan.tokens,
         created_at=old.created_at if old and old.created_at else now,
         updated_at=now,
         model=job.turn.model.name,
+        seen=seen_record(history.digests, anchor, history.pinned),
     )
 
 

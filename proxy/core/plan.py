@@ -72,7 +72,12 @@ def _plan(
 
 
 def plan_compaction(
-    history: History, current: View, budget: Budget, *, force: bool = False
+    history: History,
+    current: View,
+    budget: Budget,
+    *,
+    force: bool = False,
+    settled: int | None = None,
 ) -> Plan:
     """Keep the current view, or compact it down to ``budget.target``, cheapest first.
 
@@ -89,7 +94,20 @@ def plan_compaction(
     ``force`` compacts even under the trigger: it summarises at least everything
     before the protected tail (more when the target needs it), and keeps the view
     when nothing but the newest group is left to summarise.
+
+    ``settled``: where messages the client re-sends begin (moves.py). Neither cut nor
+    elision passes it, so the next history, which moves them on, still starts with what
+    the new snapshot covers; unless only a plan past it fits the window.
     """
+    if settled is not None and settled < len(history.messages) - 1:
+        held = _planned(history, current, budget, force, max(settled, current.covered))
+        if held.fits:
+            return held
+    return _planned(history, current, budget, force, len(history.messages))
+
+
+def _planned(history: History, current: View, budget: Budget, force: bool, limit: int) -> Plan:
+    """``plan_compaction`` with no cut or elision past ``limit``."""
     check_view(history, current)
     no_summary = (current.covered, current.covered)
     tokens = view_tokens(history, current, budget)
@@ -99,7 +117,7 @@ def plan_compaction(
         return keep
 
     totals = Totals.build(history, budget)
-    protected = protected_start(history.results, budget)
+    protected = min(protected_start(history.results, budget), limit)
     elided = replace(current, elide_before=max(current.elide_before, protected))
     elision_only = _plan("compact", totals, elided, budget, no_summary)
     elided_tokens = elision_only.tokens
@@ -111,6 +129,9 @@ def plan_compaction(
     lighter = elision_only if over and saves else replace(keep, nothing_to_save=over)
 
     cut = _choose_cut(totals, elided, budget, protected, force=force)
+    if cut is not None and cut > limit:
+        cut = _group_start_at_or_before(totals.results, limit)
+        cut = cut if cut > elided.covered else None
     if cut is None:
         return lighter
     view = View(cut, budget.summary_allowance, elided.elide_before)

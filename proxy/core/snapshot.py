@@ -11,12 +11,13 @@ and the store's.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from proxy.core.digest import anchor_matches
+from proxy.core.digest import anchor_matches, prefix_hash
 from proxy.core.history import History
 from proxy.core.identifiers import carried_start
+from proxy.core.moves import moved
 from proxy.core.neutral import neutralised
 from proxy.core.view import View
 from proxy.core.wording import omitted_marker
@@ -39,6 +40,9 @@ class Snapshot:
     # When POST /sessions/{id}/compact asked for the next request to compact (epoch s);
     # 0: not asked. Kept with the session so every replica sees it.
     compact_requested_at: float = 0.0
+    # Where the messages around the anchor sat when it was made (moves.py's
+    # ``seen_record``): a client that moves what it re-sends is found out by it.
+    seen: str = ""
 
     @property
     def anchor(self) -> int:
@@ -50,7 +54,9 @@ class Loaded:
     """A session's snapshot as stored, and as this history may use it."""
 
     stored: Snapshot | None  # what a new snapshot must replace (compare-and-swap)
-    valid: Snapshot | None  # ``stored`` if this history still starts with what it covers
+    valid: Snapshot | None  # ``stored`` as far as this history starts with what it covers
+    # Where this history's re-sent messages begin (moves.py): no cut or elision past it.
+    settled: int | None = None
 
     @property
     def version(self) -> int:
@@ -109,6 +115,35 @@ def valid_snapshot(snapshot: Snapshot | None, history: History) -> Snapshot | No
         )
     )
     return snapshot if valid else None
+
+
+def loaded_for(stored: Snapshot | None, history: History) -> Loaded:
+    """``stored`` as ``history`` may use it: whole while the history starts with what it
+    covers (``valid_snapshot``); else, where the only difference is messages the client
+    moved further on (moves.py: each of them found again), up to the first of them, as
+    the summary then repeats what the tail shows and loses nothing; else not at all.
+    With where the history's re-sent messages begin, so a new cut stops before them."""
+    valid = valid_snapshot(stored, history)
+    if stored is None or not stored.seen:
+        return Loaded(stored, valid)
+    move = moved(stored.seen, history.digests, stored.anchor)
+    if move is None:
+        return Loaded(stored, valid)
+    if valid is None and move.kept and stored.pinned == history.pinned:
+        valid = _up_to(stored, history, move.gone)
+    return Loaded(stored, valid, move.settled)
+
+
+def _up_to(stored: Snapshot, history: History, end: int) -> Snapshot | None:
+    """``stored`` applied to ``history`` only before ``end``: what it covered or elided
+    from there on is shown verbatim (None when that leaves no cut: ``end`` is no group
+    start past the pinned messages, or the newest message)."""
+    if not history.pinned < end < len(history.messages) or history.results[end]:
+        return None
+    covered = min(stored.covered, end)
+    elide_before = max(covered, min(stored.elide_before, end))
+    anchor_hash = prefix_hash(history.digests, max(covered, elide_before))
+    return replace(stored, covered=covered, elide_before=elide_before, anchor_hash=anchor_hash)
 
 
 def view_of(snapshot: Snapshot | None, pinned: int) -> View:

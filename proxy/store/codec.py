@@ -27,8 +27,10 @@ from proxy.store import Sighting
 # 2: anchors chain XXH3 message digests. Format 1 (BLAKE2b digests) is still read: its
 # anchor hash is marked so it is checked the old way (digest.py), and kept until the
 # session's next summary. A release that knows only format 1 leaves format 2 alone.
-FORMAT_VERSION = 2
-_READABLE_FORMATS = frozenset({1, FORMAT_VERSION})
+# 3: a snapshot remembers where the messages around its anchor sat (``seen``, moves.py);
+# a release that knows format 2 at most leaves it alone rather than replace it.
+FORMAT_VERSION = 3
+_READABLE_FORMATS = frozenset({1, 2, FORMAT_VERSION})
 # What each Snapshot field may hold once decoded (bool is an int to Python, never to us).
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     f.name: {"int": (int,), "str": (str,), "float": (int, float)}.get(str(f.type), (object,))

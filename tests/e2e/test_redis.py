@@ -228,7 +228,7 @@ def test_a_session_summarized_by_the_previous_release_needs_no_new_summary(
         # The next summary writes this release's format.
         while stats(sim_reset)["summaries"] == summaries:
             chat.say(f"Turn {len(chat.history)}: {FILLER}")
-        assert orjson.loads(raw.hget(name, "d") or b"")["fv"] == 2
+        assert orjson.loads(raw.hget(name, "d") or b"")["fv"] == 3
     finally:
         raw.close()
 
