@@ -190,7 +190,7 @@ async def _view(
     if plan.fits:  # 8. rebuild
         outcome = rebuild_outcome(history, plan.view, Handoff.of(loaded, c.summary_role), budget)
         # Past the soft threshold: compact in the background once the answer is out.
-        after = services.precompactor.offer(turn, key, history, budget, plan.tokens)
+        after = services.precompactor.offer(turn, p, plan.tokens)
         return outcome, (() if after is None else (after,)), p
     # Nothing worth summarizing, yet over the window: trim what we can (sticky.py).
     trims = services.compactor.trims.outcome(key, history, loaded, budget, reuse=not recover)

@@ -52,7 +52,6 @@ from proxy.compaction.snapshots import load_snapshot
 from proxy.config import CompactionSettings
 from proxy.core.budget import Budget
 from proxy.core.cache_cuts import landing_ratio
-from proxy.core.history import History
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
 from proxy.core.session import TRACKED_LIMIT, SessionKey
@@ -63,6 +62,7 @@ from proxy.upstream.api import Attempt
 
 if TYPE_CHECKING:
     from proxy.compaction.compact import Compactor
+    from proxy.compaction.prepare import Prepared
 
 log = logging.getLogger("proxy.compaction")
 # Runs after which the session is not offered again for precompact_retry_s.
@@ -126,17 +126,15 @@ class Precompactor:
         slots = self.settings.precompact_concurrency
         self.share = min(self.settings.precompact_per_tenant or math.ceil(slots / 2), slots)
 
-    def offer(
-        self, turn: Turn, key: SessionKey, history: History, budget: Budget, tokens: int
-    ) -> FollowUp | None:
-        """What to start once ``turn``'s answer is out, when its view (``tokens`` under
-        ``budget``) is past the soft threshold; None otherwise. O(1) on the request path."""
+    def offer(self, turn: Turn, p: Prepared, tokens: int) -> FollowUp | None:
+        """What to start once ``turn``'s answer is out, when its view (``tokens``) is past
+        the soft threshold; None otherwise, or for a side request. O(1) on the request path."""
         c = turn.compaction(self.settings)  # its tenant's policy's
-        if not turn.model.precompact or not wants_precompaction(tokens, budget.window, c):
+        wanted = turn.model.precompact and wants_precompaction(tokens, p.budget.window, c)
+        if p.loaded.side or not wanted:
             return None
-        held = c.cache_aware and upstream_caches()
-        early = background_budget(budget, c, held=held)
-        job = Job(turn, key, history, early, "precompact", background=True)
+        early = background_budget(p.budget, c, held=c.cache_aware and upstream_caches())
+        job = Job(turn, p.key, p.history, early, "precompact", background=True)
         return partial(self.start, job)
 
     def note_sent(self, turn: Turn | None, attempt: Attempt) -> Attempt:
@@ -261,8 +259,10 @@ class Precompactor:
         # The turn's snapshot may have been replaced since: plan from the current one.
         loaded = await load_snapshot(self.compactor.store, job.key, h)
         view = loaded.view(h.pinned)
-        if fits(h, view, job.budget, job.budget.trigger):
-            return "covered"  # a compaction since the turn (another task's, often) got there
+        # A compaction since the turn (another task's, often) got there; or a side request
+        # offered before its conversation's snapshot landed: that is not its to replace.
+        if loaded.side or fits(h, view, job.budget, job.budget.trigger):
+            return "covered"
         plan = plan_compaction(h, view, job.budget, settled=loaded.settled)
         if plan.action != "compact":
             return "unchanged"  # nothing worth folding in: back off

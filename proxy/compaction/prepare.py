@@ -11,7 +11,7 @@ and its snapshot, one store read); ``prepare_turn`` is both.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.compaction.count import count_history, session_of
 from proxy.compaction.snapshots import load_session
@@ -75,7 +75,10 @@ async def locate_turn(
     slots = slot_count(session, sessions)
     missed = None if metrics is None else _missed(metrics)
     key, loaded = await load_session(store, session, history, slots, missed)
-    return Prepared(measured.c, history, measured.budget, session, key, loaded)
+    budget = measured.budget
+    if loaded.side:  # compacts only what does not fit: its conversation's turns do the rest
+        budget = replace(budget, trigger=budget.window)
+    return Prepared(measured.c, history, budget, session, key, loaded)
 
 
 async def prepare_turn(

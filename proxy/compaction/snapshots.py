@@ -22,7 +22,7 @@ from proxy.core.moves import seen_record
 from proxy.core.passages import archived_messages
 from proxy.core.plan import Plan
 from proxy.core.session import SessionKey, session_slots
-from proxy.core.snapshot import Loaded, Snapshot, loaded_for
+from proxy.core.snapshot import Loaded, Snapshot, body_hash, loaded_for, side_of
 from proxy.core.view import View, elided
 from proxy.observe.metrics import Metrics
 from proxy.store import Archive, Snapshots
@@ -31,9 +31,12 @@ log = logging.getLogger("proxy.compaction")
 
 
 async def load_snapshot(store: Snapshots, key: SessionKey, history: History) -> Loaded:
-    """The session's snapshot, and whether ``history`` may use it."""
+    """The session's snapshot, and what of it ``history`` may use: as its own, or as a
+    side request's over another conversation (``side_of``: never to be replaced by it)."""
     stored = await store.load(key)
     loaded = loaded_for(stored, history)
+    if loaded.valid is None and (side := side_of(stored, history)) is not None:
+        return Loaded(stored, side, side=True)  # a side request over its conversation
     if stored is not None and loaded.valid is None:
         log.info(
             "session=%s snapshot v%d no longer matches the history; re-planning",
@@ -53,34 +56,51 @@ async def load_session(
     """Where ``history``'s snapshot lives, and the snapshot. A session (``key``, named or
     derived) has ``slots``, shared by every conversation under it: the newest one whose
     snapshot this history starts with, else an empty one, else the least recently
-    updated (a conversation long gone, most likely). A conversation whose client moved
-    messages it re-sends (moves.py) keeps its own slot even where its snapshot no longer
-    applies. When slots hold snapshots and none matches (the history plans from
-    scratch), ``missed`` hears which: "free", "moved" or "evicted"."""
+    updated (a conversation long gone, most likely). A side request (``side_of``: its own
+    pinned messages over another slot's conversation) is shown under that conversation's
+    snapshot, and would compact into a slot of its own. A conversation whose client
+    moved messages it re-sends (moves.py) keeps its own slot even where its snapshot no
+    longer applies. When slots hold snapshots and none matches exactly, ``missed`` hears
+    which: "side", "moved", "free" or "evicted"."""
     keys = session_slots(key, slots)
     if len(keys) == 1:
         return key, await load_snapshot(store, key, history)
     stored = await store.load_many(keys)
+    at, loaded, miss = _slot_for(stored, history)
+    if miss is not None and missed is not None and (miss != "free" or any(stored)):
+        missed(miss)
+    if miss == "evicted":
+        log.info("session=%s no snapshot matches the history; re-planning", key.log_id)
+    return keys[at], loaded
+
+
+def _slot_for(stored: list[Snapshot | None], history: History) -> tuple[int, Loaded, str | None]:
+    """``load_session``'s choice among the session's ``stored`` snapshots: the slot, the
+    snapshot as ``history`` may use it, and the miss to count (None: an exact match)."""
     ages = [-s.updated_at if s is not None else 0.0 for s in stored]
-    newest = sorted(range(len(keys)), key=ages.__getitem__)  # empty slots last
+    newest = sorted(range(len(stored)), key=ages.__getitem__)  # empty slots last
     loaded = [loaded_for(s, history) for s in stored]
-    for i in newest:
-        if loaded[i].valid is not None:
-            return keys[i], loaded[i]
-    for i in newest:
-        if loaded[i].settled is not None:
-            if missed is not None:
-                missed("moved")
-            return keys[i], loaded[i]
+    if (found := next((i for i in newest if loaded[i].valid is not None), None)) is not None:
+        return found, loaded[found], None
+    if (side := _side_slot(stored, newest, history)) is not None:
+        return side
+    if (moved := next((i for i in newest if loaded[i].settled is not None), None)) is not None:
+        return moved, loaded[moved], "moved"
     if None in stored:
-        if any(stored) and missed is not None:
-            missed("free")
-        return keys[stored.index(None)], Loaded(None, None)
-    if missed is not None:
-        missed("evicted")
-    oldest = newest[-1]
-    log.info("session=%s no snapshot matches the history; re-planning", key.log_id)
-    return keys[oldest], Loaded(stored[oldest], None)
+        return stored.index(None), Loaded(None, None), "free"
+    return newest[-1], Loaded(stored[newest[-1]], None), "evicted"
+
+
+def _side_slot(
+    stored: list[Snapshot | None], newest: list[int], history: History
+) -> tuple[int, Loaded, str] | None:
+    """A side request's slot: shown under the newest snapshot it is a side of, its own
+    slot, should it compact, a free one, else the stalest but that snapshot's."""
+    for i in newest:
+        if (side := side_of(stored[i], history)) is not None:
+            own = stored.index(None) if None in stored else [j for j in newest if j != i][-1]
+            return own, Loaded(stored[own], side, side=True), "side"
+    return None
 
 
 async def keep_rewind_point(store: Snapshots, key: SessionKey, old: Snapshot, slots: int) -> None:
@@ -117,6 +137,7 @@ def next_snapshot(loaded: Loaded, summary: str, plan: Plan, job: Job) -> Snapsho
         updated_at=now,
         model=job.turn.model.name,
         seen=seen_record(history.digests, anchor, history.pinned),
+        body_hash=body_hash(history.digests, history.pinned, anchor),
     )
 
 

@@ -47,7 +47,7 @@ class Handoff:
     @classmethod
     def of(cls, loaded: Loaded, role: SummaryRole) -> Handoff:
         """The summary of the snapshot ``loaded`` as this history may use it."""
-        return cls(loaded.summary, loaded.version, role)
+        return cls(loaded.summary, loaded.shown_version, role)
 
 
 def _summary_messages(

@@ -2,15 +2,18 @@
 
 A snapshot applies only while the incoming history still starts with exactly
 the messages it covers (DESIGN invariant 2): edited, rewound or branched
-histories are planned from scratch. The stored snapshot is still what a new
-one replaces, so its version (and bookkeeping) travel beside the part of it
-this history may use (``Loaded``). Loading and saving are compaction/snapshots.py's
-and the store's.
+histories are planned from scratch. Two differences are not changes: messages the
+client moved further on, each found again (``loaded_for``, moves.py), and other pinned
+messages before the same conversation, a side request (``side_of``). The stored
+snapshot is still what a new one replaces, so its version (and bookkeeping) travel
+beside the part of it this history may use (``Loaded``). Loading and saving are
+compaction/snapshots.py's and the store's.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -43,6 +46,9 @@ class Snapshot:
     # Where the messages around the anchor sat when it was made (moves.py's
     # ``seen_record``): a client that moves what it re-sends is found out by it.
     seen: str = ""
+    # The hash of the covered messages after the pinned ones (``body_hash``): a side
+    # request, another system prompt over the same conversation, is found by it.
+    body_hash: str = ""
 
     @property
     def anchor(self) -> int:
@@ -54,9 +60,15 @@ class Loaded:
     """A session's snapshot as stored, and as this history may use it."""
 
     stored: Snapshot | None  # what a new snapshot must replace (compare-and-swap)
-    valid: Snapshot | None  # ``stored`` as far as this history starts with what it covers
+    # ``stored`` as far as this history starts with what it covers (or, for a side
+    # request, its conversation's snapshot: ``side``)
+    valid: Snapshot | None
     # Where this history's re-sent messages begin (moves.py): no cut or elision past it.
     settled: int | None = None
+    # ``valid`` is another conversation's: this history is a side request over it (its
+    # own pinned messages, the same conversation after them). It compacts only what
+    # does not fit, into its own slot, never in the background (``side_of``).
+    side: bool = False
 
     @property
     def version(self) -> int:
@@ -68,6 +80,11 @@ class Loaded:
         """The usable snapshot's summary, with nothing in it able to speak as the proxy
         however old the release that stored it (stored_neutralised)."""
         return stored_neutralised(self.valid.summary) if self.valid else ""
+
+    @property
+    def shown_version(self) -> int:
+        """The version of the snapshot this history is shown under (0: none)."""
+        return self.valid.version if self.valid else self.version
 
     def view(self, pinned: int) -> View:
         return view_of(self.valid, pinned)
@@ -132,6 +149,32 @@ def loaded_for(stored: Snapshot | None, history: History) -> Loaded:
     if valid is None and move.kept and stored.pinned == history.pinned:
         valid = _up_to(stored, history, move.gone)
     return Loaded(stored, valid, move.settled)
+
+
+def body_hash(digests: Sequence[bytes], pinned: int, anchor: int) -> str:
+    """The hash of ``digests[pinned:anchor]``: the covered messages, not the pinned ones."""
+    return prefix_hash(digests[pinned:anchor], anchor - pinned)
+
+
+def side_of(stored: Snapshot | None, history: History) -> Snapshot | None:
+    """``stored`` as it applies to a side request: ``history`` pins other messages (an
+    agent's memory extraction, a title, with their own system prompt) and then starts
+    with exactly the messages ``stored`` covers after its pinned ones. None otherwise."""
+    if stored is None or not stored.body_hash:
+        return None
+    shift = history.pinned - stored.pinned
+    anchor = stored.anchor + shift
+    if not history.pinned <= anchor < len(history.messages):
+        return None
+    if body_hash(history.digests, history.pinned, anchor) != stored.body_hash:
+        return None
+    return replace(
+        stored,
+        pinned=history.pinned,
+        covered=stored.covered + shift,
+        elide_before=stored.elide_before + shift,
+        anchor_hash=prefix_hash(history.digests, anchor),
+    )
 
 
 def _up_to(stored: Snapshot, history: History, end: int) -> Snapshot | None:

@@ -296,7 +296,7 @@ class Metrics:
             slot_misses=Counter(
                 "compaction_proxy_session_slot_misses",
                 "Histories that started with none of their session's snapshots (slots), by outcome "
-                "(free: a free slot; moved: its own, messages moved; evicted: the stalest one's)",
+                "(side: read another's; free: a free one; moved: its own; evicted: stalest)",
                 ["outcome"],
                 registry=r,
             ),
@@ -320,7 +320,7 @@ class Metrics:
             (self.summary_waits, "kind", ("summarized", "waited")),
             (self.summaries_rejected, "reason", REJECTIONS),
             (self.degraded_requests, "reason", DEGRADED_REASONS),
-            (self.slot_misses, "outcome", ("free", "moved", "evicted")),
+            (self.slot_misses, "outcome", ("side", "free", "moved", "evicted")),
         )
         for metric, label, values in closed:
             for value in values:

@@ -4,15 +4,20 @@ snapshot (snapshot.py's ``loaded_for``), and cuts stop before what it re-sends
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from proxy.compaction.snapshots import load_session
 from proxy.core.budget import Budget
 from proxy.core.digest import digests_and_sizes, prefix_hash
 from proxy.core.history import History, result_flags
 from proxy.core.moves import SEEN_LIMIT, moved, seen_record
 from proxy.core.plan import plan_compaction
-from proxy.core.snapshot import Snapshot, loaded_for
+from proxy.core.session import session_from_header
+from proxy.core.snapshot import Snapshot, body_hash, loaded_for, side_of, valid_snapshot
 from proxy.core.view import View
+from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage
 
 FILES: list[ChatMessage] = [
@@ -155,3 +160,59 @@ def test_a_cut_passes_the_re_sent_exchange_when_only_that_fits() -> None:
     held = plan_compaction(h, View(1, 0, 1), budget, settled=13)
     assert (held.view.covered, held.tokens) == (14, 350)  # 450 held back: over the window
     assert held.fits
+
+
+# --- side requests: another system prompt over the same conversation --------------------
+
+
+def side_request(h: History, *pinned: str) -> History:
+    """``h``'s conversation after its system prompt, under ``pinned`` system messages,
+    with the side request's own instruction last."""
+    lead: list[ChatMessage] = [{"role": "system", "content": p} for p in pinned]
+    ask: ChatMessage = {"role": "user", "content": "Extract the facts worth remembering."}
+    messages = [*lead, *h.messages[1:], ask]
+    digests, _ = digests_and_sizes(messages)
+    return History(messages, digests, [10] * len(messages), len(lead), 0, result_flags(messages))
+
+
+def with_body(snapshot: Snapshot, h: History) -> Snapshot:
+    return replace(snapshot, body_hash=body_hash(h.digests, h.pinned, snapshot.anchor))
+
+
+@pytest.mark.parametrize("pinned", [("You extract memories.",), ("Titles.", "Be brief.")])
+def test_a_side_request_is_shown_under_its_conversations_snapshot(pinned: tuple[str]) -> None:
+    main = history(said(12))
+    snapshot = with_body(snapshot_on(main, 9), main)
+    side = side_request(main, *pinned)
+    assert valid_snapshot(snapshot, side) is None  # its own pinned messages differ
+    shown = side_of(snapshot, side)
+    assert shown is not None
+    shift = len(pinned) - 1
+    assert (shown.pinned, shown.covered, shown.elide_before) == (len(pinned), 9 + shift, 9 + shift)
+    assert valid_snapshot(shown, side) is shown  # anchored to the side request's history
+    assert shown.summary == snapshot.summary
+
+
+def test_a_request_over_another_conversation_is_no_side_request() -> None:
+    main = history(said(12))
+    snapshot = with_body(snapshot_on(main, 9), main)
+    edited = history([main.messages[0], {"role": "user", "content": "other"}, *said(11, 1)])
+    assert side_of(snapshot, side_request(edited, "You extract memories.")) is None
+    short = history(said(6))  # ends before what the snapshot covers
+    assert side_of(snapshot, side_request(short, "You extract memories.")) is None
+    assert side_of(snapshot_on(main, 9), side_request(main, "x")) is None  # no body hash
+
+
+async def test_a_side_request_reads_its_conversations_slot_and_would_write_its_own() -> None:
+    store, key = MemoryStore(ttl_s=60), session_from_header("t", "agent")
+    main = history(said(12))
+    assert await store.save(key, replace(with_body(snapshot_on(main, 9), main), version=1))
+    misses: list[str] = []
+    side = side_request(main, "You extract memories.")
+    at, loaded = await load_session(store, key, side, 4, misses.append)
+    assert at != key  # a compaction of its own would not replace the conversation's
+    assert (loaded.stored, loaded.side, misses) == (None, True, ["side"])
+    assert loaded.summary == "S"
+    assert loaded.shown_version == 1
+    again, mine = await load_session(store, key, main, 4)
+    assert (again, mine.side, mine.valid is not None) == (key, False, True)

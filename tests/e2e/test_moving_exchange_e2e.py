@@ -68,3 +68,35 @@ def test_a_fixed_exchange_moved_each_turn_keeps_background_snapshots(
     # five turns at most, where a snapshot the moved exchange broke re-made one a turn.
     assert summaries <= 1 + TURNS // 5, f"{summaries} summaries in {TURNS} turns"
     assert _aider_turn(chat, done, "RECALL launch") == "launch=ok-7731"
+
+
+def _side(chat: Chat, side: Chat) -> Any:
+    """The side request an agent sends after an answer: its own system prompt over the
+    conversation so far, and its own instruction, under the same session."""
+    ask = {"role": "user", "content": "Extract the facts worth remembering."}
+    side.history = [{"role": "system", "content": "You extract memories."}, *chat.history[1:]]
+    side.history.append(ask)
+    return side.send()
+
+
+def test_side_requests_over_the_same_history_summarize_nothing_of_their_own(
+    slow_summaries: str, start_proxy: Callable[..., str]
+) -> None:
+    url = start_proxy(small_window_settings(slow_summaries, precompact_ratio=0.6))
+    chat, side = Chat(url, session="agent-run"), Chat(url, session="agent-run")
+    chat.say("Remember this. FACT launch=ok-7731")
+    shown: set[int] = set()
+    for turn in range(36):  # two background summaries of the conversation's
+        chat.say(f"Turn {turn}: {FILLER}")
+        shown.add(int(chat.last["x-compaction-version"]))
+        _side(chat, side)
+        # Shown under the conversation's snapshot (or none yet), never one of its own.
+        assert side.last["x-compaction-status"] in ("passthrough", "snapshot")
+        assert int(side.last["x-compaction-version"]) in {*shown, max(shown) + 1}
+    wait_for_idle(url)
+    assert chat.say("RECALL launch") == "launch=ok-7731"
+    version = int(chat.last["x-compaction-version"])
+    # Every summary is one of the conversation's snapshots, each extending the last.
+    assert version >= 2
+    assert stats(slow_summaries)["summaries"] == version
+    assert metric(url, "compaction_proxy_session_slot_misses", outcome="side") > 0
