@@ -132,16 +132,22 @@ def test_a_snapshot_whose_covered_answer_was_regenerated_does_not_apply() -> Non
     assert loaded_for(snapshot, history(regenerated("since"))).valid is None
 
 
+def files_budget(window: int, trigger: int) -> Budget:
+    """A target of 400, a summary of 50, the newest message the whole protected tail,
+    and no elision (every message is 100 tokens, none bulky)."""
+    return Budget(
+        window=window, reserve=0, fixed=0, trigger=trigger, target=400, summary_allowance=50,
+        min_tail_messages=1, elide_min_tokens=10_000,
+    )  # fmt: skip
+
+
 def test_a_cut_stops_before_the_re_sent_exchange() -> None:
     # 16 messages of 100 tokens: files at 13 and 14. To reach the target of 400 with a
     # summary of 50 and the system prompt, two messages stay (a cut at 14, "Ok." and
     # the newest); held before the files, three stay: 450 tokens, past the target,
     # well within the window.
     h = history(aider(12, newest=99), count=100)
-    budget = Budget(
-        window=2000, reserve=0, fixed=0, trigger=1200, target=400, summary_allowance=50,
-        min_tail_messages=1, elide_min_tokens=10_000,
-    )  # fmt: skip
+    budget = files_budget(window=2000, trigger=1200)
     current = View(1, 0, 1)
     free = plan_compaction(h, current, budget)
     held = plan_compaction(h, current, budget, settled=13)
@@ -153,11 +159,7 @@ def test_a_cut_stops_before_the_re_sent_exchange() -> None:
 
 def test_a_cut_passes_the_re_sent_exchange_when_only_that_fits() -> None:
     h = history(aider(12, newest=99), count=100)
-    budget = Budget(
-        window=400, reserve=0, fixed=0, trigger=300, target=400, summary_allowance=50,
-        min_tail_messages=1, elide_min_tokens=10_000,
-    )  # fmt: skip
-    held = plan_compaction(h, View(1, 0, 1), budget, settled=13)
+    held = plan_compaction(h, View(1, 0, 1), files_budget(window=400, trigger=300), settled=13)
     assert (held.view.covered, held.tokens) == (14, 350)  # 450 held back: over the window
     assert held.fits
 
