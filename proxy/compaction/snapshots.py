@@ -79,9 +79,11 @@ def _slot_for(stored: list[Snapshot | None], history: History) -> tuple[int, Loa
     snapshot as ``history`` may use it, and the miss to count (None: an exact match)."""
     ages = [-s.updated_at if s is not None else 0.0 for s in stored]
     newest = sorted(range(len(stored)), key=ages.__getitem__)  # empty slots last
-    loaded = [loaded_for(s, history) for s in stored]
-    if (found := next((i for i in newest if loaded[i].valid is not None), None)) is not None:
-        return found, loaded[found], None
+    loaded: dict[int, Loaded] = {}  # checked newest first, up to the first that applies
+    for i in newest:
+        loaded[i] = loaded_for(stored[i], history)
+        if loaded[i].valid is not None:
+            return i, loaded[i], None
     if (side := _side_slot(stored, newest, history)) is not None:
         return side
     if (moved := next((i for i in newest if loaded[i].settled is not None), None)) is not None:

@@ -16,7 +16,7 @@ and a later history shows which of them moved further on (``moved``). Two uses:
   the next history still starts with what the summary covers;
 - ``kept``: where the history starts with the snapshot's messages but for ones that
   moved on, each of them found again further on, the snapshot still applies up to
-  the first that moved (snapshot.py's ``usable``): the summary then also tells of
+  the first that moved (snapshot.py's ``loaded_for``): the summary then also tells of
   messages the tail shows verbatim, which repeats them and loses nothing.
 
 A client that only appends moves nothing; one that edits or rewinds changes messages
