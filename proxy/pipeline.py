@@ -96,8 +96,7 @@ async def _read(request: Request, services: Services, api: Api, tenant: str | No
 
 
 async def _turn(request: Request, services: Services, came: Incoming) -> Turn:
-    """The ``Turn`` the compaction steps read: its tenant's policy, the items its history
-    names by reference read as the ones relayed, and the session it names."""
+    """The ``Turn`` the steps read: its tenant's policy, the items named read, its session."""
     policy = services.policies.policy_for(came.tenant, came.legacy)  # tenants.py
     mode = (services.settings.compaction if policy is None else policy.compaction).effective_mode
     chat, counts = came.chat, (0, 0)  # items named by reference, and those not read
@@ -134,16 +133,17 @@ async def _compact_or_pass(services: Services, turn: Turn, came: Incoming) -> _V
 async def _first_attempt(
     services: Services, turn: Turn, came: Incoming, viewed: _Viewed
 ) -> tuple[Route, Attempt]:
-    """Steps 8c-8d: the recall tool offered on the view, the body for it, its output budget
-    clamped to the model's; and its route, recovering an overflow unless told not to."""
-    # Nothing to compact harder without a message (a Responses call with an empty input).
+    """Steps 8c-8d: the recall tool offered on the view (not on one whose answer is edited),
+    the body for it, its output budget clamped to the model's; and its route, recovering an
+    overflow unless told not to (nor without a message: nothing to compact harder)."""
     c, (outcome, follow_ups) = services.settings.compaction, viewed
     recover = came.control != "off" and c.recover_overflow and bool(turn.chat["messages"])
-    offered = services.recall_tool.offer(came.api.recall_tool, turn, outcome, came.data)
+    shape = None if came.deal.carried else came.api.recall_tool
+    offered = services.recall_tool.offer(shape, turn, outcome, came.data)
     tool, data, outcome = offered or (None, came.data, outcome)
-    first = Attempt(came.api.body_for(came.body, data, outcome), outcome, follow_ups)
-    first = await services.ceilings.clamp(came.api, turn, first) if recover else first
-    return came.route(data, recover, tool), first
+    route = came.route(data, recover, tool)
+    first = Attempt(route.body_for(outcome), outcome, follow_ups)
+    return route, await services.ceilings.clamp(came.api, turn, first) if recover else first
 
 
 async def compacted_view(
@@ -192,9 +192,8 @@ async def _view(
         # Past the soft threshold: compact in the background once the answer is out.
         after = services.precompactor.offer(turn, p, plan.tokens)
         return outcome, (() if after is None else (after,)), p
-    # Nothing worth summarizing, yet over the window: trim what we can (sticky.py).
     trims = services.compactor.trims.outcome(key, history, loaded, budget, reuse=not recover)
-    return trims, (), p
+    return trims, (), p  # nothing worth summarizing, yet over the window: trimmed (sticky.py)
 
 
 async def forward(
@@ -227,7 +226,8 @@ async def forward(
                 ok = answer.status_code == 200
                 # then calibrate: the provider's own count of what we sent
                 watch = _usage_watcher(services, turn, route, sent.outcome) if ok else None
-                relayed = await relay(answer, refs.reference_headers(sent.outcome, turn), watch)
+                headers, rewrite = refs.reference_headers(sent.outcome, turn), route.rewrite
+                relayed = await relay(answer, headers, watch, rewrite=rewrite(sent.outcome))
                 # then the sighting, pre-compaction, the output items kept: once it is out
                 later = (*sent.follow_ups, *refs.kept_after(route)) if ok else ()
                 if later:

@@ -58,7 +58,12 @@ async def measure_turn(
     c, model = turn.compaction(default), turn.model
     reserve = output_reserve(turn.chat, model.max_output_tokens)
     history = await count_history(counters[model.tokenizer], turn, c, tenant_seed(turn.tenant))
-    return Measured(c, history, Budget.for_model(model, c, reserve, history.fixed))
+    budget = Budget.for_model(model, c, reserve, history.fixed)
+    own = None if turn.trigger is None else turn.trigger + reserve  # its input, and the reply
+    if own is not None and own < budget.trigger:  # the request's own threshold is lower
+        target = int(own * c.target_ratio / c.trigger_ratio)
+        budget = replace(budget, trigger=own, target=min(budget.target, target))
+    return Measured(c, history, budget)
 
 
 async def locate_turn(

@@ -85,6 +85,9 @@ class Turn:
     # the request itself needs its shapes (compaction/summary_prefix.py). None: unknown.
     api: Wire | None = None
     data: dict[str, Any] | None = None
+    # Input tokens past which it compacts when lower than its model's trigger (the
+    # request's own ``compact_*`` edit: routes/context_edits.py); None: the model's.
+    trigger: int | None = None
 
     def compaction(self, default: CompactionSettings) -> CompactionSettings:
         """The compaction settings this turn compacts with: its tenant's, or ``default``."""

@@ -58,11 +58,13 @@ _LEADING = ("system", "developer")
 Local = Literal["trigger", "compact"]
 
 
-def passes_through(settings: Settings) -> bool:
-    """Whether the upstream serves the contract itself (``upstream.compaction``)."""
+def passes_through(settings: Settings, host: str = "api.openai.com") -> bool:
+    """Whether the upstream serves the contract itself (``upstream.compaction``; ``auto``:
+    when it is ``host``, the API's own, as Anthropic's ``context_management`` asks of
+    api.anthropic.com)."""
     mode = settings.upstream.compaction
     if mode == "auto":
-        return urlsplit(settings.upstream.base_url).hostname == "api.openai.com"
+        return urlsplit(settings.upstream.base_url).hostname == host
     return mode == "passthrough"
 
 

@@ -21,17 +21,19 @@ and creation tokens) calibrates the counts.
 
 The proxy's own errors on this route are in Anthropic's shape (``error_body``).
 
-Anthropic's own ``context_management`` goes upstream as sent. Its clearing edits
-(``clear_thinking_*``, which Claude Code sends with every request, ``clear_tool_uses_*``)
-apply upstream to the view the proxy compacted; a request with a ``compact_*`` edit
-(the upstream compacts it itself) goes upstream untouched, ``X-Compaction-Status:
-bypassed``: it is not compacted twice.
+Anthropic's own ``context_management``: ``upstream.compaction`` ``passthrough`` (``auto``
+before api.anthropic.com) sends it upstream as sent (its clearing edits, such as the
+``clear_thinking_*`` Claude Code sends with every request, apply there to the view the
+proxy compacted; a request with a ``compact_*`` edit goes untouched, ``bypassed``: not
+compacted twice); ``proxy`` (``auto`` before any other upstream) carries the edits out
+(``contract``: context_edits.py, compaction_blocks.py, messages_answers.py).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import replace
+from functools import partial
 from typing import Any, cast
 
 import orjson
@@ -39,15 +41,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy import pipeline
+from proxy.config import Settings
 from proxy.core.outcome import Outcome
 from proxy.errors import InvalidRequest, ProxyError
+from proxy.routes import compaction_blocks as cb
+from proxy.routes import context_edits as ce
+from proxy.routes.compaction_items import Sealer, passes_through
+from proxy.routes.messages_answers import Carried, paused
 from proxy.routes.messages_view import to_anthropic, to_chat
 from proxy.routes.parse import check_depth, load_request
 from proxy.routes.summary_bodies import messages_summary
 from proxy.routes.tool_shapes import MESSAGES_TOOL
 from proxy.services import Services
 from proxy.types import ChatRequest
-from proxy.upstream.api import Api
+from proxy.upstream.api import Api, Contract
 from proxy.upstream.overflow import Overflow
 from proxy.upstream.stream_head import error_event
 
@@ -185,6 +192,28 @@ def _untouched(data: dict[str, Any], control: str) -> bool:
     return any(isinstance(e, dict) and str(e.get("type", "")).startswith("compact") for e in edits)
 
 
+def _contract(
+    body: bytes, data: dict[str, Any], tenants: tuple[str, ...], settings: Settings
+) -> Contract | None:
+    """A request with ``context_management`` or ``compaction`` blocks, when the proxy
+    carries them out (messages_answers.py): those left out, its edits on the way out and
+    back, a ``compact_*`` edit's trigger its own, under ``pause_after_compaction`` (past
+    that trigger, in bytes at four a token) answered by the proxy."""
+    raw = data.get("context_management")
+    edits = ce.read_edits(raw) if raw is not None else ce.Edits()
+    new = {k: v for k, v in data.items() if k != "context_management"}
+    sealer = Sealer(settings)
+    if cb.carries_compaction(body, data["messages"]):
+        new["messages"] = cb.expanded(data["messages"], tenants, sealer)
+        check_depth(new)
+    carried, compact = Carried(edits, tenants[0], sealer), edits.compact
+    trigger = None if compact is None else compact.trigger
+    pause = compact is not None and compact.pause and len(body) // 4 >= compact.trigger
+    answer = partial(paused, carried, new) if pause else None
+    chat = chat_view(new)
+    return Contract(orjson.dumps(new), new, chat, False, pause, answer, carried, trigger)
+
+
 class MessagesApi(Api):
     """Anthropic's Messages API: ``system`` and the messages plan as chat messages
     (messages_view.py); a request whose ``compact_*`` edits ask the upstream to compact it
@@ -202,6 +231,24 @@ class MessagesApi(Api):
     untouched = staticmethod(_untouched)
     as_budget = staticmethod(as_budget)
     summary_body = staticmethod(messages_summary)
+
+    def contract(
+        self,
+        body: bytes,
+        data: dict[str, Any],
+        chat: ChatRequest,
+        tenants: tuple[str, ...],
+        settings: Settings,
+    ) -> Contract | None:
+        """Anthropic's ``context_management`` carried out by the proxy (``upstream.compaction``
+        ``proxy``, or ``auto`` before anything but api.anthropic.com); None: as it came."""
+        if "context_management" not in data and b'"compaction"' not in body:
+            return None  # the common case, in one dict look and one byte search
+        if passes_through(settings, "api.anthropic.com"):
+            return None  # a compact_* edit goes untouched (``untouched``), the rest as sent
+        if "context_management" not in data and not cb.carries_compaction(body, data["messages"]):
+            return None
+        return _contract(body, data, tenants, settings)
 
 
 MESSAGES = MessagesApi()

@@ -100,6 +100,14 @@ def _shaped(messages: Any, system_turns: bool) -> list[dict[str, Any]]:
         content = message.get("content")
         if not isinstance(content, (str, list)):
             raise invalid(f"messages.{i}.content: Input should be a valid list")
+        for k, block in enumerate(blocks(content)):
+            # Like an upstream without context management (llama.cpp, vLLM): a compaction
+            # block is not a kind of block it knows. What the proxy must expand.
+            if block.get("type") == "compaction":
+                raise invalid(
+                    f"messages.{i}.content.{k}: Input tag 'compaction' found using 'type' "
+                    "does not match any of the expected tags"
+                )
     return messages
 
 

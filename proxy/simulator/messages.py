@@ -9,7 +9,8 @@ A request goes through the chat handler's steps with Anthropic's shapes:
    signatures, a thinking block opening the last assistant turn of a tool loop;
    ``system`` messages between turns only under the ``mid-conversation-system`` beta or
    the newer ``mid-conversation-tool-changes`` one (Claude Code's);
-   ``context_management`` and ``output_config`` are accepted and ignored;
+   ``context_management`` and ``output_config`` are accepted and ignored, and a
+   ``compaction`` block is refused: an upstream without Anthropic's context management;
 3. reject ``max_tokens`` above the model's output limit (Anthropic's words);
 4. count the prompt (system, the messages as chat messages, thinking passed back, tool
    definitions) and reject an overflow in Anthropic's words: "prompt is too long: N

@@ -18,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from starlette.responses import Response
 
@@ -29,6 +29,7 @@ from proxy.core.recall_tool import Call
 from proxy.core.tokens import TokenCounter
 from proxy.types import ChatMessage, ChatRequest
 from proxy.upstream.overflow import Overflow
+from proxy.upstream.relay import Rewrite
 
 if TYPE_CHECKING:
     from proxy.tenants import Policy
@@ -38,13 +39,25 @@ if TYPE_CHECKING:
 SummaryBody = tuple[bytes, int] | None
 
 
+class Carried(Protocol):
+    """What the proxy carries out for a request's API when its upstream cannot (Anthropic's
+    ``context_management``: routes/messages_answers.py): the body a view goes as, and the
+    edit its answer gets (None: none)."""
+
+    def body_for(self, body: bytes, data: dict[str, Any], outcome: Outcome) -> bytes: ...
+
+    def answer_edit(self, outcome: Outcome) -> Rewrite | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Contract:
     """A request as the steps take it under its API's own compaction contract (OpenAI's
     compaction items: routes/compaction_items.py): its body, the object parsed from it
     and its chat view (maybe rewritten), whether it goes upstream untouched, whether it
     compacts as if forced, and the answer the proxy gives itself for the view it
-    compacted (None: the upstream answers)."""
+    compacted (None: the upstream answers); what the proxy carries out for the upstream
+    (``carried``), and the input tokens past which it compacts (``trigger``: the model's
+    own threshold when lower)."""
 
     body: bytes
     data: dict[str, Any]
@@ -52,6 +65,8 @@ class Contract:
     untouched: bool = False
     force: bool = False
     answer: Callable[[Turn, Outcome], Awaitable[Response]] | None = None
+    carried: Carried | None = None
+    trigger: int | None = None
 
 
 # What a contract's None stands for, but for the request's own body, object and view.
@@ -194,9 +209,16 @@ class Route:
     recover: bool = False
     items: OutputItems | None = None  # collects its answer's output items (keeps_items)
     tool: ToolOffer | None = None  # the recall tool declared in its body (``data``)
+    carried: Carried | None = None  # what the proxy carries out for the upstream
 
     def body_for(self, outcome: Outcome) -> bytes:
+        if self.carried is not None:
+            return self.carried.body_for(self.body, self.data, outcome)
         return self.api.body_for(self.body, self.data, outcome)
+
+    def rewrite(self, outcome: Outcome) -> Rewrite | None:
+        """How the answer to ``outcome``'s view is edited on its way out (None: not)."""
+        return None if self.carried is None else self.carried.answer_edit(outcome)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,11 +245,12 @@ class Incoming:
     @property
     def untouched(self) -> bool:
         """Whether it goes upstream as it came: its API or its contract says so (a chained
-        call, an edit the upstream compacts itself), unless the proxy answers it itself."""
+        call, an edit the upstream compacts itself), unless the proxy answers it itself or
+        carries out for the upstream what the request asks of it."""
         deal = self.deal
-        return deal.answer is None and (
-            self.api.untouched(self.data, self.control) or deal.untouched
-        )
+        if deal.answer is not None or deal.carried is not None:
+            return False
+        return self.api.untouched(self.data, self.control) or deal.untouched
 
     def bypassed(self) -> Attempt:
         """It sent as it came, uncounted (``untouched``)."""
@@ -240,8 +263,16 @@ class Incoming:
         reference read), the session it ``named``, how many items it named by reference and
         how many of those were not read (``counts``), its tenant's ``policy``; and its API
         and object, for a summary asked as the request itself (compaction/summary_prefix.py)."""
-        body, model, tenant, auth = self.body, self.model, self.tenant, self.auth
-        return Turn(chat, body, model, tenant, named, auth, *counts, policy, self.api, self.data)
+        body, model, tenant, auth, trigger = (
+            self.body,
+            self.model,
+            self.tenant,
+            self.auth,
+            self.deal.trigger,
+        )
+        return Turn(
+            chat, body, model, tenant, named, auth, *counts, policy, self.api, self.data, trigger
+        )
 
     def route(
         self,
@@ -251,7 +282,10 @@ class Incoming:
     ) -> Route:
         """Its way upstream, with ``data`` for the object parsed (a tool declared in it)."""
         data = self.data if data is None else data
-        return Route(self.api, self.url, self.headers, self.body, data, recover, self.kept, tool)
+        carried = self.deal.carried
+        return Route(
+            self.api, self.url, self.headers, self.body, data, recover, self.kept, tool, carried
+        )
 
 
 @dataclass(frozen=True, slots=True)

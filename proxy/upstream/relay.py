@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from typing import Protocol
 
 from starlette.background import BackgroundTask
 from starlette.responses import Response
@@ -25,6 +26,15 @@ log = logging.getLogger("proxy.upstream")
 _BUFFER_LIMIT = 1024 * 1024
 
 
+class Rewrite(Protocol):
+    """An answer the proxy edits on its way out (routes/messages_answers.py: Anthropic's
+    ``context_management`` carried out): a body read whole, or a stream as it comes."""
+
+    def whole(self, body: bytes) -> bytes: ...
+
+    def stream(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]: ...
+
+
 def buffered(
     response: UpstreamResponse, body: bytes, extra_headers: Iterable[tuple[bytes, bytes]] = ()
 ) -> Response:
@@ -39,6 +49,7 @@ async def relay(
     extra_headers: Iterable[tuple[bytes, bytes]] = (),
     watch: Callable[[bytes], None] | None = None,
     started: tuple[bytes, AsyncIterator[bytes]] | None = None,
+    rewrite: Rewrite | None = None,
 ) -> Response:
     """Turn an upstream response into ours: status, headers and bytes as received.
 
@@ -46,9 +57,14 @@ async def relay(
     small bodies are read whole, which is cheaper than streaming them.
     ``watch`` sees the body's bytes (each chunk of a stream) on their way out.
     ``started``: bytes the caller already read, and the iterator it read them from.
+    ``rewrite``: the bytes as the proxy edits them (``watch`` still sees the upstream's);
+    an answer with a ``content-encoding`` goes as it came.
     """
     headers = response_headers(response)
     headers.extend(extra_headers)
+    if rewrite is not None and response.headers.get("content-encoding", "identity") != "identity":
+        log.warning("an encoded answer relayed unedited")
+        rewrite = None
     started = started or response.started
     length = response.headers.get("content-length")
     is_stream = response.headers.get("content-type", "").startswith("text/event-stream")
@@ -64,12 +80,16 @@ async def relay(
         body = await response.aread_closed()
         if watch is not None:
             watch(body)
+        body = body if rewrite is None else rewrite.whole(body)
         headers.append((b"content-length", str(len(body)).encode()))
         return whole(body, response.status_code, headers)
+    chunks: AsyncGenerator[bytes, None] = _raw_chunks(response, watch, started)
+    if rewrite is not None:
+        chunks = rewrite.stream(chunks)
     if started is not None and started[0]:  # the head peeked for an overflow: out first
-        return peeked(_raw_chunks(response, watch, started), response, headers)
+        return peeked(chunks, response, headers)
     out = Relaying(
-        _raw_chunks(response, watch, started),
+        chunks,
         status_code=response.status_code,
         background=BackgroundTask(response.aclose),
     )

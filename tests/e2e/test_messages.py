@@ -208,26 +208,6 @@ def test_max_tokens_over_the_context_is_lowered(
     assert stats(sim_reset)["overflows"] == 2
 
 
-def test_context_management(proxy4k: str, sim_reset: str) -> None:
-    """Clearing edits (Claude Code sends ``clear_thinking`` with every request) go
-    upstream with the compacted view; a ``compact_*`` edit is the upstream's own
-    compaction: that request goes untouched."""
-    sdk = anthropic.Anthropic(base_url=proxy4k, api_key="sk-ant-x", max_retries=0)
-    OPEN_CLIENTS.append(sdk)
-    statuses = {}
-    for edit in ("clear_thinking_20251015", "compact_20260112"):
-        raw = sdk.messages.with_raw_response.create(
-            model="sim-4k",
-            max_tokens=100,
-            messages=[{"role": "user", "content": "hi"}],
-            extra_body={"context_management": {"edits": [{"type": edit}]}},
-        )
-        statuses[edit] = raw.headers["x-compaction-status"]
-    assert statuses == {"clear_thinking_20251015": "passthrough", "compact_20260112": "bypassed"}
-    forwarded = [r["body"]["context_management"] for r in upstream_requests(sim_reset)]
-    assert [e["edits"][0]["type"] for e in forwarded] == list(statuses)
-
-
 def test_summaries_on_the_messages_api(sim_reset: str, start_proxy: Callable[..., str]) -> None:
     """``upstream.summarizer_api: messages``: an upstream that serves only Anthropic's API
     summarizes on it too, the caller's key and ``anthropic-version`` with each call."""
