@@ -99,10 +99,10 @@ def read_edits(raw: object) -> Edits:
         if kind in found:
             raise _bad(f"duplicate edit type '{kind}'", where)
         found[kind] = _one(kind, edit, where)
-    thinking = found.get(CLEAR_THINKING)
     return Edits(
-        thinking=thinking is not None,
-        thinking_keep=thinking if thinking is not None else 1,
+        # Asked for with keep "all" (None) is asked for still: it clears nothing.
+        thinking=CLEAR_THINKING in found,
+        thinking_keep=found.get(CLEAR_THINKING, 1),
         tools=found.get(CLEAR_TOOLS),
         compact=found.get(COMPACT),
         order=tuple(found),
