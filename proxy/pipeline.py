@@ -102,7 +102,7 @@ async def _turn(request: Request, services: Services, came: Incoming) -> Turn:
     chat, counts = came.chat, (0, 0)  # items named by reference, and those not read
     if came.control != "off" and mode != "off" and came.api.names_items:
         read = await refs.resolve_references(services.items, came.api, came.tenant, came.data, chat)
-        services.references.observe(read.references, read.unresolved)
+        services.metrics.references.observe(read.references, read.unresolved)
         chat, counts = read.chat, (read.references, read.unresolved)
     named = session_name(request.headers, came.data, services.settings.session)
     turn = came.turn(chat, named, counts, policy)  # its API and object with it

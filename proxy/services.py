@@ -31,10 +31,7 @@ from proxy.core.tenant_ids import TenantIds
 from proxy.core.tokens import TokenCounter
 from proxy.observe.ledger import Ledger
 from proxy.observe.line import clipped
-from proxy.observe.log_series import count_unformatted_lines
 from proxy.observe.metrics import Metrics
-from proxy.observe.references import ReferenceMetrics
-from proxy.observe.tenant_series import TenantSeries
 from proxy.store import ItemStore, Store, build_store, refuse_cluster_node
 from proxy.store.archive import build_archive
 from proxy.store.items import build_item_store
@@ -45,6 +42,7 @@ from proxy.upstream.ceilings import LearnedCeilings
 from proxy.upstream.client import Upstream, UpstreamClient
 from proxy.upstream.discovery import ModelDiscovery
 from proxy.upstream.headers import HeaderPolicy
+from proxy.upstream.output_items import ItemWrites
 from proxy.upstream.registry import read_registry
 from proxy.upstream.windows import LearnedWindows, WindowPolicy
 
@@ -69,11 +67,9 @@ class Services:
     metrics: Metrics
     bodies: BodyBudget  # request bodies held by this process (server.max_inflight_body_bytes)
     items: ItemStore  # output items relayed, for Responses item_reference inputs
-    references: ReferenceMetrics
     ledger: Ledger  # does compaction pay: per session and tenant (this process), and series
     policies: TenantPolicies  # `tenants:` in force, swapped by a reload (serve/reload.py)
     tenant_ids: TenantIds  # the tenant of a request, under this deployment's key
-    tenant_series: TenantSeries  # caps hit, config reloads
     recall: Recall  # excerpts of the archived originals (compaction/recall.py)
     recall_tool: RecallTool  # a search of them the model calls (compaction/recall_tool.py)
     held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
@@ -158,7 +154,6 @@ async def build_services(settings: Settings) -> Services:
     If building fails half-way, whatever was already opened is closed again.
     """
     metrics = Metrics.create()
-    count_unformatted_lines(metrics.registry)  # the process's log writer counts there
     models, encoders = await load_models(settings)
     metrics.learned_window.entry_of = models.entry_of
     models.on_resolved = partial(_note_resolved, metrics)
@@ -169,7 +164,6 @@ async def build_services(settings: Settings) -> Services:
         store = build_store(settings, metrics)
         opened.push_async_callback(store.aclose)
         await refuse_cluster_node(settings.store.url)  # an app served without serve()
-        tenant_series = TenantSeries(metrics.registry)
         tenant_ids = TenantIds.from_settings(settings)
         archive = build_archive(store)  # the originals snapshots replace, beside them
         recall = Recall(archive, metrics, settings.compaction, counters)
@@ -181,7 +175,7 @@ async def build_services(settings: Settings) -> Services:
             client=client,
             models=models,
             metrics=metrics,
-            caps=TenantCaps(build_quota(settings, store), tenant_series),
+            caps=TenantCaps(build_quota(settings, store), metrics.tenants),
         )
         headers = HeaderPolicy(settings)
         services = Services(
@@ -200,12 +194,10 @@ async def build_services(settings: Settings) -> Services:
             ceilings=LearnedCeilings(store, WindowPolicy.from_settings(settings), metrics),
             metrics=metrics,
             bodies=BodyBudget(settings.server),
-            items=build_item_store(settings, store),
-            references=ReferenceMetrics(metrics.registry),
+            items=ItemWrites(build_item_store(settings, store)),
             ledger=Ledger(metrics.registry, settings.pricing, models.registry),
             policies=TenantPolicies(settings, tenant_ids.legacy_of),
             tenant_ids=tenant_ids,
-            tenant_series=tenant_series,
             recall=recall,
             recall_tool=RecallTool(recall, client, metrics.registry, settings.compaction, counters),
             loop=asyncio.get_running_loop(),

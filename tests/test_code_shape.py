@@ -12,10 +12,11 @@ MAX_LINES = 300
 # The simulator is a test double, and upstream/overflow.py is mostly the providers' error
 # wordings and their fixtures: data, not logic to follow.
 EXEMPT = ("simulator/", "upstream/overflow.py")
-# Over the limit today: they may shrink, not grow. Remove an entry once its module is
-# split. observe/metrics.py is the declaration of every series, one block each, in one place;
-# config.py of every setting, each with its bounds and a line or two on what it does.
-CEILINGS = {"observe/metrics.py": 330, "config.py": 310}
+# Declaration tables over the limit (STYLE: a line cap is a prompt to look, never a reason
+# to split a noun). observe/metrics/__init__.py declares every series of the one Metrics
+# face, one block each; config.py every setting, each with its bounds and what it does.
+# Each may grow to STYLE's ~400, where a second noun would be hiding.
+CEILINGS = {"observe/metrics/__init__.py": 400, "config.py": 400}
 
 
 def modules() -> list[tuple[str, Path]]:

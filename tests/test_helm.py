@@ -18,9 +18,7 @@ import yaml
 
 from proxy.config import Settings
 from proxy.observe.ledger import Ledger
-from proxy.observe.log_series import count_unformatted_lines
 from proxy.observe.metrics import Metrics
-from proxy.observe.tenant_series import TenantSeries
 from tests.support.dashboard import referenced
 from tests.support.docs import all_docs
 from tests.support.helm import CHART, ROOT, RUNBOOK, _script, runbook_sections
@@ -148,8 +146,6 @@ def _declared() -> dict[str, set[str]]:
     label names its series carry."""
     metrics = Metrics.create()
     Ledger(metrics.registry, [])
-    TenantSeries(metrics.registry)
-    count_unformatted_lines(metrics.registry)
     # prometheus-client keeps a metric's label names only on the metric: series with
     # an open label set are not exported before their first value.
     collectors: list[Any] = list(metrics.registry._collector_to_names)

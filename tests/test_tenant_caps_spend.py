@@ -53,5 +53,5 @@ async def test_shadow_summaries_are_admitted_and_spent(cap: dict[str, int], reas
     second = await send_chat(services, long, {"x-session-id": "two"})
     assert header(second, "x-compaction-shadow-status") == "passthrough"
     assert len(upstream.summary_calls) == calls  # none asked for over the cap
-    assert services.tenant_series.capped.labels(reason=reason)._value.get() == 1
+    assert services.metrics.tenants.capped.labels(reason=reason)._value.get() == 1
     assert [c.messages for c in upstream.chat_calls] == [long, long]  # forwarded as sent

@@ -25,7 +25,7 @@ from proxy.core.outcome import Turn
 from proxy.core.session import tenant_from_headers
 from proxy.errors import ConfigError, StoreError
 from proxy.observe.metrics import Metrics
-from proxy.observe.tenant_series import TenantSeries
+from proxy.observe.metrics.tenants import TenantSeries
 from proxy.pipeline import compacted_view
 from proxy.serve.reload import Reloader
 from proxy.services import Services
@@ -186,7 +186,7 @@ async def test_summaries_per_hour_caps_per_clock_hour() -> None:
     assert await caps.admit(turn) == "summaries_per_hour"
     with pytest.raises(TenantCapped):
         await caps.admit(turn, background=True)
-    capped = services.tenant_series.capped.labels(reason="summaries_per_hour")
+    capped = services.metrics.tenants.capped.labels(reason="summaries_per_hour")
     assert capped._value.get() == 2
     clock.advance(3600)
     assert await caps.admit(turn) is None  # the next hour
@@ -241,7 +241,7 @@ async def test_a_reload_applies_tenants_and_a_bad_one_keeps_the_old_policy(
     _write(path, [{"id": A, "mode": "off"}])
     services = make_services(load_settings(path), FakeUpstream(), FakeClock())
     reloader = Reloader(services, path)
-    reloads = services.tenant_series.reloads
+    reloads = services.metrics.tenants.reloads
 
     def mode() -> str | None:
         found = services.policies.policy_for(A)
@@ -286,7 +286,7 @@ async def test_a_file_without_tenants_keeps_the_entries_in_force(
     kept = services.policies.policy_for(A)
     assert kept is not None
     assert (kept.compaction.effective_mode, kept.capped) == ("off", True)
-    assert services.tenant_series.reloads.labels(outcome="invalid")._value.get() == 1
+    assert services.metrics.tenants.reloads.labels(outcome="invalid")._value.get() == 1
     assert "sets no tenants" in caplog.text
     _write(path, [])
     assert await reloader.reload("test") == "applied"
@@ -335,7 +335,7 @@ async def test_a_file_without_tenants_is_refused_once_in_the_log_per_version(
     caplog.set_level(logging.WARNING, logger="proxy.reload")
     path.write_text("server: {reload_poll_s: 1}\n")
     assert [await reloader.reload("SIGHUP") for _ in range(3)] == ["invalid"] * 3
-    assert services.tenant_series.reloads.labels(outcome="invalid")._value.get() == 3
+    assert services.metrics.tenants.reloads.labels(outcome="invalid")._value.get() == 3
     warnings = [r.getMessage() for r in caplog.records if r.name == "proxy.reload"]
     assert len(warnings) == 1
     assert "write `tenants: []`" in warnings[0]

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # annotations only: compact.py imports this module
     from proxy.compaction.sticky import TrimCuts
     from proxy.core.outcome import Outcome, Turn
     from proxy.core.snapshot import Loaded
-    from proxy.observe.tenant_series import TenantSeries
+    from proxy.observe.metrics.tenants import TenantSeries
     from proxy.store.quota import Quota
 
 log = logging.getLogger("proxy.compaction")

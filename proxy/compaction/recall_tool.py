@@ -50,7 +50,7 @@ from proxy.core.recall_tool import (
 from proxy.core.session import SessionKey
 from proxy.core.tokens import TokenCounter, output_reserve
 from proxy.errors import UpstreamError
-from proxy.observe.recall_tool_series import OUTCOMES, RecallToolSeries
+from proxy.observe.metrics.recall_tool import OUTCOMES, RecallToolSeries
 from proxy.upstream import client as upstream
 from proxy.upstream.api import Attempt, Route, ToolOffer, ToolShape
 from proxy.upstream.relay import buffered, relay

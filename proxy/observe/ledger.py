@@ -1,7 +1,7 @@
 """The ledger kept: each request's entry (core/ledger.py) summed per session and per
-tenant (totals.py), and counted in series of its own (metrics.py is full), on
+tenant (totals.py), and counted in series of its own (metrics/shadow.py, metrics/regret.py), on
 ``Metrics.registry``; with each request's prompt-cache outcome (cache_ledger.py) and the
-tool calls a compaction made the model repeat (regret_series.py).
+tool calls a compaction made the model repeat (metrics/regret.py).
 
 ``Recorder.finish`` hands every finished chat request's record to ``Ledger.finish``; a
 summary that ends after its request's line (a background pre-compaction) reaches
@@ -39,8 +39,8 @@ from proxy.core.prices import DEFAULT_TTLS, Price, cache_ttls, price_for, sides
 from proxy.core.registry import Prices, Registry
 from proxy.core.session import session_from_header
 from proxy.observe.cache_ledger import CacheLedger
-from proxy.observe.regret_series import RegretLedger
-from proxy.observe.shadow_series import ShadowSeries
+from proxy.observe.metrics.regret import RegretLedger
+from proxy.observe.metrics.shadow import ShadowSeries
 from proxy.observe.tally import plain_child
 from proxy.observe.totals import KINDS, Sides, Totals, totals_of
 

@@ -151,7 +151,7 @@ class _Enqueue(logging.Handler):
 # it, and exiting drains it. Request lines go to ``_direct`` straight while it is set.
 _writer: _Writer | None = None
 _direct: _Writer | None = None
-# What else counts a request line not formatted: the app's counter (log_series.py), the
+# What else counts a request line not formatted: the app's counter (metrics/logs.py), the
 # last one given; set before or after the writer, it outlives a configuring again.
 _count_unformatted: Callable[[], object] | None = None
 

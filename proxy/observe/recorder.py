@@ -22,7 +22,7 @@ from proxy.observe.line import api_resource as api_resource
 from proxy.observe.line import clipped as clipped
 from proxy.observe.logs import request_line_writer
 from proxy.observe.metrics import Metrics
-from proxy.observe.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
+from proxy.observe.metrics.series import CHAT_STATUSES, DEGRADED_REASONS, status_label
 from proxy.observe.tally import Tally, Value, plain_buckets, plain_child
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Recorder:
         self.metrics = metrics
         self.ledger = ledger or Ledger(metrics.registry, settings.pricing)
         self._line = AccessLine(settings.logging.include_sensitive)
-        # Keyed by route (a route name) and status label: closed sets (proxy.observe.series).
+        # Keyed by route (a route name) and status label: closed sets (metrics/series.py).
         self._durations: dict[str, _FastHistogram] = {}
         self._upstream: dict[str, _FastHistogram] = {}
         self._responses: dict[tuple[str, str], Value] = {}

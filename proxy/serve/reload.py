@@ -163,7 +163,7 @@ class Reloader:
     def _count(self, outcome: str, why: str, detail: str = "", quiet: bool = False) -> str:
         if why == "start" and outcome == "unchanged":
             return outcome
-        self.services.tenant_series.reloads.labels(outcome=outcome).inc()
+        self.services.metrics.tenants.reloads.labels(outcome=outcome).inc()
         if quiet:
             pass
         elif outcome == "invalid":

@@ -47,7 +47,7 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from proxy.config import Settings
 from proxy.observe.metrics import enable_multiprocess
-from proxy.observe.process_metrics import worker_restarts
+from proxy.observe.metrics.process import worker_restarts
 
 log = logging.getLogger("proxy.workers")
 

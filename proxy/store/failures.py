@@ -18,7 +18,7 @@ from redis import exceptions as rx
 # mapped raises RedisClusterException, which is not a RedisError. Here, below every
 # module that catches it (connect.py imports cluster.py, which needs it too).
 ERRORS = (rx.RedisError, rx.RedisClusterException)
-# Every kind is one of observe.series.STORE_FAILURE_KINDS (tests/store/test_failures.py).
+# Every kind is one of observe.metrics.series.STORE_FAILURE_KINDS (tests/store/test_failures.py).
 # Most specific first: MovedError is an AskError, BusyLoadingError a ConnectionError...
 _CLASSES: tuple[tuple[type[BaseException], str], ...] = (
     (rx.AskError, "moved"),  # MOVED, and ASK (a slot being migrated)

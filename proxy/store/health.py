@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.errors import StoreError
-from proxy.observe.store_series import StoreSeries
+from proxy.observe.metrics.store import StoreSeries
 
 log = logging.getLogger("proxy.store")
 
@@ -67,7 +67,7 @@ class ProbeFailed(StoreError):
 @dataclass(frozen=True, slots=True)
 class Health:
     """What a store's recent calls say of it: ok (``cause`` None), or the kind of the
-    last failure they met (``observe.series.STORE_FAILURE_KINDS``); on a cluster, how
+    last failure they met (``observe.metrics.series.STORE_FAILURE_KINDS``); on a cluster, how
     many of its ``primaries`` the last probe found ``failing`` (0 of 0: not probed)."""
 
     cause: str | None = None

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
-from proxy.observe.series import STORE_OPERATIONS
+from proxy.observe.metrics.series import STORE_OPERATIONS
 from proxy.store import Remote
 from proxy.store.failures import failure_kind
 from proxy.store.health import Health, StoreWatch

@@ -10,10 +10,19 @@ are parsed (a byte search finds them); the chunks themselves are never re-serial
 Only the item is, to keep it. What it holds is bounded: an event or a JSON body past
 its limit is skipped, and the store bounds the rest (store/items.py). A body in a
 content encoding (gzip) is not read: its references then count as unseen.
+
+A client may name an answer's items the moment the answer ends (the Vercel AI SDK does,
+in a tool loop), before a write begun after it would have landed. So an item is written
+as soon as it is read whole, before the bytes after it go out, and the items a request
+names are read once this process's writes for its tenant have landed (``ItemWrites``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -23,10 +32,55 @@ from proxy.store.items import MAX_ITEM_BYTES, keepable
 if TYPE_CHECKING:
     from proxy.store import ItemStore
 
+log = logging.getLogger(__name__)
+
 _DONE = b"response.output_item.done"
 # An event holds one item and its envelope; a JSON answer all of them.
 _EVENT_LIMIT = MAX_ITEM_BYTES + 4096
 _BODY_LIMIT = 4 * 1024 * 1024
+# A JSON answer ending in "}" is read early at most this often (an upstream could end
+# every chunk so); past it the items are read whole once the answer is out.
+_EARLY_TRIES = 3
+# How long a read waits for writes in flight: a store write, not an answer.
+WRITES_WAIT_S = 2.0
+
+
+class ItemWrites:
+    """An ``ItemStore`` that knows this process's writes in flight, per tenant: ``start``
+    begins one without waiting for it, and a read waits (at most ``WRITES_WAIT_S``) for its
+    tenant's, so it finds what an answer just sent. Only tenants with a write in flight are
+    held, each by its own tasks: ms, not another answer's time."""
+
+    def __init__(self, store: ItemStore) -> None:
+        self.store = store
+        self._writing: dict[str, set[asyncio.Task[None]]] = {}
+
+    def start(self, tenant: str, items: Sequence[tuple[str, bytes]]) -> None:
+        task = asyncio.get_running_loop().create_task(self._write(tenant, items))
+        self._writing.setdefault(tenant, set()).add(task)  # held: no task lost to the GC
+        task.add_done_callback(partial(self._landed, tenant))
+
+    async def _write(self, tenant: str, items: Sequence[tuple[str, bytes]]) -> None:
+        try:
+            await self.store.remember_items(tenant, items)
+        except Exception as exc:  # a task nobody awaits: said here, not lost
+            log.warning("output items not kept: %s", type(exc).__name__)
+
+    def _landed(self, tenant: str, task: asyncio.Task[None]) -> None:
+        writing = self._writing.get(tenant)
+        if writing is not None:
+            writing.discard(task)
+            if not writing:
+                del self._writing[tenant]
+
+    async def remember_items(self, tenant: str, items: Sequence[tuple[str, bytes]]) -> None:
+        await self.store.remember_items(tenant, items)
+
+    async def recall_items(self, tenant: str, ids: Sequence[str]) -> list[bytes | None]:
+        writing = self._writing.get(tenant)
+        if writing:
+            await asyncio.wait(set(writing), timeout=WRITES_WAIT_S)
+        return await self.store.recall_items(tenant, ids)
 
 
 class OutputItems:
@@ -35,9 +89,12 @@ class OutputItems:
 
     def __init__(self, store: ItemStore, tenant: str) -> None:
         self._store = store
+        # Written as each is read whole when the store knows its writes (the app's does).
+        self._early = store if isinstance(store, ItemWrites) else None
         self._tenant = tenant
         self._pending = bytearray()
-        self._mode: str | None = None  # "json" or "sse", from the first byte
+        self._mode: str | None = None  # "json" or "sse", from the first byte; "skip", "done"
+        self._tries = 0  # early reads of a JSON answer: bounded, each parses all so far
         self._skipping = False  # inside an event past _EVENT_LIMIT: to its end
         self.found: list[tuple[str, bytes]] = []
 
@@ -50,26 +107,38 @@ class OutputItems:
         if self._mode == "json":
             if len(self._pending) + len(chunk) <= _BODY_LIMIT:
                 self._pending += chunk
+                ends = chunk.rstrip().endswith(b"}")
+                if self._early is not None and ends and self._tries < _EARLY_TRIES:
+                    self._tries += 1
+                    self._answer()  # whole, most likely: read before its last bytes go
             else:
                 self._mode = "skip"
-            return
-        if self._mode == "sse":
+        elif self._mode == "sse":
             self._events(chunk)
+        if self._early is not None and self.found:
+            self._early.start(self._tenant, self.found)
+            self.found = []
 
     async def keep(self) -> None:
         """Remember the items found (a JSON answer's are read now, once it is whole)."""
         if self._mode == "json" and self._pending:
-            try:
-                body = orjson.loads(self._pending)
-            except orjson.JSONDecodeError:
-                body = None
-            output = body.get("output") if isinstance(body, dict) else None
-            for item in output if isinstance(output, list) else ():
-                self._add(item)
+            self._answer()
             self._pending.clear()
         if self.found:
             await self._store.remember_items(self._tenant, self.found)
             self.found = []
+
+    def _answer(self) -> None:
+        """A JSON answer's items, once its bytes so far parse (then nothing more is read)."""
+        try:
+            body = orjson.loads(self._pending)
+        except orjson.JSONDecodeError:
+            return
+        output = body.get("output") if isinstance(body, dict) else None
+        for item in output if isinstance(output, list) else ():
+            self._add(item)
+        self._pending.clear()
+        self._mode = "done"
 
     def _events(self, chunk: bytes) -> None:
         pending = self._pending

@@ -29,9 +29,9 @@ from proxy.core.outcome import Outcome
 from proxy.core.session import session_from_header
 from proxy.observe import formats, logs
 from proxy.observe.line import LOGGED_VALUE_CHARS, api_resource, clipped, gathered
-from proxy.observe.log_series import count_unformatted_lines
 from proxy.observe.logs import configure_logging, request_line_writer
 from proxy.observe.metrics import Metrics
+from proxy.observe.metrics.logs import count_unformatted_lines
 from proxy.observe.record import Record
 from proxy.observe.recorder import Recorder
 
@@ -319,8 +319,8 @@ _WORKERS = """
 import multiprocessing, sys
 from prometheus_client import CollectorRegistry
 from proxy.config import LoggingSettings
-from proxy.observe.exposition import enable_multiprocess, exposition
-from proxy.observe.log_series import count_unformatted_lines
+from proxy.observe.metrics.exposition import enable_multiprocess, exposition
+from proxy.observe.metrics.logs import count_unformatted_lines
 from proxy.observe.logs import configure_logging, request_line_writer
 
 directory = sys.argv[1]

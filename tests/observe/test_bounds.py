@@ -19,8 +19,8 @@ import pytest
 from prometheus_client import Gauge
 
 from proxy.errors import InvalidRequest
+from proxy.observe.metrics.series import ModelGauge, status_label
 from proxy.observe.recorder import LOGGED_VALUE_CHARS, clipped
-from proxy.observe.series import ModelGauge, status_label
 from proxy.routes.parse import parse_chat_request
 from proxy.routes.responses import parse_responses_request
 from tests.support.chat import HELLO

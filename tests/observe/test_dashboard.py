@@ -13,9 +13,7 @@ import promql_parser
 import pytest
 
 from proxy.observe.ledger import Ledger
-from proxy.observe.log_series import count_unformatted_lines
 from proxy.observe.metrics import Metrics
-from proxy.observe.tenant_series import TenantSeries
 from tests.support.dashboard import (
     dashboard,
     expressions,
@@ -63,8 +61,6 @@ def test_every_family_a_fresh_proxy_declares_is_on_the_dashboard() -> None:
     """Nothing the proxy measures is left off the dashboard: a new metric needs a panel."""
     metrics = Metrics.create()
     Ledger(metrics.registry, [])  # its series (and shadow mode's) on the same registry
-    TenantSeries(metrics.registry)  # per-tenant policy's (services.py builds it beside)
-    count_unformatted_lines(metrics.registry)  # the log writer's (services.py too)
     declared = {
         family.name
         for family in metrics.registry.collect()

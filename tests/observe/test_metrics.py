@@ -13,10 +13,10 @@ import pytest
 from proxy.config import Settings
 from proxy.observe import recorder as recorder_module
 from proxy.observe.metrics import Metrics
+from proxy.observe.metrics.series import STORE_FAILURE_KINDS
+from proxy.observe.metrics.store import FALLBACK_OPERATIONS
 from proxy.observe.record import Record
 from proxy.observe.recorder import Recorder, _fast_counter, _FastHistogram
-from proxy.observe.series import STORE_FAILURE_KINDS
-from proxy.observe.store_series import FALLBACK_OPERATIONS
 from proxy.store.memory import MemoryStore
 from proxy.store.resilient import ResilientStore
 from tests.support.metrics import Samples

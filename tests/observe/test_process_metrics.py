@@ -1,4 +1,4 @@
-"""Issue 23: the process's own series (proxy.observe.process_metrics): process_*, build
+"""Issue 23: the process's own series (proxy.observe.metrics.process): process_*, build
 info, requests in flight and worker restarts, on the app's registry from start-up;
 summed over the supervisor and the workers with several: tests/e2e/test_workers_e2e.py.
 """
@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.observe.metrics import Metrics
-from proxy.observe.process_metrics import WorkersProcessCollector
+from proxy.observe.metrics.process import WorkersProcessCollector
 
 
 def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -3,6 +3,7 @@ the output items of a relayed answer read off its bytes (upstream/output_items.p
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -13,7 +14,7 @@ from proxy.core.tokens import UNSEEN_ITEM_TOKENS, TokenCounter
 from proxy.core.transcript import render_transcript
 from proxy.routes.items import references, to_items, to_messages
 from proxy.store.items import MAX_ITEM_BYTES, MemoryItems
-from proxy.upstream.output_items import OutputItems
+from proxy.upstream.output_items import ItemWrites, OutputItems
 
 ANSWER = {
     "type": "message",
@@ -95,3 +96,45 @@ async def test_a_json_answers_output_items_are_kept() -> None:
         orjson.dumps(CALL),
     ]
     assert await store.recall_items("other", ["msg_1"]) == [None]
+
+
+class SlowItems(MemoryItems):
+    """A store whose writes take a while (Redis under load): a read started meanwhile
+    sees nothing of them unless it waits."""
+
+    async def remember_items(self, tenant: str, items: Any) -> None:
+        await asyncio.sleep(0.05)
+        await super().remember_items(tenant, items)
+
+
+@pytest.mark.parametrize("kind", ["stream", "json"])
+async def test_items_read_the_moment_an_answer_ends_are_found(kind: str) -> None:
+    """A client that names an answer's items as soon as the answer's last bytes reach it,
+    before the follow-up that ran after the answer would have kept them (the Vercel AI
+    SDK's tool loop, on a busy machine), finds them."""
+    store = ItemWrites(SlowItems(60))
+    items = OutputItems(store, "t")
+    answer = {"id": "resp_1", "object": "response", "output": [ANSWER, CALL]}
+    completed = {"type": "response.completed", "response": answer}
+    if kind == "stream":
+        body = sse(done(ANSWER), done(CALL), completed)
+    else:
+        body = orjson.dumps(answer)
+    items.watch(body)  # the relay's last chunk; keep() has not run
+    found = await store.recall_items("t", ["msg_1", "fc_1"])
+    assert found == [orjson.dumps(ANSWER), orjson.dumps(CALL)]
+    assert await store.recall_items("other", ["msg_1"]) == [None]  # nobody else's wait
+
+
+async def test_a_json_answer_is_read_early_a_bounded_number_of_times() -> None:
+    """An upstream that ends every chunk with a brace does not make the proxy parse the
+    growing body at each one: a few early reads, then once the answer is out."""
+    store = ItemWrites(MemoryItems(60))
+    items = OutputItems(store, "t")
+    body = orjson.dumps({"id": "r", "output": [ANSWER]}).replace(b"}", b" }")
+    parts = [p + b"}" for p in body.split(b"}") if p]
+    for part in parts:
+        items.watch(part)
+    assert items._tries <= 3
+    await items.keep()
+    assert await store.recall_items("t", ["msg_1"]) == [orjson.dumps(ANSWER)]

@@ -8,7 +8,7 @@ from redis import exceptions as rx
 from redis._parsers.base import BaseParser
 
 from proxy.errors import StoreError
-from proxy.observe.series import STORE_FAILURE_KINDS
+from proxy.observe.metrics.series import STORE_FAILURE_KINDS
 from proxy.store import failures
 from proxy.store.failures import failure_kind
 from proxy.store.health import ANSWERED, UNREACHABLE, Health

@@ -4,6 +4,7 @@ keys of the settings schema)."""
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from pathlib import Path
@@ -28,11 +29,14 @@ def all_docs() -> str:
 
 def modules() -> list[str]:
     """Every module of ``proxy/`` the architecture page lists: all but the simulator's and
-    the packages' ``__init__.py``, as ``proxy/core/plan.py``."""
+    the packages' ``__init__.py`` that hold no code of their own, as ``proxy/core/plan.py``."""
     found = []
     for path in sorted((ROOT / "proxy").rglob("*.py")):
         relative = path.relative_to(ROOT).as_posix()
-        if path.name != "__init__.py" and not relative.startswith("proxy/simulator/"):
+        bare = path.name == "__init__.py" and not re.search(
+            r"^(async def|def|class) ", path.read_text(), re.M
+        )
+        if not bare and not relative.startswith("proxy/simulator/"):
             found.append(relative)
     return found
 

@@ -53,8 +53,6 @@ from proxy.core.tokens import TokenCounter
 from proxy.errors import UpstreamError
 from proxy.observe.ledger import Ledger
 from proxy.observe.metrics import Metrics
-from proxy.observe.references import ReferenceMetrics
-from proxy.observe.tenant_series import TenantSeries
 from proxy.services import Services
 from proxy.store import Store
 from proxy.store.archive import build_archive
@@ -67,6 +65,7 @@ from proxy.upstream.calibrate import Calibration
 from proxy.upstream.ceilings import LearnedCeilings
 from proxy.upstream.client import UpstreamResponse
 from proxy.upstream.headers import HeaderPolicy
+from proxy.upstream.output_items import ItemWrites
 from proxy.upstream.windows import LearnedWindows, WindowPolicy
 from tests.support.faulty_upstream import handoff
 
@@ -341,7 +340,6 @@ def make_services(
     store = store or MemoryStore(ttl_s=settings.store.ttl_s, clock=clock)
     models = ModelTable(settings)
     counters = {name: TokenCounter(EstimateEncoder(name)) for name in models.tokenizers()}
-    series = TenantSeries(metrics.registry)
     tenant_ids = TenantIds.from_settings(settings)
     archive = build_archive(store)
     compactor = Compactor(
@@ -353,7 +351,7 @@ def make_services(
         metrics=metrics,
         clock=clock,
         sleep=clock.sleep,
-        caps=TenantCaps(MemoryQuota(clock), series, clock),
+        caps=TenantCaps(MemoryQuota(clock), metrics.tenants, clock),
         archive=archive,
     )
     recall = Recall(archive, metrics, settings.compaction, counters)
@@ -373,12 +371,10 @@ def make_services(
         precompactor=Precompactor(settings.compaction, compactor, metrics, clock=clock),
         sightings=SessionSightings(store, clock=clock),
         bodies=BodyBudget(settings.server),
-        items=MemoryItems(settings.store.ttl_s, clock=clock),
-        references=ReferenceMetrics(metrics.registry),
+        items=ItemWrites(MemoryItems(settings.store.ttl_s, clock=clock)),
         ledger=Ledger(metrics.registry, settings.pricing),
         policies=TenantPolicies(settings, tenant_ids.legacy_of),
         tenant_ids=tenant_ids,
-        tenant_series=series,
         recall=recall,
         recall_tool=RecallTool(recall, upstream, metrics.registry, settings.compaction, counters),
     )

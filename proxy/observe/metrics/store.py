@@ -1,4 +1,4 @@
-"""The shared store's health as series (metrics.py is full): what failed, by operation and
+"""The shared store's health as series: what failed, by operation and
 by kind; what was served from local state instead; whether the store is failing now.
 ``store/health.py`` moves them."""
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from proxy.observe.series import STORE_FAILURE_KINDS, STORE_OPERATIONS
+from proxy.observe.metrics.series import STORE_FAILURE_KINDS, STORE_OPERATIONS
 
 # Operations a request makes: a probe is never served from local state.
 FALLBACK_OPERATIONS = tuple(op for op in STORE_OPERATIONS if op != "probe")

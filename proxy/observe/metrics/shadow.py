@@ -1,5 +1,5 @@
 """Shadow mode's series (compaction/shadow.py), on ``Metrics.registry`` beside the
-ledger's (metrics.py is full): what the proxy would have done with each request it
+ledger's: what the proxy would have done with each request it
 forwarded untouched, counted when the request ends (``Ledger.finish``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The log writer's series (observe/logs.py), on ``Metrics.registry`` (metrics.py is full):
+"""The log writer's series (observe/logs.py), on ``Metrics.registry``:
 request lines whose fields could not be made, each written as an error line naming its
 request instead. Built with the app (services.py); the process's writer moves it from
 its thread, only for such a line. With several workers each worker's counter is in the

@@ -1,4 +1,4 @@
-"""The archive of originals and recall by excerpts as series (metrics.py is full): what
+"""The archive of originals and recall by excerpts as series: what
 compactions archived, what the bounds dropped, what recall searched and brought back.
 ``compaction/archive.py`` and ``compaction/recall.py`` move them."""
 

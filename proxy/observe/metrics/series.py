@@ -27,7 +27,7 @@ CALLS_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # Redis calls time out after 250 ms.
 STORE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 
-# Closed label sets, declared at start-up (metrics.py).
+# Closed label sets, declared at start-up (metrics/__init__.py).
 STORE_OPERATIONS = (
     "load",
     "save",

@@ -1,5 +1,5 @@
 """Where models' figures came from, the upstream asked about them, and output ceilings
-learned, as series (metrics.py is full). Labelled by source, outcome and scope only,
+learned, as series. Labelled by source, outcome and scope only,
 closed sets: never by the model's name, which the client chooses."""
 
 from __future__ import annotations

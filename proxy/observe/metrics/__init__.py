@@ -1,9 +1,18 @@
-"""Prometheus metrics, on a registry of the app's own (several apps per test process).
+"""Prometheus metrics, on a registry of the app's own (several apps per test process):
+``Metrics``, the one face every part of the proxy counts through, and beside it the
+series of each concern, declared in a room of their own and reached through the face:
+
+    series.py       label sets and buckets, all closed, whatever clients send
+    store.py        the shared store's health          models.py   where figures came from
+    archive.py      the archive, recall by excerpts    recall_tool.py   the recall tool
+    shadow.py       what shadow mode would have done   regret.py   tool calls repeated
+    tenants.py      per-tenant policy                  logs.py     lines not formatted
+    process.py      process_*, build info, in flight   exposition.py   ``/metrics``
+
 Series whose labels are a closed set are declared at start-up (``__post_init__``), so
 dashboards and alerts see zeros rather than no data before the first event. A request's
-own series are observed in one place, ``recorder.Recorder.finish``. Label sets and buckets
-are in proxy.observe.series, all closed, whatever clients send. With several workers,
-``/metrics`` sums them (proxy.observe.exposition); gauges say how (``multiprocess_mode``)."""
+own series are observed in one place, ``recorder.Recorder.finish``. With several workers,
+``/metrics`` sums them (exposition.py); gauges say how (``multiprocess_mode``)."""
 
 from __future__ import annotations
 
@@ -12,11 +21,13 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from proxy.core.summary_check import REASONS as REJECTIONS
-from proxy.observe.archive_series import ArchiveSeries
-from proxy.observe.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
-from proxy.observe.model_series import ModelSeries
-from proxy.observe.process_metrics import ProcessSeries
-from proxy.observe.series import (
+from proxy.observe.metrics.archive import ArchiveSeries
+from proxy.observe.metrics.exposition import CONTENT_TYPE_LATEST, enable_multiprocess, exposition
+from proxy.observe.metrics.logs import count_unformatted_lines
+from proxy.observe.metrics.models import ModelSeries
+from proxy.observe.metrics.process import ProcessSeries
+from proxy.observe.metrics.references import ReferenceMetrics
+from proxy.observe.metrics.series import (
     ADDED_BUCKETS,
     CALL_BUCKETS,
     CALLS_BUCKETS,
@@ -29,7 +40,8 @@ from proxy.observe.series import (
     TTFB_BUCKETS,
     ModelGauge,
 )
-from proxy.observe.store_series import StoreSeries
+from proxy.observe.metrics.store import StoreSeries
+from proxy.observe.metrics.tenants import TenantSeries
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess"]
 
@@ -73,7 +85,10 @@ class Metrics:
     failed_summary_seconds: Counter
     sent_during_summary: Counter
     slot_misses: Counter
-    process: ProcessSeries  # process_*, build info, requests in flight: process_metrics.py
+    process: ProcessSeries  # process_*, build info, requests in flight: process.py
+    tenants: TenantSeries  # per-tenant policy: caps hit, config reloads
+    references: ReferenceMetrics  # Responses item_reference inputs, read or not
+    unformatted_lines: Counter  # the process's log writer counts there (logs.py)
 
     @classmethod
     def create(cls) -> Metrics:
@@ -83,6 +98,9 @@ class Metrics:
         return cls(
             registry=r,
             process=ProcessSeries.create(r),
+            tenants=TenantSeries(r),
+            references=ReferenceMetrics(r),
+            unformatted_lines=count_unformatted_lines(r),
             requests=Counter(
                 "compaction_proxy_chat_requests",
                 "Chat completion requests by X-Compaction-Status",

@@ -4,7 +4,7 @@ processes (``server.workers``), the sum over every worker.
 Each worker calls ``enable_multiprocess(directory)`` before building its app: its
 metrics then live in files there, and ``/metrics``, whichever worker serves it,
 shows the sum over every worker (prometheus-client's multiprocess mode), and
-``process_*`` sum the supervisor's and the live workers' (process_metrics.py).
+``process_*`` sum the supervisor's and the live workers' (process.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from proxy.observe.process_metrics import WorkersProcessCollector
+from proxy.observe.metrics.process import WorkersProcessCollector
 
 __all__ = ["CONTENT_TYPE_LATEST", "enable_multiprocess", "exposition"]
 

@@ -3,7 +3,7 @@ descriptors), ``compaction_proxy_build_info``, requests in flight, and worker re
 
 One process: prometheus-client's ``ProcessCollector`` on the app's own registry. With
 several workers (``server.workers``, multiprocess mode) every worker's values live in
-files that ``/metrics`` sums (proxy.observe.exposition), which a ``ProcessCollector``
+files that ``/metrics`` sums (proxy.observe.metrics.exposition), which a ``ProcessCollector``
 cannot take part in: ``WorkersProcessCollector`` then reads ``/proc`` for the
 supervisor and every live worker and exports their sum (CPU seconds, memory, open
 descriptors; the earliest start time), so ``process_resident_memory_bytes`` is what

@@ -1,5 +1,5 @@
 """Per-tenant policy's series (tenants.py, compaction/caps.py, serve/reload.py), on
-``Metrics.registry`` (metrics.py is full)."""
+``Metrics.registry``."""
 
 from __future__ import annotations
 
