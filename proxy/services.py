@@ -99,9 +99,10 @@ class Services:
     def resolved_model(self, name: str, tenant: str) -> ResolvedModel:
         """``name``'s figures for ``tenant`` before anything learned: its ``models:``
         entry, else what the upstream says of it (asked in the background, the first
-        time), else the registry's, else ``default_model``'s."""
+        time), else the registry's, else ``default_model``'s. An entry that leaves
+        ``slots`` unset takes the upstream's count (llama.cpp's ``/props``)."""
         model = self.models.resolve(name)
-        if model.source == "config" or self.discovery is None:
+        if self.discovery is None or (model.source == "config" and model.slots is not None):
             return model
         return self.discovery.described(model, tenant)
 

@@ -1,7 +1,8 @@
 """What the upstream says about its own models, asked in the background and kept.
 
 A model no ``models:`` entry names is planned against the registry's window or the
-default's; the server that serves it often knows better (a vLLM started with
+default's (an entry without ``slots`` takes only the server's slot count from here); the
+server that serves it often knows better (a vLLM started with
 ``--max-model-len 8192``, a llama.cpp server with ``-c 16384``, a gateway's own
 models). So the first request of a model the configuration does not name starts one
 ask of the upstream, in a task of its own: ``GET {base}/models`` (vLLM's
@@ -32,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from proxy.config import Settings
 from proxy.core.descriptions import (
@@ -105,9 +106,10 @@ class ModelDiscovery:
         self._said = False  # the first description is logged at info, later ones at debug
 
     def described(self, model: ResolvedModel, tenant: str) -> ResolvedModel:
-        """``model`` (not a ``models:`` entry's) with the figures its upstream gave, for
-        ``tenant``'s scope, when it gave some; else ``model`` as it is. Asks (in the
-        background) when its scope was never asked or its figures are due again."""
+        """``model`` with the figures its upstream gave, for ``tenant``'s scope, when it
+        gave some (of a ``models:`` entry's, which keeps its own figures, only the slots it
+        leaves unset); else ``model`` as it is. Asks (in the background) when its scope
+        was never asked or its figures are due again."""
         scope = "" if self._shared else tenant
         entry = self._scopes.get(scope)
         if entry is None or (entry.expires <= self._clock() and entry.task is None):
@@ -122,8 +124,12 @@ class ModelDiscovery:
             return model
         if len(entry.resolved) >= _RESOLVED:
             entry.resolved.clear()
-        hit = entry.resolved[model.name] = described(model, told)
-        self._metrics.models.resolved.labels(source="provider").inc()
+        if model.source == "config":  # the entry's window and limit; the server's slots
+            hit = replace(model, slots=told.slots) if told.slots else model
+        else:
+            hit = described(model, told)
+            self._metrics.models.resolved.labels(source="provider").inc()
+        entry.resolved[model.name] = hit
         return hit
 
     def _ask(self, scope: str, entry: _Scope | None) -> _Scope | None:

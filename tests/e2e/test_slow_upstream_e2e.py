@@ -207,12 +207,13 @@ def test_a_turn_queued_behind_a_background_summary_says_so(
     assert metric(url, "compaction_proxy_degraded_requests", reason="summary_busy") >= 1
 
 
-@pytest.mark.parametrize("known", ["declared", "said"])
+@pytest.mark.parametrize("known", ["declared", "said", "said-to-an-entry"])
 def test_a_background_summary_gives_way_to_a_turn_on_a_single_slot_server(
     known: str, request: pytest.FixtureRequest, start_proxy: Callable[..., str]
 ) -> None:
     """The proxy's defaults (background summaries on) on one slot, the slot known: declared
-    (``slots: 1``) or said by llama.cpp's ``/props``. 60 turns sent back to back through
+    (``slots: 1``) or said by llama.cpp's ``/props``, for a model no entry names or for
+    one an entry names without ``slots``. 60 turns sent back to back through
     compaction: each background summary is cancelled by the turn that follows it (counted
     ``yielded``, cancelled upstream), so no turn waits behind one; the inline ones are
     bounded by the deadline as on a ``precompact: false`` model, and once they cannot
@@ -224,7 +225,10 @@ def test_a_background_summary_gives_way_to_a_turn_on_a_single_slot_server(
     if known == "declared":
         url = start_proxy(_settings(sim, precompact=True, slots=1, **extra))
     else:
-        url = start_proxy(_said_settings(sim, **extra))
+        said = _said_settings(sim, **extra)
+        if known == "said-to-an-entry":
+            said = _settings(sim, precompact=True, **extra)
+        url = start_proxy(said)
         _turn(Chat(url, session="first-ask"), 0)  # the first request asks /props
         deadline = time.monotonic() + 10
         while not metric(url, "compaction_proxy_model_discoveries", outcome="described"):

@@ -116,10 +116,7 @@ async def test_items_read_the_moment_an_answer_ends_are_found(kind: str) -> None
     items = OutputItems(store, "t")
     answer = {"id": "resp_1", "object": "response", "output": [ANSWER, CALL]}
     completed = {"type": "response.completed", "response": answer}
-    if kind == "stream":
-        body = sse(done(ANSWER), done(CALL), completed)
-    else:
-        body = orjson.dumps(answer)
+    body = sse(done(ANSWER), done(CALL), completed) if kind == "stream" else orjson.dumps(answer)
     items.watch(body)  # the relay's last chunk; keep() has not run
     found = await store.recall_items("t", ["msg_1", "fc_1"])
     assert found == [orjson.dumps(ANSWER), orjson.dumps(CALL)]

@@ -192,6 +192,24 @@ async def test_llamacpps_props_size_any_name_its_one_model_is_asked_by() -> None
     assert [url for url, _ in upstream.calls] == [f"{BASE}/models", "http://upstream.invalid/props"]
 
 
+async def test_a_models_entry_keeps_its_figures_and_takes_the_servers_slot_count() -> None:
+    """A ``models:`` entry without ``slots`` in front of llama.cpp: its window and output
+    limit stay the entry's, its slots are what ``/props`` says (one: a background summary
+    gives way to a turn). An entry that sets ``slots`` keeps them."""
+    listing = orjson.dumps({"data": [{"id": "q.gguf", "owned_by": "llamacpp"}]})
+    props = orjson.dumps({"default_generation_settings": {"n_ctx": 8192}, "total_slots": 1})
+    upstream = Describer({"/v1/models": Reply(body=listing), "/props": Reply(body=props)})
+    discovery, metrics = _discovery(upstream, FakeClock())
+    entry = ResolvedModel("house-7", 4096, 512, "cl100k_base", "house-*", source="config")
+    assert discovery.described(entry, "t1") is entry  # never waits for the ask
+    await _settled(discovery)
+    told = discovery.described(entry, "t1")
+    assert (told.context_window, told.max_output_tokens, told.source) == (4096, 512, "config")
+    assert told.slots == 1
+    assert told.single_slot
+    assert metric(metrics, "models_resolved", source="provider") == 0  # its figures its own
+
+
 async def test_a_listing_without_windows_is_completed_from_litellms_model_info() -> None:
     listing = orjson.dumps({"data": [{"id": "house-7"}, {"id": "other-7"}]})
     info = orjson.dumps(
