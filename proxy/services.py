@@ -39,11 +39,12 @@ from proxy.store.quota import build_quota
 from proxy.tenants import TenantPolicies
 from proxy.upstream.calibrate import Calibration
 from proxy.upstream.ceilings import LearnedCeilings
-from proxy.upstream.client import Upstream, UpstreamClient
+from proxy.upstream.client import UpstreamClient
 from proxy.upstream.discovery import ModelDiscovery
 from proxy.upstream.headers import HeaderPolicy
 from proxy.upstream.output_items import ItemWrites
 from proxy.upstream.registry import read_registry
+from proxy.upstream.seam import Upstream
 from proxy.upstream.windows import LearnedWindows, WindowPolicy
 
 log = logging.getLogger("proxy.models")

@@ -41,7 +41,7 @@ from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import current_record
 from proxy.store import Archive, LockStore, Snapshots
-from proxy.upstream.client import Upstream
+from proxy.upstream.seam import Upstream
 
 log = logging.getLogger("proxy.compaction")
 _POLL_S = 0.05

@@ -43,7 +43,7 @@ from proxy.errors import SummaryError, SummaryTimedOut, SummaryTooSlow, SummaryT
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import current_record
 from proxy.types import ChatMessage
-from proxy.upstream.client import Upstream
+from proxy.upstream.seam import Upstream
 
 if TYPE_CHECKING:
     from proxy.compaction.job import Job

@@ -54,6 +54,7 @@ from proxy.observe.metrics.recall_tool import OUTCOMES, RecallToolSeries
 from proxy.upstream import client as upstream
 from proxy.upstream.api import Attempt, Route, ToolOffer, ToolShape
 from proxy.upstream.relay import buffered, relay
+from proxy.upstream.seam import Upstream
 
 Watch = Callable[[bytes], None]
 
@@ -88,7 +89,7 @@ class RecallTool:
     def __init__(
         self,
         recall: Recall,
-        client: upstream.Upstream,
+        client: Upstream,
         registry: CollectorRegistry,
         settings: CompactionSettings,
         counters: Mapping[str, TokenCounter],

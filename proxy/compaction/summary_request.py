@@ -23,7 +23,7 @@ from proxy.core.tokens import TokenCounter
 from proxy.errors import SummaryError
 from proxy.observe.record import current_record
 from proxy.types import ChatMessage
-from proxy.upstream import client as upstream
+from proxy.upstream.seam import Upstream
 from proxy.upstream.urls import upstream_url
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ _READ: dict[str, SummarizerApi] = {name: name for name in PATHS}
 class SummaryRequest:
     """Everything the summarizer needs that does not change per chunk."""
 
-    client: upstream.Upstream
+    client: Upstream
     api: SummarizerApi  # chat completions, Responses or Messages (summary_api.py)
     url: str
     headers: list[tuple[bytes, bytes]]
@@ -59,7 +59,7 @@ class SummaryRequest:
         turn: Turn,
         settings: Settings,
         models: ModelTable,
-        client: upstream.Upstream,
+        client: Upstream,
         counters: dict[str, TokenCounter],
     ) -> SummaryRequest:
         """The summary call for ``turn``'s session, sized for the summarizer's window in

@@ -21,7 +21,6 @@ from proxy.errors import upstream_failure as _translated
 from proxy.shortcuts.aiohttp_request import SKIP_SET, LeanRequest, lean_request, on_path
 from proxy.upstream.deadline import Deadlines
 from proxy.upstream.response import UpstreamResponse as UpstreamResponse
-from proxy.upstream.seam import Upstream as Upstream  # the seam's home was here
 from proxy.upstream.urls import plain_url
 
 # What the client raises: aiohttp's tree, and timeouts (sock_read, sock_connect; deadline.py)

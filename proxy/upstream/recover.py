@@ -32,6 +32,7 @@ from proxy.upstream import client as upstream
 from proxy.upstream.api import Attempt, Route
 from proxy.upstream.overflow import Overflow, classify_error, echoed, mentions, request_text
 from proxy.upstream.relay import buffered, relay
+from proxy.upstream.seam import Upstream
 from proxy.upstream.stream_head import (
     MAX_HEAD_BYTES,
     Held,
@@ -87,7 +88,7 @@ async def diagnose(
 
 
 async def retry_once(
-    client: upstream.Upstream, metrics: Metrics, route: Route, verdict: Overflow, second: Attempt
+    client: Upstream, metrics: Metrics, route: Route, verdict: Overflow, second: Attempt
 ) -> tuple[upstream.UpstreamResponse, Attempt]:
     """Send ``second`` on ``route`` and count how it went (``metrics``); its answer is
     returned whatever it is, with ``second`` as it answers it (a recovered view's status)."""

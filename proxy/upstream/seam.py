@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 from yarl import URL
 
 if TYPE_CHECKING:
-    from proxy.upstream.client import UpstreamResponse
+    from proxy.upstream.response import UpstreamResponse
 
 
 class Upstream(Protocol):

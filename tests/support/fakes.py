@@ -1,7 +1,7 @@
 """In-process fakes for the orchestration tests: the upstream behind its seam, and a clock.
 
 ``FakeUpstream`` stands where ``proxy.upstream.client.UpstreamClient`` stands (it satisfies
-``proxy.upstream.client.Upstream``) and answers from scripts: the proxy's own summary calls
+``proxy.upstream.seam.Upstream``) and answers from scripts: the proxy's own summary calls
 (they carry ``x-compaction-purpose: summarize``) from one queue, every other call from
 another, a default answer when a queue is empty. An answer may wait for an
 ``asyncio.Event`` (to hold a summary in flight while other requests arrive), fail to
