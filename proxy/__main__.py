@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _setup_logging(settings.logging)
         _warn_unencrypted(settings)
         _warn_tenant_key(settings)
-        from proxy.serve.server import serve as serve_proxy
+        from proxy.serve import serve as serve_proxy
 
         return serve_proxy(settings)
     except ConfigError as exc:

@@ -286,7 +286,6 @@ def test_no_module_level_import_cycle() -> None:
 # this list may shrink, not grow, and a group leaves it once it is untied.
 TIED = {
     frozenset({"config", "tenants"}),  # tenants' policies read the settings they refine
-    frozenset({"serve.server", "serve.workers"}),  # a worker serves as the process does
     frozenset({"store.items", "store.redis_items"}),  # the factory, and Redis's bounds
     frozenset(  # the protocols and factory (store/__init__.py) and what they name
         {"store", "store.archive", "store.codec", "store.memory", "store.redis"}

@@ -1,9 +1,8 @@
 """Running the app under uvicorn.
 
-``serve(settings)`` is ``compaction-proxy serve``: one process, or with
-``server.workers`` > 1 a supervisor and that many workers (proxy.serve.workers);
-each serving process stops gracefully on SIGTERM (proxy.serve.shutdown).
-``uvicorn_config(settings)`` is what each one runs and what the tests serve:
+``serve_process(settings)`` is one serving process (``compaction-proxy serve`` alone, or
+each of its workers: proxy.serve.workers); it stops gracefully on SIGTERM
+(proxy.serve.shutdown). ``uvicorn_config(settings)`` is what each one runs and what the tests serve:
 uvloop when installed, no access log, and the HTTP protocol of proxy.serve.limits,
 which bounds slow and hostile clients.
 """
@@ -75,24 +74,6 @@ def uvicorn_config(
         timeout_graceful_shutdown=server.shutdown_timeout_s,  # type: ignore[arg-type]
         **options,
     )
-
-
-def serve(settings: Settings) -> int:
-    """Run until SIGINT/SIGTERM, then drain (proxy.serve.shutdown); the exit status.
-
-    A ``store.url`` that names one node of a Redis Cluster is refused first, before any
-    worker starts (``ConfigError``: the command line prints it and exits 2)."""
-    import asyncio
-
-    from proxy.store import refuse_cluster_node
-
-    asyncio.run(refuse_cluster_node(settings.store.url))
-    if settings.server.workers > 1:
-        from proxy.serve.workers import run_workers
-
-        return run_workers(settings)
-    serve_process(settings)
-    return 0
 
 
 # Net new container objects between young-generation collections (CPython's default: 700).
