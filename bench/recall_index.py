@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from proxy.core.passages import Original, Passage, passages_of
+from proxy.core.passages import Original, Passage, split_passages
 from proxy.core.ranking import Ranking, query_terms, terms
 from proxy.simulator.replies import filler_words
 
@@ -45,7 +45,7 @@ def archive(tokens: int) -> list[Passage]:
         originals.append(Original(i, role, text))
         total += len(text) // 4
         i += 1
-    return passages_of(originals)
+    return [p for o in originals for p in split_passages(o)]
 
 
 QUESTIONS = [f"Who is the owner of service{i}? Please answer briefly." for i in range(0, 600, 9)]

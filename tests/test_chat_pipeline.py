@@ -1,5 +1,6 @@
-"""``handle_chat`` in-process against a fake upstream: overflow recovery (step 10) in
-the formats providers really use (``tests/fixtures/overflow``), and the steps around it.
+"""``pipeline.handle`` for the chat API, in-process against a fake upstream: overflow
+recovery (step 10) in the formats providers really use (``tests/fixtures/overflow``),
+and the steps around it.
 
 An overflow teaches the tenant's window, compacts against it and retries exactly once;
 a second failure goes back to the client as the upstream wrote it; an output budget
@@ -17,13 +18,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
 
+from proxy import pipeline
 from proxy.compaction.job import Job
 from proxy.compaction.precompact import Precompactor
 from proxy.core.session import SessionKey, session_from_header, tenant_from_headers
 from proxy.errors import ClientDisconnected
-from proxy.routes.chat import handle_chat
+from proxy.routes.chat import CHAT
 from proxy.routes.passthrough import handle_passthrough
-from proxy.routes.responses import handle_responses
+from proxy.routes.responses import RESPONSES
 from proxy.services import Services
 from proxy.store import Sighting
 from proxy.store.memory import MemoryStore
@@ -96,7 +98,7 @@ async def send_chat(
 ) -> Response:
     body = orjson.dumps({"model": MODEL, "messages": messages, **extra})
     headers = {"x-session-id": "s1", **(headers or {})}
-    return await asyncio.wait_for(handle_chat(http_request(body, headers), services), 2)
+    return await asyncio.wait_for(pipeline.handle(http_request(body, headers), services, CHAT), 2)
 
 
 async def body_of(response: Response) -> bytes:
@@ -413,7 +415,7 @@ async def test_a_responses_answers_input_tokens_calibrate_ours(
     output = [{"type": "message", "content": [{"type": "output_text", "text": handoff()}]}]
     upstream.script(summaries=[Reply(body=orjson.dumps({"status": "completed", "output": output}))])
     request = http_request(body, {"x-session-id": "s1"}, path="/v1/responses")
-    response = await asyncio.wait_for(handle_responses(request, services), 2)
+    response = await asyncio.wait_for(pipeline.handle(request, services, RESPONSES), 2)
     assert header(response, "x-compaction-status") == "compacted"
     assert upstream.chat_calls[-1].url.endswith("/responses")
     assert upstream.summary_calls[0].url.endswith("/responses")
@@ -427,7 +429,7 @@ async def test_a_client_that_leaves_while_the_upstream_thinks_cancels_the_call(
     upstream.script(chats=[Reply(body=b"{}", gate=never)])
     gone = asyncio.Event()
     body = orjson.dumps({"model": MODEL, "messages": HISTORY})
-    task = asyncio.create_task(handle_chat(http_request(body, {}, gone=gone), services))
+    task = asyncio.create_task(pipeline.handle(http_request(body, {}, gone=gone), services, CHAT))
     await asyncio.wait_for(upstream.chat_started.wait(), 2)
     gone.set()
     with pytest.raises(ClientDisconnected):

@@ -9,7 +9,7 @@ an excerpt can quote alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.core.transcript import span_sources
@@ -85,12 +85,6 @@ def split_passages(
         Passage(o.position, o.role, o.tool, piece, i, size_of(piece), o.digest)
         for i, piece in enumerate(p for p in pieces if p)
     ]
-
-
-def passages_of(
-    originals: Iterable[Original], count: Callable[[str], int] | None = None
-) -> list[Passage]:
-    return [p for o in originals for p in split_passages(o, count=count)]
 
 
 def _cut(text: str, start: int, end: int) -> int:

@@ -13,25 +13,16 @@ from __future__ import annotations
 from typing import Any, cast
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
 
-from proxy import pipeline
 from proxy.core.outcome import Outcome
 from proxy.routes.parse import parse_chat_request
 from proxy.routes.summary_bodies import chat_summary
 from proxy.routes.tool_shapes import CHAT_TOOL
-from proxy.services import Services
 from proxy.types import ChatRequest
 from proxy.upstream.api import Api
 from proxy.upstream.calibrate import find_prompt_tokens
 from proxy.upstream.overflow import Overflow
 from proxy.upstream.stream_head import error_event
-
-
-async def handle_chat(request: Request, services: Services) -> Response:
-    """``POST /v1/chat/completions`` (app.py serves it from ``CHAT`` in its ``APIS``)."""
-    return await pipeline.handle(request, services, CHAT)
 
 
 def parse(

@@ -37,10 +37,7 @@ from functools import partial
 from typing import Any, cast
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
 
-from proxy import pipeline
 from proxy.config import Settings
 from proxy.core.outcome import Outcome
 from proxy.errors import InvalidRequest, ProxyError
@@ -52,7 +49,6 @@ from proxy.routes.messages_view import to_anthropic, to_chat
 from proxy.routes.parse import check_depth, load_request
 from proxy.routes.summary_bodies import messages_summary
 from proxy.routes.tool_shapes import MESSAGES_TOOL
-from proxy.services import Services
 from proxy.types import ChatRequest
 from proxy.upstream.api import Api, Contract
 from proxy.upstream.overflow import Overflow
@@ -69,11 +65,6 @@ _ERROR_TYPES = {
     "upstream_error": "api_error",
     "requests": "rate_limit_error",
 }
-
-
-async def handle_messages(request: Request, services: Services) -> Response:
-    """``POST /v1/messages`` (app.py serves it from ``MESSAGES`` in its ``APIS``)."""
-    return await pipeline.handle(request, services, MESSAGES)
 
 
 def _read(

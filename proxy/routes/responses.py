@@ -31,10 +31,7 @@ from functools import partial
 from typing import Any, cast
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
 
-from proxy import pipeline
 from proxy.config import Settings
 from proxy.core.outcome import Outcome
 from proxy.errors import InvalidRequest
@@ -44,7 +41,6 @@ from proxy.routes.items import Item, check_count, references, to_items, to_messa
 from proxy.routes.parse import DEFAULT_MAX_MODEL_BYTES, check_depth, load_request, written
 from proxy.routes.summary_bodies import responses_summary
 from proxy.routes.tool_shapes import RESPONSES_TOOL
-from proxy.services import Services
 from proxy.types import ChatMessage, ChatRequest
 from proxy.upstream.api import Api, Contract, SummaryBody, ToolShape
 from proxy.upstream.calibrate import find_input_tokens
@@ -53,11 +49,6 @@ from proxy.upstream.stream_head import error_event
 
 # Fields that put the conversation at the provider, beyond what the request shows.
 _CHAINED = ("previous_response_id", "conversation")
-
-
-async def handle_responses(request: Request, services: Services) -> Response:
-    """``POST /v1/responses`` (app.py serves it from ``RESPONSES`` in its ``APIS``)."""
-    return await pipeline.handle(request, services, RESPONSES)
 
 
 def _untouched(data: dict[str, Any], control: str) -> bool:
