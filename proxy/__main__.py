@@ -67,6 +67,21 @@ def _warn_tenant_key(settings: Settings) -> None:
         )
 
 
+def _warn_deprecated(settings: Settings) -> None:
+    """Once per start: ``enabled``, the older switch beside ``mode`` (issue 38), still read
+    for one release: what to set instead."""
+    if "enabled" in settings.compaction.model_fields_set:
+        log.warning(
+            "compaction.enabled is deprecated and goes in a later release: set "
+            "compaction.mode (on, shadow or off) instead"
+        )
+    if any(entry.enabled is not None for entry in settings.tenants):
+        log.warning(
+            "tenants: an entry's enabled is deprecated and goes in a later release: set "
+            "its mode (on, shadow or off) instead"
+        )
+
+
 def _tenant_id(settings: Settings) -> int:
     """The id ``GET /admin/tenants`` shows for the key on stdin (kept out of argv: a
     command line is visible to every user of the machine, and kept in shell history),
@@ -153,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _setup_logging(settings.logging)
         _warn_unencrypted(settings)
         _warn_tenant_key(settings)
+        _warn_deprecated(settings)
         from proxy.serve import serve as serve_proxy
 
         return serve_proxy(settings)

@@ -30,7 +30,7 @@ from proxy.config_file import YamlSource, describe_invalid, read_config_file, ya
 from proxy.errors import ConfigError
 from proxy.pricing import PriceRule
 from proxy.redact import redact_url
-from proxy.tenants import MAX_TENANTS, TenantPolicy, check_tenants
+from proxy.tenants import MAX_TENANTS, Mode, TenantPolicy, check_tenants
 
 
 class _Section(BaseModel):
@@ -161,8 +161,8 @@ class SessionSettings(_Section):
 
 
 class CompactionSettings(_Section):
-    enabled: bool = True  # false: mode off
-    mode: Literal["on", "shadow", "off"] | None = None  # None: enabled's (README "Shadow mode")
+    enabled: bool = True  # deprecated (__main__ warns): false is mode off
+    mode: Mode | None = None  # None: enabled's (docs/how-it-works.md "Shadow mode")
     shadow_summarize: bool = False  # in shadow, also run the summaries (kept apart)
     trigger_ratio: float = Field(0.8, gt=0, le=1)
     target_ratio: float = Field(0.5, gt=0, le=1)

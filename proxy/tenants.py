@@ -20,7 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 if TYPE_CHECKING:
     from proxy.config import CompactionSettings, Settings
@@ -41,6 +48,15 @@ _OVERRIDES = (
 )
 
 
+def _switch(value: object) -> object:
+    """YAML 1.1 (PyYAML) reads a bare ``off`` or ``on`` as a boolean: the mode it names."""
+    return ("on" if value else "off") if isinstance(value, bool) else value
+
+
+# A compaction mode, however YAML wrote it (``mode: off`` unquoted is false there).
+Mode = Annotated[Literal["on", "shadow", "off"], BeforeValidator(_switch)]
+
+
 class TenantPolicy(BaseModel):
     """One ``tenants:`` entry."""
 
@@ -49,8 +65,8 @@ class TenantPolicy(BaseModel):
     id: str | None = Field(None, pattern=_ID)
     label: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[\w.\-]+$")
     ids: list[Annotated[str, Field(pattern=_ID)]] = Field([], max_length=MAX_IDS)  # with label
-    enabled: bool | None = None  # false: mode off
-    mode: Literal["on", "shadow", "off"] | None = None
+    enabled: bool | None = None  # deprecated (__main__ warns): false is mode off
+    mode: Mode | None = None
     trigger_ratio: float | None = Field(None, gt=0, le=1)
     target_ratio: float | None = Field(None, gt=0, le=1)
     summarizer_model: str | None = Field(None, min_length=1, max_length=256)
