@@ -1,17 +1,21 @@
 """The compaction switch as a config file writes it (proxy/config.py, proxy/tenants.py):
 ``mode`` however YAML spells it, and ``enabled``, the older switch beside it, still read
-for one release with a warning at start-up (``proxy.__main__``)."""
+for one release with a warning at start-up (``proxy.__main__``); the example config
+setting every key of the schema."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from proxy.__main__ import _warn_deprecated
-from proxy.config import load_settings
+from proxy.config import Settings, load_settings
 from proxy.tenants import PolicyTable
+from tests.support.docs import ROOT, config_keys
 
 ENTRY_ID = "3f2a9c1b7d4e"
 
@@ -54,3 +58,29 @@ def test_enabled_still_works_and_is_warned_about(
         _warn_deprecated(load_settings(write(tmp_path, 'compaction: {mode: "off"}\n')))
         _warn_deprecated(load_settings(write(tmp_path, "")))
     assert caplog.records == []
+
+
+# Read for one release, and no longer in the example (__main__ warns when one is set).
+DEPRECATED = {"compaction.enabled", "tenants[].enabled"}
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out |= _leaves(value, f"{prefix}{key}.")
+        else:
+            out.add(prefix + key)
+    return out
+
+
+def test_the_example_config_and_the_schema_list_the_same_keys() -> None:
+    """config.example.yaml sets every key of the schema (each list of entries: its name,
+    the entries' keys in docs/configuration.md), and no key the schema lacks."""
+    example = _leaves(yaml.safe_load((ROOT / "config.example.yaml").read_text()))
+    schema = set(config_keys(Settings)) - DEPRECATED
+    plain = {k for k in schema if "[]" not in k}
+    lists = {k.split("[]")[0] for k in schema if "[]" in k}
+    assert sorted(plain - example) == []
+    assert sorted(example - plain - lists) == []
+    assert sorted(lists - example) == []
