@@ -73,13 +73,14 @@ class Services:
     tenant_ids: TenantIds  # the tenant of a request, under this deployment's key
     recall: Recall  # excerpts of the archived originals (compaction/recall.py)
     recall_tool: RecallTool  # a search of them the model calls (compaction/recall_tool.py)
-    held: HeldCuts = field(default_factory=HeldCuts)  # cache_aware's views served last
+    held: HeldCuts = field(init=False)  # cache_aware's views served last
     # What the upstream says of its models (upstream/discovery.py); None: never asked.
     discovery: ModelDiscovery | None = None
     loop: asyncio.AbstractEventLoop | None = None  # the one it was built in and serves on
     deadline: TurnDeadline = field(init=False)  # inline summaries bounded (turn_deadline.py)
 
     def __post_init__(self) -> None:
+        self.held = HeldCuts(self.compactor.memory)
         self.deadline = TurnDeadline(self.compactor, self.precompactor, self.compactor.folder.pace)
 
     def known_model(self, name: str, tenant: str) -> ResolvedModel | None:
@@ -188,10 +189,10 @@ async def build_services(settings: Settings) -> Services:
             store=store,
             counters=counters,
             calibration=Calibration(),
-            schedule=Schedule(force_interval_s=settings.compaction.force_interval_s),
+            schedule=Schedule(settings.compaction.force_interval_s, compactor.memory),
             compactor=compactor,
             precompactor=Precompactor(settings.compaction, compactor, metrics),
-            sightings=SessionSightings(store),
+            sightings=SessionSightings(store, memory=compactor.memory),
             windows=LearnedWindows(store, WindowPolicy.from_settings(settings), metrics),
             ceilings=LearnedCeilings(store, WindowPolicy.from_settings(settings), metrics),
             metrics=metrics,

@@ -9,7 +9,9 @@ took: on a slow server a summary that held the only slot for minutes (and timed 
 would otherwise come back every few turns, and those turns would queue behind it;
 meanwhile its turns are trimmed without a call (counted
 as compactions with outcome ``backoff``). A summary that succeeds ends the back-off.
-Per process: with several replicas each backs off on its own.
+Per replica, in its session memory (memory.py): with several replicas each backs off on
+its own. The same rule backs off plans that keep saving nothing (compact.settle), as a
+second streak of the session's record.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
-from cachetools import LRUCache
-
-from proxy.core.session import TRACKED_LIMIT, SessionKey
+from proxy.compaction.memory import SessionMemory, SessionRecord, Streak
+from proxy.core.session import SessionKey
 
 # A failed attempt's time is followed by at least this many times as long without one:
 # the summarizer's slot stays free for turns at least four fifths of the time.
@@ -32,26 +34,40 @@ class SummaryBackoff:
     first_s: float  # 0: off
     max_s: float
     clock: Callable[[], float] = time.monotonic
-    # Per session: until when not to ask, and the failures in a row so far. Kept past
-    # the deadline (so the next failure waits longer); bounded, as clients choose ids.
-    entries: LRUCache[SessionKey, tuple[float, int]] = field(
-        default_factory=lambda: LRUCache(TRACKED_LIMIT)
-    )
+    # Per session: until when not to ask, and the failures in a row so far (a Streak of
+    # the record's field ``streak``). Kept past the deadline, so the next failure waits longer.
+    memory: SessionMemory = field(default_factory=SessionMemory)
+    streak: Literal["failed", "idle"] = "failed"
+
+    def _of(self, record: SessionRecord | None) -> Streak | None:
+        if record is None:
+            return None
+        return record.failed if self.streak == "failed" else record.idle
 
     def active(self, key: SessionKey) -> bool:
         """Whether ``key``'s summaries are not to be asked for now."""
-        entry = self.entries.get(key)
-        return entry is not None and entry[0] > self.clock()
+        streak = self._of(self.memory.get(key))
+        return streak is not None and streak.until > self.clock()
 
     def failed(self, key: SessionKey, cost_s: float = 0.0) -> None:
         """``key``'s summary failed after ``cost_s`` seconds (bounded by the summary's
         timeout): back off by the clock, or by ``COST_FACTOR`` times that, the longer."""
         if self.first_s <= 0:
             return
-        failures = self.entries[key][1] + 1 if key in self.entries else 1
+        record = self.memory.of(key)
+        last = self._of(record)
+        failures = last.failures + 1 if last is not None else 1
         delay = min(self.first_s * 2 ** min(failures - 1, 30), self.max_s)
         delay = max(delay, COST_FACTOR * cost_s)
-        self.entries[key] = (self.clock() + delay, failures)
+        self._set(record, Streak(self.clock() + delay, failures))
 
     def succeeded(self, key: SessionKey) -> None:
-        self.entries.pop(key, None)
+        record = self.memory.get(key)
+        if record is not None:
+            self._set(record, None)
+
+    def _set(self, record: SessionRecord, streak: Streak | None) -> None:
+        if self.streak == "failed":
+            record.failed = streak
+        else:
+            record.idle = streak

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -24,6 +23,7 @@ from proxy.compaction.backoff import SummaryBackoff
 from proxy.compaction.caps import TenantCaps, trimmed_at_trigger
 from proxy.compaction.fold import Folder
 from proxy.compaction.job import Job
+from proxy.compaction.memory import SessionMemory
 from proxy.compaction.pace import SummaryPace
 from proxy.compaction.snapshots import archive_span, keep_rewind_point, load_snapshot, next_snapshot
 from proxy.compaction.sticky import TrimCuts
@@ -33,7 +33,7 @@ from proxy.core.models import ModelTable
 from proxy.core.outcome import Degraded, Outcome, counted_as
 from proxy.core.plan import Plan, plan_compaction
 from proxy.core.rebuild import Handoff, rebuild_outcome
-from proxy.core.session import TRACKED_LIMIT, SessionKey, slot_count
+from proxy.core.session import slot_count
 from proxy.core.snapshot import Loaded, Snapshot
 from proxy.core.tokens import TokenCounter
 from proxy.core.view import fits, view_tokens
@@ -61,8 +61,8 @@ class Compactor:
     client: Upstream  # summaries are asked of the upstream through it
     models: ModelTable
     metrics: Metrics
-    # Sessions whose summarization lock outlived a full wait: until when not to wait again.
-    stalled_locks: OrderedDict[SessionKey, float] = field(default_factory=OrderedDict)
+    # Its back-offs, trimmed cuts and locks waited out, per session (memory.py).
+    memory: SessionMemory = field(default_factory=SessionMemory)
     # Waiting runs on these: tests pass a fake clock and let time pass without sleeping.
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -77,9 +77,10 @@ class Compactor:
         c = self.settings.compaction
         args = (self.settings, self.models, self.client, self.counters, self.metrics)
         self.folder = Folder(*args, SummaryPace.of(c))
-        self.backoff = SummaryBackoff(c.summary_backoff_s, c.summary_backoff_max_s, self.clock)
-        self.idle = SummaryBackoff(c.summary_backoff_s, c.summary_backoff_max_s, self.clock)
-        self.trims = TrimCuts(c.summary_role)
+        spans = (c.summary_backoff_s, c.summary_backoff_max_s, self.clock, self.memory)
+        self.backoff = SummaryBackoff(*spans, "failed")
+        self.idle = SummaryBackoff(*spans, "idle")
+        self.trims = TrimCuts(c.summary_role, self.memory)
 
     def settle(self, job: Job, loaded: Loaded, plan: Plan) -> Plan:
         """``plan``, or the view kept as it is. A plan with nothing to save is counted
@@ -257,7 +258,8 @@ class Compactor:
         now = self.clock()
         # A wait on this lock already ran out: its holder is likely gone (a replica that
         # died mid-summary), so later turns do not wait it out again until it expires.
-        stalled = self.stalled_locks.get(key, 0.0) > now
+        record = self.memory.get(key)
+        stalled = record is not None and record.stalled_until > now
         if not stalled:
             self.metrics.summary_waits.labels(kind="waited").inc()
         deadline = now + (0 if stalled else self.settings.compaction.wait_for_summary_s)
@@ -282,9 +284,7 @@ class Compactor:
         else:
             if not stalled:
                 lock_ttl = self._lock_ttl
-                self.stalled_locks[key] = self.clock() + lock_ttl
-                if len(self.stalled_locks) > TRACKED_LIMIT:
-                    self.stalled_locks.popitem(last=False)
+                self.memory.of(key).stalled_until = self.clock() + lock_ttl
                 log.warning(
                     "session=%s waited %.0f s for another summary; not waiting again for %.0f s",
                     job.key.log_id,

@@ -8,10 +8,10 @@ caches; unless that cache is gone: when the session's last request was sent long
 than its provider keeps a prompt (pricing's ``cache_ttl_s``, as the ledger judges
 ``ttl_expiry``), the waiting snapshot is applied on this turn, whose prefix is paid in
 full either way. What was chosen and why is the record's ``cache_plan`` (the line's
-field, the ``X-Compaction-Cache-Plan`` header, a series). Per process, bounded, like
-sticky.py's trimmed cuts: with several replicas each holds its own, which costs a cache
-miss, nothing more. A compaction something asked for (forced, scheduled, an overflow's
-recovery) is never held back.
+field, the ``X-Compaction-Cache-Plan`` header, a series). Kept in the replica's session
+memory (memory.py), as sticky.py's trimmed cuts: with several replicas each holds its
+own, which costs a cache miss, nothing more. A compaction something asked for (forced,
+scheduled, an overflow's recovery) is never held back.
 """
 
 from __future__ import annotations
@@ -19,18 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from time import perf_counter
 
-from cachetools import LRUCache
-
+from proxy.compaction.memory import Served, SessionMemory
 from proxy.core.budget import Budget
 from proxy.core.cache_cuts import cache_plan
 from proxy.core.history import History
-from proxy.core.session import TRACKED_LIMIT, SessionKey
-from proxy.core.snapshot import Loaded, Snapshot, loaded_for
+from proxy.core.session import SessionKey
+from proxy.core.snapshot import Loaded, loaded_for
 from proxy.core.view import view_tokens
 from proxy.observe.record import current_record
-
-# An entry weighs this plus its summary's characters (a summary's allowance at most).
-_ENTRY_WEIGHT = 1024
 
 
 def upstream_caches() -> bool:
@@ -46,24 +42,11 @@ def cache_warm() -> bool:
     return rec.ledger is None or rec.ledger.warm(rec, perf_counter())
 
 
-@dataclass(frozen=True, slots=True)
-class _Served:
-    snapshot: Snapshot | None  # None: the history as the client sent it
-
-    @property
-    def weight(self) -> int:
-        return _ENTRY_WEIGHT + (len(self.snapshot.summary) if self.snapshot else 0)
-
-
 @dataclass(slots=True)
 class HeldCuts:
     """The snapshot each session was served last (keys include the tenant)."""
 
-    entries: LRUCache[SessionKey, _Served] = field(
-        default_factory=lambda: LRUCache(
-            TRACKED_LIMIT * _ENTRY_WEIGHT, getsizeof=lambda served: served.weight
-        )
-    )
+    memory: SessionMemory = field(default_factory=SessionMemory)  # a record's ``served``
 
     def choose(
         self, key: SessionKey, history: History, loaded: Loaded, budget: Budget, asked: bool = False
@@ -76,10 +59,13 @@ class HeldCuts:
         before it."""
         rec = current_record()
         rec.cache_plan = None  # a recovery's second look plans afresh
+        record = self.memory.get(key)
         if asked:
-            self.entries.pop(key, None)
+            if record is not None and record.served is not None:
+                record.served = None
+                self.memory.weighed(key, record)
             return loaded
-        served = self.entries.get(key)
+        served = None if record is None else record.served
         last = None if served is None else served.snapshot
         if served is not None and (last.version if last else 0) < loaded.version:
             again = loaded_for(last, history)
@@ -89,5 +75,7 @@ class HeldCuts:
             rec.cache_plan = plan
             if plan == "held":
                 return again
-        self.entries[key] = _Served(loaded.valid)
+        record = record or self.memory.of(key)
+        record.served = Served(loaded.valid)
+        self.memory.weighed(key, record)
         return loaded

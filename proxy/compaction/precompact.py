@@ -20,12 +20,11 @@ share (``precompact_per_tenant``, by default half the slots rounded up) that fin
 them all taken preempts the newest run of a tenant over its share (counted
 ``preempted``; that session is not backed off and is offered again by its next
 turn), so one tenant's throwaway sessions cannot keep another's from compacting.
-A held lock means the session is being compacted already: skipped, never waited
-for. On a single-slot server a run gives way to any turn sent to its model (busy.py:
-counted ``yielded``, backed off as a failure). An inline compaction that outlived its
-turn's deadline may be adopted to finish here (``adopt``, turn_deadline.py), within the
-same bounds. ``aclose`` cancels and awaits what runs. Every outcome is counted;
-nothing here raises into a request.
+A held lock means the session is being compacted already: skipped, never waited for.
+On a single-slot server a run gives way to any turn sent to its model (busy.py: counted
+``yielded``, backed off as a failure). An inline compaction that outlived its turn's
+deadline may be adopted to finish here (``adopt``, turn_deadline.py), within the same
+bounds. ``aclose`` cancels and awaits what runs. Every outcome counted; none raises.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
-from cachetools import TTLCache
 from starlette.background import BackgroundTasks
 from starlette.responses import Response
 
@@ -54,7 +52,7 @@ from proxy.core.budget import Budget
 from proxy.core.cache_cuts import landing_ratio
 from proxy.core.outcome import FollowUp, Outcome, Turn
 from proxy.core.plan import plan_compaction
-from proxy.core.session import TRACKED_LIMIT, SessionKey
+from proxy.core.session import SessionKey
 from proxy.core.view import fits
 from proxy.errors import SummaryError
 from proxy.observe.metrics import Metrics
@@ -109,10 +107,8 @@ class Precompactor:
     settings: CompactionSettings
     compactor: Compactor
     metrics: Metrics
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = time.monotonic  # its back-off in compactor.memory: the same
     running: dict[SessionKey, asyncio.Task[str]] = field(default_factory=dict)
-    # Sessions whose last run failed or had nothing to do: not retried until they expire.
-    backoff: TTLCache[SessionKey, bool] = field(init=False)
     # Runs cancelled to make room for a tenant under its share: counted as such.
     preempted: set[SessionKey] = field(default_factory=set)
     closed: bool = False
@@ -121,8 +117,6 @@ class Precompactor:
     busy: BusyModels = field(default_factory=BusyModels)
 
     def __post_init__(self) -> None:
-        ttl = max(self.settings.precompact_retry_s, 1e-6)  # 0: no back-off
-        self.backoff = TTLCache(TRACKED_LIMIT, ttl, timer=self.clock)
         slots = self.settings.precompact_concurrency
         self.share = min(self.settings.precompact_per_tenant or math.ceil(slots / 2), slots)
 
@@ -188,11 +182,16 @@ class Precompactor:
             return "cancelled"
         if key in self.running:
             return "skipped_running"
-        if key in self.backoff or self.compactor.backoff.active(key):
+        if self.backed_off(key) or self.compactor.backoff.active(key):
             return "skipped_backoff"
         if len(self.running) >= self.settings.precompact_concurrency:
             return "skipped_cap"
         return None
+
+    def backed_off(self, key: SessionKey) -> bool:
+        """Whether ``key``'s last run failed or did nothing ``precompact_retry_s`` ago or less."""
+        record = self.compactor.memory.get(key)
+        return record is not None and record.precompact_until > self.clock()
 
     async def _preempt_for(self, key: SessionKey) -> str | None:
         """Every slot is taken: free one for ``key``'s tenant if it is under its share
@@ -230,7 +229,8 @@ class Precompactor:
             outcome = "preempted"  # not the session's failure: no back-off
         self.metrics.precompactions.labels(outcome=outcome).inc()
         if outcome in _BACKED_OFF and self.settings.precompact_retry_s > 0:
-            self.backoff[key] = True
+            retry_at = self.clock() + self.settings.precompact_retry_s
+            self.compactor.memory.of(key).precompact_until = retry_at
 
     async def _run(self, job: Job) -> str:
         """The run's outcome; raises nothing but ``CancelledError``."""

@@ -11,13 +11,11 @@ its next request must skip the far-below fast path, which never reads the store.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from cachetools import LRUCache
-
-from proxy.core.session import TRACKED_LIMIT, SessionKey, session_from_header, slot_base
+from proxy.compaction.memory import SessionMemory
+from proxy.core.session import SessionKey, session_from_header, slot_base
 from proxy.core.snapshot import Snapshot
 from proxy.store import Snapshots
 
@@ -29,35 +27,28 @@ class Schedule:
     """Per-process bookkeeping of asked-for compactions; one per app."""
 
     force_interval_s: float
-    # X-Compaction: force, per session: when it last took effect (rate limit).
-    # Bounded: when every entry is recent, the least recently forced goes first.
-    last_forced: LRUCache[SessionKey, float] = field(
-        default_factory=lambda: LRUCache(TRACKED_LIMIT)
-    )
-    # POST /sessions/{id}/compact, per session: when it last scheduled one (rate limit).
-    last_scheduled: LRUCache[SessionKey, float] = field(
-        default_factory=lambda: LRUCache(TRACKED_LIMIT)
-    )
-    # Header sessions this replica scheduled: their next request skips the far-below
-    # fast path. Only a hint, bounded; the schedule itself lives in the snapshot.
-    hints: OrderedDict[SessionKey, None] = field(default_factory=OrderedDict)
+    # When each session was last forced and scheduled (the rate limits), and the header
+    # sessions this replica scheduled, whose next request skips the far-below fast path
+    # (only a hint: the schedule itself lives in the snapshot).
+    memory: SessionMemory = field(default_factory=SessionMemory)
     clock: Callable[[], float] = time.monotonic  # for the rate limit; tests pass a fake one
+    # Hints set and not taken (evicted ones included): none, and take_hint looks nothing up.
+    hints: int = 0
 
     def may_force(self, key: SessionKey) -> bool:
         """Whether ``X-Compaction: force`` takes effect for ``key`` now (and note it if so)."""
-        if self._wait_s(self.last_forced, key) > 0:
+        record = self.memory.get(key)
+        if record is not None and self._wait_s(record.forced_at) > 0:
             return False
-        self.last_forced[key] = self.clock()  # clients choose session ids: bounded
+        self.memory.of(key).forced_at = self.clock()
         return True
 
     def schedule_wait_s(self, key: SessionKey) -> float:
         """Seconds until POST /sessions/{id}/compact may schedule ``key`` again (0: now)."""
-        return self._wait_s(self.last_scheduled, key)
+        record = self.memory.get(key)
+        return 0.0 if record is None else self._wait_s(record.scheduled_at)
 
-    def _wait_s(self, last_times: LRUCache[SessionKey, float], key: SessionKey) -> float:
-        last = last_times.get(key)
-        if last is None:
-            return 0.0
+    def _wait_s(self, last: float) -> float:
         return max(0.0, self.force_interval_s - (self.clock() - last))
 
     async def request(self, store: Snapshots, key: SessionKey) -> bool:
@@ -74,18 +65,23 @@ class Schedule:
             if await store.save(key, scheduled):
                 break
         base = slot_base(key)  # the session, whichever of its slots was scheduled
-        self.last_scheduled[base] = self.clock()
-        self.hints[base] = None
-        if len(self.hints) > TRACKED_LIMIT:
-            self.hints.popitem(last=False)
+        record = self.memory.of(base)
+        record.scheduled_at = self.clock()
+        if not record.hinted:
+            record.hinted = True
+            self.hints += 1
         return True
 
     def take_hint(self, tenant: str, session_header: str | None) -> bool:
         """Whether this replica scheduled the header session's compaction (once)."""
         if not self.hints or not session_header:
             return False
-        key = session_from_header(tenant, session_header)
-        return self.hints.pop(key, False) is None
+        record = self.memory.get(session_from_header(tenant, session_header))
+        if record is None or not record.hinted:
+            return False
+        record.hinted = False
+        self.hints -= 1
+        return True
 
 
 def scheduled(snapshot: Snapshot | None) -> bool:

@@ -17,10 +17,9 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from cachetools import TTLCache
-
+from proxy.compaction.memory import SessionMemory
 from proxy.core.outcome import FollowUp, Outcome, Turn
-from proxy.core.session import TRACKED_LIMIT, SessionKey, session_from_header
+from proxy.core.session import SessionKey, session_from_header
 from proxy.errors import StoreError
 from proxy.store import Sighting, Sightings
 
@@ -32,19 +31,21 @@ REFRESH_S = 10.0
 
 
 class SessionSightings:
-    """Per-process: which named sessions were noted in the store lately."""
+    """Which named sessions this replica noted in the store lately."""
 
     def __init__(
         self,
         store: Sightings,
         *,
+        memory: SessionMemory | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._wall = wall
-        # Sessions written in the last REFRESH_S; bounded, like every per-session table.
-        self._recent: TTLCache[SessionKey, bool] = TTLCache(TRACKED_LIMIT, REFRESH_S, timer=clock)
+        self._clock = clock
+        # Until when each session's sighting is fresh: its record's ``sighted_until``.
+        self._memory = memory if memory is not None else SessionMemory()
 
     def note(self, turn: Turn, outcome: Outcome) -> FollowUp | None:
         """The write of ``turn``'s sighting (sent as ``outcome``), to follow its answer;
@@ -52,7 +53,8 @@ class SessionSightings:
         if turn.session_header is None:
             return None
         key = session_from_header(turn.tenant, turn.session_header)
-        if key in self._recent:
+        record = self._memory.get(key)
+        if record is not None and record.sighted_until > self._clock():
             return None
         n = len(turn.chat["messages"])
         sighting = Sighting(n, outcome.tokens, turn.model.name, self._wall())
@@ -61,7 +63,7 @@ class SessionSightings:
     async def _write(self, key: SessionKey, sighting: Sighting) -> None:
         # Marked when written, not when offered: a turn whose answer failed (or that
         # recovered from an overflow with a new view) leaves the next turn due.
-        self._recent[key] = True
+        self._memory.of(key).sighted_until = self._clock() + REFRESH_S
         try:
             await self._store.note_seen(key, sighting)
         except StoreError as exc:  # a bare remote store; the resilient one never raises

@@ -8,8 +8,8 @@ bench/README.md, from bench/realmodel). So the cut served last (trim.Cut: its vi
 its digest's text) is kept per session and handed back to the pure trim, which
 reuses it while the history still starts with what it dropped and the view fits
 the window; past that it trims to the target again, and that cut holds for the
-next turns (hysteresis). Per process, bounded, like the other per-session tables:
-with several replicas each keeps its own, which costs a cache miss, nothing more.
+next turns (hysteresis). Kept in the replica's session memory (memory.py): with several
+replicas each keeps its own, which costs a cache miss, nothing more.
 """
 
 from __future__ import annotations
@@ -17,20 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from cachetools import LRUCache
-
+from proxy.compaction.memory import SessionMemory
 from proxy.core.budget import Budget
 from proxy.core.history import History
 from proxy.core.outcome import Outcome
-from proxy.core.session import TRACKED_LIMIT, SessionKey
+from proxy.core.session import SessionKey
 from proxy.core.snapshot import Loaded
-from proxy.core.trim import Cut, trimmed
+from proxy.core.trim import trimmed
 from proxy.core.wording import SummaryRole
-
-# An entry weighs this plus its digest's characters (the digest is the bulk of it,
-# a few KB at most: within a summary's allowance), so at most TRACKED_LIMIT sessions
-# and about TRACKED_LIMIT KiB plus the digests kept, ~10-20 MB at worst.
-_ENTRY_WEIGHT = 1024
 
 
 class Trimming(Protocol):
@@ -51,11 +45,7 @@ class TrimCuts:
     """The last trimmed cut of each session (keys include the tenant)."""
 
     summary_role: SummaryRole
-    entries: LRUCache[SessionKey, Cut] = field(
-        default_factory=lambda: LRUCache(
-            TRACKED_LIMIT * _ENTRY_WEIGHT, getsizeof=lambda cut: _ENTRY_WEIGHT + len(cut.digest)
-        )
-    )
+    memory: SessionMemory = field(default_factory=SessionMemory)  # a record's ``cut``
 
     def outcome(
         self, key: SessionKey, history: History, loaded: Loaded, budget: Budget, *, reuse: bool
@@ -63,12 +53,13 @@ class TrimCuts:
         """``history`` trimmed (trim.trim_outcome), reusing ``key``'s last cut when
         ``reuse`` and it still applies; ``reuse`` False after the upstream refused a
         view as too long, which a view as long again would not cure."""
-        previous = self.entries.get(key) if reuse else None
+        record = self.memory.get(key)
+        previous = record.cut if reuse and record is not None else None
         outcome, cut = trimmed(history, loaded, budget, self.summary_role, previous)
-        if cut is None:
-            self.entries.pop(key, None)
-        else:
-            self.entries[key] = cut
+        if cut is not None or (record is not None and record.cut is not None):
+            record = record or self.memory.of(key)
+            record.cut = cut
+            self.memory.weighed(key, record)
         return outcome
 
     def for_job(self, job: Trimming, loaded: Loaded) -> Outcome:

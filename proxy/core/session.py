@@ -43,9 +43,9 @@ _LEADING = frozenset({"system", "developer"})
 # Opening messages after the system prompt that identify a header-less conversation.
 _DERIVE_FROM = 2
 _SOURCES: dict[str, Literal["header", "derived"]] = {"h": "header", "d": "derived"}
-# Most sessions a per-process table tracks (pending or recent forced compactions,
-# summary back-offs, stalled locks, trimmed cuts, sightings). Every per-session table is
-# keyed by SessionKey, two fixed-size hashes: bounded in bytes too.
+# Most sessions a replica's session memory tracks (compaction/memory.py), and the bound
+# of other per-session tables. Keys are SessionKeys, two fixed-size hashes: bounded in
+# bytes too.
 TRACKED_LIMIT = 10_000
 
 

@@ -61,7 +61,7 @@ async def test_a_tenant_under_its_share_preempts_only_a_tenant_over_its_own() ->
         await pre.start(await job("c", "c0"))  # nobody over their share: skipped
         await pre.start(await job("a", "a9"))  # a at its share: skipped
         assert _outcomes(services) == {"preempted": 1, "skipped_cap": 2}
-        assert a[2].key not in pre.backoff  # a preempted session is not backed off
+        assert not pre.backed_off(a[2].key)  # a preempted session is not backed off
         gate.set()
         await asyncio.gather(*pre.running.values())
         assert _outcomes(services) == {"preempted": 1, "skipped_cap": 2, "covered": 3}
