@@ -1,15 +1,12 @@
-"""Per-tenant compaction policy: the ``tenants:`` entries of the YAML (README "Per-tenant
-policy"), each resolved once, when the settings are loaded or reloaded, into the
-effective ``CompactionSettings`` its tenants' requests use, so a request only looks its
-tenant up (``PolicyTable.policy_for``: one dict read).
+"""Per-tenant compaction policy in force: the ``tenants:`` entries (config/tenant_entries.py)
+each resolved once, when the settings are loaded or reloaded, into the effective
+``CompactionSettings`` its tenants' requests use, so a request only looks its tenant up
+(``PolicyTable.policy_for``: one dict read).
 
 An entry names its tenants by ``id``, the tenant id ``GET /admin/tenants`` shows (the
 first 12 hex digits of the keyed hash of the caller's key, or all 32), or by ``label``,
 the operator's name for a group of such ids listed in ``ids``. No raw API key is ever
-written here. A tenant no entry names gets ``compaction`` as configured. Fields left
-out follow ``compaction``; ``precompact: false`` turns background pre-compaction off,
-and a tenant's own ``trigger_ratio`` moves its pre-compaction threshold with it (the
-same share of the trigger).
+written here. A tenant no entry names gets ``compaction`` as configured.
 """
 
 from __future__ import annotations
@@ -18,102 +15,12 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
-
-if TYPE_CHECKING:
-    from proxy.config import CompactionSettings, Settings
+from proxy.config import CompactionSettings, Settings
+from proxy.config.tenant_entries import ID_PATTERN, SHOWN, TenantPolicy, resolve
 
 log = logging.getLogger("proxy.tenants")
-
-MAX_TENANTS = 1000  # entries
-MAX_IDS = 1000  # ids under one label
-SHOWN = 12  # hex digits of a tenant id the admin API shows: what a lookup keys on
-_ID = r"^([0-9a-f]{12,32}|anonymous)$"
-# What an entry may change, besides the caps and precompact (a name of CompactionSettings).
-_OVERRIDES = (
-    "trigger_ratio",
-    "target_ratio",
-    "summarizer_model",
-    "summary_max_tokens",
-    "recall_tool_rounds",
-)
-
-
-def _switch(value: object) -> object:
-    """YAML 1.1 (PyYAML) reads a bare ``off`` or ``on`` as a boolean: the mode it names."""
-    return ("on" if value else "off") if isinstance(value, bool) else value
-
-
-# A compaction mode, however YAML wrote it (``mode: off`` unquoted is false there).
-Mode = Annotated[Literal["on", "shadow", "off"], BeforeValidator(_switch)]
-
-
-class TenantPolicy(BaseModel):
-    """One ``tenants:`` entry."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str | None = Field(None, pattern=_ID)
-    label: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[\w.\-]+$")
-    ids: list[Annotated[str, Field(pattern=_ID)]] = Field([], max_length=MAX_IDS)  # with label
-    enabled: bool | None = None  # deprecated (__main__ warns): false is mode off
-    mode: Mode | None = None
-    trigger_ratio: float | None = Field(None, gt=0, le=1)
-    target_ratio: float | None = Field(None, gt=0, le=1)
-    summarizer_model: str | None = Field(None, min_length=1, max_length=256)
-    summary_max_tokens: int | None = Field(None, gt=0, le=1_000_000)
-    # Over a cap a turn due a summary is trimmed instead (X-Compaction-Degraded names it).
-    summaries_per_hour: int | None = Field(None, ge=0)  # per clock hour (UTC)
-    summarizer_tokens_per_day: int | None = Field(None, ge=0)  # input + output, per UTC day
-    precompact: bool | None = None  # false: no background pre-compaction
-    recall_tool_rounds: int | None = Field(None, ge=0, le=8)  # 0: no recall tool
-
-    @model_validator(mode="after")
-    def _names(self) -> TenantPolicy:
-        if (self.id is None) == (self.label is None):
-            raise ValueError("an entry names its tenants by id or by label (with ids), not both")
-        if self.label is not None and not self.ids:
-            raise ValueError(f"label {self.label!r} lists no ids")
-        if self.id is not None and self.ids:
-            raise ValueError("ids go with a label; an entry with id names one tenant")
-        if self.enabled is False and self.mode not in (None, "off"):
-            raise ValueError(f"enabled: false contradicts mode: {self.mode} (set mode alone)")
-        return self
-
-    @property
-    def name(self) -> str:
-        """What logs call the entry: its label, or its id."""
-        return self.label or self.id or ""
-
-    def effective(self, base: CompactionSettings) -> CompactionSettings:
-        """``base`` with this entry's fields applied, validated as ``compaction`` is."""
-        data = base.model_dump()
-        for field in _OVERRIDES:
-            if getattr(self, field) is not None:
-                data[field] = getattr(self, field)
-        mode = self.mode or ("off" if self.enabled is False else None)
-        if self.enabled and mode is None:
-            mode = "on" if base.effective_mode == "off" else base.effective_mode
-        if mode is not None:
-            data.update(mode=mode, enabled=True)
-        early = base.precompact_ratio
-        if early and self.trigger_ratio is not None:  # the same share of the trigger
-            early = round(early * self.trigger_ratio / base.trigger_ratio, 6)
-        if self.precompact is not None:
-            fields = type(base).model_fields  # else the defaults' share of its trigger
-            share = fields["precompact_ratio"].default / fields["trigger_ratio"].default
-            early = (early or round(share * data["trigger_ratio"], 6)) if self.precompact else None
-        data["precompact_ratio"] = early
-        return type(base).model_validate(data)
+__all__ = ["SHOWN", "Policy", "PolicyTable", "TenantPolicies"]  # SHOWN: where callers look
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,21 +48,10 @@ class PolicyTable:
     def build(cls, entries: list[TenantPolicy], base: CompactionSettings) -> PolicyTable:
         """The table for ``entries`` over ``base``; ValueError naming the entry at fault."""
         by_id: dict[str, tuple[str, Policy]] = {}
-        for i, entry in enumerate(entries):
-            try:
-                compaction = entry.effective(base)
-            except ValidationError as exc:
-                msg = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-                raise ValueError(f"tenants[{i}] ({entry.name}): {msg}") from None
-            policy = Policy(
-                entry.name,
-                compaction,
-                entry.summaries_per_hour,
-                entry.summarizer_tokens_per_day,
-            )
+        for entry, compaction in zip(entries, resolve(entries, base), strict=True):
+            caps = (entry.summaries_per_hour, entry.summarizer_tokens_per_day)
+            policy = Policy(entry.name, compaction, *caps)
             for tenant in [entry.id] if entry.id else entry.ids:
-                if tenant[:SHOWN] in by_id:
-                    raise ValueError(f"tenants[{i}] ({entry.name}): id {tenant} is named twice")
                 by_id[tenant[:SHOWN]] = (tenant, policy)
         return cls(by_id, tuple(entries))
 
@@ -165,12 +61,6 @@ class PolicyTable:
         if found is None or not tenant.startswith(found[0]):
             return None
         return found[1]
-
-
-def check_tenants(settings: Settings) -> Settings:
-    """``Settings``' validator: every entry resolves over ``settings.compaction``."""
-    PolicyTable.build(settings.tenants, settings.compaction)
-    return settings
 
 
 class TenantPolicies:
@@ -207,7 +97,7 @@ class TenantPolicies:
     def _deprecated(self, policy: Policy, tenant: str) -> None:
         self._warned.add(tenant)
         # An entry named by id is named by the legacy id itself: not repeated here.
-        entry = "named by id" if re.match(_ID, policy.name) else policy.name
+        entry = "named by id" if re.match(ID_PATTERN, policy.name) else policy.name
         log.warning(
             "tenants entry (%s) names a tenant by its legacy id; its id is now %s: write "
             "that instead (legacy ids match until server.legacy_tenant_ids is false)",

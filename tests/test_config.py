@@ -1,4 +1,4 @@
-"""The compaction switch as a config file writes it (proxy/config.py, proxy/tenants.py):
+"""The compaction switch as a config file writes it (proxy/config/, proxy/tenants.py):
 ``mode`` however YAML spells it, and ``enabled``, the older switch beside it, still read
 for one release with a warning at start-up (``proxy.__main__``); the example config
 setting every key of the schema."""

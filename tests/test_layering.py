@@ -17,7 +17,7 @@ From the top down; a module may import its own wing and any wing below it:
     observe      observe/
     core         core/                       pure: core/, config, errors, types, the
                                              stdlib's pure modules, PURE_LIBRARIES
-    config       config.py config_file.py redact.py tenants.py pricing.py
+    config       config/ config_file.py redact.py tenants.py pricing.py
     base         errors.py types.py
 
 Every import counts, wherever it stands (a function's lazy import and a
@@ -285,7 +285,6 @@ def test_no_module_level_import_cycle() -> None:
 # reader follows those as well), each group of modules tied in one. Issue 38 asks for none;
 # this list may shrink, not grow, and a group leaves it once it is untied.
 TIED = {
-    frozenset({"config", "tenants"}),  # tenants' policies read the settings they refine
     frozenset({"store.items", "store.redis_items"}),  # the factory, and Redis's bounds
     frozenset(  # the protocols and factory (store/__init__.py) and what they name
         {"store", "store.archive", "store.codec", "store.memory", "store.redis"}
