@@ -32,9 +32,14 @@ from proxy.core.tokens import TokenCounter
 from proxy.observe.ledger import Ledger
 from proxy.observe.line import clipped
 from proxy.observe.metrics import Metrics
-from proxy.store import ItemStore, Store, build_store, refuse_cluster_node
-from proxy.store.archive import build_archive
-from proxy.store.items import build_item_store
+from proxy.store import (
+    ItemStore,
+    Store,
+    build_archive,
+    build_item_store,
+    build_store,
+    refuse_cluster_node,
+)
 from proxy.store.quota import build_quota
 from proxy.tenants import TenantPolicies
 from proxy.upstream.calibrate import Calibration

@@ -1,8 +1,8 @@
-"""The archive of a session's originals in this process (``MemoryArchive``), the one
-that falls back to it while Redis is out (``ResilientArchive``), ``build_archive``, which
-picks the backend the store has, and the bounds every store keeps it within. Redis's own
-is ``redis_archive.py`` (``RedisStore.archive``); ``MemoryStore`` and ``RedisStore``
-delete it with a session.
+"""The archive of a session's originals in this process (``MemoryArchive``), and the bounds
+every store keeps it within. Redis's own is ``redis_archive.py`` (``RedisStore.archive``),
+the one that falls back to this process's while Redis is out ``fallbacks.py``, and
+``build_archive`` (the package's) picks the backend the store has; ``MemoryStore`` and
+``RedisStore`` delete it with a session.
 
 A session's archive is its originals in the order they were archived (one compaction's
 newly covered span after another), kept as long as its snapshot (``store.ttl_s`` from
@@ -20,14 +20,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from proxy.core.passages import Original
 from proxy.core.session import SessionKey
-
-if TYPE_CHECKING:
-    from proxy.store import Archive, Store
-    from proxy.store.resilient import ResilientStore
+from proxy.store.protocols import Dropped
 
 # A session's archive and a tenant's, in bytes: some 1.5M and 48M archived tokens
 # encrypted in Redis (README "Nothing is lost" measures an archived token).
@@ -42,14 +38,6 @@ _OVERHEAD = 48
 def original_bytes(original: Original) -> int:
     """What ``original`` counts against the bounds: its text's UTF-8 and a little more."""
     return len(original.text.encode()) + len(original.tool) + _OVERHEAD
-
-
-@dataclass(frozen=True, slots=True)
-class Dropped:
-    """What one archive write removed to stay within the bounds, in bytes."""
-
-    session: int = 0  # the session's own oldest originals
-    tenant: int = 0  # other sessions' of the tenant
 
 
 @dataclass(slots=True)
@@ -162,46 +150,3 @@ class MemoryArchive:
         if not own:
             del self._tenants[key.tenant]
             del self._tenant_size[key.tenant]
-
-
-class ResilientArchive:
-    """Redis's archive, or this process's while the store serves from local state: the
-    ``ResilientStore``'s outage handling (its cool-down, error counts, logs and call
-    timings, under the operations ``archive`` and ``load_archive``) decides, as it does for
-    output items (items.py). What a replica archived during an outage is recalled by it
-    alone, until the session's next compaction archives again."""
-
-    def __init__(self, store: ResilientStore, remote: Archive, local: Archive) -> None:
-        self._store = store
-        self.remote = remote
-        self.local = local
-
-    async def archive(self, key: SessionKey, originals: Sequence[Original]) -> Dropped:
-        remote, local = self.remote, self.local
-        return await self._store._call(
-            "archive",
-            lambda: remote.archive(key, originals),
-            lambda: local.archive(key, originals),
-        )
-
-    async def load_archive(self, key: SessionKey) -> list[Original]:
-        remote, local = self.remote, self.local
-        return await self._store._call(
-            "load_archive", lambda: remote.load_archive(key), lambda: local.load_archive(key)
-        )
-
-
-def build_archive(store: Store) -> Archive:
-    """The archive on ``store``'s backend: Redis (through its outage handling) when
-    ``store`` is a Redis one (``build_store``), else this process's (``MemoryStore``)."""
-    from proxy.store.memory import MemoryStore
-    from proxy.store.redis import RedisStore
-    from proxy.store.resilient import ResilientStore
-
-    if isinstance(store, ResilientStore):
-        if isinstance(store.remote, RedisStore):
-            return ResilientArchive(store, store.remote.archive, store.local)
-        return store.local  # a remote with no archive of its own (tests' fakes)
-    if isinstance(store, MemoryStore):
-        return store
-    raise TypeError(f"no archive for a store of type {type(store).__name__}")

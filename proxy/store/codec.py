@@ -22,7 +22,7 @@ from proxy.core.digest import LEGACY_ANCHOR
 from proxy.core.passages import Original
 from proxy.core.snapshot import Snapshot
 from proxy.errors import ConfigError, StoreError
-from proxy.store import Sighting
+from proxy.store.protocols import Sighting
 
 # 2: anchors chain XXH3 message digests. Format 1 (BLAKE2b digests) is still read: its
 # anchor hash is marked so it is checked the old way (digest.py), and kept until the

@@ -1,7 +1,7 @@
 """Where the output items ``item_reference`` inputs name are kept (``ItemStore``): the
-embedded one (``MemoryItems``), the one that falls back to it while Redis is out
-(``ResilientItems``), and ``build_item_store``, which picks the backend the store has.
-Redis's own is ``redis_items.py``.
+embedded one (``MemoryItems``) and the bounds every store keeps them within. Redis's own
+is ``redis_items.py``, the one that falls back to this process's while Redis is out
+``fallbacks.py``, and ``build_item_store`` (the package's) picks the backend.
 
 Every value a client or an upstream chooses is bounded: an item's JSON (at most
 ``MAX_ITEM_BYTES``; a bigger one is not kept and a reference to it counts as unresolved),
@@ -15,11 +15,6 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from proxy.config import Settings
-    from proxy.store import ItemStore, Store
 
 # An answer of a model's whole 16k-token output is some 64 KB of JSON; encrypted
 # reasoning rarely more. Bigger items are not kept (their references count unresolved).
@@ -107,51 +102,3 @@ class MemoryItems:
         del own[item_id]
         if not own:
             del self._tenants[tenant]
-
-
-class ResilientItems:
-    """Redis's items, or this process's while the store serves from local state: the
-    ``ResilientStore``'s outage handling (its cool-down, error counts, logs and call
-    timings, under the operations ``remember_items`` and ``recall_items``) decides."""
-
-    def __init__(self, store: Store, remote: ItemStore, local: ItemStore) -> None:
-        from proxy.store.resilient import ResilientStore
-
-        assert isinstance(store, ResilientStore)
-        self._store = store
-        self.remote = remote
-        self.local = local
-
-    async def remember_items(self, tenant: str, items: Sequence[tuple[str, bytes]]) -> None:
-        remote, local = self.remote, self.local
-        await self._store._call(
-            "remember_items",
-            lambda: remote.remember_items(tenant, items),
-            lambda: local.remember_items(tenant, items),
-        )
-
-    async def recall_items(self, tenant: str, ids: Sequence[str]) -> list[bytes | None]:
-        remote, local = self.remote, self.local
-        return await self._store._call(
-            "recall_items",
-            lambda: remote.recall_items(tenant, ids),
-            lambda: local.recall_items(tenant, ids),
-        )
-
-
-def build_item_store(settings: Settings, store: Store) -> ItemStore:
-    """Items on ``store``'s backend: Redis (through its outage handling) when ``store``
-    is a Redis one (``build_store``), else this process."""
-    from proxy.store.resilient import ResilientStore
-
-    local = MemoryItems(settings.store.ttl_s)
-    if not isinstance(store, ResilientStore):
-        return local
-    from proxy.store.redis import RedisStore
-    from proxy.store.redis_items import RedisItems
-
-    if not isinstance(store.remote, RedisStore):
-        return local
-    keys = [k.get_secret_value() for k in settings.store.encryption_keys]
-    remote = RedisItems(store.remote.client, settings.store.prefix, settings.store.ttl_s, keys)
-    return ResilientItems(store, remote, local)

@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 from proxy.core.passages import Original
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
-from proxy.store import Sighting
-from proxy.store.archive import SESSION_BYTES, TENANT_BYTES, Dropped, MemoryArchive
+from proxy.store.archive import SESSION_BYTES, TENANT_BYTES, MemoryArchive
 from proxy.store.health import Health
+from proxy.store.protocols import Dropped, Sighting
 
 _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")

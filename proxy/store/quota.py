@@ -21,8 +21,8 @@ from proxy.store.failures import ERRORS
 
 if TYPE_CHECKING:
     from proxy.config import Settings
-    from proxy.store import Store
     from proxy.store.connect import Client
+    from proxy.store.protocols import Store
 
 MAX_COUNTERS = 100_000  # in this process: a tenant's hour and day, for many tenants
 

@@ -4,10 +4,9 @@ Which keys (hash-tagged per session on a cluster) is ``keys.py``; which client a
 ``connect.py``; a snapshot's bytes, encrypted or not, ``codec.py``; the scripts that make
 each read-compare-write atomic, ``lua.py``; the session's originals, ``redis_archive.py``.
 
-Snapshots expire after ``store.ttl_s`` without use; every load refreshes the TTL. Writes
-are compare-and-swap in one Lua script: version N is written only over N-1, so a stale
-writer can never replace a newer summary. Locks are released only by their owner
-(compare-and-delete), and expire on their own if a replica dies mid-summary.
+Snapshots expire after ``store.ttl_s`` without use; every load refreshes the TTL. Writes are
+compare-and-swap in one Lua script (version N only over N-1). Locks are released only by
+their owner (compare-and-delete), and expire on their own if a replica dies mid-summary.
 
 A stored value this release cannot use (bad bytes, a snapshot encrypted with a key no longer
 configured, an older format, a wrong Redis type) reads as "nothing stored" for that session:
@@ -33,7 +32,7 @@ from redis.exceptions import ResponseError
 from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
 from proxy.errors import ConfigError, StoreError
-from proxy.store import Sighting, lua
+from proxy.store import lua
 from proxy.store import redis_scans as scans
 from proxy.store.archive import SESSION_BYTES, TENANT_BYTES
 from proxy.store.cluster import QueuedCluster
@@ -51,6 +50,7 @@ from proxy.store.connect import Client, close_redis, is_cluster, open_redis
 from proxy.store.failures import ERRORS
 from proxy.store.health import ProbeFailed
 from proxy.store.keys import KeyLayout
+from proxy.store.protocols import Sighting
 from proxy.store.redis_archive import RedisArchive
 
 if TYPE_CHECKING:

@@ -29,11 +29,11 @@ from proxy.core.passages import Original
 from proxy.core.session import SessionKey
 from proxy.errors import StoreError
 from proxy.store import lua
-from proxy.store.archive import Dropped
 from proxy.store.codec import SnapshotCipher, decode_original, encode_original
 from proxy.store.connect import Client
 from proxy.store.failures import ERRORS
 from proxy.store.keys import KeyLayout
+from proxy.store.protocols import Dropped
 
 # Archived messages decoded (and decrypted) on the event loop; more go to a thread.
 _INLINE_ENTRIES = 8

@@ -32,11 +32,11 @@ from proxy.core.session import SessionKey
 from proxy.core.snapshot import Snapshot
 from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
-from proxy.store import Remote, Sighting
 from proxy.store.health import COOLDOWN_S as COOLDOWN_S  # re-exported: tests' clocks
 from proxy.store.health import LOG_INTERVAL_S as LOG_INTERVAL_S
 from proxy.store.health import Reports
 from proxy.store.memory import MemoryStore
+from proxy.store.protocols import Remote, Sighting
 from proxy.store.watched import WatchedRemote, always_written, written
 
 log = logging.getLogger("proxy.store")

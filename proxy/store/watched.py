@@ -23,10 +23,10 @@ from typing import TypeVar
 from proxy.errors import StoreError
 from proxy.observe.metrics import Metrics
 from proxy.observe.metrics.series import STORE_OPERATIONS
-from proxy.store import Remote
 from proxy.store.failures import failure_kind
 from proxy.store.health import Health, StoreWatch
 from proxy.store.memory import MemoryStore
+from proxy.store.protocols import Remote
 
 T = TypeVar("T")
 log = logging.getLogger("proxy.store")

@@ -15,7 +15,7 @@ from proxy.core.session import SessionKey, session_from_header
 from proxy.errors import StoreError
 from proxy.pipeline import compacted_view
 from proxy.services import Services
-from proxy.store.archive import Dropped
+from proxy.store import Dropped
 from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage
 from tests.support.fakes import (

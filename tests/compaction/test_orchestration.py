@@ -26,8 +26,7 @@ from proxy.core.session import SessionKey, session_from_header
 from proxy.errors import UpstreamUnavailable
 from proxy.pipeline import compacted_view
 from proxy.services import Services
-from proxy.store import Snapshot
-from proxy.store.archive import Dropped
+from proxy.store import Dropped, Snapshot
 from proxy.store.memory import MemoryStore
 from proxy.types import ChatMessage, ToolCall
 from tests.support.fakes import (

@@ -17,8 +17,8 @@ import redis
 from proxy.core.passages import Original
 from proxy.core.session import SessionKey
 from proxy.observe.metrics import Metrics
-from proxy.store import Store
-from proxy.store.archive import Dropped, build_archive, original_bytes
+from proxy.store import Dropped, Store, build_archive
+from proxy.store.archive import original_bytes
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisOptions, RedisStore
 from proxy.store.resilient import ResilientStore

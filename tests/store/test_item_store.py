@@ -13,8 +13,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from proxy.observe.metrics import Metrics
-from proxy.store import ItemStore
-from proxy.store.items import MAX_ITEM_BYTES, MemoryItems, ResilientItems, build_item_store
+from proxy.store import ItemStore, build_item_store
+from proxy.store.fallbacks import ResilientItems
+from proxy.store.items import MAX_ITEM_BYTES, MemoryItems
 from proxy.store.memory import MemoryStore
 from proxy.store.redis import RedisStore
 from proxy.store.redis_items import RedisItems, item_keys

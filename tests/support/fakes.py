@@ -54,8 +54,7 @@ from proxy.errors import UpstreamError
 from proxy.observe.ledger import Ledger
 from proxy.observe.metrics import Metrics
 from proxy.services import Services
-from proxy.store import Store
-from proxy.store.archive import build_archive
+from proxy.store import Store, build_archive
 from proxy.store.items import MemoryItems
 from proxy.store.memory import MemoryStore
 from proxy.store.quota import MemoryQuota
