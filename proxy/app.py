@@ -21,7 +21,8 @@ from proxy.core.outcome import rejected_headers
 from proxy.core.tenant_ids import ANONYMOUS
 from proxy.errors import InvalidRequest, MissingCredential, NotFound, Overloaded, ProxyError
 from proxy.observe.metrics import CONTENT_TYPE_LATEST
-from proxy.observe.record import RecordRequests, record_of
+from proxy.observe.record import record_of
+from proxy.observe.record_requests import RecordRequests
 from proxy.observe.recorder import Recorder
 from proxy.routes import (
     admin_api,

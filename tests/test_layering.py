@@ -287,10 +287,6 @@ def test_no_module_level_import_cycle() -> None:
 TIED = {
     # The simulator (a test double): its app routes to the APIs, which stream through it.
     frozenset({"simulator.app", "simulator.messages", "simulator.responses", "simulator.stream"}),
-    frozenset(  # the request record and what reads it (observe/record.py)
-        {"observe.cache_ledger", "observe.ledger", "observe.line", "observe.metrics.regret"}
-        | {"observe.record", "observe.recorder"}
-    ),
 }
 
 

@@ -12,37 +12,46 @@ When the response has ended (a stream: after its last byte, or when its client
 left) ``Recorder.finish`` (recorder.py) observes the request's metrics and writes
 its line: the one place that does either.
 Health, readiness and metrics scrapes are not recorded.
+
+The record is at the bottom of what observes a request: the middleware
+(record_requests.py), the recorder, the line and the ledgers read it; it knows the
+ledger only as ``Books``, what a record asks of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.observe.logs import REQUEST_ID
-from proxy.observe.request_id import HEADER, new_request_id, request_id_from, response_headers
+from proxy.observe.request_id import new_request_id
 
 if TYPE_CHECKING:
     from proxy.core.cache_cuts import CachePlan
     from proxy.core.history import History
     from proxy.core.outcome import Outcome, Turn
     from proxy.core.session import SessionKey
-    from proxy.observe.ledger import Ledger
-    from proxy.observe.recorder import Recorder
     from proxy.types import ChatMessage
 
-_UNRECORDED = frozenset({"/healthz", "/readyz", "/metrics"})
-_SCOPE_KEY = "proxy.record"
+SCOPE_KEY = "proxy.record"  # where RecordRequests puts a request's record in its scope
 # The record of the request being served, as REQUEST_ID is its id (logs.py): the steps
 # below the pipeline (a summary's time, its trigger) note on it without being handed it.
-_CURRENT: ContextVar[Record | None] = ContextVar("proxy_record", default=None)
+CURRENT: ContextVar[Record | None] = ContextVar("proxy_record", default=None)
+
+
+class Books(Protocol):
+    """What a record asks of the ledger it is filed with (observe/ledger.py's ``Ledger``)."""
+
+    def caches(self, rec: Record) -> bool: ...
+    def warm(self, rec: Record, now: float) -> bool: ...
+    def late(
+        self, rec: Record, model: str, summarized: tuple[int, int, bool], cached: int = 0
+    ) -> None: ...
 
 
 @dataclass(slots=True)
@@ -100,7 +109,7 @@ class Record:
     summary_cached: int = 0  # of summarized's input, what the provider's cache served
     summarizer_spent: int = 0
     summarizer_model: str | None = None
-    ledger: Ledger | None = None
+    ledger: Books | None = None
     finished: bool = False
 
     @classmethod
@@ -178,7 +187,7 @@ class Record:
 
 def record_of(request: Request) -> Record:
     """The request's record (a fresh one, never logged, outside ``RecordRequests``)."""
-    record: Record | None = request.scope.get(_SCOPE_KEY)
+    record: Record | None = request.scope.get(SCOPE_KEY)
     return Record.detached() if record is None else record
 
 
@@ -186,7 +195,7 @@ def current_record() -> Record:
     """The record of the request this code runs for (its background work included: a
     task started while serving it inherits it), or, outside ``RecordRequests``, a fresh
     one never logged."""
-    record = _CURRENT.get()
+    record = CURRENT.get()
     return Record.detached() if record is None else record
 
 
@@ -194,65 +203,8 @@ def current_record() -> Record:
 def recording(record: Record) -> Iterator[Record]:
     """``record`` as the current one within the block, and in the tasks started there
     (they copy the context): for code that serves a request outside ``RecordRequests``."""
-    token = _CURRENT.set(record)
+    token = CURRENT.set(record)
     try:
         yield record
     finally:
-        _CURRENT.reset(token)
-
-
-class RecordRequests:
-    """ASGI middleware: a ``Record`` per request, its id on both hops, finished at the end."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = scope.get("state")
-        recorder: Recorder | None = state.get("recorder") if state else None
-        if scope["type"] != "http" or recorder is None or scope["path"] in _UNRECORDED:
-            await self.app(scope, receive, send)
-            return
-        request_id, scope["headers"] = request_id_from(scope["headers"])
-        rec = Record(request_id, perf_counter(), scope["method"], scope["path"])
-        rec.ledger = recorder.ledger
-        scope[_SCOPE_KEY] = rec
-        own = (HEADER, request_id.encode("ascii"))
-
-        def send_recorded(message: Message) -> Awaitable[None]:
-            # Not a coroutine: ``send``'s own is what the caller awaits (a frame and a
-            # coroutine fewer a message); what it notes is noted before that runs, as it was.
-            if message["type"] == "http.response.start":
-                rec.status = message["status"]
-                headers, upstream_id, rec.event_stream = response_headers(
-                    message.get("headers", ()), own
-                )
-                message["headers"] = headers
-                rec.upstream_request_id = upstream_id
-                if rec.event_stream:
-                    recorder.metrics.active_streams.inc()
-            elif rec.event_stream and message["type"] == "http.response.body":  # its first
-                # byte's time and its end: a stream's (a line has them for streams only)
-                if rec.ttfb_s is None and message.get("body"):
-                    rec.ttfb_s = perf_counter() - rec.started
-                if not message.get("more_body", False):
-                    rec.completed = True
-            return send(message)
-
-        token, current = REQUEST_ID.set(request_id), _CURRENT.set(rec)
-        in_flight = recorder.in_flight
-        in_flight.inc(1)
-        try:
-            await self.app(scope, receive, send_recorded)
-        except Exception:
-            rec.status = rec.status or 500
-            raise
-        finally:
-            in_flight.inc(-1)
-            if rec.event_stream:
-                recorder.metrics.active_streams.dec()
-            route = scope.get("route")
-            rec.route = getattr(route, "name", None) or "other"
-            recorder.finish(rec)
-            _CURRENT.reset(current)
-            REQUEST_ID.reset(token)
+        CURRENT.reset(token)

@@ -67,7 +67,7 @@ async def test_a_request_is_in_flight_while_it_is_served_and_not_after() -> None
     from starlette.types import Message, Receive, Scope, Send
 
     from proxy.config import Settings
-    from proxy.observe.record import RecordRequests
+    from proxy.observe.record_requests import RecordRequests
     from proxy.observe.recorder import Recorder
 
     metrics = Metrics.create()

@@ -21,7 +21,7 @@ from proxy.compaction.inflight import _HELD, BodyBudget
 from proxy.config import ServerSettings, Settings
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.observe.metrics import Metrics
-from proxy.observe.record import RecordRequests
+from proxy.observe.record_requests import RecordRequests
 from proxy.observe.recorder import Recorder
 from proxy.routes.endpoints import endpoint
 from proxy.shortcuts.starlette_request import ProxyRequest
