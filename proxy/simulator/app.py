@@ -25,25 +25,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import orjson
-from cachetools import LRUCache
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy.core.cache_outcome import CacheOutcome
-from proxy.core.encodings import load_encoders
-from proxy.simulator.anthropic_cache import AnthropicCache
 from proxy.simulator.completion import Completion, completion_body, completion_chunks
-from proxy.simulator.config import ModelProfile, SimulatorConfig, resolve_model
-from proxy.simulator.counting import PromptCounter
+from proxy.simulator.config import SimulatorConfig
 from proxy.simulator.errors import (
     ErrorInfo,
     SimError,
@@ -56,10 +50,11 @@ from proxy.simulator.listing import listing_body, props_body
 from proxy.simulator.messages import messages_routes
 from proxy.simulator.non_chat import embeddings_body, legacy_completion_body
 from proxy.simulator.overrides import Overrides, errors_in_stream, read_overrides
-from proxy.simulator.prompt_cache import PromptCache, chat_blocks
-from proxy.simulator.recorder import Counter, Recorder
+from proxy.simulator.prompt_cache import chat_blocks
+from proxy.simulator.recorder import Counter
 from proxy.simulator.replies import Ask, Voice, build_reply
-from proxy.simulator.responses import StoredResponses, compact_route, responses_route
+from proxy.simulator.responses import compact_route, responses_route
+from proxy.simulator.state import Simulator
 from proxy.simulator.stream import once, sse_events, with_thinking
 from proxy.simulator.validate import (
     check_alternation,
@@ -68,7 +63,6 @@ from proxy.simulator.validate import (
     requested_output,
 )
 
-_PROFILE_CACHE_LIMIT = 1024
 _COUNTER_FOR: dict[str, Counter] = {
     "structure": "rejected_structure",
     "overflow": "overflows",
@@ -76,55 +70,6 @@ _COUNTER_FOR: dict[str, Counter] = {
     "output_budget": "rejected_output",
 }
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-class Simulator:
-    """Everything the handlers share: config, one prompt counter per tokenizer, the recorder."""
-
-    def __init__(self, config: SimulatorConfig) -> None:
-        self.config = config
-        encoders = load_encoders(config.tokenizers())
-        self.counters = {name: PromptCounter(enc) for name, enc in encoders.items()}
-        self.recorder = Recorder(config.recording.max_requests, config.recording.max_bytes)
-        self.responses = StoredResponses()  # for previous_response_id
-        cache = config.prompt_cache
-        self.prompt_cache = PromptCache(
-            ttl_s=cache.ttl_s, min_tokens=cache.min_tokens, increment=cache.increment
-        )
-        self.anthropic_cache = AnthropicCache(cache.anthropic_ttl_s, cache.anthropic_long_ttl_s)
-        # Bounded: clients may invent model names. Event loop only, so no lock.
-        self._profiles: LRUCache[str, ModelProfile] = LRUCache(_PROFILE_CACHE_LIMIT)
-        self._slots = asyncio.Semaphore(config.slots) if config.slots else None
-
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one of ``config.slots`` while answering: a request beyond them waits
-        for one, as on llama.cpp's server with ``-np`` slots (summaries included)."""
-        if self._slots is None:
-            yield
-            return
-        if self._slots.locked():
-            self.recorder.bump("slot_waits")
-        async with self._slots:
-            yield
-
-    def profile(self, model: str) -> ModelProfile:
-        found = self._profiles.get(model)
-        if found is None:
-            found = self._profiles[model] = resolve_model(self.config, model)
-        return found
-
-    def counter(self, profile: ModelProfile) -> PromptCounter:
-        return self.counters[profile.tokenizer]
-
-    def cached(
-        self, request: Request, blocks: list[tuple[object, int]], total: int, scale: float
-    ) -> tuple[int, CacheOutcome | None]:
-        """The cached tokens of a prompt of ``blocks`` (prompt_cache.py), ``total`` tokens
-        counted at ``scale``, sent with the request's API key, and the cache's outcome."""
-        if scale != 1.0:
-            blocks = [(value, int(tokens * scale)) for value, tokens in blocks]
-        return self.prompt_cache.lookup(request.headers.get("authorization", ""), blocks, total)
 
 
 async def _abandoned_during(request: Request, delay_ms: float) -> bool:

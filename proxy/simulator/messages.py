@@ -56,7 +56,7 @@ from proxy.simulator.stream import named_stream
 from proxy.simulator.validate import parse_json_object
 
 if TYPE_CHECKING:
-    from proxy.simulator.app import Simulator
+    from proxy.simulator.state import Simulator
 
 _COUNTED = {
     "structure": "rejected_structure",

@@ -31,7 +31,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from cachetools import LRUCache
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -44,11 +43,9 @@ from proxy.simulator.compaction import (
 )
 from proxy.simulator.completion import CREATED
 from proxy.simulator.errors import (
-    ErrorInfo,
     SimError,
     invalid_request,
     missing_parameter,
-    openai_error,
     overflow_error,
     simulated_failure,
 )
@@ -67,61 +64,18 @@ from proxy.simulator.stream import named_stream
 from proxy.simulator.validate import parse_json_object
 
 if TYPE_CHECKING:
-    from proxy.simulator.app import Simulator
+    from proxy.simulator.state import Simulator
 
 # api.openai.com's words for a Responses input over the window; it states no limit.
 CONTEXT_EXCEEDED = (
     "Your input exceeds the context window of this model. Please adjust your input and try again."
 )
-# api.openai.com's words for an item it does not hold (HTTP 404, param "input", no code).
-ITEM_NOT_FOUND = (
-    "Item with id '{id}' not found. Items are not persisted when `store` is set to false. "
-    "Try again with `store` set to true, or remove this item from your input."
-)
-_STORED_LIMIT = 1024
-_STORED_ITEMS_LIMIT = 16 * _STORED_LIMIT
 _COUNTED: dict[str, Counter] = {
     "structure": "rejected_structure",
     "overflow": "overflows",
     "failure": "failures",
     "output_budget": "rejected_output",
 }
-
-
-class StoredResponses:
-    """Conversations of recent responses (input and output items), for chaining, and
-    their output items by id, for ``item_reference``."""
-
-    def __init__(self) -> None:
-        self._items: LRUCache[str, list[dict[str, Any]]] = LRUCache(_STORED_LIMIT)
-        self._outputs: LRUCache[str, dict[str, Any]] = LRUCache(_STORED_ITEMS_LIMIT)
-
-    def get(self, response_id: str) -> list[dict[str, Any]]:
-        found = self._items.get(response_id)
-        if found is None:
-            raise invalid_request(
-                f"Previous response with id '{response_id}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
-        return found
-
-    def item(self, item_id: str) -> dict[str, Any]:
-        """The stored output item ``item_id``, as the response gave it."""
-        found = self._outputs.get(item_id)
-        if found is None:
-            info = ErrorInfo(ITEM_NOT_FOUND.format(id=item_id), param="input")
-            raise openai_error(404, info)
-        return found
-
-    def put(
-        self, response_id: str, items: list[dict[str, Any]], output: list[dict[str, Any]]
-    ) -> None:
-        """Keep ``items`` (the conversation, ``output`` last) and each output item by id."""
-        self._items[response_id] = items
-        for item in output:
-            if isinstance(item.get("id"), str):
-                self._outputs[item["id"]] = item
 
 
 def responses_route(sim: Simulator) -> Callable[[Request], Awaitable[Response]]:

@@ -12,7 +12,7 @@ from starlette.responses import StreamingResponse
 from proxy.simulator.overrides import Overrides
 
 if TYPE_CHECKING:
-    from proxy.simulator.app import Simulator
+    from proxy.simulator.state import Simulator
 
 DONE = b"data: [DONE]\n\n"
 COMMENT = b": PROCESSING\n\n"
