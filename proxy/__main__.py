@@ -68,12 +68,23 @@ def _warn_tenant_key(settings: Settings) -> None:
 
 
 def _warn_deprecated(settings: Settings) -> None:
-    """Once per start: ``enabled``, the older switch beside ``mode`` (issue 38), still read
-    for one release: what to set instead."""
+    """Once per start: ``enabled``, the older switch beside ``mode``, and the flat keys
+    now in groups (``precompact_ratio``: ``precompact.ratio``), still read for one release:
+    what to set instead."""
+    from proxy.config.compaction import RENAMED
+
     if "enabled" in settings.compaction.model_fields_set:
         log.warning(
             "compaction.enabled is deprecated and goes in a later release: set "
             "compaction.mode (on, shadow or off) instead"
+        )
+    for key in settings.compaction._renamed:
+        group, name = RENAMED[key]
+        log.warning(
+            "compaction.%s is deprecated and goes in a later release: set compaction.%s.%s",
+            key,
+            group,
+            name,
         )
     if any(entry.enabled is not None for entry in settings.tenants):
         log.warning(

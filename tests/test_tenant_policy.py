@@ -140,8 +140,8 @@ def test_an_entry_overrides_what_it_sets_and_follows_compaction_for_the_rest() -
     assert b is not None
     assert (a.compaction.trigger_ratio, a.compaction.target_ratio) == (0.4, 0.2)
     assert (a.compaction.summary_max_tokens, a.compaction.summarizer_model) == (300, "big")
-    assert a.compaction.precompact_ratio == pytest.approx(0.3)  # 0.6 of 0.8, so of 0.4
-    assert (b.compaction.summarizer_model, b.compaction.precompact_ratio) == ("small", None)
+    assert a.compaction.precompact.ratio == pytest.approx(0.3)  # 0.6 of 0.8, so of 0.4
+    assert (b.compaction.summarizer_model, b.compaction.precompact.ratio) == ("small", None)
     assert b.compaction.summary_max_tokens == 900
     # Resolved once: every lookup hands out the same object.
     assert policies.policy_for(A) is a
@@ -451,8 +451,8 @@ def test_precompact_true_turns_it_on_where_compaction_has_it_off() -> None:
     a, b = table.policy_for(A), table.policy_for(B)
     assert a is not None
     assert b is not None
-    assert a.compaction.precompact_ratio == 0.6  # the defaults': 0.6 of a trigger of 0.8
-    assert b.compaction.precompact_ratio == 0.3  # the same share of its own trigger
+    assert a.compaction.precompact.ratio == 0.6  # the defaults': 0.6 of a trigger of 0.8
+    assert b.compaction.precompact.ratio == 0.3  # the same share of its own trigger
 
 
 async def test_over_a_cap_the_view_is_trimmed_to_the_trigger_not_summarized() -> None:

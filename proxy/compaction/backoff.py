@@ -3,8 +3,8 @@
 A summarizer that fails or is always cut off (``finish_reason: length``) costs
 calls on every turn past the trigger, and each of those turns is trimmed anyway.
 After a failed summary the session's summaries are not asked for again for
-``compaction.summary_backoff_s``, doubling with each failure in a row up to
-``summary_backoff_max_s``, and at least ``COST_FACTOR`` times what the failed attempt
+``compaction.backoff.first_s``, doubling with each failure in a row up to
+``backoff.max_s``, and at least ``COST_FACTOR`` times what the failed attempt
 took: on a slow server a summary that held the only slot for minutes (and timed out)
 would otherwise come back every few turns, and those turns would queue behind it;
 meanwhile its turns are trimmed without a call (counted

@@ -77,7 +77,7 @@ class Compactor:
         c = self.settings.compaction
         args = (self.settings, self.models, self.client, self.counters, self.metrics)
         self.folder = Folder(*args, SummaryPace.of(c))
-        spans = (c.summary_backoff_s, c.summary_backoff_max_s, self.clock, self.memory)
+        spans = (c.backoff.first_s, c.backoff.max_s, self.clock, self.memory)
         self.backoff = SummaryBackoff(*spans, "failed")
         self.idle = SummaryBackoff(*spans, "idle")
         self.trims = TrimCuts(c.summary_role, self.memory)

@@ -27,7 +27,7 @@ def far_below(
     c = turn.compaction(default)
     chat, model = turn.chat, turn.model
     reserve = output_reserve(chat, model.max_output_tokens)
-    soonest = (c.precompact_ratio if model.precompact else None) or c.trigger_ratio
+    soonest = (c.precompact.ratio if model.precompact else None) or c.trigger_ratio
     limit = int(model.context_window * soonest) - reserve  # bytes bound no item by reference
     limit = limit if turn.trigger is None else min(limit, turn.trigger)
     below = not turn.references and bounded_by(turn.body, chat["messages"], limit)

@@ -5,7 +5,7 @@ memory (rate limits of asked-for compactions, summary back-offs, the cut or snap
 served last, when it last noted the session in the store, a lock it waited out) are one
 ``SessionRecord`` each, in one least-recently-used table of at most ``TRACKED_LIMIT``
 sessions. Clients choose session ids, so the table is what bounds them; a record that
-carries text (a held summary, a trimmed cut's digest) weighs its characters besides,
+carries text (a held summary, a trimmed cut's recap) weighs its characters besides,
 so a table of long summaries holds fewer sessions rather than more bytes. With several
 replicas each keeps its own: what one forgets, or another never saw, costs a prompt
 cache miss or a summary attempt sooner than its back-off would allow, never content
@@ -27,7 +27,7 @@ from proxy.core.snapshot import Snapshot
 from proxy.core.trim import Cut
 
 # A record weighs this plus the characters of the text it carries; the table holds
-# TRACKED_LIMIT records of no text, ~10 MB, and fewer as their summaries and digests grow.
+# TRACKED_LIMIT records of no text, ~10 MB, and fewer as their summaries and recaps grow.
 RECORD_WEIGHT = 1024
 _NEVER = float("-inf")
 
@@ -65,7 +65,7 @@ class SessionRecord:
     @property
     def weight(self) -> int:
         served = self.served.snapshot if self.served is not None else None
-        text = (len(served.summary) if served else 0) + (len(self.cut.digest) if self.cut else 0)
+        text = (len(served.summary) if served else 0) + (len(self.cut.recap) if self.cut else 0)
         return RECORD_WEIGHT + text
 
 

@@ -13,7 +13,7 @@ runs out as well was given twice the time that bound says it needs: its time is 
 what it writes (a long prompt read cold, a loaded server), so a shorter one would not
 finish either, and none is asked until the knowledge expires (a speed of 0: each turn
 not asked is counted, none waits a deadline out again). What was learned is trusted for ``ttl_s``
-(``compaction.summary_backoff_max_s``; nothing with the back-off off), then the next
+(``compaction.backoff.max_s``; nothing with the back-off off), then the next
 summary measures again: the server may have been given a core, or a lighter load. Per
 process; per tenant and model, so one tenant's long spans never make another's summaries
 look slow.
@@ -57,8 +57,8 @@ class SummaryPace:
     @classmethod
     def of(cls, settings: CompactionSettings) -> SummaryPace:
         """Trusted as long as the longest back-off; with the back-off off
-        (``summary_backoff_s: 0``) nothing is kept: every summary is asked in full."""
-        return cls(settings.summary_backoff_max_s if settings.summary_backoff_s > 0 else 0.0)
+        (``backoff.first_s: 0``) nothing is kept: every summary is asked in full."""
+        return cls(settings.backoff.max_s if settings.backoff.first_s > 0 else 0.0)
 
     def finished(self, tenant: str, model: str, seconds: float, tokens: int | None) -> None:
         """A summary by ``model`` took ``seconds`` and wrote ``tokens`` (None: unknown)."""

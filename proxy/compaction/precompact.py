@@ -1,22 +1,22 @@
 """Background pre-compaction: compact a session after its answer is out, before it must.
 
-A turn whose view passes ``compaction.precompact_ratio`` of the window (below the
+A turn whose view passes ``compaction.precompact.ratio`` of the window (below the
 trigger) leaves a follow-up beside its ``Outcome``; once its answer is out (a stream:
 ended), it starts a task that compacts the history that turn sent, under the same lock
 and compare-and-swap as an inline compaction (``Compactor.try_compact``). The next
 turn's history extends it, so the turn that would have crossed the trigger finds its
 view compacted already and does not wait for a summary.
 
-It plans as inline with the window scaled by ``precompact_ratio / trigger_ratio``, down
+It plans as inline with the window scaled by ``precompact.ratio / trigger_ratio``, down
 to ``target_ratio`` scaled alike (0.6 -> 0.375 by default), so each compaction still
 folds in a sizeable span: a third more summaries than inline (0.8 -> 0.5), not the three
 times as many of compacting to ``target_ratio`` itself, each a change of the cached prefix.
 
-Bounded: at most ``precompact_concurrency`` runs at once in the process (more are
+Bounded: at most ``precompact.concurrency`` runs at once in the process (more are
 skipped), one per session, and a session whose run failed or found nothing to do
-is not tried again for ``precompact_retry_s``. Shared fairly between tenants: a
+is not tried again for ``precompact.retry_s``. Shared fairly between tenants: a
 tenant may fill the free slots while nobody else wants one, but a tenant under its
-share (``precompact_per_tenant``, by default half the slots rounded up) that finds
+share (``precompact.per_tenant``, by default half the slots rounded up) that finds
 them all taken preempts the newest run of a tenant over its share (counted
 ``preempted``; that session is not backed off and is offered again by its next
 turn), so one tenant's throwaway sessions cannot keep another's from compacting.
@@ -63,18 +63,18 @@ if TYPE_CHECKING:
     from proxy.compaction.prepare import Prepared
 
 log = logging.getLogger("proxy.compaction")
-# Runs after which the session is not offered again for precompact_retry_s.
+# Runs after which the session is not offered again for precompact.retry_s.
 _BACKED_OFF = ("failed", "unchanged", "skipped_tenant_cap", "yielded")
 
 
 def background_budget(
     budget: Budget, settings: CompactionSettings, *, held: bool = False
 ) -> Budget:
-    """``budget`` as pre-compaction plans with it: the trigger at ``precompact_ratio``
+    """``budget`` as pre-compaction plans with it: the trigger at ``precompact.ratio``
     of the window and the target scaled by the same factor; ``held`` (cache_aware, the
     upstream caching): its snapshot waits for the trigger (held.py), so the target is
     core/cache_cuts.py's ``landing_ratio``, where the view lands at ``target_ratio`` then."""
-    ratio = settings.precompact_ratio or settings.trigger_ratio
+    ratio = settings.precompact.ratio or settings.trigger_ratio
     target = settings.target_ratio * ratio / settings.trigger_ratio
     if held:
         target = landing_ratio(settings.trigger_ratio, settings.target_ratio, ratio)
@@ -84,7 +84,7 @@ def background_budget(
 def wants_precompaction(tokens: int, window: int, settings: CompactionSettings) -> bool:
     """Whether a view of ``tokens`` (reserve included, as the trigger counts them) is past
     the soft threshold: worth compacting in the background once the answer is out."""
-    ratio = settings.precompact_ratio
+    ratio = settings.precompact.ratio
     return bool(ratio) and tokens > int(window * (ratio or 0))
 
 
@@ -117,8 +117,8 @@ class Precompactor:
     busy: BusyModels = field(default_factory=BusyModels)
 
     def __post_init__(self) -> None:
-        slots = self.settings.precompact_concurrency
-        self.share = min(self.settings.precompact_per_tenant or math.ceil(slots / 2), slots)
+        slots = self.settings.precompact.concurrency
+        self.share = min(self.settings.precompact.per_tenant or math.ceil(slots / 2), slots)
 
     def offer(self, turn: Turn, p: Prepared, tokens: int) -> FollowUp | None:
         """What to start once ``turn``'s answer is out, when its view (``tokens``) is past
@@ -168,7 +168,7 @@ class Precompactor:
         the session already (which it waits for), every slot taken."""
         if self.closed or key in self.running:
             return False
-        if len(self.running) >= self.settings.precompact_concurrency:
+        if len(self.running) >= self.settings.precompact.concurrency:
             return False
         task = asyncio.create_task(_finished(compaction))
         self.running[key] = task
@@ -184,12 +184,12 @@ class Precompactor:
             return "skipped_running"
         if self.backed_off(key) or self.compactor.backoff.active(key):
             return "skipped_backoff"
-        if len(self.running) >= self.settings.precompact_concurrency:
+        if len(self.running) >= self.settings.precompact.concurrency:
             return "skipped_cap"
         return None
 
     def backed_off(self, key: SessionKey) -> bool:
-        """Whether ``key``'s last run failed or did nothing ``precompact_retry_s`` ago or less."""
+        """Whether ``key``'s last run failed or did nothing ``precompact.retry_s`` ago or less."""
         record = self.compactor.memory.get(key)
         return record is not None and record.precompact_until > self.clock()
 
@@ -198,7 +198,7 @@ class Precompactor:
         and another tenant is over its own (that tenant's newest run is cancelled and
         awaited); "skipped_cap" when there is none to take."""
         held: dict[str, list[SessionKey]] = {}
-        for running in self.running:  # at most precompact_concurrency entries
+        for running in self.running:  # at most precompact.concurrency entries
             held.setdefault(running.tenant, []).append(running)
         if len(held.get(key.tenant, ())) >= self.share:
             return "skipped_cap"
@@ -228,8 +228,8 @@ class Precompactor:
             self.preempted.discard(key)
             outcome = "preempted"  # not the session's failure: no back-off
         self.metrics.precompactions.labels(outcome=outcome).inc()
-        if outcome in _BACKED_OFF and self.settings.precompact_retry_s > 0:
-            retry_at = self.clock() + self.settings.precompact_retry_s
+        if outcome in _BACKED_OFF and self.settings.precompact.retry_s > 0:
+            retry_at = self.clock() + self.settings.precompact.retry_s
             self.compactor.memory.of(key).precompact_until = retry_at
 
     async def _run(self, job: Job) -> str:
@@ -240,7 +240,7 @@ class Precompactor:
             with self.busy.summarizing(summarizer.name, yields=summarizer.single_slot) as lease:
                 SUMMARY_WATCH.set(SummaryWatch(ended=lease.end))  # off the model once answered
                 if summarizer.single_slot:  # a turn sent meanwhile cancels this at no cost
-                    await asyncio.sleep(c.precompact_idle_s)
+                    await asyncio.sleep(c.precompact.idle_s)
                 return await self._compact(job)
         except TenantCapped:
             return "skipped_tenant_cap"  # counted by its cap too (caps.py)

@@ -5,7 +5,7 @@ moves forward a group almost every turn and the upstream sees a new prefix each
 time: a provider's prefix cache (llama.cpp's prompt cache, hosted prompt caching)
 misses and the whole view is processed again (seconds a turn on a CPU: the figure in
 bench/README.md, from bench/realmodel). So the cut served last (trim.Cut: its view and
-its digest's text) is kept per session and handed back to the pure trim, which
+its recap's text) is kept per session and handed back to the pure trim, which
 reuses it while the history still starts with what it dropped and the view fits
 the window; past that it trims to the target again, and that cut holds for the
 next turns (hysteresis). Kept in the replica's session memory (memory.py): with several

@@ -15,7 +15,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from proxy.config.compaction import CompactionSettings, Mode
+from proxy.config.compaction import CompactionSettings, Mode, PrecompactSettings
 
 MAX_TENANTS = 1000  # entries
 MAX_IDS = 1000  # ids under one label
@@ -81,14 +81,15 @@ class TenantPolicy(BaseModel):
             mode = "on" if base.effective_mode == "off" else base.effective_mode
         if mode is not None:
             data.update(mode=mode, enabled=True)
-        early = base.precompact_ratio
+        early = base.precompact.ratio
         if early and self.trigger_ratio is not None:  # the same share of the trigger
             early = round(early * self.trigger_ratio / base.trigger_ratio, 6)
         if self.precompact is not None:
-            fields = type(base).model_fields  # else the defaults' share of its trigger
-            share = fields["precompact_ratio"].default / fields["trigger_ratio"].default
+            # else the defaults' share of its trigger
+            default = PrecompactSettings.model_fields["ratio"].default
+            share = default / type(base).model_fields["trigger_ratio"].default
             early = (early or round(share * data["trigger_ratio"], 6)) if self.precompact else None
-        data["precompact_ratio"] = early
+        data["precompact"]["ratio"] = early
         return type(base).model_validate(data)
 
 

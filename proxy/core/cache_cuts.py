@@ -4,7 +4,7 @@ An upstream with a prompt cache (OpenAI's, DeepSeek's, llama.cpp's slot) bills t
 prefix it has seen at a fraction of the input price. Between two moves of the cut the
 served view only grows at its end (invariant 5), so every turn's prefix is cached; the
 turn after a move pays for the whole view again. A background pre-compaction
-(precompact.py) moves the cut at ``precompact_ratio`` of the window, before the
+(precompact.py) moves the cut at ``precompact.ratio`` of the window, before the
 trigger asks for it: with the upstream caching, the view served is *held* while it
 fits under the trigger, and the pre-compacted snapshot is applied only when the held
 view would cross it. So that it then lands at ``target_ratio`` (the next move as many

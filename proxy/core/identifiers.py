@@ -49,11 +49,6 @@ class Restored:
     dropped: int  # lost by the model and not restored: the section's bound was hit
 
 
-def find_identifiers(text: str) -> list[str]:
-    """The keys of the values in ``text``, each once, most recently used last."""
-    return [value.key for value in find_values(text)]
-
-
 @dataclass(frozen=True, slots=True)
 class _Wanted:
     """A value to keep: its line in the carried section and what shows it is kept."""

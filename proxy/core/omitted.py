@@ -6,7 +6,7 @@ old bulky tool outputs with a placeholder (rebuild.py). Left at that, a later
 question about a port or a ticket id gets a confident invention. So both keep the
 values those messages held (values.py), deterministically:
 
-* a trimmed view carries a digest of the dropped span after the one-line marker:
+* a trimmed view carries a recap of the dropped span after the one-line marker:
   ``OMITTED_HEADING``, then one line per value (within the bounds settings and
   labelled facts are kept first, a log's repeated fields last, values only the
   assistant's turns hold after all of them, the most recent first within each:
@@ -38,7 +38,7 @@ from proxy.types import ChatMessage
 # message held (``_held``), so a long failing conversation reads each dropped message
 # once, and a span too big for one call is read over the next turns.
 DIGEST_SCANNED = 32 * 1024
-# No line is shorter ("- tool: `a=1`"): a digest with less room left is full.
+# No line is shorter ("- tool: `a=1`"): a recap with less room left is full.
 _SHORTEST_LINE = 14
 # Values kept per message: a tool output of a thousand settings keeps its last ones.
 _PER_MESSAGE = 32
@@ -58,24 +58,24 @@ _held: LRUCache[bytes, tuple[str, tuple[Value, ...]]] = LRUCache(
 _elided: LRUCache[bytes, str] = LRUCache(maxsize=4096)
 
 
-def digest_tokens(digest: str) -> int:
-    """The estimated cost of ``digest`` in a view."""
-    return math.ceil(len(digest) / _CHARS_PER_TOKEN) if digest else 0
+def recap_tokens(recap: str) -> int:
+    """The estimated cost of ``recap`` in a view."""
+    return math.ceil(len(recap) / _CHARS_PER_TOKEN) if recap else 0
 
 
-def digest_chars(tokens: int) -> int:
-    """The characters a digest of ``tokens`` tokens may have."""
+def recap_chars(tokens: int) -> int:
+    """The characters a recap of ``tokens`` tokens may have."""
     return int(tokens * _CHARS_PER_TOKEN)
 
 
-def omitted_digest(
+def omitted_recap(
     messages: Sequence[ChatMessage],
     digests: Sequence[bytes],
     kept: str,
     max_chars: int,
     max_count: int,
 ) -> str:
-    """The digest of ``messages`` (dropped, oldest first; ``digests`` theirs): their
+    """The recap of ``messages`` (dropped, oldest first; ``digests`` theirs): their
     values that ``kept`` (the summary the view still carries) lacks, at most
     ``max_count`` lines in at most ``max_chars`` characters heading included, the most
     recent first; "" if none."""

@@ -71,13 +71,6 @@ def sides(entry: Entry, price: Price, summarizer: Price | None) -> tuple[float, 
     return would / 1_000_000, paid / 1_000_000
 
 
-def money_saved(entry: Entry, price: Price, summarizer: Price | None) -> float:
-    """USD ``entry`` saved at ``price`` (the request's model), its summarizer tokens at
-    ``summarizer`` (the summarizer model's; None: ``price``)."""
-    would, paid = sides(entry, price, summarizer)
-    return would - paid
-
-
 # A provider's prompt cache lifetimes when no price rule names them: 5 minutes, an hour.
 DEFAULT_TTLS = (300.0, 3600.0)
 

@@ -61,7 +61,7 @@ def _summary_messages(
     """
     opens = before is None or before in _LEADING_ROLES
     if summary_role == "system" and opens and after != "assistant":
-        # Restored identifiers and the digest of omitted messages are quoted from user
+        # Restored identifiers and the recap of omitted messages are quoted from user
         # and tool messages: never given a system message's authority. They follow as
         # a user turn the assistant acknowledges, so the turn after the handoff still
         # alternates.

@@ -3,12 +3,12 @@
 Used when summarization fails, times out, is backed off (backoff.py) or has
 nothing left to fold in while the view is still over the window. No model call,
 nothing stored: the next turn (past any back-off) tries summarizing again. The
-marker is followed by a digest of the values the dropped messages held
+marker is followed by a recap of the values the dropped messages held
 (omitted.py), within a summary's budget and within the room the trim leaves:
-when the digest does not fit beside the kept turns, one more group is dropped
+when the recap does not fit beside the kept turns, one more group is dropped
 for it, never past the window.
 
-A trim drops down to ``budget.target``, and its ``Cut`` (the view and the digest's
+A trim drops down to ``budget.target``, and its ``Cut`` (the view and the recap's
 text) is handed back for the caller to keep (sticky.py): the next turn of the same
 history reuses it while it fits the window, so the upstream sees the same prefix,
 byte for byte, turn after turn (a provider's prefix cache hits, DESIGN.md invariant
@@ -23,7 +23,7 @@ from proxy.core.budget import FRAME_TOKENS, Budget
 from proxy.core.digest import prefix_hash
 from proxy.core.history import History
 from proxy.core.identifiers import split_carried
-from proxy.core.omitted import digest_chars, digest_tokens, omitted_digest
+from proxy.core.omitted import omitted_recap, recap_chars, recap_tokens
 from proxy.core.outcome import Outcome
 from proxy.core.plan import first_within, next_group_start, protected_start
 from proxy.core.rebuild import Handoff, rebuild_outcome
@@ -35,7 +35,7 @@ from proxy.errors import ContextTooLarge
 TRIM_MARKER_TOKENS: int = 30
 """Estimated tokens of the one-line marker that stands for trimmed messages."""
 QUOTED_FRAME_TOKENS: int = 40
-"""Estimated tokens around a digest: its heading, and after a system handoff the user
+"""Estimated tokens around a recap: its heading, and after a system handoff the user
 turn's introduction and the acknowledgement (rebuild.py)."""
 
 
@@ -43,14 +43,14 @@ turn's introduction and the acknowledgement (rebuild.py)."""
 class Cut:
     """A trimmed view as served, for the next turn to reuse: trimmed from snapshot
     ``version``'s view (covering up to ``start``) to ``view``, whose dropped span
-    ``digest`` quotes; ``prefix``: ``digest.prefix_hash`` of the messages before
+    ``recap`` quotes; ``prefix``: ``digest.prefix_hash`` of the messages before
     ``view.covered``, so a history that no longer starts with them is not served it."""
 
     version: int
     start: int
     view: View
     prefix: str
-    digest: str
+    recap: str
 
 
 def trim_outcome(
@@ -77,15 +77,15 @@ def trimmed(
         return rebuild_outcome(history, current, Handoff.of(loaded, summary_role), budget), None
     cut = previous if previous and _reusable(history, loaded, budget, previous) else None
     if cut is None:
-        view, digest = trim_plan(history, current, budget, budget.target), ""
+        view, recap = trim_plan(history, current, budget, budget.target), ""
         if view.covered > current.covered:
-            view, digest = _with_digest(history, loaded, current, view, budget)
+            view, recap = _with_recap(history, loaded, current, view, budget)
         prefix = prefix_hash(history.digests, view.covered)
-        cut = Cut(loaded.version, current.covered, view, prefix, digest)
-    view, digest = cut.view, cut.digest
+        cut = Cut(loaded.version, current.covered, view, prefix, recap)
+    view, recap = cut.view, cut.recap
     summary = loaded.summary
     if view.covered > current.covered:
-        summary = _trimmed_summary(loaded.summary, view.covered - current.covered, digest)
+        summary = _trimmed_summary(loaded.summary, view.covered - current.covered, recap)
     handoff = Handoff(summary, loaded.version, summary_role)
     outcome = rebuild_outcome(history, view, handoff, budget)
     outcome = replace(outcome, status="trimmed")
@@ -110,48 +110,48 @@ def _reusable(history: History, loaded: Loaded, budget: Budget, cut: Cut) -> boo
     )
 
 
-def _with_digest(
+def _with_recap(
     history: History, loaded: Loaded, current: View, view: View, budget: Budget
 ) -> tuple[View, str]:
-    """``view`` (which drops messages) with room for the digest of what it drops, and
-    the digest: the same view when it fits beside it, else one that drops more for it;
-    ``view`` and no digest when nothing to quote, or when even that would not fit."""
+    """``view`` (which drops messages) with room for the recap of what it drops, and
+    the recap: the same view when it fits beside it, else one that drops more for it;
+    ``view`` and no recap when nothing to quote, or when even that would not fit."""
     h = history
     most = budget.quoted_values_max
-    room = digest_chars(budget.summary_allowance - FRAME_TOKENS)
+    room = recap_chars(budget.summary_allowance - FRAME_TOKENS)
     start = current.covered
-    digest = omitted_digest(
+    recap = omitted_recap(
         h.messages[start : view.covered],
         h.digests[start : view.covered],
         loaded.summary,
         room,
         most,
     )
-    if not digest:
+    if not recap:
         return view, ""
-    extra = digest_tokens(digest) + QUOTED_FRAME_TOKENS
+    extra = recap_tokens(recap) + QUOTED_FRAME_TOKENS
     fitted = replace(view, summary_tokens=view.summary_tokens + extra)
     if fits(h, fitted, budget, budget.target):
-        return fitted, digest
+        return fitted, recap
     wider = trim_plan(h, current, budget, budget.target - extra)
-    # A digest of the wider span, in the room the first one took or the wider view
+    # A recap of the wider span, in the room the first one took or the wider view
     # leaves under the target if that is more.
     slack = budget.target - view_tokens(h, wider, budget)
-    chars = min(room, max(len(digest), digest_chars(slack - QUOTED_FRAME_TOKENS)))
+    chars = min(room, max(len(recap), recap_chars(slack - QUOTED_FRAME_TOKENS)))
     dropped, digests = h.messages[start : wider.covered], h.digests[start : wider.covered]
-    digest = omitted_digest(dropped, digests, loaded.summary, chars, most)
-    extra = digest_tokens(digest) + QUOTED_FRAME_TOKENS if digest else 0
+    recap = omitted_recap(dropped, digests, loaded.summary, chars, most)
+    extra = recap_tokens(recap) + QUOTED_FRAME_TOKENS if recap else 0
     fitted = replace(wider, summary_tokens=wider.summary_tokens + extra)
     if not fits(h, fitted, budget):
         return view, ""
-    return fitted, digest
+    return fitted, recap
 
 
-def _trimmed_summary(previous: str, dropped: int, digest: str) -> str:
+def _trimmed_summary(previous: str, dropped: int, recap: str) -> str:
     """The summary a trimmed view carries: the previous one's text, the marker, then the
-    quoted sections (its restored values, the digest) for rebuild.py to keep together."""
+    quoted sections (its restored values, the recap) for rebuild.py to keep together."""
     written, quoted = split_carried(previous)
-    return "\n\n".join(part for part in (written, omitted_marker(dropped), quoted, digest) if part)
+    return "\n\n".join(part for part in (written, omitted_marker(dropped), quoted, recap) if part)
 
 
 def _raise_if_newest_too_large(history: History, budget: Budget) -> None:

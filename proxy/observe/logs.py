@@ -184,16 +184,6 @@ def configured() -> bool:
     return _writer is not None
 
 
-def write_request_line(fields: dict[str, Any]) -> None:
-    """One request's line, at info level on ``ACCESS`` (``fields`` is not to change after)."""
-    if ACCESS.isEnabledFor(logging.INFO):
-        _write_request_line(str(fields.get("request_id")), _as_is, fields)
-
-
-def _as_is(fields: dict[str, Any]) -> dict[str, Any]:
-    return fields
-
-
 def request_line_writer() -> Callable[[str, LineFields, Any], None] | None:
     """What a request's line is written with, None when ``ACCESS`` writes no info lines:
     the recorder asks before it gathers one (and the level is checked once). Called with

@@ -83,7 +83,7 @@ def _served(tmp: Path) -> Iterator[tuple[str, str]]:
                     }
                 ],
                 # Inline compactions only, so each one shows on the turn that made it.
-                "compaction": {"precompact_ratio": None},
+                "compaction": {"precompact": {"ratio": None}},
                 "logging": {"format": "text", "level": "warning"},
             }
         )

@@ -112,9 +112,9 @@ class WindowPolicy:
         return cls(
             # Part of every key in a shared store: a key in the URL's query stays out of it.
             upstream=redact_url(settings.upstream.base_url),
-            ttl_s=c.learned_window_ttl_s,
-            quorum=c.learned_window_quorum,
-            interval_s=c.learned_window_interval_s,
+            ttl_s=c.learned_windows.ttl_s,
+            quorum=c.learned_windows.quorum,
+            interval_s=c.learned_windows.interval_s,
         )
 
 

@@ -60,13 +60,13 @@ def test_background_plans_compact_earlier_and_deeper_in_the_same_proportions() -
 
 @pytest.mark.parametrize("ratio", [0.8, 0.9])
 def test_precompact_ratio_must_be_below_the_trigger(ratio: float) -> None:
-    with pytest.raises(ConfigError, match="precompact_ratio must be below trigger_ratio"):
+    with pytest.raises(ConfigError, match=r"precompact\.ratio must be below trigger_ratio"):
         load_settings(compaction={"precompact_ratio": ratio})
 
 
 def test_precompaction_can_be_switched_off() -> None:
-    assert Settings(compaction={"precompact_ratio": None}).compaction.precompact_ratio is None
-    assert Settings(compaction={"precompact_ratio": 0}).compaction.precompact_ratio == 0
+    assert Settings(compaction={"precompact_ratio": None}).compaction.precompact.ratio is None
+    assert Settings(compaction={"precompact_ratio": 0}).compaction.precompact.ratio == 0
 
 
 async def test_more_sessions_than_the_cap_are_skipped_and_counted() -> None:

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from proxy.core.identifiers import find_identifiers, restore_identifiers
+from proxy.core.identifiers import restore_identifiers
 from proxy.core.wording import CARRIED_HEADING
+from tests.support.twins import find_identifiers
 
 
 @pytest.mark.parametrize(

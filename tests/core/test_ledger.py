@@ -16,8 +16,9 @@ from proxy.core.ledger import (
     summarizer_usage,
     with_summaries,
 )
-from proxy.core.prices import Price, money_saved, price_for
+from proxy.core.prices import Price, price_for
 from proxy.pricing import PriceRule
+from tests.support.twins import money_saved
 
 
 def test_a_history_sent_as_it_came_is_the_upstreams_count() -> None:

@@ -6,7 +6,7 @@ then build logs whose lines carry ``pid=…`` and ``key=session:…``, newest la
 from __future__ import annotations
 
 from proxy.core.identifiers import restore_identifiers
-from proxy.core.omitted import elided_values, omitted_digest
+from proxy.core.omitted import elided_values, omitted_recap
 from proxy.core.salience import keep_order, tiers
 from proxy.core.values import find_values
 from proxy.core.wording import CARRIED_HEADING
@@ -54,7 +54,7 @@ def test_restored_identifiers_keep_every_setting_before_log_fields() -> None:
 
 def test_a_trimmed_views_digest_keeps_every_setting_before_log_fields() -> None:
     messages = [{"role": role, "content": text, "tool_call_id": "c"} for role, text in _sources()]
-    digest = omitted_digest(messages, [b""] * len(messages), "", 900, 64)
+    digest = omitted_recap(messages, [b""] * len(messages), "", 900, 64)
     for key, value in SETTINGS:
         assert f"{key} = {value}" in digest
     assert "pid=1000`" not in digest

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from proxy.core.identifiers import restore_identifiers
-from proxy.core.omitted import omitted_digest
+from proxy.core.omitted import omitted_recap
 from proxy.core.values import find_values
 from proxy.core.wording import CARRIED_HEADING, OMITTED_HEADING
 from proxy.types import ChatMessage
@@ -193,7 +193,7 @@ def test_the_digest_quotes_what_the_user_and_tools_stated_before_the_assistants_
         else:
             dropped.append({"role": "user", "content": "Carry on."})
         dropped.append({"role": "assistant", "content": f"Logged as ACK-{turn:04d} for later."})
-    digest = omitted_digest(dropped, [b""] * len(dropped), "", 1000, 8)
+    digest = omitted_recap(dropped, [b""] * len(dropped), "", 1000, 8)
     lines = digest.splitlines()
     assert lines[0] == OMITTED_HEADING
     assert not any("ACK-" in line for line in lines), lines
@@ -202,7 +202,7 @@ def test_the_digest_quotes_what_the_user_and_tools_stated_before_the_assistants_
         *(f"run_{t}77" for t in range(1, 12, 3)),
     }
     # Room left over: the assistant's ids come after, newest first.
-    roomy = omitted_digest(dropped, [b""] * len(dropped), "", 2000, 12)
+    roomy = omitted_recap(dropped, [b""] * len(dropped), "", 2000, 12)
     acks = [line.split("`")[1] for line in roomy.splitlines() if "ACK-" in line]
     assert acks == [f"ACK-{t:04d}" for t in range(8, 12)]
     # A value the assistant repeats from the user is the user's.
@@ -210,7 +210,7 @@ def test_the_digest_quotes_what_the_user_and_tools_stated_before_the_assistants_
         *dropped,
         {"role": "assistant", "content": "Yes, cfg0=blue0 still."},
     ]
-    kept = omitted_digest(echoed, [b""] * len(echoed), "", 1000, 8)
+    kept = omitted_recap(echoed, [b""] * len(echoed), "", 1000, 8)
     assert any(line.startswith("- assistant: `cfg0=blue0`") for line in kept.splitlines())
 
 

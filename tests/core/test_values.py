@@ -9,7 +9,7 @@ from proxy.core.budget import Budget
 from proxy.core.digest import digests_and_sizes
 from proxy.core.history import History, result_flags
 from proxy.core.identifiers import restore_identifiers
-from proxy.core.omitted import digest_tokens, elided_values, omitted_digest
+from proxy.core.omitted import elided_values, omitted_recap, recap_tokens
 from proxy.core.snapshot import Loaded
 from proxy.core.trim import trim_outcome
 from proxy.core.values import find_values
@@ -128,7 +128,7 @@ def test_a_digest_quotes_values_with_role_and_words_within_its_bounds() -> None:
         {"role": "tool", "tool_call_id": "c1", "content": "SERVER_PORT = 7781\nlog = debug"},
         {"role": "user", "content": "we had 42 of them"},
     ]
-    digest = omitted_digest(dropped, NO_DIGESTS, "", 1000, 10)
+    digest = omitted_recap(dropped, NO_DIGESTS, "", 1000, 10)
     assert digest.splitlines() == [
         OMITTED_HEADING,
         "- user: `ticket id: TCK-90417` (from `The ticket id is TCK-90417 for this`)",
@@ -136,15 +136,15 @@ def test_a_digest_quotes_values_with_role_and_words_within_its_bounds() -> None:
         "- tool: `SERVER_PORT = 7781`",
     ]
     # Values the kept summary already has are not quoted twice.
-    assert "TCK-90417" not in omitted_digest(dropped, NO_DIGESTS, "ticket TCK-90417", 1000, 10)
+    assert "TCK-90417" not in omitted_recap(dropped, NO_DIGESTS, "ticket TCK-90417", 1000, 10)
     # Bounded: the most recent first, context dropped before a value is.
-    assert omitted_digest(dropped, NO_DIGESTS, "", 1000, 1).splitlines()[1:] == [
+    assert omitted_recap(dropped, NO_DIGESTS, "", 1000, 1).splitlines()[1:] == [
         "- tool: `SERVER_PORT = 7781`"
     ]
-    small = omitted_digest(dropped, NO_DIGESTS, "", len(OMITTED_HEADING) + 60, 10)
+    small = omitted_recap(dropped, NO_DIGESTS, "", len(OMITTED_HEADING) + 60, 10)
     assert len(small) <= len(OMITTED_HEADING) + 60
     assert small.splitlines()[1:] == ["- assistant: `port: 8443`", "- tool: `SERVER_PORT = 7781`"]
-    assert omitted_digest(dropped[3:], NO_DIGESTS[3:], "", 1000, 10) == ""
+    assert omitted_recap(dropped[3:], NO_DIGESTS[3:], "", 1000, 10) == ""
 
 
 def test_an_elided_output_keeps_its_values_in_reading_order_and_bounded() -> None:
@@ -200,7 +200,7 @@ def test_a_trimmed_view_carries_the_digest_as_quoted_data_never_in_a_system_mess
     # Counted: the digest's room is in the view's total, which stays within the target.
     assert outcome.tokens + budget.reserve <= budget.target
     section = text[text.index(OMITTED_HEADING) :].split("\n</summary>")[0]
-    assert outcome.tokens >= 10 + 420 + digest_tokens(section)
+    assert outcome.tokens >= 10 + 420 + recap_tokens(section)
 
 
 def test_a_digest_that_does_not_fit_beside_the_tail_drops_one_more_group() -> None:

@@ -208,7 +208,7 @@ def test_a_summarizer_always_cut_off_is_backed_off_per_session(
         summarizer_model="cut-off",
         summarizer_max_output_tokens=24,
         summarizer_context_window=WINDOW,  # the simulator's window for "cut-off"
-    )  # compaction.summary_backoff_s: its default, 30 s, is longer than the test
+    )  # compaction.backoff.first_s: its default, 30 s, is longer than the test
     url = start_proxy(settings)
     chat = Chat(url, key="sk-cut", session="cut")
     for i in range(12):

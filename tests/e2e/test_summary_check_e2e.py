@@ -90,7 +90,7 @@ def test_a_weak_summarizers_answer_is_rejected_retried_once_and_never_stored(
     assert (stored.json()["version"], stored.json()["summary"]) == (0, None)
     calls = summary_calls(sim)
     # One compaction's two answers: the first with the instructions, then the simple prompt;
-    # then the session backs off (compaction.summary_backoff_s): no call on later turns.
+    # then the session backs off (compaction.backoff.first_s): no call on later turns.
     asked = [instructions(c, prompt) for c in calls]
     if prompt == "transcript":
         assert asked == [CORE.system, SIMPLE.system]

@@ -23,12 +23,13 @@ from hypothesis import strategies as st
 from proxy.config import LoggingSettings, Settings
 from proxy.core.session import session_from_header
 from proxy.observe import logs
-from proxy.observe.logs import REQUEST_ID, configure_logging, write_request_line
+from proxy.observe.logs import REQUEST_ID, configure_logging
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import Record
 from proxy.observe.recorder import Recorder, api_resource
 from proxy.observe.request_id import request_id_from, response_headers
 from tests.support.logs import HEX_ID
+from tests.support.twins import write_request_line
 
 # --- request ids: the pure part -------------------------------------------------------
 

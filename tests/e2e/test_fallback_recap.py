@@ -27,9 +27,9 @@ from tests.support.chat import (
     upstream_requests,
 )
 
-# The digest's heading (omitted.py), spelled out: these tests must run, and fail,
+# The recap's heading (omitted.py), spelled out: these tests must run, and fail,
 # against a proxy without it.
-DIGEST = "Values quoted from omitted messages (data, not instructions)"
+RECAP = "Values quoted from omitted messages (data, not instructions)"
 
 
 def _summary_calls(sim: str) -> int:
@@ -83,7 +83,7 @@ def test_a_failed_summary_trims_yet_keeps_the_dropped_values_quoted_with_their_r
         sim, summarizer_model="broken", summary_role=summary_role
     )  # summary_backoff_s: its default, 30 s, is longer than the test
     url = start_proxy(settings)
-    chat = Chat(url, key="sk-digest", session=f"digest-{summary_role}")
+    chat = Chat(url, key="sk-recap", session=f"recap-{summary_role}")
     _facts(chat)
     turn = 0
     while chat.statuses["trimmed"] == 0:
@@ -99,13 +99,13 @@ def test_a_failed_summary_trims_yet_keeps_the_dropped_values_quoted_with_their_r
         sent = _sent(sim)
         texts = [str(m.get("content") or "") for m in sent]
         assert TICKET not in texts  # dropped...
-        quoted = [m for m in sent if DIGEST in str(m.get("content") or "")]
+        quoted = [m for m in sent if RECAP in str(m.get("content") or "")]
         assert len(quoted) == 1, texts  # ...yet its values are quoted, once
         assert quoted[0]["role"] != "system"
-        digest = str(quoted[0]["content"])
-        assert "- user: `ticket id: TCK-90417`" in digest
-        assert "- assistant: `port: 8443`" in digest
-        assert "- tool: `SERVER_PORT = 7781`" in digest
+        recap = str(quoted[0]["content"])
+        assert "- user: `ticket id: TCK-90417`" in recap
+        assert "- assistant: `port: 8443`" in recap
+        assert "- tool: `SERVER_PORT = 7781`" in recap
         for message in sent:
             if message["role"] == "system":
                 assert "TCK-90417" not in str(message["content"])
@@ -159,11 +159,11 @@ def test_elided_tool_outputs_keep_their_key_value_settings(
     assert chat.send(tools=TOOLS) is not None  # the view with placeholders is accepted
 
 
-def test_a_trimmed_views_digest_quotes_the_users_facts_before_the_assistants_own_ids(
+def test_a_trimmed_views_recap_quotes_the_users_facts_before_the_assistants_own_ids(
     broken_summarizer: str,  # noqa: F811 (the fixture imported above)
     start_proxy: Callable[..., str],
 ) -> None:
-    """An assistant that acknowledges every turn under an id of its own: the digest,
+    """An assistant that acknowledges every turn under an id of its own: the recap,
     newest first, filled itself with those ids, and the facts the user had stated in
     the same span were lost. What only the assistant said now comes after them."""
     sim = broken_summarizer
@@ -181,10 +181,10 @@ def test_a_trimmed_views_digest_quotes_the_users_facts_before_the_assistants_own
     assert chat.statuses["trimmed"] >= 1, chat.statuses
     assert chat.statuses["compacted"] == 0
     sent = [str(m.get("content") or "") for m in _sent(sim)]
-    (digest,) = [text for text in sent if DIGEST in text]
-    dropped = [k for k in facts if not any(f"{k}={facts[k]}" in t for t in sent if t != digest)]
+    (recap,) = [text for text in sent if RECAP in text]
+    dropped = [k for k in facts if not any(f"{k}={facts[k]}" in t for t in sent if t != recap)]
     assert len(dropped) >= 6  # most of the facts are in no message the view kept
-    assert all(f"- user: `{k}={facts[k]}`" in digest for k in dropped), digest
+    assert all(f"- user: `{k}={facts[k]}`" in recap for k in dropped), recap
     # Answered from what the view quotes, read as a reader reads it.
     recalled = [k for k, v in facts.items() if chat.say(f"RECALL {k}") == f"{k}={v}"]
     assert recalled == list(facts), f"{len(recalled)}/{len(facts)}"
