@@ -13,7 +13,7 @@ bench) answered later turns with the proxy's acknowledgement word for word, each
 then one more assistant turn to copy. A message the view keeps as the client's own
 (an API's item or block: ``_message``, ``_items``) gets the block as a user message
 right before it, which the Messages API's rendering merges into that turn
-(routes/messages_view.py) and the Responses API takes as one more input message.
+(routes/messages_chat.py) and the Responses API takes as one more input message.
 """
 
 from __future__ import annotations

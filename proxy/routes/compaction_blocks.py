@@ -13,7 +13,7 @@ from typing import Any, cast
 from proxy.core.wording import handoff_text
 from proxy.errors import InvalidRequest
 from proxy.routes.compaction_items import Sealer
-from proxy.routes.messages_view import Message, blocks_of
+from proxy.routes.messages_chat import Message, blocks_of
 
 _PAYLOAD = 1  # the format of a sealed compaction block's payload
 _OURS = ("cps1.", "cpe1.")  # Sealer's prefixes

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import InvalidRequest
-from proxy.routes.messages_view import Message, blocks_of
+from proxy.routes.messages_chat import Message, blocks_of
 
 CLEAR_TOOLS, CLEAR_THINKING, COMPACT = (
     "clear_tool_uses_20250919",

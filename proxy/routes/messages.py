@@ -2,7 +2,7 @@
 
 A request (its whole conversation in ``messages``, as Claude Code and the Anthropic
 SDKs send it) is compacted like a chat: its messages plan as chat groups
-(messages_view.py), so counting, the session, the snapshot, the plan, the summary and
+(messages_chat.py), so counting, the session, the snapshot, the plan, the summary and
 the rebuild are the pipeline's own; the rebuilt view goes back upstream as Messages:
 ``system`` untouched, the handoff summary as a user turn (with an assistant
 acknowledgement where alternation needs one), every kept message the client's own,
@@ -45,7 +45,7 @@ from proxy.routes import compaction_blocks as cb
 from proxy.routes import context_edits as ce
 from proxy.routes.compaction_items import Sealer, passes_through
 from proxy.routes.messages_answers import Carried, paused
-from proxy.routes.messages_view import to_anthropic, to_chat
+from proxy.routes.messages_chat import to_anthropic, to_chat
 from proxy.routes.parse import check_depth, load_request
 from proxy.routes.summary_bodies import messages_summary
 from proxy.routes.tool_shapes import MESSAGES_TOOL
@@ -207,7 +207,7 @@ def _contract(
 
 class MessagesApi(Api):
     """Anthropic's Messages API: ``system`` and the messages plan as chat messages
-    (messages_view.py); a request whose ``compact_*`` edits ask the upstream to compact it
+    (messages_chat.py); a request whose ``compact_*`` edits ask the upstream to compact it
     goes untouched; an overflow stated with room for half the answer is a budget refusal."""
 
     name = "messages"

@@ -21,7 +21,7 @@ from proxy.core.outcome import Outcome, Turn
 from proxy.routes import compaction_blocks as cb
 from proxy.routes import context_edits as ce
 from proxy.routes.compaction_items import Sealer
-from proxy.routes.messages_view import Message, to_anthropic
+from proxy.routes.messages_chat import Message, to_anthropic
 
 _BLOCK_EVENTS = (b"content_block_start", b"content_block_delta", b"content_block_stop")
 

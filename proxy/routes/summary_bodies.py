@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from proxy.routes.items import to_items
-from proxy.routes.messages_view import blocks_of, to_anthropic
+from proxy.routes.messages_chat import blocks_of, to_anthropic
 from proxy.types import ChatMessage
 
 # Fields that shape only the answer, never the prompt: the summary's own are set instead.

@@ -19,7 +19,7 @@ from proxy.routes.context_edits import (
     clear_tool_uses,
     read_edits,
 )
-from proxy.routes.messages_view import Message
+from proxy.routes.messages_chat import Message
 
 
 def edit(kind: str, **fields: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from proxy.core.digest import message_digests, neutral, prefix_hash
 from proxy.core.history import History
 from proxy.core.snapshot import Snapshot, valid_snapshot
 from proxy.routes.items import to_messages
-from proxy.routes.messages_view import to_chat
+from proxy.routes.messages_chat import to_chat
 
 SYSTEM = "You are a careful assistant."
 TURNS = [("user", "Turn 0: FACT k0=v0"), ("assistant", "ok: noted"), ("user", "Turn 1")]

@@ -1,4 +1,4 @@
-"""Messages <-> chat groups (routes/messages_view.py): what the planner may cut, and what
+"""Messages <-> chat groups (routes/messages_chat.py): what the planner may cut, and what
 goes back upstream for a rebuilt view."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from proxy.core.history import result_flags
 from proxy.core.plan import next_group_start
 from proxy.core.rebuild import _summary_messages
 from proxy.routes.messages import as_budget, chat_view, prompt_tokens
-from proxy.routes.messages_view import to_anthropic, to_chat
+from proxy.routes.messages_chat import to_anthropic, to_chat
 from proxy.types import ChatMessage
 from proxy.upstream.overflow import Overflow
 
