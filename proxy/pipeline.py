@@ -22,7 +22,6 @@ from proxy.compaction.count import PARSE_INLINE_BYTES
 from proxy.compaction.far_below import far_below
 from proxy.compaction.inflight import read_body
 from proxy.compaction.job import Job, trigger_for
-from proxy.compaction.precompact import run_after
 from proxy.compaction.prepare import Prepared, prepare_turn
 from proxy.compaction.schedule import scheduled
 from proxy.compaction.shadow import shadow_outcome
@@ -40,7 +39,7 @@ from proxy.upstream.disconnect import cancelled_on_disconnect
 from proxy.upstream.output_items import OutputItems
 from proxy.upstream.overflow import Overflow
 from proxy.upstream.recover import RECOVERABLE, diagnose
-from proxy.upstream.relay import relay
+from proxy.upstream.relay import relay, run_after
 from proxy.upstream.stream_head import Held, Recovery, respond
 from proxy.upstream.urls import api_url
 

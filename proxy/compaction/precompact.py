@@ -33,13 +33,10 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING
-
-from starlette.background import BackgroundTasks
-from starlette.responses import Response
 
 from proxy.compaction.busy import BusyModels
 from proxy.compaction.caps import TenantCapped
@@ -47,6 +44,7 @@ from proxy.compaction.fold import SUMMARY_WATCH, SummaryWatch
 from proxy.compaction.held import upstream_caches
 from proxy.compaction.job import Job
 from proxy.compaction.snapshots import load_snapshot
+from proxy.compaction.warm import count_warmup, warmed
 from proxy.config import CompactionSettings
 from proxy.core.budget import Budget
 from proxy.core.cache_cuts import landing_ratio
@@ -86,18 +84,6 @@ def wants_precompaction(tokens: int, window: int, settings: CompactionSettings) 
     the soft threshold: worth compacting in the background once the answer is out."""
     ratio = settings.precompact.ratio
     return bool(ratio) and tokens > int(window * (ratio or 0))
-
-
-def run_after(response: Response, follow_ups: Sequence[FollowUp]) -> None:
-    """Run ``follow_ups`` one after the other, in order, once ``response`` has been sent
-    (a stream: once it has ended), after the response's own background work (closing
-    the upstream answer)."""
-    tasks = BackgroundTasks()
-    if response.background is not None:
-        tasks.add_task(response.background)
-    for follow_up in follow_ups:
-        tasks.add_task(follow_up)
-    response.background = tasks
 
 
 @dataclass(slots=True)
@@ -241,7 +227,14 @@ class Precompactor:
                 SUMMARY_WATCH.set(SummaryWatch(ended=lease.end))  # off the model once answered
                 if summarizer.single_slot:  # a turn sent meanwhile cancels this at no cost
                     await asyncio.sleep(c.precompact.idle_s)
-                return await self._compact(job)
+                outcome = await self._compact(job)
+            if isinstance(outcome, str):
+                return outcome
+            if job.turn.model.single_slot:  # its next turn's view read while none waits
+                base_url = self.compactor.settings.upstream.base_url
+                warm = await warmed(self.compactor.client, base_url, job.turn, outcome, self.busy)
+                count_warmup(self.metrics, warm)
+            return "compacted"
         except TenantCapped:
             return "skipped_tenant_cap"  # counted by its cap too (caps.py)
         except SummaryError as exc:  # its message names the failure, never content
@@ -254,7 +247,7 @@ class Precompactor:
             log.warning("session=%s background compaction failed: %s", job.key.log_id, failed)
             return "failed"
 
-    async def _compact(self, job: Job) -> str:
+    async def _compact(self, job: Job) -> str | Outcome:
         h = job.history
         # The turn's snapshot may have been replaced since: plan from the current one.
         loaded = await load_snapshot(self.compactor.store, job.key, h)
@@ -273,7 +266,7 @@ class Precompactor:
             return "covered"  # another compaction landed between our plan and the lock
         self.metrics.compactions.labels(trigger="precompact", outcome="compacted").inc()
         self.metrics.compactions_by_trigger.labels(trigger="background").inc()
-        return "compacted"
+        return outcome  # compacted
 
     async def aclose(self) -> None:
         """Cancel every running background compaction and wait for them to end (their

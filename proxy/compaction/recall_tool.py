@@ -148,7 +148,7 @@ class RecallTool:
             return response, sent
         answer, sent = await self._rounds(offered, route, sent, response, watch_for)
         if not isinstance(answer, upstream.UpstreamResponse) and sent.follow_ups:
-            tasks = BackgroundTasks()  # as precompact.run_after: after its own, in order
+            tasks = BackgroundTasks()  # as relay.run_after: after its own, in order
             for task in (answer.background, *sent.follow_ups):
                 if task is not None:
                     tasks.add_task(task)

@@ -159,8 +159,9 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
     )
     sim.recorder.answered(number, completion.usage(), outcome)
     writing = _writing_ms(sim.config, reply.completion_tokens)
+    reading = partial(sim.read_prompt_ms, blocks, prompt.total)  # once in its slot
     if body.get("stream") is True:
-        return _stream(sim, overrides, body, completion, writing)
+        return _stream(sim, overrides, body, completion, (writing, reading))
     latency = sim.config.latency_ms
     if summarize and sim.config.summary_latency_ms is not None:
         latency = sim.config.summary_latency_ms
@@ -168,6 +169,7 @@ async def _answer_chat(sim: Simulator, request: Request) -> Response:
         latency = overrides.latency_ms
     latency += writing
     async with sim.slot():
+        latency += reading()
         if latency > 0 and await _abandoned_during(request, latency):
             sim.recorder.bump("calls_abandoned")
             return Response(status_code=499)  # nobody reads it: the client has gone
@@ -184,8 +186,11 @@ def _stream(
     overrides: Overrides,
     body: dict[str, Any],
     completion: Completion,
-    writing_ms: float = 0.0,
+    timing: tuple[float, Callable[[], float]],
 ) -> Response:
+    """The completion as SSE, in a slot: its prompt read (``timing``'s reader, once in the
+    slot), then its first byte after the stream's delay and the writing time."""
+    writing_ms, reading = timing
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     settings = sim.config.stream
@@ -203,16 +208,22 @@ def _stream(
     )
     abandoned = partial(sim.recorder.bump, "streams_abandoned")
     return StreamingResponse(
-        _in_slot(sim, with_thinking(events, overrides, abandoned)),
+        _in_slot(sim, with_thinking(events, overrides, abandoned), reading),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
     )
 
 
-async def _in_slot(sim: Simulator, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``events``, sent while holding a slot (``Simulator.slot``)."""
+async def _in_slot(
+    sim: Simulator, events: AsyncIterator[bytes], reading: Callable[[], float]
+) -> AsyncIterator[bytes]:
+    """``events``, sent while holding a slot (``Simulator.slot``), once the slot has read
+    the prompt (``reading``: how long that takes)."""
     try:
         async with sim.slot():
+            read_ms = reading()
+            if read_ms > 0:
+                await asyncio.sleep(read_ms / 1000)
             async for event in events:
                 yield event
     finally:

@@ -15,6 +15,7 @@ Every key is optional::
     summary_latency_ms: null # summaries (X-Compaction-Purpose: summarize); null: latency_ms
     slots: null              # chat completions served at once (llama.cpp -np); more queue
     tokens_per_s: null       # output tokens generated a second (a slow CPU); null: at once
+    prompt_tokens_per_s: null  # with slots: uncached prompt tokens read a second; null: at once
     recording: {max_requests: 10000, max_bytes: 134217728}   # for GET /_sim/requests
     prompt_cache: {ttl_s: 600, min_tokens: 1024, increment: 128}  # ttl_s 0: off (prompt_cache.py)
     # Anthropic's (anthropic_cache.py): 5 minutes, 1 hour for a breakpoint's ttl: "1h"
@@ -120,6 +121,11 @@ class SimulatorConfig(_Section):
     # writes them: a reply (a summary too) of N tokens takes N / tokens_per_s seconds more,
     # in its slot, after the latency. None: written at once.
     tokens_per_s: float | None = Field(default=None, gt=0)
+    # How fast a slot reads a chat prompt's tokens that its cache does not hold (with
+    # slots set), as llama.cpp does: each slot keeps the prompt it read last, and a new one
+    # reuses only their longest common prefix (a message inserted early, a summary's
+    # handoff, makes everything after it read again). None: prompts are read at once.
+    prompt_tokens_per_s: float | None = Field(default=None, gt=0)
     recording: RecordingConfig = RecordingConfig()
     prompt_cache: PromptCacheConfig = PromptCacheConfig()
 

@@ -25,6 +25,7 @@ Counter = Literal[
     "streams_abandoned",
     "calls_abandoned",
     "slot_waits",  # requests that queued for a slot (config.slots)
+    "prompt_tokens_read",  # chat prompt tokens a slot read, not from its cache (a sum)
     "compactions",  # compaction items written (compaction_trigger, /responses/compact...)
 ]
 COUNTERS: tuple[Counter, ...] = get_args(Counter)
@@ -74,8 +75,8 @@ class Recorder:
             billed = b',"usage":' + orjson.dumps(usage) + b',"cache":' + orjson.dumps(cache)
             self._usage[number] = billed
 
-    def bump(self, counter: Counter) -> None:
-        self._stats[counter] += 1
+    def bump(self, counter: Counter, by: int = 1) -> None:
+        self._stats[counter] += by
 
     def requests_json(self) -> bytes:
         """The recorded requests, oldest first, as one JSON array."""

@@ -50,6 +50,8 @@ class Simulator:
         # Bounded: clients may invent model names. Event loop only, so no lock.
         self._profiles: LRUCache[str, ModelProfile] = LRUCache(_PROFILE_CACHE_LIMIT)
         self._slots = asyncio.Semaphore(config.slots) if config.slots else None
+        # The prompt each slot read last, as cache blocks (prompt_cache.chat_blocks).
+        self._slot_prompts: list[list[tuple[object, int]]] = [[] for _ in range(config.slots or 0)]
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -62,6 +64,21 @@ class Simulator:
             self.recorder.bump("slot_waits")
         async with self._slots:
             yield
+
+    def read_prompt_ms(self, blocks: list[tuple[object, int]], total: int) -> float:
+        """Within a slot: the time its reading ``blocks`` (``total`` tokens) takes at
+        ``config.prompt_tokens_per_s``, the longest prefix a slot's last prompt shares with
+        it not read again (that slot then keeps this one, as llama.cpp's slots choose by
+        similarity); 0 without slots or a reading speed."""
+        speed = self.config.prompt_tokens_per_s
+        if speed is None or not self._slot_prompts:
+            return 0.0
+        shared = [_shared_tokens(last, blocks) for last in self._slot_prompts]
+        best = max(range(len(shared)), key=shared.__getitem__)
+        self._slot_prompts[best] = blocks
+        unread = max(total - shared[best], 0)
+        self.recorder.bump("prompt_tokens_read", unread)
+        return unread / speed * 1000
 
     def profile(self, model: str) -> ModelProfile:
         found = self._profiles.get(model)
@@ -116,3 +133,13 @@ class StoredResponses:
         for item in output:
             if isinstance(item.get("id"), str):
                 self._outputs[item["id"]] = item
+
+
+def _shared_tokens(last: list[tuple[object, int]], blocks: list[tuple[object, int]]) -> int:
+    """The tokens of the longest common prefix of two prompts' blocks, whole blocks."""
+    shared = 0
+    for (before, tokens), (now, _) in zip(last, blocks, strict=False):
+        if before != now:
+            break
+        shared += tokens
+    return shared

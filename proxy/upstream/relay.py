@@ -1,16 +1,17 @@
 """Relaying an upstream answer to the client: status, headers and bytes as received.
 
 A stream that breaks after its first byte ends the client's stream early and
-cleanly, with one warning line.
+cleanly, with one warning line. What follows an answer (``run_after``: a sighting,
+pre-compaction, the output items kept) runs once it is out.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
-from starlette.background import BackgroundTask
+from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.responses import Response
 
 from proxy.errors import UpstreamStreamBroken
@@ -121,3 +122,15 @@ async def _raw_chunks(
         log.warning("upstream stream broke mid-body: %s", type(exc.__cause__).__name__)
     finally:
         await response.aclose()
+
+
+def run_after(response: Response, follow_ups: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Run ``follow_ups`` one after the other, in order, once ``response`` has been sent
+    (a stream: once it has ended), after the response's own background work (closing
+    the upstream answer)."""
+    tasks = BackgroundTasks()
+    if response.background is not None:
+        tasks.add_task(response.background)
+    for follow_up in follow_ups:
+        tasks.add_task(follow_up)
+    response.background = tasks

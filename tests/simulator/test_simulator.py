@@ -792,6 +792,7 @@ def test_requests_are_recorded_with_relevant_headers_and_cleared(http: httpx.Cli
         "streams_abandoned": 0,
         "calls_abandoned": 0,
         "slot_waits": 0,
+        "prompt_tokens_read": 0,
         "compactions": 0,
     }
     http.delete("/_sim/requests")

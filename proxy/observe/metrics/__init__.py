@@ -85,6 +85,7 @@ class Metrics:
     failed_summary_seconds: Counter
     sent_during_summary: Counter
     slot_misses: Counter
+    slot_warmups: Counter
     process: ProcessSeries  # process_*, build info, requests in flight: process.py
     tenants: TenantSeries  # per-tenant policy: caps hit, config reloads
     references: ReferenceMetrics  # Responses item_reference inputs, read or not
@@ -318,6 +319,13 @@ class Metrics:
                 ["outcome"],
                 registry=r,
             ),
+            slot_warmups=Counter(
+                "compaction_proxy_slot_warmups",
+                "A single-slot server's cache given a background compaction's view (warmed;"
+                " gave_way: to a turn; failed; unsupported: the API has no such request)",
+                ["outcome"],
+                registry=r,
+            ),
         )
 
     def __post_init__(self) -> None:
@@ -339,6 +347,7 @@ class Metrics:
             (self.summaries_rejected, "reason", REJECTIONS),
             (self.degraded_requests, "reason", DEGRADED_REASONS),
             (self.slot_misses, "outcome", ("side", "free", "moved", "evicted")),
+            (self.slot_warmups, "outcome", ("warmed", "gave_way", "failed", "unsupported")),
         )
         for metric, label, values in closed:
             for value in values:
