@@ -99,7 +99,8 @@ def _print_models(
 
         named = asyncio.run(described_now(settings, named))
     for name, m in zip(names, named, strict=True):  # --model: as a request resolves it
-        print(f"{name:<28} {m.context_window:>9} {m.max_output_tokens:>8}  from {m.source}")
+        slots = "" if m.slots is None else f", {m.slots} slot{'s' if m.slots > 1 else ''}"
+        print(f"{name:<28} {m.context_window:>9} {m.max_output_tokens:>8}  from {m.source}{slots}")
 
 
 def _print_store_check(url: str, report: StoreReport, write: bool) -> int:

@@ -237,11 +237,13 @@ async def described_now(settings: Settings, models: Sequence[ResolvedModel]) -> 
     asking = ASKING.set(())
     try:
         discovery = ModelDiscovery(settings, client, HeaderPolicy(settings), Metrics.create())
-        unnamed = [m for m in models if m.source != "config"]
-        for model in unnamed:
+        # As a request resolves (Services.resolved_model): an entry that sets its slots
+        # is the entry alone; one that leaves them unset takes the server's count.
+        asked = [m for m in models if m.source != "config" or m.slots is None]
+        for model in asked:
             discovery.described(model, "")  # the first starts the one ask
         await discovery.settled()
-        return [m if m.source == "config" else discovery.described(m, "") for m in models]
+        return [discovery.described(m, "") if m in asked else m for m in models]
     finally:
         ASKING.reset(asking)
         await client.aclose()

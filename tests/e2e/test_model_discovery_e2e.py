@@ -175,3 +175,36 @@ def test_check_config_asks_the_upstream_when_told_to(vllm_like: str, tmp_path: P
     offline = cli(*args)  # by default check-config asks nothing of the upstream
     rows = {line.split()[0]: line.split()[1:] for line in offline.stdout.splitlines() if line}
     assert rows[HOUSE] == ["32768", "4096", "from", "default"]
+
+
+def test_check_config_shows_the_slots_llamacpp_gives_an_entry_without_them(
+    tmp_path: Path,
+) -> None:
+    """A ``models:`` entry that leaves ``slots`` unset takes the server's count when a
+    request resolves it (Services.resolved_model): ``--ask-upstream`` shows it so, the
+    entry's window and limit kept; an entry that sets its slots is shown as it is."""
+    one_slot = SimulatorConfig.model_validate(
+        {"models": [{"match": HOUSE, "context_window": 6000}], "listing": "llamacpp", "slots": 1}
+    )
+    with run_server(create_simulator_app(one_slot)) as url:
+        entries = [
+            {"match": HOUSE, "context_window": 5000, "max_output_tokens": 500},
+            {"match": "declared-2", "context_window": 5000, "max_output_tokens": 500, "slots": 2},
+        ]
+        path = write_config(tmp_path, {"upstream": {"base_url": f"{url}/v1"}, "models": entries})
+        asked = cli(
+            "check-config",
+            path,
+            "--no-store",
+            "--model",
+            HOUSE,
+            "--model",
+            "declared-2",
+            "--ask-upstream",
+        )
+    assert asked.returncode == 0, asked.stderr
+    rows = {
+        line.split()[0]: " ".join(line.split()[1:]) for line in asked.stdout.splitlines() if line
+    }
+    assert rows[HOUSE] == "5000 500 from config, 1 slot"
+    assert rows["declared-2"] == "5000 500 from config, 2 slots"
