@@ -75,7 +75,7 @@ async def warmed(
         await asyncio.wait([task])
     finally:
         task.cancel()
-    busy.gave_way.discard(task)
+        busy.gave_way.discard(task)  # give_way's note of it, which nothing else clears
     if task.cancelled():
         return "gave_way"
     failure = task.exception()
