@@ -173,31 +173,24 @@ class RecallTool:
             raw, rest = await response.aread_or_rest(MAX_ANSWER_BYTES)
             done = _with(sent, rounds, tokens)
             encoded = response.headers.get("content-encoding", "identity") != "identity"
-            if rest is not None or encoded:
+            if rest is not None or encoded:  # not read whole: passed on as it is
                 counted["unread"].inc()
                 if rest is None:
                     return buffered(response, raw), done
-                watch = _watch(watch_for, done)
-                return await relay(response, (), watch, started=(raw, rest)), done
+                return await relay(response, (), _watch(watch_for, done), started=(raw, rest)), done
             calls = _calls(shape, raw, _is_stream(response))
             ours = [call for call in calls if call.name == TOOL_NAME]
             if not ours:
                 raw = shape.scrub(raw, _is_stream(response), offered.data)
-                watch = _watch(watch_for, done)
-                if watch is not None:
-                    watch(raw)
+                _watched(_watch(watch_for, done), raw)
                 return buffered(response, raw), done
             used = route.api.prompt_tokens(raw)
             if used is not None:
                 self._series.tokens.inc(used)
             if len(ours) < len(calls):  # the client's tools too: a turn of its own tools only
                 counted["mixed"].inc()
-                body = route.api.body_for(route.body, offered.data, outcome)
-                response = await self._client.send("POST", route.url, route.headers, body)
-                done = _with(sent, rounds, outcome.tokens - TOOL_TOKENS)
-                if response.status_code != 200:
-                    return response, done
-                return await relay(response, (), _watch(watch_for, done)), done
+                done = _with(sent, rounds, outcome.tokens - TOOL_TOKENS)  # the tool's own off
+                return await self._without_tool(offered, route, done, watch_for)
             if told:
                 counted["refused"].inc()
                 log.warning("the model kept calling the recall tool after tool_choice none")
@@ -211,15 +204,7 @@ class RecallTool:
                 told = True
                 body = orjson.dumps(shape.no_more_calls(orjson.loads(body)))
             else:
-                tokens += cost
-                results, summary = [], view_summary(outcome.messages)
-                for call in ours:
-                    share = int(outcome.window * (c.recall_budget_ratio or _RATIO))
-                    query, budget = query_of(call.arguments, summary), min(share, room - cost)
-                    found = await self._recall.search(outcome, query, offered.counter, budget)
-                    results.append(tool_result(found))
-                    tokens += excerpts_tokens(found) if found else _CALL_TOKENS
-                    room = outcome.window - offered.reserve - tokens
+                results, tokens = await self._results(offered, outcome, ours, (tokens, cost))
                 rounds += len(ours)
                 asked += 1
                 counted["answered"].inc(len(ours))
@@ -227,6 +212,41 @@ class RecallTool:
             response = await self._client.send("POST", route.url, route.headers, body)
             if response.status_code != 200:  # the upstream's own error, as it wrote it
                 return response, _with(sent, rounds, tokens)
+
+    async def _results(
+        self, offered: ToolOffer, outcome: Outcome, ours: list[Call], spent: tuple[int, int]
+    ) -> tuple[list[str], int]:
+        """Each of ``ours`` answered from the archive within the room the view leaves
+        (``spent``: its tokens so far, and the calls' own): the results, and the view's
+        tokens with the calls and their results."""
+        tokens, cost = spent
+        room = outcome.window - offered.reserve - tokens
+        tokens += cost
+        share = int(outcome.window * (offered.c.recall_budget_ratio or _RATIO))
+        results, summary = [], view_summary(outcome.messages)
+        for call in ours:
+            query, budget = query_of(call.arguments, summary), min(share, room - cost)
+            found = await self._recall.search(outcome, query, offered.counter, budget)
+            results.append(tool_result(found))
+            tokens += excerpts_tokens(found) if found else _CALL_TOKENS
+            room = outcome.window - offered.reserve - tokens
+        return results, tokens
+
+    async def _without_tool(
+        self,
+        offered: ToolOffer,
+        route: Route,
+        sent: Attempt,
+        watch_for: Callable[[Outcome], Watch | None],
+    ) -> tuple[upstream.UpstreamResponse | Response, Attempt]:
+        """The turn asked again without the recall tool (the model called the client's
+        tools beside it: those are the client's to run), its answer relayed as it comes;
+        ``sent``: the attempt that answers, counted without the tool."""
+        body = route.api.body_for(route.body, offered.data, sent.outcome)
+        response = await self._client.send("POST", route.url, route.headers, body)
+        if response.status_code != 200:
+            return response, sent
+        return await relay(response, (), _watch(watch_for, sent)), sent
 
 
 def _with(sent: Attempt, rounds: int, tokens: int) -> Attempt:
@@ -236,6 +256,11 @@ def _with(sent: Attempt, rounds: int, tokens: int) -> Attempt:
 def _watch(watch_for: Callable[[Outcome], Watch | None], sent: Attempt) -> Watch | None:
     outcome = sent.outcome
     return watch_for(outcome if not outcome.tool_rounds else replace(outcome, counted=False))
+
+
+def _watched(watch: Watch | None, raw: bytes) -> None:
+    if watch is not None:
+        watch(raw)
 
 
 def _calls(shape: ToolShape, raw: bytes, streamed: bool) -> list[Call]:

@@ -171,8 +171,7 @@ class Ranking:
         Only when no document does, one holding a single term rarer still (``ALONE_SHARE``)
         is a match, for a short query (``ALONE_QUERY_TERMS``): the question names what the
         turn was about and little else it held."""
-        lengths, docs, df = self._lengths, self._docs, self._df
-        n = len(lengths)
+        n, df = len(self._lengths), self._df
         held = [t for t in query if t in df]
         if not n or not held or limit <= 0:
             return []
@@ -180,15 +179,22 @@ class Ranking:
             held = heapq.nsmallest(QUERY_TERMS, held, key=df.__getitem__)
         else:
             held.sort(key=df.__getitem__)
-        average = self._total / n or 1.0
-        scores: dict[int, float] = {}
-        matched: dict[int, int] = {}
-        rare: set[int] = set()  # documents holding a term rare in the archive
-        alone: set[int] = set()  # documents holding a term rarer still (ALONE_SHARE)
-        few = max(1, int(n * RARE_SHARE))
         # A long turn (a paste) shares some rare word with some passage by chance.
         fewest = max(1, int(n * ALONE_SHARE)) if len(query) <= ALONE_QUERY_TERMS else 0
-        read = 0
+        hits = _Hits()
+        self._score(held, (max(1, int(n * RARE_SHARE)), fewest), hits)
+        chosen = hits.chosen(least=min(2, len(held)))
+        best = heapq.nlargest(limit, chosen, key=lambda item: (item[1], -item[0]))
+        return [(score, doc) for doc, score in best]
+
+    def _score(self, held: list[str], rarity: tuple[int, int], hits: _Hits) -> None:
+        """BM25 of ``held`` (rarest first) into ``hits``, reading at most ``POSTINGS_READ``
+        postings; ``rarity``: the most documents a rare term, and one rare enough to match
+        alone, may be held by."""
+        lengths, docs, n = self._lengths, self._docs, len(self._lengths)
+        average = self._total / n or 1.0
+        few, fewest = rarity
+        scores, matched, read = hits.scores, hits.matched, 0
         for term in held:
             postings, tfs = docs[term], self._tfs[term]
             holding = len(postings)
@@ -203,12 +209,26 @@ class Ranking:
                 scores[doc] = scores.get(doc, 0.0) + idf * tf * (_K1 + 1) / (tf + norm)
                 matched[doc] = matched.get(doc, 0) + 1
                 if holding <= few:
-                    rare.add(doc)
+                    hits.rare.add(doc)
                     if holding <= fewest:
-                        alone.add(doc)
-        least = min(2, len(held))
-        held_enough = [(d, v) for d, v in scores.items() if matched[d] >= least and d in rare]
-        if not held_enough:
-            held_enough = [(d, v) for d, v in scores.items() if d in alone]
-        best = heapq.nlargest(limit, held_enough, key=lambda item: (item[1], -item[0]))
-        return [(score, doc) for doc, score in best]
+                        hits.alone.add(doc)
+
+
+class _Hits:
+    """One search's documents: their scores, how many of its terms each holds, those
+    holding a rare term, and those holding one rare enough to match alone."""
+
+    __slots__ = ("alone", "matched", "rare", "scores")
+
+    def __init__(self) -> None:
+        self.scores: dict[int, float] = {}
+        self.matched: dict[int, int] = {}
+        self.rare: set[int] = set()
+        self.alone: set[int] = set()
+
+    def chosen(self, least: int) -> list[tuple[int, float]]:
+        """(document, score) of those holding ``least`` of the terms, one of them rare;
+        else of those holding one rare enough alone."""
+        scores, matched, rare = self.scores, self.matched, self.rare
+        found = [(d, v) for d, v in scores.items() if matched[d] >= least and d in rare]
+        return found or [(d, v) for d, v in scores.items() if d in self.alone]
