@@ -333,6 +333,9 @@ class Turn:
     summary_calls: int = 0  # proxy summaries finished during this turn (from /metrics)
     summary_seconds: float = 0.0
     excerpts: int = 0  # X-Compaction-Recalled (proxy): archived excerpts added to the view
+    # proxy counters that moved while the client paused after this turn (--think-seconds):
+    # background summaries and slot warm-ups only run in such a pause on one slot
+    pause: dict[str, float] = field(default_factory=dict)
     answer: str = ""
     recalled: bool | None = None
 
@@ -350,6 +353,7 @@ class Run:
     first_error_turn: int | None = None
     filler_cut_short: bool = False
     seconds: float = 0.0
+    paused: float = 0.0  # the client's pauses between turns (--think-seconds), in seconds
     metrics: dict[str, float] = field(default_factory=dict)
     recall_detail: dict[str, bool] = field(default_factory=dict)
     phrasings: dict[str, str] = field(default_factory=dict)  # kind: "date/3", ".../held-out/0"
@@ -387,10 +391,13 @@ class Run:
             "turns_with_summary": sum(1 for t in self.turns if t.summary_calls),
             "statuses": dict(statuses),
             "compaction_outcomes": self.proxy_log.get("outcomes", {}),
+            # background summaries and warm-ups by outcome (what single-slot pauses allow)
+            "background": {k: v for k, v in self.metrics.items() if k.startswith(BACKGROUND) and v},
             "summary_version": self.session.get("version", 0),
             "summary_tokens": self.session.get("summary_tokens", 0),
             "filler_cut_short": self.filler_cut_short,
             "seconds": round(self.seconds, 1),
+            "paused_s": round(self.paused, 1),
         }
 
 
@@ -401,6 +408,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
 
+BACKGROUND = ("precompactions_total{", "slot_warmups_total{", "compactions_by_trigger_total{")
 _SERIES = re.compile(r"^(compaction_proxy_[a-z_]+)(\{[^}]*\})? (\S+)$", re.MULTILINE)
 
 
@@ -427,12 +435,17 @@ def proxy_metrics(base: str) -> dict[str, float]:
     out["summaries_rejected"] = total("compaction_proxy_summaries_rejected_total")
     out["degraded_requests"] = total("compaction_proxy_degraded_requests_total")
     out["failed_summary_seconds"] = total("compaction_proxy_failed_summary_seconds_total")
+    out["sent_during_summary"] = total("compaction_proxy_turns_sent_during_summary_total")
     for k, v in raw.items():
         if k.startswith("compaction_proxy_summaries_rejected_total{") and v:
             out[k.removeprefix("compaction_proxy_")] = v
     # The archive's excerpts (absent before it): searches by outcome, excerpts added.
     out["recalled_excerpts"] = total("compaction_proxy_recalled_excerpts_total")
-    by_label = ("compaction_proxy_compactions_total{", "compaction_proxy_recalls_total{")
+    by_label = (
+        "compaction_proxy_compactions_total{",
+        "compaction_proxy_recalls_total{",
+        *(f"compaction_proxy_{prefix}" for prefix in BACKGROUND),
+    )
     for k, v in raw.items():
         if k.startswith(by_label) and v:
             out[k.removeprefix("compaction_proxy_")] = v
@@ -544,12 +557,15 @@ def play(
     server_before = server_counters(server)
     last = dict(before)
     began = time.monotonic()
-    deadline = began + args.run_seconds
+
+    def active() -> float:  # the budget's clock: the pauses are the scenario's, not its cost
+        return time.monotonic() - began - run.paused
+
     for step in steps:
-        if step.phase == "filler" and time.monotonic() > deadline:
+        if step.phase == "filler" and active() > args.run_seconds:
             run.filler_cut_short = True
             continue
-        if time.monotonic() > began + 2 * args.run_seconds:
+        if active() > 2 * args.run_seconds:
             break  # hard stop: even the questions are past twice the budget
         history.extend(step.messages)
         view = history
@@ -588,6 +604,10 @@ def play(
                 f"tok={turn.prompt_tokens} {turn.answer[:50]!r}",
                 flush=True,
             )
+        if args.think_seconds:
+            last = think(args.think_seconds, turn, run, target if is_proxy else None, last)
+            if args.verbose and turn.pause:
+                print(f"      pause after turn {turn.index}: {turn.pause}", flush=True)
     run.seconds = time.monotonic() - began
     if is_proxy:
         time.sleep(1)  # a background summary started by the last turn is counted
@@ -607,6 +627,25 @@ def play(
     run.server = {k: server_after[k] - server_before[k] for k in server_after}
     client.close()
     return run
+
+
+def think(
+    seconds: float, turn: Turn, run: Run, target: str | None, last: dict[str, float]
+) -> dict[str, float]:
+    """The client reads the answer for ``seconds`` (outside every turn's latency); through
+    the proxy, what its counters did meanwhile goes on ``turn``. The counters' new base."""
+    began = time.monotonic()
+    time.sleep(seconds)
+    run.paused += time.monotonic() - began
+    if target is None:
+        return last
+    now = proxy_metrics(target)
+    turn.pause = {k: v - last.get(k, 0.0) for k, v in now.items() if v != last.get(k, 0.0)}
+    # a gauge: not its change but whether a background summary still runs as the turn comes
+    turn.pause.pop("precompactions_running", None)
+    if now.get("precompactions_running"):
+        turn.pause["running_at_next_turn"] = now["precompactions_running"]
+    return now
 
 
 def send(
@@ -773,6 +812,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--run-seconds", type=float, default=600, help="budget per run")
     parser.add_argument("--request-timeout", type=float, default=300)
+    parser.add_argument(
+        "--think-seconds",
+        type=float,
+        default=0.0,
+        help="the client pauses this long after each turn's answer, in every mode (a person "
+        "reading; not in any latency nor in --run-seconds): on one slot, background summaries "
+        "start only in such a pause (compaction.precompact.idle_s)",
+    )
     parser.add_argument(
         "--proxy-set",
         action="append",
